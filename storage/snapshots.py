@@ -1,0 +1,109 @@
+"""Immutable suite snapshots: `snapshots/<version>.parquet`, written once, atomically.
+
+Free-form fields (inputs, reference, grader, safety) are stored as Arrow JSON columns, so
+DuckDB reads them as its JSON type (`inputs->>'prompt'`) and pandas as strings; slices and
+tags are lists of strings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from storage import evalpipe_home
+from tasks.models import EvalCase, EvalSuite, canonical_json
+
+SCHEMA = pa.schema(
+    [
+        ("case_id", pa.string()),
+        ("case_hash", pa.string()),
+        ("inputs", pa.json_()),
+        ("reference", pa.json_()),
+        ("grader", pa.json_()),
+        ("slices", pa.list_(pa.string())),
+        ("tags", pa.list_(pa.string())),
+        ("safety", pa.json_()),
+    ]
+)
+
+
+def snapshot_dir(home: Path | None = None) -> Path:
+    return (home or evalpipe_home()) / "snapshots"
+
+
+def snapshot_path(version: str, home: Path | None = None) -> Path:
+    return snapshot_dir(home) / f"{version}.parquet"
+
+
+def _json(value: object) -> str:
+    return canonical_json(value).decode("utf-8")
+
+
+def write_snapshot(suite: EvalSuite, home: Path | None = None) -> Path:
+    """Write the suite's snapshot unless it exists; return its path. Never rewrites."""
+    path = snapshot_path(suite.version, home)
+    if path.exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    cases = sorted(suite.cases, key=lambda c: c.id)
+    table = pa.table(
+        {
+            "case_id": [c.id for c in cases],
+            "case_hash": [c.case_hash for c in cases],
+            "inputs": [_json(c.inputs) for c in cases],
+            "reference": [_json(c.reference) for c in cases],
+            "grader": [_json(c.grader) for c in cases],
+            "slices": [list(c.slices) for c in cases],
+            "tags": [list(c.tags) for c in cases],
+            "safety": [None if c.safety is None else _json(c.safety) for c in cases],
+        },
+        schema=SCHEMA.with_metadata({"evalpipe.suite_name": suite.name, "evalpipe.version": suite.version}),
+    )
+    fd, tmp = tempfile.mkstemp(prefix=f".{suite.version}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)  # atomic: a reader sees no file or the whole file
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def read_snapshot(path_or_version: str | Path, home: Path | None = None) -> EvalSuite:
+    """Load a snapshot back into a suite; its version is checked against the file name."""
+    path = Path(path_or_version)
+    if not path.suffix:
+        path = snapshot_path(str(path_or_version), home)
+    table = pq.read_table(path)
+    meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
+    cases = []
+    for row in table.to_pylist():
+        data = {
+            "id": row["case_id"],
+            "inputs": json.loads(row["inputs"]),
+            "reference": json.loads(row["reference"]),
+            "grader": json.loads(row["grader"]),
+            "slices": row["slices"],
+            "tags": row["tags"],
+        }
+        if row["safety"] is not None:
+            data["safety"] = json.loads(row["safety"])
+        cases.append(EvalCase.model_validate(data))
+    suite = EvalSuite(name=meta["evalpipe.suite_name"], cases=tuple(cases))
+    if suite.version != meta["evalpipe.version"]:
+        raise ValueError(f"{path}: snapshot content does not match its version")
+    return suite
+
+
+def find_snapshot(prefix: str, home: Path | None = None) -> Path | None:
+    """The snapshot whose version starts with `prefix` (a full or abbreviated version)."""
+    if len(prefix) < 6 or any(ch not in "0123456789abcdef" for ch in prefix):
+        return None
+    matches = sorted(snapshot_dir(home).glob(f"{prefix}*.parquet"))
+    return matches[0] if len(matches) == 1 else None

@@ -1,0 +1,1 @@
+"""Stage logic of the evalpipe pipeline: plain functions on the data model in `tasks.models`."""

