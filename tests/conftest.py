@@ -1,0 +1,32 @@
+"""Shared fixtures. Fixtures specific to one area live in that area's test module."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh EVALPIPE_HOME for one test."""
+    path = tmp_path / "evalpipe-home"
+    monkeypatch.setenv("EVALPIPE_HOME", str(path))
+    return path
+
+
+@pytest.fixture(scope="session")
+def calc_repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """The calc example repository, built fresh for the session: (path, base commit)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("build_calc", ROOT / "examples/calc/build_repo.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    path = tmp_path_factory.mktemp("calc") / "repo"
+    return path, module.build(path)
