@@ -9,10 +9,17 @@ from __future__ import annotations
 import hashlib
 import json
 from enum import StrEnum
-from functools import cached_property
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, computed_field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    computed_field,
+    field_validator,
+    model_validator,
+)
 
 
 class InputError(ValueError):
@@ -95,6 +102,11 @@ class EvalCase(_Frozen):
     slices: tuple[str, ...] = ()
     tags: tuple[str, ...] = ()
     safety: dict[str, Any] | None = None
+    # Computed once at construction, so equal cases carry equal hashes.
+    _case_hash: str = PrivateAttr(default="")
+
+    def model_post_init(self, context: Any) -> None:
+        self._case_hash = sha256_hex(canonical_json(self.content()))
 
     @field_validator("slices", "tags", mode="before")
     @classmethod
@@ -122,19 +134,28 @@ class EvalCase(_Frozen):
 
     def content(self) -> dict[str, Any]:
         """The case as plain JSON data: what is hashed and what is stored."""
-        data = self.model_dump(mode="json")
+        # Python mode: JSON mode would quietly turn NaN into null and hash it as such.
+        data = self.model_dump()
+        data["slices"], data["tags"] = list(self.slices), list(self.tags)
         if data["safety"] is None:
             del data["safety"]
         return data
 
-    @cached_property
+    @property
     def case_hash(self) -> str:
-        return sha256_hex(canonical_json(self.content()))
+        return self._case_hash
 
 
 class EvalSuite(_Frozen):
     name: str = Field(min_length=1)
     cases: tuple[EvalCase, ...]
+    _version: str = PrivateAttr(default="")
+
+    @field_validator("cases", mode="after")
+    @classmethod
+    def _ordered_by_id(cls, cases: tuple[EvalCase, ...]) -> tuple[EvalCase, ...]:
+        # The canonical order: a suite is the same value whatever order its file lists cases in.
+        return tuple(sorted(cases, key=lambda c: c.id))
 
     @model_validator(mode="after")
     def _unique_ids(self) -> EvalSuite:
@@ -145,11 +166,13 @@ class EvalSuite(_Frozen):
             seen.add(case.id)
         return self
 
-    @cached_property
+    def model_post_init(self, context: Any) -> None:
+        self._version = sha256_hex(canonical_json([c.content() for c in self.cases]))
+
+    @property
     def version(self) -> str:
         """sha256 of the canonical JSON of the cases ordered by id (SPEC §1.1)."""
-        ordered = sorted(self.cases, key=lambda c: c.id)
-        return sha256_hex(canonical_json([c.content() for c in ordered]))
+        return self._version
 
     def case(self, case_id: str) -> EvalCase:
         for case in self.cases:

@@ -1,0 +1,151 @@
+"""Content addressing (SPEC §1.1) and suite-file validation (SPEC §3)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tasks.dataset import SuiteError, build_suite, diff_suites, load_suite
+from tasks.models import EvalCase, EvalSuite, Verdict, canonical_json
+
+json_scalars = st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.text(max_size=12) | st.floats(
+    allow_nan=False, allow_infinity=False, width=32
+)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=8,
+)
+labels = st.lists(st.text(alphabet="abcdefgh", min_size=1, max_size=5), max_size=3, unique=True)
+case_dicts = st.builds(
+    lambda inputs, ref, norm, slices, tags: {
+        "inputs": inputs,
+        "reference": ref,
+        "grader": {"kind": "exact", "normalize": norm},
+        "slices": slices,
+        "tags": tags,
+    },
+    st.dictionaries(st.text(alphabet="xyz", min_size=1, max_size=4), json_values, max_size=3),
+    json_values,
+    st.booleans(),
+    labels,
+    labels,
+)
+suites = st.lists(case_dicts, min_size=1, max_size=6).map(
+    lambda cases: [{"id": f"c{i}", **c} for i, c in enumerate(cases)]
+)
+
+
+def make(cases: list[dict]) -> EvalSuite:
+    return build_suite("s", [(f"case #{i}", c) for i, c in enumerate(cases)], {}, source="t")
+
+
+@settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow])
+@given(suites, st.randoms())
+def test_version_ignores_order_and_key_order(cases, rnd):
+    shuffled = [dict(reversed(list(c.items()))) for c in cases]
+    rnd.shuffle(shuffled)
+    for c in shuffled:
+        rnd.shuffle(c["slices"])
+        rnd.shuffle(c["tags"])
+    assert make(shuffled).version == make(cases).version
+
+
+@settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow])
+@given(suites, st.data())
+def test_any_content_change_moves_the_version(cases, data):
+    original = make(cases)
+    i = data.draw(st.integers(0, len(cases) - 1))
+    field = data.draw(st.sampled_from(["inputs", "reference", "grader", "slices", "tags"]))
+    changed = json.loads(json.dumps(cases))
+    target = changed[i]
+    if field == "inputs":
+        target["inputs"] = {**target["inputs"], "__extra": data.draw(json_values)}
+    elif field == "reference":
+        target["reference"] = {"was": target["reference"]}
+    elif field == "grader":
+        target["grader"]["normalize"] = not target["grader"]["normalize"]
+    else:
+        target[field] = [*target[field], "zzz-new"]
+    new = make(changed)
+    assert new.version != original.version
+    assert diff_suites(original, new).changed == [f"c{i}"]
+
+
+def test_reformatted_yaml_and_equivalent_jsonl_hash_alike(tmp_path: Path):
+    cases = [
+        {"id": "b", "inputs": {"q": "2+2?", "n": 1.0}, "reference": 4, "grader": {"kind": "numeric"}},
+        {"id": "a", "inputs": {"q": "yes?"}, "reference": "yes", "grader": {"kind": "exact"}, "slices": ["x", "y"]},
+    ]
+    flow = tmp_path / "flow.yaml"
+    flow.write_text(yaml.safe_dump({"name": "s", "cases": cases}, default_flow_style=True))
+    block = tmp_path / "block.yaml"
+    block.write_text(
+        "name: s\ncases:\n"
+        "  - id: a\n    slices: [y, x]\n    grader: {kind: exact}\n    reference: yes\n    inputs: {q: 'yes?'}\n"
+        "  - {id: b, reference: 4.0, grader: {kind: numeric}, inputs: {n: 1, q: '2+2?'}}\n"
+    )
+    jsonl = tmp_path / "s.jsonl"
+    jsonl.write_text("".join(json.dumps(c) + "\n" for c in reversed(cases)))
+    versions = {load_suite(p).version for p in (flow, block, jsonl)}
+    assert len(versions) == 1
+    # YAML 1.1 would have read the bare `yes` as True; we read it as the string, like JSON.
+    assert load_suite(block).case("a").reference == "yes"
+
+
+def test_suite_level_safety_is_part_of_each_case(tmp_path: Path):
+    base = "name: s\ncases:\n  - {id: a, grader: {kind: exact}, reference: x}\n"
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(base)
+    safe = tmp_path / "safe.yaml"
+    safe.write_text("safety: {forbidden_patterns: [SECRET]}\n" + base)
+    assert load_suite(safe).case("a").safety == {"forbidden_patterns": ["SECRET"]}
+    assert load_suite(safe).version != load_suite(plain).version
+
+
+def test_canonical_json_is_compact_sorted_utf8():
+    assert canonical_json({"b": [1.0, 2.5], "a": "é"}) == '{"a":"é","b":[1,2.5]}'.encode()
+    with pytest.raises(ValueError):
+        canonical_json({"x": float("nan")})
+
+
+BAD = {
+    "malformed.yaml": ("name: s\ncases: [\n", "malformed YAML"),
+    "dup.yaml": (
+        "name: s\ncases:\n  - {id: a, grader: {kind: exact}}\n  - {id: a, grader: {kind: exact}}\n",
+        "duplicate case id 'a'",
+    ),
+    "noid.yaml": ("name: s\ncases:\n  - {grader: {kind: exact}}\n", "case #1: missing 'id'"),
+    "nograder.yaml": ("name: s\ncases:\n  - {id: a}\n", "(id 'a'): missing 'grader'"),
+    "kind.yaml": ("name: s\ncases:\n  - {id: a, grader: {kind: telepathy}}\n", "unknown grader kind 'telepathy'"),
+    "types.yaml": ("name: s\ncases:\n  - {id: a, grader: {kind: exact}, slices: 7}\n", "slices"),
+    "inputs.yaml": ("name: s\ncases:\n  - {id: a, grader: {kind: exact}, inputs: [1]}\n", "inputs"),
+    "nan.yaml": ("name: s\ncases:\n  - {id: a, grader: {kind: exact}, reference: .nan}\n", "not JSON compliant"),
+    "bad.jsonl": ('{"id": "a", "grader": {"kind": "exact"}}\n{"id": \n', "line 2: malformed JSON"),
+    "empty.yaml": ("name: s\ncases: []\n", "no cases"),
+    "suite.txt": ("whatever", "unknown suite format"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_bad_input_names_the_problem(tmp_path: Path, name: str):
+    text, expected = BAD[name]
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(SuiteError) as err:
+        load_suite(path)
+    message = str(err.value)
+    assert expected in message and str(path) in message and "\n" not in message
+
+
+def test_verdict_passed_agrees_with_status():
+    assert Verdict.ok().passed
+    with pytest.raises(ValueError):
+        Verdict(passed=True, score=1.0, status="failed")
+    with pytest.raises(ValueError):
+        EvalCase(id="x", grader={"kind": "exact"}).__setattr__("id", "y")
