@@ -1,0 +1,110 @@
+"""Load a user's Python callable named `module:function` or `path/to/file.py:function`.
+
+The `python:` agent uses it, and so can any grader that names user code (`predicate`,
+`judge`). Besides the callable it returns the sha256 of the source file, because a
+change to the user's code must change every cache key that depends on it.
+
+Import rules, chosen to match what a user running a script from the project root expects:
+- `module:function` is imported with the base directory (the working directory by default)
+  on `sys.path`, so a module beside the suite imports even under the `evalpipe` script.
+- `file.py:function` is executed as a module of its own, named after its path and content:
+  loading the same file twice is free, and an edited file is loaded afresh.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from tasks.models import InputError, sha256_hex
+
+
+@dataclass(frozen=True)
+class UserCallable:
+    ref: str
+    func: Callable[..., Any]
+    source: Path | None  # the file the function comes from (None for built-in modules)
+    code_sha256: str  # sha256 of that file's bytes; "" when there is no file
+
+
+# Modules imported by name, with the hash of their file when imported: an edited module is
+# reloaded so that the code that runs is the code that was hashed.
+_module_hashes: dict[str, str] = {}
+
+
+def load_callable(ref: str, base: Path | None = None) -> UserCallable:
+    """Resolve `ref`; raises `InputError` with a one-line message naming what is missing."""
+    target, sep, name = ref.rpartition(":")
+    if not sep or not target or not name:
+        raise InputError(f"{ref!r}: expected MODULE:FUNCTION or path/to/file.py:FUNCTION")
+    base = base or Path.cwd()
+    if target.endswith(".py") or "/" in target:
+        module, source, digest = _load_file(ref, (base / target).resolve())
+    else:
+        module, source, digest = _import_module(ref, target, base)
+    func = getattr(module, name, None)
+    if func is None:
+        raise InputError(f"{ref!r}: {target} has no attribute {name!r}")
+    if not callable(func):
+        raise InputError(f"{ref!r}: {target}.{name} is a {type(func).__name__}, not a function")
+    return UserCallable(ref=ref, func=func, source=source, code_sha256=digest)
+
+
+def _load_file(ref: str, path: Path) -> tuple[ModuleType, Path, str]:
+    if not path.is_file():
+        raise InputError(f"{ref!r}: no such file {path}")
+    try:
+        code = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"{ref!r}: cannot read {path}: {exc.strerror}") from None
+    digest = sha256_hex(code)
+    name = f"_evalpipe_user_{sha256_hex(f'{path}:{digest}'.encode())[:16]}"
+    module = sys.modules.get(name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        # Registered before running, as a normal import would be (dataclasses need it).
+        sys.modules[name] = module
+        try:
+            exec(compile(code, str(path), "exec"), module.__dict__)  # noqa: S102 - user's own code
+        except BaseException as exc:
+            del sys.modules[name]
+            if not isinstance(exc, Exception):
+                raise
+            raise InputError(f"{ref!r}: loading {path} raised {_describe(exc)}") from None
+    return module, path, digest
+
+
+def _import_module(ref: str, target: str, base: Path) -> tuple[ModuleType, Path | None, str]:
+    root = str(base.resolve())
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    try:
+        module = importlib.import_module(target)
+        source, digest = _module_source(module)
+        if _module_hashes.setdefault(target, digest) != digest:
+            module = importlib.reload(module)
+            _module_hashes[target] = digest
+    except ModuleNotFoundError as exc:
+        raise InputError(f"{ref!r}: no module named {exc.name!r}") from None
+    except Exception as exc:
+        raise InputError(f"{ref!r}: importing {target} raised {_describe(exc)}") from None
+    return module, source, digest
+
+
+def _module_source(module: ModuleType) -> tuple[Path | None, str]:
+    file = getattr(module, "__file__", None)
+    if not file or not Path(file).is_file():
+        return None, ""
+    return Path(file), sha256_hex(Path(file).read_bytes())
+
+
+def _describe(exc: BaseException) -> str:
+    message = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {message[0]}" if message else type(exc).__name__
