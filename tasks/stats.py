@@ -39,7 +39,9 @@ def pass_at_k(n, c, k):
         return np.empty(n_arr.shape, dtype=np.float64)
     # Cases share few distinct (n, c) pairs (c ranges over 0..n), so the product is taken
     # once per pair and scattered back: cost independent of the number of cases.
-    pairs, inverse = np.unique(np.stack([n_arr.ravel(), c_arr.ravel()]), axis=1, return_inverse=True)
+    pairs, inverse = np.unique(
+        np.stack([n_arr.ravel(), c_arr.ravel()]), axis=1, return_inverse=True
+    )
     values = np.array([_pass_at_k_one(int(pn), int(pc), k) for pn, pc in pairs.T])
     out = values[inverse.ravel()].reshape(n_arr.shape)
     return float(out) if scalar else out
@@ -103,7 +105,9 @@ def bootstrap_mean_ci(
     return min(float(lo), point), max(float(hi), point)
 
 
-def _index_bootstrap_means(x: NDArray[np.float64], rng: np.random.Generator, n_boot: int) -> NDArray[np.float64]:
+def _index_bootstrap_means(
+    x: NDArray[np.float64], rng: np.random.Generator, n_boot: int
+) -> NDArray[np.float64]:
     m = x.size
     rows = max(1, _CHUNK_ELEMENTS // m)
     chunks = []

@@ -45,7 +45,9 @@ def test_pass_at_k_is_stable_for_large_n(n: int, data: st.DataObject) -> None:
     assert abs(value - exact) <= 1e-9
 
 
-@pytest.mark.parametrize(("n", "c", "k", "expected"), [(5, 2, 1, 0.4), (5, 2, 2, 0.7), (5, 4, 2, 1.0)])
+@pytest.mark.parametrize(
+    ("n", "c", "k", "expected"), [(5, 2, 1, 0.4), (5, 2, 2, 0.7), (5, 4, 2, 1.0)]
+)
 def test_worked_values(n: int, c: int, k: int, expected: float) -> None:
     assert pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12)
 
@@ -58,7 +60,9 @@ def test_exactly_one_when_too_few_failures_for_k() -> None:
 
 @settings(max_examples=100, deadline=None)
 @given(grids(max_n=40))
-def test_pass_at_1_is_the_pass_rate_and_pass_at_k_grows_with_k(grid: tuple[np.ndarray, np.ndarray, int]) -> None:
+def test_pass_at_1_is_the_pass_rate_and_pass_at_k_grows_with_k(
+    grid: tuple[np.ndarray, np.ndarray, int],
+) -> None:
     n, c, k = grid
     np.testing.assert_allclose(pass_at_k(n, c, 1), c / n, atol=1e-12)
     if k > 1:
