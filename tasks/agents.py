@@ -157,7 +157,13 @@ class CmdAgent(_Reloadable):
     timeout_s: float = DEFAULT_CMD_TIMEOUT_S
 
     def generate(self, case: EvalCase, ctx: AgentContext) -> str:
-        payload = {"id": case.id, "inputs": case.inputs, "index": ctx.index, "seed": ctx.seed, "n": ctx.n}
+        payload = {
+            "id": case.id,
+            "inputs": case.inputs,
+            "index": ctx.index,
+            "seed": ctx.seed,
+            "n": ctx.n,
+        }
         try:
             proc = subprocess.Popen(
                 self.argv,
@@ -380,7 +386,9 @@ def _load_openai(spec: str, rest: str, base: Path) -> OpenAIAgent:
     params = {key: _param_value(value) for key, value in parse_qsl(query, keep_blank_values=True)}
     reserved = sorted(RESERVED_PARAMS & set(params))
     if reserved:
-        raise InputError(f"agent {spec!r}: {', '.join(reserved)} cannot be set (evalpipe sets them)")
+        raise InputError(
+            f"agent {spec!r}: {', '.join(reserved)} cannot be set (evalpipe sets them)"
+        )
     system = params.pop("system", None)
     if system is not None and not isinstance(system, str):
         system = json.dumps(system)

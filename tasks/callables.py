@@ -87,22 +87,20 @@ def _import_module(ref: str, target: str, base: Path) -> tuple[ModuleType, Path 
         sys.path.insert(0, root)
     try:
         module = importlib.import_module(target)
-        source, digest = _module_source(module)
+        file = getattr(module, "__file__", None)
+        source = Path(file) if file and Path(file).is_file() else None
+        code = source.read_bytes() if source is not None else b""
+        digest = sha256_hex(code) if source is not None else ""
         if _module_hashes.setdefault(target, digest) != digest:
-            module = importlib.reload(module)
+            # Run the hashed bytes themselves: `importlib.reload` may pick up a stale .pyc
+            # when an edit kept the file's size and its second of modification.
+            exec(compile(code, str(source), "exec"), module.__dict__)  # noqa: S102
             _module_hashes[target] = digest
     except ModuleNotFoundError as exc:
         raise InputError(f"{ref!r}: no module named {exc.name!r}") from None
     except Exception as exc:
         raise InputError(f"{ref!r}: importing {target} raised {_describe(exc)}") from None
     return module, source, digest
-
-
-def _module_source(module: ModuleType) -> tuple[Path | None, str]:
-    file = getattr(module, "__file__", None)
-    if not file or not Path(file).is_file():
-        return None, ""
-    return Path(file), sha256_hex(Path(file).read_bytes())
 
 
 def _describe(exc: BaseException) -> str:

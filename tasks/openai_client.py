@@ -38,7 +38,9 @@ class OpenAIClient:
     backoff_s: float = 0.5  # first retry waits about this long, doubling each time
     max_backoff_s: float = 30.0  # no single wait is longer, Retry-After included
     _http: httpx.Client | None = field(default=None, init=False, repr=False, compare=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
+    _lock: threading.Lock = field(
+        default_factory=threading.Lock, init=False, repr=False, compare=False
+    )
 
     @classmethod
     def from_env(cls, **overrides: Any) -> OpenAIClient:

