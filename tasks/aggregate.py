@@ -1,0 +1,251 @@
+"""Stage 4: fold a run's samples into the structured aggregate (SPEC §1.4, §6, §7).
+
+The reduction keeps structure: pass@k per k, per-slice rates with their own CIs, the
+flaky cases, status counts, and the safety verdict beside the means, never inside them.
+Everything is computed on per-case arrays (n, c) built with pyarrow/numpy, so a million
+samples cost a few vectorized passes, not a Python loop per sample.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from numpy.typing import NDArray
+
+from tasks.models import InputError
+from tasks.stats import DEFAULT_LEVEL, DEFAULT_N_BOOT, bootstrap_mean_ci, pass_at_k, standard_error
+
+ALL_SLICE = "__all__"  # the overall slice's name in the `aggregates` table
+
+REQUIRED_COLUMNS = ("case_id", "sample_index", "passed", "status", "safety")
+
+Row = tuple[str, str, float | None, float | None, float | None]
+
+
+@dataclass(frozen=True, eq=False)
+class Metrics:
+    """pass@k and the uncertainty of pass@1 over one set of cases (the suite or a slice)."""
+
+    cases: int
+    pass_at_k: dict[int, float | None]  # None: k exceeds some case's n
+    pass_at_k_ci: dict[int, tuple[float, float] | None]
+    pass_at_1: float
+    pass_at_1_ci: tuple[float, float]
+    pass_at_1_se: float | None  # None for a single case
+
+    def rows(self, slice_name: str) -> list[Row]:
+        rows: list[Row] = [(slice_name, "cases", float(self.cases), None, None)]
+        ks = sorted(set(self.pass_at_k) | {1})
+        for k in ks:
+            value = self.pass_at_1 if k == 1 else self.pass_at_k[k]
+            ci = self.pass_at_1_ci if k == 1 else self.pass_at_k_ci[k]
+            rows.append((slice_name, f"pass@{k}", value, *(ci or (None, None))))
+        rows.append((slice_name, "pass@1_se", self.pass_at_1_se, None, None))
+        return rows
+
+
+@dataclass(frozen=True, eq=False)
+class Aggregate:
+    """The structured aggregate of one run. ``case_ids``/``n``/``c`` are per-case arrays,
+    sorted by case id (what the gate pairs on)."""
+
+    ks: tuple[int, ...]
+    ci_level: float
+    case_ids: tuple[str, ...]
+    n: NDArray[np.int64]
+    c: NDArray[np.int64]
+    overall: Metrics
+    pass_at_k_notes: dict[int, str]
+    slices: dict[str, Metrics]
+    flaky_case_ids: tuple[str, ...]
+    status_counts: dict[str, int]
+    safety_violations: tuple[dict[str, Any], ...]
+
+    @property
+    def safety_failed(self) -> bool:
+        return bool(self.safety_violations)
+
+    def case_counts(self) -> dict[str, tuple[int, int]]:
+        """case_id → (n, c): the per-case pass counts the gate compares."""
+        return {
+            cid: (int(n), int(c)) for cid, n, c in zip(self.case_ids, self.n, self.c, strict=True)
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        """The aggregate's keys of the `run --json` document (SPEC §7)."""
+        return {
+            "pass_at_k": {str(k): self.overall.pass_at_k[k] for k in self.ks},
+            "pass_at_k_notes": {str(k): note for k, note in self.pass_at_k_notes.items()},
+            "pass_at_1_ci": list(self.overall.pass_at_1_ci),
+            "ci_level": self.ci_level,
+            "pass_at_1_se": self.overall.pass_at_1_se,
+            "slices": {
+                name: {
+                    "cases": m.cases,
+                    "pass_at_1": m.pass_at_1,
+                    "pass_at_1_ci": list(m.pass_at_1_ci),
+                    "pass_at_k": {str(k): m.pass_at_k[k] for k in self.ks},
+                }
+                for name, m in self.slices.items()
+            },
+            "flaky_cases": len(self.flaky_case_ids),
+            "flaky_case_ids": list(self.flaky_case_ids),
+            "status_counts": dict(self.status_counts),
+            "safety_failed": self.safety_failed,
+            "safety_violations": [dict(v) for v in self.safety_violations],
+        }
+
+    def rows(self) -> list[Row]:
+        """(slice, metric, value, ci_lo, ci_hi) rows for the DuckDB `aggregates` table.
+
+        Metrics: ``cases``, ``pass@K`` (with its bootstrap CI), ``pass@1_se`` per slice;
+        for ``__all__`` also ``flaky_cases``, ``safety_violations`` and ``status:NAME``.
+        """
+        rows = self.overall.rows(ALL_SLICE)
+        rows.append((ALL_SLICE, "flaky_cases", float(len(self.flaky_case_ids)), None, None))
+        rows.append(
+            (ALL_SLICE, "safety_violations", float(len(self.safety_violations)), None, None)
+        )
+        rows.extend(
+            (ALL_SLICE, f"status:{status}", float(count), None, None)
+            for status, count in self.status_counts.items()
+        )
+        for name, metrics in self.slices.items():
+            rows.extend(metrics.rows(name))
+        return rows
+
+
+def aggregate(
+    samples: pa.Table,
+    case_slices: Mapping[str, Sequence[str]],
+    ks: Sequence[int],
+    *,
+    seed: int = 0,
+    n_boot: int = DEFAULT_N_BOOT,
+    level: float = DEFAULT_LEVEL,
+) -> Aggregate:
+    """Reduce one row per sample (`case_id`, `sample_index`, `passed`, `status`, `safety`)
+    to the structured aggregate. ``case_slices`` maps case id → its slice names; cases may
+    have different n (each case's own n is used). A missing ``passed`` counts as failed.
+    """
+    missing = [col for col in REQUIRED_COLUMNS if col not in samples.column_names]
+    if missing:
+        raise InputError(f"samples table: missing column(s) {', '.join(missing)}")
+    if samples.num_rows == 0:
+        raise InputError("samples table: no samples to aggregate")
+    ks = _check_ks(ks)
+    case_ids, case_index = _case_index(samples["case_id"])
+    passed = pc.fill_null(samples["passed"], False).to_numpy(zero_copy_only=False).astype(np.int64)
+    n = np.bincount(case_index, minlength=len(case_ids))
+    c = np.bincount(case_index, weights=passed, minlength=len(case_ids)).astype(np.int64)
+
+    boot = {"seed": seed, "n_boot": n_boot, "level": level}
+    per_case = {k: pass_at_k(n, c, k) if k <= n.min() else None for k in sorted(set(ks) | {1})}
+    overall = _metrics(per_case, np.arange(len(case_ids)), **boot)
+    slices = {
+        name: _metrics(per_case, members, **boot)
+        for name, members in _slice_members(case_ids, case_slices).items()
+    }
+    flaky = (c > 0) & (c < n)
+    return Aggregate(
+        ks=ks,
+        ci_level=level,
+        case_ids=tuple(case_ids),
+        n=n,
+        c=c,
+        overall=overall,
+        pass_at_k_notes={k: f"k={k} > n={int(n.min())}" for k in ks if per_case[k] is None},
+        slices=slices,
+        flaky_case_ids=tuple(np.asarray(case_ids, dtype=object)[flaky]),
+        status_counts=_status_counts(samples["status"]),
+        safety_violations=_safety_violations(samples),
+    )
+
+
+def _check_ks(ks: Sequence[int]) -> tuple[int, ...]:
+    if not ks:
+        raise InputError("k: give at least one value")
+    bad = [k for k in ks if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1]
+    if bad:
+        raise InputError(f"k: every value must be an integer >= 1, got {bad[0]!r}")
+    return tuple(sorted({int(k) for k in ks}))
+
+
+def _case_index(case_id: pa.ChunkedArray) -> tuple[list[str], NDArray[np.int64]]:
+    """Sorted distinct case ids and each sample's position among them."""
+    encoded = pc.dictionary_encode(case_id.combine_chunks())
+    order = pc.array_sort_indices(encoded.dictionary).to_numpy()
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.size)
+    indices = encoded.indices.to_numpy(zero_copy_only=False)
+    return encoded.dictionary.take(pa.array(order)).to_pylist(), rank[indices]
+
+
+def _slice_members(
+    case_ids: list[str], case_slices: Mapping[str, Sequence[str]]
+) -> dict[str, NDArray[np.int64]]:
+    """slice name → indices of its cases that have samples, slices in name order."""
+    position = {cid: i for i, cid in enumerate(case_ids)}
+    members: dict[str, list[int]] = {}
+    for cid, names in case_slices.items():
+        i = position.get(cid)
+        if i is not None:
+            for name in names:
+                members.setdefault(name, []).append(i)
+    return {name: np.sort(np.array(members[name], dtype=np.int64)) for name in sorted(members)}
+
+
+def _metrics(
+    per_case: Mapping[int, NDArray[np.float64] | None],
+    members: NDArray[np.int64],
+    *,
+    seed: int,
+    n_boot: int,
+    level: float,
+) -> Metrics:
+    values = {k: None if v is None else v[members] for k, v in per_case.items()}
+    means = {k: None if v is None else float(v.mean()) for k, v in values.items()}
+    cis = {
+        k: None if v is None else bootstrap_mean_ci(v, seed=seed, n_boot=n_boot, level=level)
+        for k, v in values.items()
+    }
+    return Metrics(
+        cases=int(members.size),
+        pass_at_k=means,
+        pass_at_k_ci=cis,
+        pass_at_1=means[1],
+        pass_at_1_ci=cis[1],
+        pass_at_1_se=standard_error(values[1]),
+    )
+
+
+def _status_counts(status: pa.ChunkedArray) -> dict[str, int]:
+    counts = pc.value_counts(pc.fill_null(status, "error").combine_chunks())
+    pairs = zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist(), strict=True)
+    return dict(sorted(pairs, key=lambda pair: (-pair[1], pair[0])))
+
+
+def _safety_violations(samples: pa.Table) -> tuple[dict[str, Any], ...]:
+    """One entry per violation string, ordered by case id and sample index."""
+    safety = samples["safety"].combine_chunks()
+    flagged = pc.fill_null(pc.greater(pc.list_value_length(safety), 0), False)
+    if not pc.any(flagged).as_py():
+        return ()
+    hits = samples.filter(flagged).sort_by(
+        [("case_id", "ascending"), ("sample_index", "ascending")]
+    )
+    return tuple(
+        {"case_id": cid, "sample_index": index, "violation": violation}
+        for cid, index, violations in zip(
+            hits["case_id"].to_pylist(),
+            hits["sample_index"].to_pylist(),
+            hits["safety"].to_pylist(),
+            strict=True,
+        )
+        for violation in violations
+    )

@@ -1,0 +1,161 @@
+"""The release gate's pure logic (SPEC §6): paired per-case comparison with a bootstrap CI.
+
+The gate pairs a run and its baseline case by case (by `case_hash`), so the between-case
+spread in difficulty cancels and only the change in each case's pass rate is left. The
+decision is asymmetric on purpose: it blocks only on evidence (a CI wholly below
+``-max_drop``), a missed threshold, or any safety violation. The verdict says honestly
+what the data shows, including "inconclusive" when the CI straddles zero.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from tasks.models import InputError
+from tasks.stats import DEFAULT_LEVEL, DEFAULT_N_BOOT, bootstrap_mean_ci
+
+Counts = Mapping[str, tuple[int, int]]  # case_hash → (n, c)
+Decision = Literal["pass", "block"]
+Verdict = Literal["improved", "regressed", "inconclusive"]
+
+
+@dataclass(frozen=True)
+class SharedCases:
+    """The two runs restricted to the case hashes both measured, in hash order."""
+
+    hashes: tuple[str, ...]
+    run: tuple[tuple[int, int], ...]
+    baseline: tuple[tuple[int, int], ...]
+    dropped_run: int  # cases only the run measured
+    dropped_baseline: int  # cases only the baseline measured
+
+    @property
+    def dropped(self) -> int:
+        return self.dropped_run + self.dropped_baseline
+
+
+def shared_cases(run: Counts, baseline: Counts) -> SharedCases:
+    """Keep only the case hashes present in both runs, counting what was dropped.
+
+    Used as is when the suite versions match (nothing is dropped) and, when the caller
+    explicitly allows different versions, to compare the common cases and say so.
+    """
+    hashes = tuple(sorted(run.keys() & baseline.keys()))
+    return SharedCases(
+        hashes=hashes,
+        run=tuple(run[h] for h in hashes),
+        baseline=tuple(baseline[h] for h in hashes),
+        dropped_run=len(run) - len(hashes),
+        dropped_baseline=len(baseline) - len(hashes),
+    )
+
+
+@dataclass(frozen=True)
+class GateResult:
+    decision: Decision
+    verdict: Verdict
+    reasons: tuple[str, ...]
+    delta_pass_at_1: float
+    delta_ci: tuple[float, float]
+    shared_cases: int
+    dropped_cases: int
+    pass_at_1: float  # the run's own pass@1 over all its cases (what the threshold checks)
+
+    def to_json(self) -> dict[str, Any]:
+        """The `gate --json` document (SPEC §7)."""
+        return {
+            "decision": self.decision,
+            "verdict": self.verdict,
+            "reasons": list(self.reasons),
+            "delta_pass_at_1": self.delta_pass_at_1,
+            "delta_ci": list(self.delta_ci),
+            "shared_cases": self.shared_cases,
+        }
+
+
+def gate(
+    run: Counts,
+    baseline: Counts,
+    *,
+    safety_failed: bool,
+    min_pass_at_1: float | None = None,
+    max_drop: float = 0.0,
+    seed: int = 0,
+    n_boot: int = DEFAULT_N_BOOT,
+    level: float = DEFAULT_LEVEL,
+) -> GateResult:
+    """Compare ``run`` with ``baseline`` (case_hash → (n, c)) on their shared cases.
+
+    ``block`` when ``safety_failed``, when the run's pass@1 is below ``min_pass_at_1``,
+    or when the CI of the mean paired difference lies wholly below ``-max_drop``.
+    """
+    if max_drop < 0:
+        raise InputError(f"--max-drop must be >= 0, got {max_drop}")
+    if min_pass_at_1 is not None and not 0.0 <= min_pass_at_1 <= 1.0:
+        raise InputError(f"--min-pass-at-1 must lie in 0..1, got {min_pass_at_1}")
+    if not run:
+        raise InputError("gate: the run has no cases")
+    shared = shared_cases(run, baseline)
+    if not shared.hashes:
+        raise InputError("gate: the run and the baseline share no cases")
+
+    run_rate = _rates(shared.run)
+    diff = run_rate - _rates(shared.baseline)
+    delta = float(diff.mean())
+    lo, hi = bootstrap_mean_ci(diff, seed=seed, n_boot=n_boot, level=level)
+    pass_at_1 = float(_rates(tuple(run.values())).mean())
+    verdict: Verdict = "improved" if lo > 0 else "regressed" if hi < 0 else "inconclusive"
+
+    blocks = []
+    if safety_failed:
+        blocks.append(
+            "safety: the run has at least one safety violation (a veto, whatever the rates)"
+        )
+    if min_pass_at_1 is not None and pass_at_1 < min_pass_at_1:
+        blocks.append(
+            f"threshold: pass@1 {_pct(pass_at_1)} is below the required {_pct(min_pass_at_1)}"
+        )
+    if hi < -max_drop:
+        blocks.append(
+            f"regression: the whole {_pct(level, 0)} CI of the change lies below "
+            f"-{_pct(max_drop)} (allowed drop)"
+        )
+    summary = (
+        f"{verdict}: pass@1 changed by {_signed_pts(delta)} "
+        f"({_pct(level, 0)} CI {_signed_pts(lo)} to {_signed_pts(hi)}) over {len(shared.hashes)} shared cases"
+    )
+    notes = []
+    if shared.dropped:
+        notes.append(
+            f"compared only the {len(shared.hashes)} shared cases: {shared.dropped_run} run-only and "
+            f"{shared.dropped_baseline} baseline-only cases were left out"
+        )
+    return GateResult(
+        decision="block" if blocks else "pass",
+        verdict=verdict,
+        reasons=(*blocks, summary, *notes),
+        delta_pass_at_1=delta,
+        delta_ci=(lo, hi),
+        shared_cases=len(shared.hashes),
+        dropped_cases=shared.dropped,
+        pass_at_1=pass_at_1,
+    )
+
+
+def _rates(counts: tuple[tuple[int, int], ...]) -> np.ndarray:
+    arr = np.asarray(counts, dtype=np.float64).reshape(-1, 2)
+    if (arr[:, 0] < 1).any() or ((arr[:, 1] < 0) | (arr[:, 1] > arr[:, 0])).any():
+        raise InputError("gate: every case needs n >= 1 and 0 <= c <= n")
+    return arr[:, 1] / arr[:, 0]
+
+
+def _pct(value: float, digits: int = 1) -> str:
+    return f"{100 * value:.{digits}f}%"
+
+
+def _signed_pts(value: float) -> str:
+    return f"{100 * value:+.1f} pts"

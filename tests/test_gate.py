@@ -1,0 +1,109 @@
+"""The gate's decision and verdict on simulated agents with known per-case skill."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tasks.gate import gate, shared_cases
+from tasks.models import InputError
+
+CASES = 300
+N = 5
+
+
+def simulate(p: np.ndarray, seed: int) -> dict[str, tuple[int, int]]:
+    """An agent with per-case success probabilities ``p``, sampled N times per case."""
+    c = np.random.default_rng(seed).binomial(N, np.clip(p, 0, 1))
+    return {f"hash-{i:04d}": (N, int(ci)) for i, ci in enumerate(c)}
+
+
+SKILL = np.random.default_rng(0).beta(2, 2, CASES)
+
+
+def test_clearly_better_agent_passes_improved() -> None:
+    result = gate(simulate(SKILL + 0.25, 1), simulate(SKILL, 2), safety_failed=False)
+    assert (result.decision, result.verdict) == ("pass", "improved")
+    assert result.delta_ci[0] > 0 and result.shared_cases == CASES
+    assert result.reasons[0].startswith("improved: pass@1 changed by +")
+
+
+def test_clearly_worse_agent_is_blocked_as_regressed() -> None:
+    result = gate(simulate(SKILL - 0.25, 1), simulate(SKILL, 2), safety_failed=False)
+    assert (result.decision, result.verdict) == ("block", "regressed")
+    assert result.delta_ci[1] < 0
+    assert any(r.startswith("regression:") for r in result.reasons)
+
+
+def test_same_agent_other_seed_is_inconclusive() -> None:
+    result = gate(simulate(SKILL, 3), simulate(SKILL, 4), safety_failed=False)
+    assert (result.decision, result.verdict) == ("pass", "inconclusive")
+    lo, hi = result.delta_ci
+    assert lo < 0 < hi and lo <= result.delta_pass_at_1 <= hi
+
+
+def test_one_safety_violation_blocks_a_perfect_run() -> None:
+    perfect = {h: (N, N) for h in simulate(SKILL, 0)}
+    result = gate(perfect, simulate(SKILL, 2), safety_failed=True)
+    assert (result.decision, result.verdict) == ("block", "improved")
+    assert result.reasons[0].startswith("safety:")
+
+
+def test_threshold_blocks_whatever_the_comparison() -> None:
+    run, base = simulate(SKILL, 3), simulate(SKILL, 4)
+    result = gate(run, base, safety_failed=False, min_pass_at_1=0.9)
+    assert result.decision == "block" and result.verdict == "inconclusive"
+    assert result.reasons[0].startswith("threshold: pass@1")
+    assert gate(run, base, safety_failed=False, min_pass_at_1=0.1).decision == "pass"
+
+
+def test_max_drop_tolerates_a_small_regression_but_says_so() -> None:
+    run, base = simulate(SKILL - 0.08, 1), simulate(SKILL, 2)
+    strict = gate(run, base, safety_failed=False)
+    lenient = gate(run, base, safety_failed=False, max_drop=0.3)
+    assert (strict.decision, strict.verdict) == ("block", "regressed")
+    assert (lenient.decision, lenient.verdict) == ("pass", "regressed")
+
+
+def test_json_document_and_determinism() -> None:
+    run, base = simulate(SKILL, 3), simulate(SKILL, 4)
+    doc = gate(run, base, safety_failed=False, seed=9).to_json()
+    assert set(doc) == {
+        "decision",
+        "verdict",
+        "reasons",
+        "delta_pass_at_1",
+        "delta_ci",
+        "shared_cases",
+    }
+    assert doc == gate(run, base, safety_failed=False, seed=9).to_json()
+    assert isinstance(doc["delta_ci"], list) and all(isinstance(r, str) for r in doc["reasons"])
+
+
+def test_only_shared_cases_are_compared_and_the_drop_is_stated() -> None:
+    run = {"h1": (5, 5), "h2": (5, 0), "h3": (5, 3)}
+    base = {"h2": (5, 1), "h3": (5, 3), "h4": (2, 2), "h5": (2, 0)}
+    shared = shared_cases(run, base)
+    assert shared.hashes == ("h2", "h3")
+    assert shared.run == ((5, 0), (5, 3)) and shared.baseline == ((5, 1), (5, 3))
+    assert (shared.dropped_run, shared.dropped_baseline, shared.dropped) == (1, 2, 3)
+    result = gate(run, base, safety_failed=False)
+    assert result.shared_cases == 2 and result.dropped_cases == 3
+    assert result.delta_pass_at_1 == pytest.approx(-0.1)
+    assert result.pass_at_1 == pytest.approx((1 + 0 + 0.6) / 3)  # over all the run's cases
+    assert "1 run-only and 2 baseline-only cases were left out" in result.reasons[-1]
+
+
+@pytest.mark.parametrize(
+    ("run", "base", "kwargs", "message"),
+    [
+        ({"a": (1, 1)}, {"b": (1, 1)}, {}, "share no cases"),
+        ({}, {"b": (1, 1)}, {}, "no cases"),
+        ({"a": (1, 2)}, {"a": (1, 1)}, {}, "0 <= c <= n"),
+        ({"a": (1, 1)}, {"a": (1, 1)}, {"max_drop": -0.1}, "--max-drop"),
+        ({"a": (1, 1)}, {"a": (1, 1)}, {"min_pass_at_1": 1.5}, "--min-pass-at-1"),
+    ],
+)
+def test_bad_input_is_refused(run: dict, base: dict, kwargs: dict, message: str) -> None:
+    with pytest.raises(InputError, match=message):
+        gate(run, base, safety_failed=False, **kwargs)
