@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import pickle
 import socket
@@ -228,6 +229,11 @@ def test_replay_fingerprint_is_the_file_content(cwd: Path) -> None:
     assert load_agent("replay:r.jsonl").fingerprint == first
     path.write_text('{"case_id": "a", "output": "y"}\n')
     assert load_agent("replay:r.jsonl").fingerprint != first
+
+
+def test_replay_reads_gzipped_files(cwd: Path) -> None:
+    (cwd / "r.jsonl.gz").write_bytes(gzip.compress(b'{"case_id": "a", "output": "x"}\n'))
+    assert load_agent("replay:r.jsonl.gz").generate(case("a"), ctx()) == "x"
 
 
 RECORD = st.tuples(st.sampled_from(["a", "b", "c"]), st.text(max_size=20))
@@ -467,6 +473,17 @@ def _demo_outputs(the_case: EvalCase, seeds: range) -> list[str]:
     return [
         agent.generate(the_case, ctx(index=i, seed=s, n=len(seeds))) for i, s in enumerate(seeds)
     ]
+
+
+QA_CASES = load_suite(ROOT / "examples/qa.yaml").cases
+
+
+@given(st.sampled_from(QA_CASES), st.integers(0, 9), st.integers(0, 2**63 - 1))
+def test_same_seed_same_output_in_any_copy_of_the_agent(the_case, index, seed) -> None:
+    agent = load_agent(DEMO)
+    copy = pickle.loads(pickle.dumps(agent))
+    context = ctx(index=index, seed=seed, case_id=the_case.id, n=10)
+    assert agent.generate(the_case, context) == copy.generate(the_case, context)
 
 
 def test_demo_agent_is_deterministic_and_sometimes_right_on_qa() -> None:
