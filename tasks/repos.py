@@ -40,7 +40,8 @@ class RepoError(InputError):
     """A repository that cannot be mirrored, or a commit that is not in it."""
 
 
-def _run(cwd: Path | None, *args: str) -> str:
+def run_git(cwd: Path | None, *args: str) -> str:
+    """Run git, raising `RepoError` with git's last line of complaint."""
     try:
         return git.Git(cwd).execute(["git", *args], env=_GIT_ENV)
     except git.GitCommandError as exc:
@@ -91,7 +92,7 @@ def mirror(repo: str, home: Path | None = None) -> Path:
             tmp = base / f".{dest.name}.{os.getpid()}.tmp"
             shutil.rmtree(tmp, ignore_errors=True)
             try:
-                _run(None, "clone", "--mirror", "--quiet", "--", source, str(tmp))
+                run_git(None, "clone", "--mirror", "--quiet", "--", source, str(tmp))
             except RepoError as exc:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise RepoError(f"{repo}: cannot mirror: {exc}") from None
@@ -101,7 +102,7 @@ def mirror(repo: str, home: Path | None = None) -> Path:
 
 def _resolve(mirror_path: Path, commit: str) -> str | None:
     try:
-        return _run(mirror_path, "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}")
+        return run_git(mirror_path, "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}")
     except RepoError:
         return None
 
@@ -120,7 +121,7 @@ def ensure_commit(mirror_path: Path, commit: str, repo: str) -> str:
                 if sha is not None:
                     break
                 try:
-                    _run(mirror_path, "fetch", "--quiet", "--prune", "origin", *refspec)
+                    run_git(mirror_path, "fetch", "--quiet", "--prune", "origin", *refspec)
                 except RepoError:
                     pass
                 sha = _resolve(mirror_path, commit)
@@ -135,8 +136,8 @@ def _fresh_worktree(mirror_path: Path, tree: Path, sha: str) -> None:
     with _flock(mirror_path.with_suffix(".lock")):
         if tree.exists():
             shutil.rmtree(tree, onerror=_force_remove)
-        _run(mirror_path, "worktree", "prune")
-        _run(mirror_path, "worktree", "add", "--detach", "--force", "--quiet", str(tree), sha)
+        run_git(mirror_path, "worktree", "prune")
+        run_git(mirror_path, "worktree", "add", "--detach", "--force", "--quiet", str(tree), sha)
     tree.with_suffix(".gitfile").write_bytes((tree / ".git").read_bytes())
 
 
@@ -157,8 +158,8 @@ def _reset(mirror_path: Path, tree: Path, sha: str) -> None:
             if (tree / ".git").is_dir() or (tree / ".git").is_symlink():
                 raise OSError("tampered .git")
             (tree / ".git").write_bytes(gitfile.read_bytes())
-            _run(tree, "checkout", "--force", "--detach", "--quiet", sha)
-            _run(tree, "clean", "-ffdxq")
+            run_git(tree, "checkout", "--force", "--detach", "--quiet", sha)
+            run_git(tree, "clean", "-ffdxq")
             return
         except (OSError, RepoError):
             pass
@@ -179,3 +180,34 @@ def checkout(repo: str, commit: str, home: Path | None = None) -> Iterator[Path]
             _reset(mirror_path, tree, sha)
             yield tree
             return
+
+
+def changed_paths(tree: Path) -> dict[str, str]:
+    """Every path that differs from the checked-out commit, with its `git status` code.
+
+    Read from the disk (tracked, untracked and ignored files alike), not from what a
+    patch claims to touch: `??` untracked, `!!` ignored, anything else tracked.
+    """
+    out = run_git(tree, "status", "--porcelain=v1", "-z", "--untracked-files=all", "--ignored")
+    entries = out.split("\0")
+    changed: dict[str, str] = {}
+    i = 0
+    while i < len(entries):
+        entry = entries[i]
+        i += 1
+        if len(entry) < 4:
+            continue
+        changed[entry[3:]] = entry[:2]
+        if entry[0] in "RC":  # a staged rename or copy is followed by its source path
+            changed[entries[i]] = "D "
+            i += 1
+    return changed
+
+
+def restore_paths(tree: Path, changed: dict[str, str]) -> None:
+    """Put the given changed paths back as the commit has them (deleting added ones)."""
+    tracked = sorted(p for p, code in changed.items() if code not in ("??", "!!"))
+    if tracked:
+        run_git(tree, "checkout", "HEAD", "--", *tracked)
+    for path in changed.keys() - set(tracked):
+        (tree / path).unlink(missing_ok=True)
