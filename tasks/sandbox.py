@@ -77,7 +77,12 @@ class SandboxResult:
 
 
 class SandboxError(RuntimeError):
-    """The sandbox itself could not start or broke down (graders report `error`)."""
+    """The sandbox itself could not start (graders report `error`)."""
+
+
+class ServerDied(SandboxError):
+    """A fork server died or stopped answering mid-run: the program most likely killed
+    it (graders report `failed`); the server is closed and replaced on the next run."""
 
 
 def scrubbed_env(home: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -365,8 +370,7 @@ class ForkServer:
         return self.proc.poll() is None
 
     def run(self, program: str, limits: Limits, env: Mapping[str, str] | None = None) -> ProgramResult:
-        """Run one program. Raises `SandboxError` if the server dies or stops answering
-        (the program killed it, say); the server is then closed and must be replaced."""
+        """Run one program. Raises `ServerDied` if the server dies or stops answering."""
         nonce = secrets.token_hex(16)
         if self.cgroup is not None and limits.max_procs != self.max_procs:
             self.cgroup.set_max(limits.max_procs + 3)
@@ -392,7 +396,7 @@ class ForkServer:
         if reply is None or "error" in reply:
             self.close()
             why = reply["error"] if reply else reason
-            raise SandboxError(f"the fork server died or failed ({why})")
+            raise ServerDied(f"the fork server died or failed ({why})")
         result = SandboxResult(
             returncode=reply["returncode"],
             stdout=base64.b64decode(reply["stdout"]),
@@ -466,7 +470,7 @@ def run_python_program(
 
     `completed` is True only if the program ran to its end and then handed back the
     per-run nonce over a channel separate from its output. Raises `SandboxError` when
-    no server can be started or the server died mid-run (it is replaced next time).
+    no server can be started, `ServerDied` when it died mid-run (replaced next time).
     """
     pool = _current_pool()
     server = pool.take(limits)

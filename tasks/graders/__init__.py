@@ -1,0 +1,132 @@
+"""Graders: one total entry point, `grade(output, case) -> Verdict`, dispatching on kind.
+
+A grader module registers its function with `@register(kind, version)`. `grade` never
+raises: an exception anywhere becomes `Verdict(status=error)` with the exception type,
+message and a short traceback in `detail`. After the kind's grader, the case's
+`safety.forbidden_patterns` are applied to the output; they add to `Verdict.safety` and
+never change `passed`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from tasks.models import EvalCase, InputError, Status, Verdict, canonical_json, sha256_hex
+from tasks.safety import output_violations
+
+GraderFn = Callable[[str, EvalCase, dict], Verdict]
+
+
+@dataclass(frozen=True)
+class _Entry:
+    fn: GraderFn
+    version: str
+    # Extra content a grader's result depends on beyond the case (e.g. a predicate's file).
+    fingerprint: Callable[[EvalCase], Any] | None
+
+
+_REGISTRY: dict[str, _Entry] = {}
+
+
+def register(
+    kind: str, version: str = "1", *, fingerprint: Callable[[EvalCase], Any] | None = None
+) -> Callable[[GraderFn], GraderFn]:
+    """Decorator: make `fn` the grader for `kind`. `version` is the grader code version,
+    part of `grader_fingerprint`; `fingerprint(case)` may add JSON-able content the verdict
+    depends on (it must not raise for a well-formed case)."""
+
+    def decorate(fn: GraderFn) -> GraderFn:
+        _REGISTRY[kind] = _Entry(fn=fn, version=version, fingerprint=fingerprint)
+        return fn
+
+    return decorate
+
+
+def registered_kinds() -> frozenset[str]:
+    return frozenset(_REGISTRY)
+
+
+def grade(output: str, case: EvalCase, trace: dict | None = None) -> Verdict:
+    """Grade one output. Total: never raises (KeyboardInterrupt aside), never hangs past
+    the grader's own timeout."""
+    trace = {} if trace is None else trace
+    try:
+        verdict = _dispatch(output, case, trace)
+    except (Exception, SystemExit) as exc:
+        verdict = error_verdict(exc, f"{case.kind} grader raised")
+    try:
+        violations = output_violations(output, case.safety) if isinstance(output, str) else []
+    except Exception as exc:
+        # Fail closed: a safety rule that cannot be checked is reported, not skipped.
+        violations = [f"safety check failed: {type(exc).__name__}: {exc}"]
+    return verdict.with_safety(violations)
+
+
+def _dispatch(output: str, case: EvalCase, trace: dict) -> Verdict:
+    if not isinstance(output, str):
+        return Verdict.fail(Status.error, f"output is {type(output).__name__}, not str")
+    entry = _REGISTRY.get(case.kind)
+    if entry is None:
+        return Verdict.fail(Status.error, f"no grader registered for kind {case.kind!r}")
+    verdict = entry.fn(output, case, trace)
+    if not isinstance(verdict, Verdict):
+        return Verdict.fail(
+            Status.error, f"{case.kind} grader returned {type(verdict).__name__}, not a Verdict"
+        )
+    return verdict
+
+
+def error_verdict(exc: BaseException, what: str) -> Verdict:
+    """`status: error` with the exception type, message and the last frames."""
+    if isinstance(exc, InputError):
+        return Verdict.fail(Status.error, f"{what}: {exc}")
+    frames = traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-3)
+    tb = "".join(frames).strip()
+    return Verdict.fail(Status.error, f"{what}: {type(exc).__name__}: {exc}\n{tb[-2000:]}")
+
+
+def grader_fingerprint(case: EvalCase) -> str:
+    """sha256 of what a verdict depends on besides the output: kind, parameters,
+    reference, the registered version and the grader module's source."""
+    entry = _REGISTRY.get(case.kind)
+    content: dict[str, Any] = {
+        "kind": case.kind,
+        "grader": case.grader,
+        "reference": case.reference,
+        "version": entry.version if entry else None,
+        "source": _source_hash(entry.fn) if entry else "",
+    }
+    if entry and entry.fingerprint is not None:
+        try:
+            content["extra"] = entry.fingerprint(case)
+        except Exception as exc:  # grading will report it; the key just has to be stable
+            content["extra"] = f"unavailable: {type(exc).__name__}: {exc}"
+    return sha256_hex(canonical_json(content))
+
+
+@lru_cache(maxsize=64)
+def _source_hash(fn: GraderFn) -> str:
+    return file_hash(inspect.getsourcefile(fn) or "")
+
+
+@lru_cache(maxsize=64)
+def file_hash(path: str) -> str:
+    return sha256_hex(Path(path).read_bytes()) if path and Path(path).is_file() else ""
+
+
+# The built-in graders register themselves on import. Modules added later by other
+# stages (repo_tests, judge, human) are imported only where they exist.
+for _name in ("assertions", "predicate", "python_tests"):
+    importlib.import_module(f"{__name__}.{_name}")
+try:
+    importlib.import_module(f"{__name__}.repo_tests")
+except ImportError as _exc:
+    if getattr(_exc, "name", None) != f"{__name__}.repo_tests":
+        raise

@@ -1,0 +1,89 @@
+"""`python_tests` (HumanEval style): program = prompt + output + test + `check(entry_point)`.
+
+The program runs on a warm fork server in the sandbox (`tasks.sandbox`). It passes only
+when the per-run completion nonce came back, which the child writes after the last
+statement (`check(...)`) returned: exit status 0, `sys.exit(0)`, `os._exit(0)` or
+printing "passed" never pass. Statuses: `passed`, `failed` (assertion, exception, wrong
+answer, exited early, killed its own server), `timeout`, `error` (no sandbox could be
+started), `empty` (blank output, not run).
+"""
+
+from __future__ import annotations
+
+from tasks.graders import file_hash, register
+from tasks.models import EvalCase, InputError, Status, Verdict
+from tasks.sandbox import Limits, SandboxError, ServerDied, run_python_program
+
+_TAIL = 2000
+
+
+def _limits(case: EvalCase) -> Limits:
+    timeout = case.grader.get("timeout_s", 10.0)
+    memory = case.grader.get("memory_mb", 2048)
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+        raise InputError(f"case {case.id!r}: grader.timeout_s must be a number > 0, got {timeout!r}")
+    if isinstance(memory, bool) or not isinstance(memory, int) or memory < 16:
+        raise InputError(f"case {case.id!r}: grader.memory_mb must be an integer >= 16, got {memory!r}")
+    return Limits(timeout_s=float(timeout), memory_mb=memory)
+
+
+def build_program(output: str, case: EvalCase) -> str:
+    entry_point = case.grader.get("entry_point")
+    test = case.grader.get("test")
+    prompt = case.inputs.get("prompt", "")
+    if not isinstance(entry_point, str) or not entry_point.isidentifier():
+        raise InputError(f"case {case.id!r}: grader.entry_point must be a function name")
+    if not isinstance(test, str) or not isinstance(prompt, str):
+        raise InputError(f"case {case.id!r}: grader.test and inputs.prompt must be strings")
+    return f"{prompt}{output}\n\n{test}\n\ncheck({entry_point})\n"
+
+
+def _tail(data: bytes) -> str:
+    return data.decode("utf-8", errors="replace")[-_TAIL:]
+
+
+def _sandbox_code(case: EvalCase) -> list[str]:
+    import tasks.forkserver
+    import tasks.sandbox
+
+    return [file_hash(tasks.sandbox.__file__), file_hash(tasks.forkserver.__file__)]
+
+
+@register("python_tests", fingerprint=_sandbox_code)
+def python_tests(output: str, case: EvalCase, trace: dict) -> Verdict:
+    limits = _limits(case)
+    program = build_program(output, case)
+    if not output.strip():
+        return Verdict.fail(Status.empty, "empty output: nothing to run")
+    try:
+        run = run_python_program(program, limits)
+    except ServerDied as exc:
+        return Verdict.fail(Status.failed, f"the program brought its sandbox down: {exc}")
+    except SandboxError as exc:
+        return Verdict.fail(Status.error, f"sandbox could not start: {exc}")
+    res = run.result
+    trace["python_tests"] = {
+        "isolation": res.isolation,
+        "returncode": res.returncode,
+        "timed_out": res.timed_out,
+        "completed": run.completed,
+        "duration_s": res.duration_s,
+        "stdout": _tail(res.stdout),
+        "stderr": _tail(res.stderr),
+        "stdout_truncated": res.stdout_truncated,
+        "stderr_truncated": res.stderr_truncated,
+    }
+    if run.completed:
+        return Verdict.ok("check() returned")
+    if res.timed_out:
+        return Verdict.fail(Status.timeout, f"timed out after {limits.timeout_s:g} s")
+    return Verdict.fail(Status.failed, _failure(res.returncode, res.stderr))
+
+
+def _failure(returncode: int | None, stderr: bytes) -> str:
+    lines = [ln for ln in stderr.decode("utf-8", errors="replace").splitlines() if ln.strip()]
+    if lines:
+        return f"{lines[-1].strip()[:300]} (exit {returncode})"
+    if returncode is not None and returncode < 0:
+        return f"killed by signal {-returncode}"
+    return f"exited with status {returncode} before check() returned"
