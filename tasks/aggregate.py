@@ -40,11 +40,8 @@ class Metrics:
 
     def rows(self, slice_name: str) -> list[Row]:
         rows: list[Row] = [(slice_name, "cases", float(self.cases), None, None)]
-        ks = sorted(set(self.pass_at_k) | {1})
-        for k in ks:
-            value = self.pass_at_1 if k == 1 else self.pass_at_k[k]
-            ci = self.pass_at_1_ci if k == 1 else self.pass_at_k_ci[k]
-            rows.append((slice_name, f"pass@{k}", value, *(ci or (None, None))))
+        for k, value in self.pass_at_k.items():
+            rows.append((slice_name, f"pass@{k}", value, *(self.pass_at_k_ci[k] or (None, None))))
         rows.append((slice_name, "pass@1_se", self.pass_at_1_se, None, None))
         return rows
 
@@ -138,14 +135,14 @@ def aggregate(
         raise InputError(f"samples table: missing column(s) {', '.join(missing)}")
     if samples.num_rows == 0:
         raise InputError("samples table: no samples to aggregate")
-    ks = _check_ks(ks)
+    ks = _check_ks(ks)  # always holds 1: pass@1 is the headline its CI and SE refer to
     case_ids, case_index = _case_index(samples["case_id"])
     passed = pc.fill_null(samples["passed"], False).to_numpy(zero_copy_only=False).astype(np.int64)
     n = np.bincount(case_index, minlength=len(case_ids))
     c = np.bincount(case_index, weights=passed, minlength=len(case_ids)).astype(np.int64)
 
     boot = {"seed": seed, "n_boot": n_boot, "level": level}
-    per_case = {k: pass_at_k(n, c, k) if k <= n.min() else None for k in sorted(set(ks) | {1})}
+    per_case = {k: pass_at_k(n, c, k) if k <= n.min() else None for k in ks}
     overall = _metrics(per_case, np.arange(len(case_ids)), **boot)
     slices = {
         name: _metrics(per_case, members, **boot)
@@ -173,7 +170,7 @@ def _check_ks(ks: Sequence[int]) -> tuple[int, ...]:
     bad = [k for k in ks if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1]
     if bad:
         raise InputError(f"k: every value must be an integer >= 1, got {bad[0]!r}")
-    return tuple(sorted({int(k) for k in ks}))
+    return tuple(sorted({1, *(int(k) for k in ks)}))
 
 
 def _case_index(case_id: pa.ChunkedArray) -> tuple[list[str], NDArray[np.int64]]:

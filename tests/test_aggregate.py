@@ -84,6 +84,12 @@ def test_k_above_n_is_null_with_the_reason() -> None:
     assert doc["pass_at_k_notes"] == {"10": "k=10 > n=5"}
 
 
+def test_pass_at_1_is_always_reported() -> None:
+    doc = aggregate(samples_table(OUTCOMES), SLICES, [2]).to_json()
+    assert list(doc["pass_at_k"]) == ["1", "2"]
+    assert list(doc["slices"]["easy"]["pass_at_k"]) == ["1", "2"]
+
+
 def test_cases_may_have_different_n() -> None:
     outcomes = {"x": [True, False], "y": [True, False, False, False]}
     doc = aggregate(samples_table(outcomes), {}, [1, 2, 3]).to_json()

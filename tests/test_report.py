@@ -1,0 +1,222 @@
+"""The HTML report and the artifact summaries, including a real headless-Chromium render."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from tasks.aggregate import aggregate
+from tasks.gate import gate
+from tasks.report import render_report, slices_table, summary_markdown
+
+CHROMIUM = Path("/usr/bin/chromium")
+EVIL = '<script>alert("x")</script>'
+
+OUTCOMES = {
+    "add-1": [True, True, True, True],
+    "add-2": [True, False, True, False],
+    EVIL: [False, False, False, False],
+    "div-0": [False, True, False, False],
+}
+SLICES = {"add-1": ["easy"], "add-2": ["easy"], EVIL: ["hard", "<b>bold</b>"], "div-0": ["hard"]}
+DETAILS = {
+    EVIL: "F2P failed: test_x </pre><img src=x onerror=alert(1)>",
+    "div-0": "ZeroDivisionError",
+}
+
+
+def build(
+    outcomes: dict[str, list[bool]], *, safety: bool = False, run_id: str = "run-1"
+) -> tuple[dict, list[dict]]:
+    """A run document and its case list, as the flow would assemble them from storage."""
+    rows = [(cid, i, ok) for cid, oks in outcomes.items() for i, ok in enumerate(oks)]
+    violations = {("add-1", 2): ["edited secrets.py <!-- -->"]} if safety else {}
+    table = pa.table(
+        {
+            "case_id": [r[0] for r in rows],
+            "sample_index": [r[1] for r in rows],
+            "passed": [r[2] for r in rows],
+            "status": [
+                "passed" if r[2] else ("timeout" if r[0] == "div-0" else "failed") for r in rows
+            ],
+            "safety": pa.array([violations.get(r[:2], []) for r in rows], pa.list_(pa.string())),
+        }
+    )
+    agg = aggregate(table, SLICES, [1, 2, 10], n_boot=300)
+    run = {
+        "run_id": run_id,
+        "suite_version": "ab" * 32,
+        "suite_name": "calc & co",
+        "agent": "python:agents.py:solve",
+        "n": 4,
+        "cases": len(outcomes),
+        "samples": len(rows),
+        "cached_samples": 0,
+        **agg.to_json(),
+        "flow_run_id": "f-1",
+        "duration_s": 1.5,
+    }
+    cases = [
+        {
+            "case_id": cid,
+            "n": n,
+            "c": c,
+            "slices": SLICES.get(cid, []),
+            "statuses": {"passed": c, "failed": n - c},
+            "details": [DETAILS.get(cid, "")],
+            "safety": [v for (vc, _), vs in violations.items() if vc == cid for v in vs],
+        }
+        for cid, (n, c) in agg.case_counts().items()
+    ]
+    return run, cases
+
+
+def full_report(**kwargs: Any) -> str:
+    run, cases = build(OUTCOMES, **kwargs)
+    base, _ = build({cid: [False, *oks[1:]] for cid, oks in OUTCOMES.items()}, run_id="run-0")
+    result = gate(
+        {c["case_id"]: (c["n"], c["c"]) for c in cases},
+        {c: (4, 1) for c in OUTCOMES},
+        safety_failed=run["safety_failed"],
+    )
+    return render_report(
+        run,
+        cases,
+        baseline=base,
+        gate=result.to_json(),
+        calibration={"regrade": 3, "env_flaky_case_ids": ["div-0"]},
+    )
+
+
+def test_report_is_self_contained_and_escaped() -> None:
+    page = full_report()
+    assert page.startswith("<!DOCTYPE html>")
+    for forbidden in (
+        "http://",
+        "https://",
+        "<script",
+        "<img",
+        'src="',
+        'href="',
+        "url(",
+        "@import",
+        "<link",
+    ):
+        assert forbidden not in page, forbidden
+    assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in page
+    assert "&lt;/pre&gt;&lt;img src=x onerror=alert(1)&gt;" in page
+    assert "&lt;b&gt;bold&lt;/b&gt;" in page and "calc &amp; co" in page
+
+
+def test_report_sections_and_charts() -> None:
+    page = full_report()
+    for marker in (
+        'id="passk-curve"',
+        'id="slice-bars"',
+        'id="status-bars"',
+        'id="gate"',
+        'id="comparison"',
+        'id="calibration"',
+        'id="flaky"',
+        'id="failing"',
+    ):
+        assert marker in page, marker
+    assert 'id="safety"' not in page
+    assert page.count('class="slice-bar"') == 1 + 3  # all cases + easy, hard, <b>bold</b>
+    assert page.count('class="passk-point" data-series="run"') == 2  # pass@10 is null (n=4)
+    assert page.count('class="passk-point" data-series="baseline"') == 2
+    assert 'class="baseline-mark"' in page and 'class="error-bar"' in page
+    assert "k=10 &gt; n=4" in page
+    assert re.search(r"Flaky cases \(0 &lt; c &lt; n\): 2|Flaky cases \(0 < c < n\): 2", page)
+    assert "Failing cases (c = 0): 1" in page
+
+
+def test_safety_section_comes_first_when_it_fired() -> None:
+    page = full_report(safety=True)
+    assert page.index('id="safety"') < page.index('id="headline"') < page.index('id="passk-curve"')
+    assert "edited secrets.py &lt;!-- --&gt;" in page
+    assert '<span class="badge block">block</span>' in page
+
+
+def test_summary_markdown_and_slices_table() -> None:
+    run, cases = build(OUTCOMES, safety=True)
+    result = gate(
+        {c["case_id"]: (c["n"], c["c"]) for c in cases},
+        {c: (4, 1) for c in OUTCOMES},
+        safety_failed=True,
+    )
+    text = summary_markdown(run, result.to_json())
+    assert text.startswith("> **SAFETY FAILED** — 1 violation(s)")
+    assert "pass@1 43.8% (95% CI [" in text
+    assert "| pass@10 | n/a: k=10 > n=4 |" in text
+    assert "**Gate: block**" in text and "- safety:" in text
+    table = slices_table(run)
+    assert [row["slice"] for row in table] == ["__all__", "<b>bold</b>", "easy", "hard"]
+    assert table[0]["cases"] == 4 and table[0]["pass@1"] == 0.4375 and table[0]["pass@10"] is None
+    assert table[2]["pass@1"] == 0.75 and table[2]["ci_lo"] <= 0.75 <= table[2]["ci_hi"]
+    assert "| easy | 2 | 75.0% |" in summary_markdown(run)
+
+
+def test_report_without_optional_parts() -> None:
+    run, cases = build({"only": [True]})
+    page = render_report(run, cases)
+    assert 'id="passk-curve"' in page and 'id="comparison"' not in page and 'id="gate"' not in page
+    assert "none" in page  # no flaky or failing cases
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    return struct.unpack(">II", data[16:24])
+
+
+@pytest.mark.skipif(
+    not CHROMIUM.exists() and shutil.which("chromium") is None,
+    reason="chromium is not installed (Debian package `chromium`)",
+)
+def test_report_renders_in_headless_chromium(tmp_path: Path) -> None:
+    report = tmp_path / "report.html"
+    report.write_text(full_report(safety=True), encoding="utf-8")
+    binary = str(CHROMIUM if CHROMIUM.exists() else shutil.which("chromium"))
+
+    def chromium(*args: str, profile: str) -> subprocess.CompletedProcess[str]:
+        flags = [
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            f"--user-data-dir={tmp_path / profile}",
+            "--window-size=1280,2000",
+        ]
+        return subprocess.run(
+            [binary, *flags, *args, report.as_uri()],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"},
+        )
+
+    png = tmp_path / "shot.png"
+    shot = chromium(f"--screenshot={png}", profile="p1")
+    assert shot.returncode == 0, shot.stderr[-2000:]
+    assert png_size(png) == (1280, 2000)
+    assert png.stat().st_size > 20_000  # a blank page compresses to a few kB
+
+    dom = chromium("--dump-dom", profile="p2")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    for chart in ("passk-curve", "slice-bars", "status-bars"):
+        assert re.search(rf'<svg id="{chart}" class="chart"', dom.stdout), chart
+    assert len(re.findall(r'<rect class="slice-bar"', dom.stdout)) == 4
+    assert len(re.findall(r'<circle class="passk-point"', dom.stdout)) == 4
+    assert '<section id="safety" class="alert">' in dom.stdout
+    assert "<script" not in dom.stdout  # the escaped case id stayed text
