@@ -176,11 +176,12 @@ def _child(req: Mapping, workdir: str, fds: Mapping[int, int]) -> None:
         exec(program, {"__name__": "__main__", "__builtins__": __builtins__})  # noqa: S102
         os.write(RESULT_FD, os.read(NONCE_FD, 256))
         code = 0
-    except BaseException:  # the program's own failure, reported on its stderr
+    except BaseException as exc:  # the program's own failure, reported on its stderr
         try:
             import traceback
 
-            traceback.print_exc()
+            # The last frames only: a 10^6-deep recursion would take seconds to print.
+            traceback.print_exception(type(exc), exc, exc.__traceback__, limit=-8)
         except BaseException:  # noqa: S110 - nothing left to report with
             pass
     for stream in (sys.stdout, sys.stderr):

@@ -369,7 +369,9 @@ class ForkServer:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def run(self, program: str, limits: Limits, env: Mapping[str, str] | None = None) -> ProgramResult:
+    def run(
+        self, program: str, limits: Limits, env: Mapping[str, str] | None = None
+    ) -> ProgramResult:
         """Run one program. Raises `ServerDied` if the server dies or stops answering."""
         nonce = secrets.token_hex(16)
         if self.cgroup is not None and limits.max_procs != self.max_procs:

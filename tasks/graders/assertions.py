@@ -147,7 +147,9 @@ def numeric(output: str, case: EvalCase, trace: dict) -> Verdict:
     if got is None:
         return Verdict.fail(Status.failed, f"no number found in output (expected {ref:g})")
     close = math.isclose(got, ref, rel_tol=rel_tol, abs_tol=abs_tol)
-    return _verdict(close, f"parsed {got:g}, expected {ref:g} (abs_tol {abs_tol:g}, rel_tol {rel_tol:g})")
+    return _verdict(
+        close, f"parsed {got:g}, expected {ref:g} (abs_tol {abs_tol:g}, rel_tol {rel_tol:g})"
+    )
 
 
 _FENCE = re.compile(r"```[\w-]*[ \t]*\n(.*?)\n?```", re.DOTALL)
@@ -179,7 +181,9 @@ def json_grader(output: str, case: EvalCase, trace: dict) -> Verdict:
     ):
         raise InputError(f"case {case.id!r}: grader.fields must be a list of keys")
     if fields is not None and (not isinstance(ref, dict) or set(fields) - set(ref)):
-        raise InputError(f"case {case.id!r}: grader.fields must all be keys of the reference object")
+        raise InputError(
+            f"case {case.id!r}: grader.fields must all be keys of the reference object"
+        )
     try:
         got = parse_json(output)
     except ValueError as exc:

@@ -40,7 +40,9 @@ def predicate(output: str, case: EvalCase, trace: dict) -> Verdict:
     try:
         truth = bool(result)
     except Exception as exc:
-        return error_verdict(exc, f"predicate {ref} returned a {type(result).__name__} with no truth value")
+        return error_verdict(
+            exc, f"predicate {ref} returned a {type(result).__name__} with no truth value"
+        )
     if truth:
         return Verdict.ok(f"predicate {ref} returned {_short(result)}")
     return Verdict.fail(Status.failed, f"predicate {ref} returned {_short(result)}")

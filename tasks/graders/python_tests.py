@@ -21,9 +21,13 @@ def _limits(case: EvalCase) -> Limits:
     timeout = case.grader.get("timeout_s", 10.0)
     memory = case.grader.get("memory_mb", 2048)
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
-        raise InputError(f"case {case.id!r}: grader.timeout_s must be a number > 0, got {timeout!r}")
+        raise InputError(
+            f"case {case.id!r}: grader.timeout_s must be a number > 0, got {timeout!r}"
+        )
     if isinstance(memory, bool) or not isinstance(memory, int) or memory < 16:
-        raise InputError(f"case {case.id!r}: grader.memory_mb must be an integer >= 16, got {memory!r}")
+        raise InputError(
+            f"case {case.id!r}: grader.memory_mb must be an integer >= 16, got {memory!r}"
+        )
     return Limits(timeout_s=float(timeout), memory_mb=memory)
 
 
