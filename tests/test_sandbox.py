@@ -1,0 +1,173 @@
+"""run_command: limits, isolation and cleanup, with real processes (and the fallback)."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from test_python_tests import _processes_with
+
+from tasks import sandbox
+from tasks.sandbox import Limits, SandboxError, run_command, run_python
+
+needs_bwrap = pytest.mark.skipif(not sandbox.bwrap_available(), reason="needs bubblewrap")
+
+
+@pytest.fixture(params=["auto", "rlimits"])
+def mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
+    """Each test runs with bubblewrap (where available) and with the forced fallback."""
+    monkeypatch.setenv(sandbox.MODE_ENV, request.param)
+    sandbox.bwrap_available.cache_clear()
+    yield "bwrap" if sandbox.bwrap_available() else "rlimits"
+    sandbox.bwrap_available.cache_clear()
+
+
+def _py(code: str, tmp_path: Path, **limits: float) -> sandbox.SandboxResult:
+    return run_command(
+        [sys.executable, "-I", "-c", code], workdir=tmp_path, limits=Limits(**limits)
+    )
+
+
+def test_runs_in_workdir_and_reports_isolation(mode: str, tmp_path: Path) -> None:
+    res = _py("import os; print(os.getcwd()); open('made', 'w').write('x')", tmp_path)
+    assert res.returncode == 0 and not res.timed_out
+    assert res.stdout.decode().strip() == str(tmp_path.resolve())
+    assert (tmp_path / "made").read_text() == "x"
+    assert res.isolation == mode
+
+
+def test_venv_python_imports_the_project_read_only(mode: str, tmp_path: Path) -> None:
+    res = _py("import tasks.models, pydantic; print('ok')", tmp_path)
+    assert (res.returncode, res.stdout) == (0, b"ok\n")
+
+
+def test_timeout_kills_the_group_and_setsid_escapees(mode: str, tmp_path: Path) -> None:
+    marker = f"evalpipe-sbx-{uuid.uuid4().hex}"
+    code = (
+        "import os, time\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        f"    os.execv('/bin/sleep', ['{marker}', '300'])\n"
+        "time.sleep(300)\n"
+    )
+    res = _py(code, tmp_path, timeout_s=1.0)
+    assert res.timed_out and res.returncode is None
+    assert _processes_with(marker) == []
+
+
+def test_escapee_is_killed_when_the_command_ends(mode: str, tmp_path: Path) -> None:
+    if mode == "rlimits" and sandbox._pids_root() is None:
+        pytest.skip("without namespaces, escapees are found through the pids cgroup only")
+    marker = f"evalpipe-sbx-{uuid.uuid4().hex}"
+    code = (
+        "import os, subprocess\n"
+        f"subprocess.Popen(['/bin/sh', '-c', 'exec -a {marker} sleep 300'],\n"
+        "    start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+    )
+    res = _py(code, tmp_path)
+    assert res.returncode == 0 and not res.timed_out
+    assert _processes_with(marker) == []
+
+
+def test_environment_is_scrubbed(mode: str, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("EVALPIPE_TEST_SECRET", "hunter2")
+    res = run_command(
+        [sys.executable, "-I", "-c", "import os; print(sorted(os.environ.items()))"],
+        workdir=tmp_path,
+        limits=Limits(),
+        env={"EXTRA": "given"},
+    )
+    assert b"hunter2" not in res.stdout
+    assert b"('EXTRA', 'given')" in res.stdout
+    assert f"('HOME', '{tmp_path.resolve()}')".encode() in res.stdout
+
+
+def test_output_is_captured_with_a_cap(mode: str, tmp_path: Path) -> None:
+    code = "import sys\nfor _ in range(50): sys.stdout.write('y' * (1 << 20))\nprint('e', file=sys.stderr)"
+    res = _py(code, tmp_path)
+    assert res.returncode == 0
+    assert res.stdout_truncated and len(res.stdout) == Limits().output_cap_bytes
+    assert (res.stderr, res.stderr_truncated) == (b"e\n", False)
+
+
+def test_memory_limit_applies(mode: str, tmp_path: Path) -> None:
+    res = _py("b = bytearray(6 * 1024**3)", tmp_path, memory_mb=512)
+    assert res.returncode == 1 and b"MemoryError" in res.stderr
+
+
+def test_cpu_limit_applies(mode: str, tmp_path: Path) -> None:
+    res = run_command(
+        [sys.executable, "-I", "-c", "while True: pass"],
+        workdir=tmp_path,
+        limits=Limits(timeout_s=30, cpu_s=1),
+    )
+    # Killed by SIGXCPU/SIGKILL: -N directly, 128+N as reported by bubblewrap's init.
+    assert not res.timed_out and res.returncode not in (0, None)
+
+
+@needs_bwrap
+def test_fork_storm_is_capped(tmp_path: Path) -> None:
+    if sandbox._pids_root() is None:
+        pytest.skip("no pids cgroup")
+    code = (
+        "import os, time\nn = 0\nfor _ in range(1000):\n    try:\n"
+        "        if os.fork() == 0:\n            time.sleep(5); os._exit(0)\n        n += 1\n"
+        "    except OSError:\n        break\nprint(n)"
+    )
+    res = run_command(
+        [sys.executable, "-I", "-c", code], workdir=tmp_path, limits=Limits(max_procs=20)
+    )
+    assert 0 < int(res.stdout) <= 20
+
+
+@needs_bwrap
+def test_write_outside_workdir_does_not_appear(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    # Beside the work dir is the private /tmp (the write "succeeds" there, and vanishes);
+    # elsewhere the file system is read-only.
+    beside = tmp_path / "outside.txt"
+    elsewhere = Path(__file__).resolve().parent / f".escaped-{uuid.uuid4().hex}"
+    res = _py(f"open({str(beside)!r}, 'w').write('x')", work)
+    assert res.returncode == 0 and not beside.exists()
+    res = _py(f"open({str(elsewhere)!r}, 'w').write('x')", work)
+    assert b"Read-only file system" in res.stderr and not elsewhere.exists()
+
+
+@needs_bwrap
+def test_no_network(tmp_path: Path) -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        res = _py(f"import socket; socket.create_connection(('127.0.0.1', {port}), 2)", tmp_path)
+    assert res.returncode == 1 and b"ConnectionRefusedError" in res.stderr
+
+
+def test_missing_program(tmp_path: Path) -> None:
+    # Under bubblewrap the sandbox starts and the exec fails inside it: a non-zero exit.
+    try:
+        res = run_command(["/nonexistent/prog"], workdir=tmp_path, limits=Limits())
+    except SandboxError:
+        return
+    assert res.returncode not in (0, None)
+
+
+def test_run_python_helper_for_predicates() -> None:
+    res = run_python("print(6 * 7)")
+    assert (res.returncode, res.stdout) == (0, b"42\n")
+
+
+def test_fallback_fork_server_still_contains_programs(mode: str) -> None:
+    server = sandbox.ForkServer(Limits())
+    try:
+        assert server.isolation == mode
+        looped = server.run("while True: pass", Limits(timeout_s=0.5))
+        assert looped.result.timed_out and not looped.completed
+        done = server.run("x = 1", Limits())
+        assert done.completed and done.result.returncode == 0
+    finally:
+        server.close()
