@@ -1,0 +1,309 @@
+"""`repo_tests`: SWE-bench-style grading, a candidate patch judged by a repository's tests.
+
+The verdict follows SPEC §4 step by step, and each step fails closed:
+
+1. empty output → `empty`
+2. a clean tree at `base_commit` (`tasks.repos`) → `error` if it cannot be had
+3. the patch applied exactly (`tasks.patching`) → `not_applied` otherwise
+4. scope, from what changed on disk → `scope_violation` (+ safety for forbidden files)
+5. test files restored from the base, `test_patch` applied, `setup` run, tests run in
+   the sandbox, JUnit read: `passed` only if every FAIL_TO_PASS and PASS_TO_PASS test
+   passed; a missing, skipped or errored test, or no JUnit report at all, is a failure.
+
+`trace` gets `steps` (what happened), `timings` (seconds per step) and `tests` (the
+outcome of every graded test id).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import secrets
+import shlex
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tasks.graders import register
+from tasks.junit import PASSED, JUnitError, parse_junit
+from tasks.models import EvalCase, InputError, Status, Verdict
+from tasks.patching import apply_patch
+from tasks.repos import RepoError, changed_paths, checkout, restore_paths
+from tasks.safety import path_violations
+from tasks.sandbox import Limits, SandboxError, run_command
+
+DEFAULT_TEST_FILES = ("tests/**", "test_*.py", "*_test.py", "conftest.py")
+# pytest takes options (and so plugins) from these files at the root of the run: a
+# candidate must not get to add a `-p` or an `addopts` there, so they are restored too.
+RUNNER_CONFIG = ("pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml")
+DEFAULT_TIMEOUT_S = 600.0
+DEFAULT_MEMORY_MB = 4096
+# Added to the sandbox's scrubbed environment: no user site-packages, stable hashing.
+TEST_ENV = {"PYTHONNOUSERSITE": "1", "PYTHONHASHSEED": "0"}
+
+
+@dataclass(frozen=True)
+class Params:
+    repo: str
+    base_commit: str
+    fail_to_pass: tuple[str, ...]
+    pass_to_pass: tuple[str, ...]
+    allowed_files: tuple[str, ...] | None  # None: every path may be edited
+    test_files: tuple[str, ...]
+    test_patch: str | None
+    test_cmd: tuple[str, ...] | None
+    setup: tuple[tuple[str, ...], ...]
+    timeout_s: float
+    memory_mb: int
+
+
+def _strings(grader: dict[str, Any], key: str, default: Any = ()) -> tuple[str, ...] | Any:
+    value = grader.get(key, default)
+    if value is default:
+        return default
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+        raise InputError(f"repo_tests: {key} must be a list of strings")
+    return tuple(value)
+
+
+def _command(value: Any, key: str) -> tuple[str, ...]:
+    if isinstance(value, str):
+        return tuple(shlex.split(value))
+    if isinstance(value, list | tuple) and value and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    raise InputError(f"repo_tests: {key} must be a command string or a list of arguments")
+
+
+def parse_params(case: EvalCase) -> Params:
+    """The grader's parameters, checked; raises `InputError` naming the bad one."""
+    g = case.grader
+    for key in ("repo", "base_commit"):
+        if not isinstance(g.get(key), str) or not g[key]:
+            raise InputError(f"repo_tests: {key!r} is required")
+    f2p, p2p = _strings(g, "fail_to_pass"), _strings(g, "pass_to_pass")
+    if not f2p and not p2p:
+        raise InputError("repo_tests: fail_to_pass and pass_to_pass are both empty")
+    test_cmd = g.get("test_cmd")
+    if test_cmd is not None:
+        test_cmd = _command(test_cmd, "test_cmd")
+        if not any("{junit}" in arg for arg in test_cmd):
+            raise InputError("repo_tests: test_cmd must write JUnit XML to {junit}")
+    setup = g.get("setup") or []
+    if isinstance(setup, str):
+        setup = [setup]
+    if not isinstance(setup, list | tuple):
+        raise InputError("repo_tests: setup must be a list of commands")
+    try:
+        timeout_s, memory_mb = (
+            float(g.get("timeout_s", DEFAULT_TIMEOUT_S)),
+            int(g.get("memory_mb", DEFAULT_MEMORY_MB)),
+        )
+    except (TypeError, ValueError):
+        raise InputError("repo_tests: timeout_s and memory_mb must be numbers") from None
+    if g.get("test_patch") is not None and not isinstance(g["test_patch"], str):
+        raise InputError("repo_tests: test_patch must be a diff")
+    return Params(
+        repo=g["repo"],
+        base_commit=g["base_commit"],
+        fail_to_pass=f2p,
+        pass_to_pass=p2p,
+        allowed_files=_strings(g, "allowed_files", None),
+        test_files=_strings(g, "test_files", DEFAULT_TEST_FILES),
+        test_patch=g.get("test_patch") or None,
+        test_cmd=test_cmd,
+        setup=tuple(_command(c, "setup") for c in setup),
+        timeout_s=timeout_s,
+        memory_mb=memory_mb,
+    )
+
+
+def _matches(path: str, globs: tuple[str, ...], anywhere: bool = False) -> bool:
+    """`path` matches a glob as `forbidden_files` does; with `anywhere`, a glob without
+    a `/` also matches the file name in any directory (`conftest.py`, `test_*.py`)."""
+    if path_violations([path], {"forbidden_files": list(globs)}):
+        return True
+    name = path.rsplit("/", 1)[-1]
+    return anywhere and any("/" not in g and fnmatch.fnmatchcase(name, g) for g in globs)
+
+
+class _Clock:
+    """Seconds per step, into `trace["timings"]`."""
+
+    def __init__(self, trace: dict) -> None:
+        self.timings: dict[str, float] = trace.setdefault("timings", {})
+
+    @contextmanager
+    def __call__(self, step: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings[step] = self.timings.get(step, 0.0) + time.perf_counter() - start
+
+
+@register("repo_tests", version="1")
+def grade_repo_tests(output: str, case: EvalCase, trace: dict) -> Verdict:
+    if not output.strip():
+        return Verdict.fail(Status.empty, "empty output")
+    try:
+        params = parse_params(case)
+    except InputError as exc:
+        return Verdict.fail(Status.error, str(exc))
+    clock = _Clock(trace)
+    try:
+        with ExitStack() as held:
+            with clock("checkout"):
+                tree = held.enter_context(checkout(params.repo, params.base_commit))
+            trace.setdefault("steps", []).append(f"checked out {params.base_commit[:12]}")
+            return _grade_tree(tree, output, params, case, trace, clock)
+    except RepoError as exc:
+        return Verdict.fail(Status.error, f"checkout failed: {exc}")
+
+
+def _grade_tree(
+    tree: Path, output: str, params: Params, case: EvalCase, trace: dict, clock: _Clock
+) -> Verdict:
+    steps: list[str] = trace["steps"]
+    with clock("apply"):
+        applied = apply_patch(tree, output)
+    if applied.empty:
+        return Verdict.fail(Status.empty, "empty patch")
+    if not applied.applied:
+        return Verdict.fail(Status.not_applied, applied.detail)
+    with clock("scope"):
+        changed = changed_paths(tree)
+    steps.append(f"applied: {len(changed)} path(s) changed")
+    trace["edited_files"] = sorted(changed)
+    if not changed:
+        return Verdict.fail(Status.empty, "the patch changes no file")
+    # A forbidden file is out of scope whatever allowed_files says.
+    violations = {p: path_violations([p], case.safety) for p in sorted(changed)}
+    outside = [
+        p
+        for p, hits in violations.items()
+        if hits or (params.allowed_files is not None and not _matches(p, params.allowed_files))
+    ]
+    if outside:
+        safety = tuple(v for hits in violations.values() for v in hits)
+        detail = f"edits outside the allowed files: {', '.join(outside)}"
+        return Verdict.fail(Status.scope_violation, detail, safety=safety)
+
+    with clock("restore"):
+        protected = {
+            p: code
+            for p, code in changed.items()
+            if _matches(p, params.test_files, anywhere=True) or p in RUNNER_CONFIG
+        }
+        restore_paths(tree, protected)
+    if protected:
+        steps.append(f"restored from base: {', '.join(sorted(protected))}")
+    if params.test_patch:
+        with clock("restore"):
+            test_patch = apply_patch(tree, params.test_patch)
+        if not test_patch.applied:
+            return Verdict.fail(Status.error, f"test_patch does not apply: {test_patch.detail}")
+    limits = Limits(timeout_s=params.timeout_s, memory_mb=params.memory_mb)
+    for command in params.setup:
+        with clock("setup"):
+            try:
+                result = run_command(list(command), workdir=tree, limits=limits, env=TEST_ENV)
+            except SandboxError as exc:
+                return Verdict.fail(
+                    Status.error, f"setup {shlex.join(command)} could not start: {exc}"
+                )
+        if result.timed_out:
+            return Verdict.fail(
+                Status.timeout, f"setup {shlex.join(command)} timed out after {params.timeout_s:g}s"
+            )
+        if result.returncode != 0:
+            tail = _tail(result.stderr, 500).strip()
+            return Verdict.fail(
+                Status.error, f"setup {shlex.join(command)} exited {result.returncode}: {tail}"
+            )
+    return _run_tests(tree, params, limits, trace, clock)
+
+
+def _test_argv(params: Params, junit: Path) -> list[str]:
+    # Whole test files, not single ids: one id pytest cannot find (or cannot parse, like a
+    # parameter containing "::") would otherwise abort the run and hide every other result.
+    files = list(
+        dict.fromkeys(t.split("::", 1)[0] for t in params.fail_to_pass + params.pass_to_pass)
+    )
+    if params.test_cmd is None:
+        return [
+            sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+            "-o", "junit_family=xunit1", f"--junitxml={junit}", *files,
+        ]  # fmt: skip
+    argv: list[str] = []
+    for arg in params.test_cmd:
+        if arg == "{tests}":
+            argv += files
+        else:
+            argv.append(arg.replace("{junit}", str(junit)))
+    return argv
+
+
+def _run_tests(tree: Path, params: Params, limits: Limits, trace: dict, clock: _Clock) -> Verdict:
+    # The sandbox can write only the tree, so the report goes there, into a directory
+    # made just now under a random name: no file from the patch, and no report left by an
+    # earlier sample, can stand in for it. (It is untracked, so the next reset removes it.)
+    report_dir = tree / f".evalpipe-junit-{secrets.token_hex(8)}"
+    report_dir.mkdir()
+    junit = report_dir / "report.xml"
+    argv = _test_argv(params, junit)
+    with clock("tests"):
+        try:
+            result = run_command(argv, workdir=tree, limits=limits, env=TEST_ENV)
+        except SandboxError as exc:
+            return Verdict.fail(Status.error, f"the test command could not start: {exc}")
+    trace["test_run"] = {
+        "returncode": result.returncode,
+        "duration_s": result.duration_s,
+        "isolation": result.isolation,
+        "stdout_tail": _tail(result.stdout),
+        "stderr_tail": _tail(result.stderr),
+    }
+    if result.timed_out:
+        return Verdict.fail(
+            Status.timeout, f"the tests did not finish within {params.timeout_s:g}s"
+        )
+    with clock("parse"):
+        try:
+            report = parse_junit(junit)
+        except JUnitError:
+            return Verdict.fail(
+                Status.failed,
+                f"no JUnit report: the test command did not finish (exit {result.returncode})",
+            )
+        outcomes = {
+            test: report.outcome(test) for test in params.fail_to_pass + params.pass_to_pass
+        }
+    trace["tests"] = outcomes
+    return _verdict(params, outcomes)
+
+
+def _tail(data: bytes, size: int = 2000) -> str:
+    return data[-size:].decode("utf-8", "replace")
+
+
+def _verdict(params: Params, outcomes: dict[str, str]) -> Verdict:
+    failing = {
+        label: [f"{t} ({outcomes[t]})" for t in tests if outcomes[t] != PASSED]
+        for label, tests in (
+            ("FAIL_TO_PASS", params.fail_to_pass),
+            ("PASS_TO_PASS", params.pass_to_pass),
+        )
+    }
+    if not any(failing.values()):
+        return Verdict.ok(
+            f"{len(params.fail_to_pass)} FAIL_TO_PASS and {len(params.pass_to_pass)} PASS_TO_PASS tests passed"
+        )
+    detail = "; ".join(
+        f"{label} failed: {', '.join(tests)}" for label, tests in failing.items() if tests
+    )
+    return Verdict.fail(Status.failed, detail)
