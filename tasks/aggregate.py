@@ -187,14 +187,21 @@ def _slice_members(
     case_ids: list[str], case_slices: Mapping[str, Sequence[str]]
 ) -> dict[str, NDArray[np.int64]]:
     """slice name → indices of its cases that have samples, slices in name order."""
-    position = {cid: i for i, cid in enumerate(case_ids)}
-    members: dict[str, list[int]] = {}
-    for cid, names in case_slices.items():
-        i = position.get(cid)
-        if i is not None:
-            for name in names:
-                members.setdefault(name, []).append(i)
-    return {name: np.sort(np.array(members[name], dtype=np.int64)) for name in sorted(members)}
+    pairs = [(cid, name) for cid, names in case_slices.items() for name in names]
+    if not pairs:
+        return {}
+    # One flat (case, slice) list and vectorized lookups: no Python work per pair beyond it.
+    position = pc.index_in(
+        pa.array([p[0] for p in pairs], pa.string()), value_set=pa.array(case_ids)
+    )
+    has_samples = pc.is_valid(position)
+    names = pc.dictionary_encode(pa.array([p[1] for p in pairs], pa.string()).filter(has_samples))
+    position = position.filter(has_samples).to_numpy().astype(np.int64)
+    codes = names.indices.to_numpy(zero_copy_only=False)
+    return {
+        name: np.unique(position[codes == code])
+        for code, name in sorted(enumerate(names.dictionary.to_pylist()), key=lambda item: item[1])
+    }
 
 
 def _metrics(

@@ -39,11 +39,11 @@ def pass_at_k(n, c, k):
         return np.empty(n_arr.shape, dtype=np.float64)
     # Cases share few distinct (n, c) pairs (c ranges over 0..n), so the product is taken
     # once per pair and scattered back: cost independent of the number of cases.
-    pairs, inverse = np.unique(
-        np.stack([n_arr.ravel(), c_arr.ravel()]), axis=1, return_inverse=True
-    )
-    values = np.array([_pass_at_k_one(int(pn), int(pc), k) for pn, pc in pairs.T])
-    out = values[inverse.ravel()].reshape(n_arr.shape)
+    # One int64 key per pair (c <= n) sorts far faster than unique rows of a 2-column array.
+    base = int(n_arr.max()) + 1
+    keys, inverse = np.unique(n_arr.ravel() * base + c_arr.ravel(), return_inverse=True)
+    values = np.array([_pass_at_k_one(int(key // base), int(key % base), k) for key in keys])
+    out = values[inverse].reshape(n_arr.shape)
     return float(out) if scalar else out
 
 
