@@ -467,7 +467,7 @@ def _case_sections(cases: Sequence[Mapping[str, Any]]) -> str:
             else '<p class="note">none</p>'
         )
         out.append(
-            f'<section id="{section_id}"><h2>{title}: {len(chosen)}</h2>{body}{_more(len(chosen))}</section>'
+            f'<section id="{section_id}"><h2>{_esc(title)}: {len(chosen)}</h2>{body}{_more(len(chosen))}</section>'
         )
     return "\n".join(out)
 
