@@ -125,7 +125,7 @@ def summary_markdown(run: Mapping[str, Any], gate: Mapping[str, Any] | None = No
     if rows:
         lines += ["", "| slice | cases | pass@1 | CI |", "|---|---|---|---|"]
         lines += [
-            f"| {r['slice']} | {r['cases']} | {_pct(r['pass@1'])} | {_ci((r['ci_lo'], r['ci_hi']))} |"
+            f"| {_md_cell(r['slice'])} | {r['cases']} | {_pct(r['pass@1'])} | {_ci((r['ci_lo'], r['ci_hi']))} |"
             for r in rows
         ]
     return "\n".join(lines) + "\n"
@@ -547,6 +547,10 @@ def _round(value: float | None) -> float | None:
 
 def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _md_cell(text: str) -> str:
+    return str(text).replace("|", "\\|")
 
 
 def _esc(value: Any) -> str:

@@ -162,6 +162,8 @@ def test_summary_markdown_and_slices_table() -> None:
     assert table[0]["cases"] == 4 and table[0]["pass@1"] == 0.4375 and table[0]["pass@10"] is None
     assert table[2]["pass@1"] == 0.75 and table[2]["ci_lo"] <= 0.75 <= table[2]["ci_hi"]
     assert "| easy | 2 | 75.0% |" in summary_markdown(run)
+    run["slices"]["a|b"] = run["slices"].pop("easy")
+    assert "| a\\|b | 2 | 75.0% |" in summary_markdown(run)
 
 
 def test_report_without_optional_parts() -> None:
