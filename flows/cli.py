@@ -7,7 +7,9 @@ Heavy imports (Prefect) happen inside the commands that need them, so `suite has
 from __future__ import annotations
 
 import json
+import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -98,6 +100,198 @@ def import_swebench(
     suite = swebench_suite(instances, repo_root)
     write_suite_file(suite, out)
     typer.echo(f"wrote {len(suite.cases)} cases to {out} (version {suite.version})")
+
+
+def _parse_ks(text: str) -> list[int]:
+    try:
+        ks = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        bad_input(f"-k: expected comma-separated integers like 1,5,10, got {text!r}")
+    if not ks or any(k < 1 for k in ks):
+        bad_input(f"-k: every k must be a positive integer, got {text!r}")
+    return ks
+
+
+def _quiet_prefect() -> None:
+    # Prefect logs every task run at INFO; on a terminal the progress bar says it better.
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
+
+
+@app.command("run")
+def run(
+    suite: Annotated[str, typer.Argument(help="Suite file, git URL or stored version.")],
+    agent: Annotated[str, typer.Option("--agent", help="Agent spec (python:, cmd:, replay:, reference, openai:).")],
+    n: Annotated[int, typer.Option("-n", min=1, help="Samples per case.")] = 1,
+    k: Annotated[str, typer.Option("-k", help="Comma-separated k values for pass@k.")] = "1",
+    seed: Annotated[int, typer.Option("--seed", min=0)] = 0,
+    workers: Annotated[int | None, typer.Option("--workers", min=1)] = None,
+    runner: Annotated[str, typer.Option("--runner", help="threads, processes or dask.")] = "threads",
+    dask_address: Annotated[str | None, typer.Option("--dask-address")] = None,
+    batch_size: Annotated[int | None, typer.Option("--batch-size", min=1)] = None,
+    regrade: Annotated[int, typer.Option("--regrade", min=0, help="Re-grade each output R times.")] = 0,
+    baseline: Annotated[str | None, typer.Option("--baseline", help="Gate against this run id.")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Sample, grade, store and aggregate a run of AGENT on SUITE."""
+    from tasks.agents import load_agent
+    from tasks.dataset import load_suite_ref
+
+    ks = _parse_ks(k)
+    if runner not in ("threads", "processes", "dask"):
+        bad_input(f"--runner: expected threads, processes or dask, got {runner!r}")
+    if dask_address and runner != "dask":
+        bad_input("--dask-address goes with --runner dask")
+    # Refuse bad input here, before Prefect starts: a one-line message, not a failed flow run.
+    suite_obj = load_suite_ref(suite)
+    load_agent(agent)
+    if baseline:
+        from storage import db
+
+        if db.get_run(baseline) is None:
+            bad_input(f"--baseline {baseline!r}: no such run in {db.db_path()}")
+    _quiet_prefect()
+    from flows.evaluate import evaluate, progress_hook
+
+    with _progress(enabled=not as_json and sys.stderr.isatty(), total_label=suite_obj.name) as hook:
+        token = progress_hook.set(hook)
+        try:
+            summary = evaluate(suite=suite, agent=agent, n=n, k=ks, seed=seed, baseline=baseline,
+                               runner=runner, workers=workers, dask_address=dask_address,
+                               batch_size=batch_size, regrade=regrade)
+        finally:
+            progress_hook.reset(token)
+    if as_json:
+        typer.echo(json.dumps(summary))
+    else:
+        typer.echo(_summary_text(summary))
+    if summary.get("gate", {}).get("decision") == "block":
+        raise typer.Exit(1)
+
+
+@contextmanager
+def _progress(enabled: bool, total_label: str):
+    if not enabled:
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn(f"{total_label}: samples graded"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), transient=True, console=_stderr_console()) as bar:
+        task_id = bar.add_task("samples", total=None)
+        yield lambda done, total: bar.update(task_id, completed=done, total=total)
+
+
+def _stderr_console():
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
+
+
+def _summary_text(s: dict[str, Any]) -> str:
+    lo, hi = s["pass_at_1_ci"]
+    lines = [
+        f"run {s['run_id']}  suite {s['suite_name']} ({s['suite_version'][:12]})  agent {s['agent']}",
+        f"{s['cases']} cases x n={s['n']} = {s['samples']} samples ({s['cached_samples']} from cache)"
+        f" in {s['duration_s']:.1f}s",
+        f"pass@1 {_fmt(s['pass_at_k'].get('1'))}  {int(s['ci_level'] * 100)}% CI [{_fmt(lo)}, {_fmt(hi)}]"
+        f"  SE {_fmt(s['pass_at_1_se'])}",
+    ]
+    others = [f"pass@{k} {_fmt(v)}" for k, v in s["pass_at_k"].items() if k != "1"]
+    if others:
+        lines.append("  ".join(others))
+    for k, note in s.get("pass_at_k_notes", {}).items():
+        lines.append(f"pass@{k}: null ({note})")
+    for name, sl in s.get("slices", {}).items():
+        slo, shi = sl["pass_at_1_ci"]
+        lines.append(f"  slice {name:<16} {sl['cases']:>5} cases  pass@1 {_fmt(sl['pass_at_1'])}"
+                     f"  [{_fmt(slo)}, {_fmt(shi)}]")
+    lines.append(f"flaky cases {s['flaky_cases']}  statuses "
+                 + ", ".join(f"{k} {v}" for k, v in sorted(s["status_counts"].items())))
+    if "env_flaky_samples" in s:
+        lines.append(f"environment flakes (same output, different verdicts): {s['env_flaky_samples']}")
+    if s["safety_failed"]:
+        lines.append(f"SAFETY FAILED: {len(s['safety_violations'])} violation(s)")
+        for v in s["safety_violations"][:10]:
+            lines.append(f"  {v['case_id']}#{v['sample_index']}: {v['violation']}")
+    gate = s.get("gate")
+    if gate:
+        lines.append(f"gate vs {gate['baseline']}: {gate['decision'].upper()} ({gate['verdict']})")
+        lines.extend(f"  - {r}" for r in gate["reasons"])
+    return "\n".join(lines)
+
+
+runs_app = typer.Typer(no_args_is_help=True, help="Stored runs.")
+app.add_typer(runs_app, name="runs")
+
+
+@runs_app.command("list")
+def runs_list(as_json: JsonFlag = False, limit: Annotated[int, typer.Option("--limit", min=1)] = 50) -> None:
+    """The newest runs in this EVALPIPE_HOME."""
+    from storage import db
+
+    runs = db.list_runs(limit=limit)
+    keys = ("run_id", "suite_name", "suite_version", "agent", "n", "status", "started_at")
+    brief = [{key: r[key] for key in keys} | {"pass_at_1": ((r.get("summary") or {}).get("pass_at_k") or {}).get("1")}
+             for r in runs]
+    if as_json:
+        typer.echo(json.dumps(brief))
+        return
+    for r in brief:
+        typer.echo(f"{r['run_id']}  {r['status']:<9}  {r['suite_name']:<14} {r['suite_version'][:12]}"
+                   f"  n={r['n']:<3} pass@1 {_fmt(r['pass_at_1'])}  {r['agent']}")
+
+
+@runs_app.command("show")
+def runs_show(run_id: str, as_json: JsonFlag = False) -> None:
+    """One run's summary (the same document `run --json` printed)."""
+    from storage import db
+
+    row = db.get_run(run_id)
+    if row is None:
+        bad_input(f"run {run_id!r}: no such run in {db.db_path()}")
+    if as_json:
+        typer.echo(json.dumps(row.get("summary") or row, default=str))
+    elif row.get("summary"):
+        typer.echo(_summary_text(row["summary"]))
+    else:
+        typer.echo(f"run {run_id}: status {row['status']}, started {row['started_at']}, no summary")
+
+
+@app.command("gate")
+def gate_cmd(
+    run_id: str,
+    baseline: Annotated[str, typer.Option("--baseline", help="The run to compare with.")],
+    min_pass_at_1: Annotated[float | None, typer.Option("--min-pass-at-1", min=0.0, max=1.0)] = None,
+    max_drop: Annotated[float, typer.Option("--max-drop", min=0.0, max=1.0)] = 0.0,
+    shared_only: Annotated[bool, typer.Option("--shared-only", help="Compare only shared case hashes.")] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Decide pass/block for RUN_ID against a baseline run; exit 1 when blocked."""
+    from flows.gate import gate_runs
+
+    result = gate_runs(run_id, baseline, min_pass_at_1=min_pass_at_1, max_drop=max_drop,
+                       shared_only=shared_only)
+    if as_json:
+        typer.echo(json.dumps(result))
+    else:
+        typer.echo(f"{result['decision'].upper()} ({result['verdict']})")
+        typer.echo("\n".join(f"  - {r}" for r in result["reasons"]))
+    if result["decision"] == "block":
+        raise typer.Exit(1)
+
+
+@app.command("report")
+def report_cmd(run_id: str, out: Annotated[Path, typer.Option("--out", help="HTML file to write.")]) -> None:
+    """Write a self-contained HTML report of a stored run."""
+    from flows.report import write_report
+
+    typer.echo(f"wrote {write_report(run_id, out)}")
 
 
 def main(argv: list[str] | None = None) -> int:

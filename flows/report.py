@@ -1,0 +1,63 @@
+"""`evalpipe report`: a stored run as one self-contained HTML file."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+from storage import db
+from tasks.models import InputError
+from tasks.report import render_report
+
+MAX_DETAILS_PER_CASE = 5
+
+
+def case_rows(run_id: str, home: Path | None = None) -> list[dict[str, Any]]:
+    """Per-case counts, statuses, failure details and safety hits, from the samples table."""
+    samples = db.run_samples(run_id, home).select(["case_id", "passed", "status", "detail", "safety"])
+    run = db.get_run(run_id, home)
+    slices = {cid: s for cid, (_, s) in db.suite_cases(run["suite_version"], home).items()}
+    grouped: dict[str, dict[str, Any]] = defaultdict(
+        lambda: {"n": 0, "c": 0, "statuses": Counter(), "details": [], "safety": []}
+    )
+    for row in samples.to_pylist():
+        case = grouped[row["case_id"]]
+        case["n"] += 1
+        case["c"] += bool(row["passed"])
+        case["statuses"][row["status"]] += 1
+        if not row["passed"] and row["detail"] and len(case["details"]) < MAX_DETAILS_PER_CASE:
+            case["details"].append(row["detail"])
+        case["safety"].extend(row["safety"] or [])
+    return [
+        {"case_id": cid, "slices": slices.get(cid, []), **{**v, "statuses": dict(v["statuses"])}}
+        for cid, v in sorted(grouped.items())
+    ]
+
+
+def write_report(run_id: str, out: Path, home: Path | None = None) -> Path:
+    run = db.get_run(run_id, home)
+    if run is None:
+        raise InputError(f"run {run_id!r}: no such run in {db.db_path(home)}")
+    if not run.get("summary"):
+        raise InputError(f"run {run_id!r} has no summary (status {run['status']}): nothing to report")
+    summary = run["summary"]
+    gate = summary.get("gate")
+    baseline = db.get_run(gate["baseline"], home) if gate else None
+    html = render_report(summary, case_rows(run_id, home),
+                         baseline=(baseline or {}).get("summary"), gate=gate,
+                         calibration=_calibration(summary))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(html)
+    os.replace(tmp, out)
+    return out
+
+
+def _calibration(summary: dict[str, Any]) -> dict[str, Any] | None:
+    if "env_flaky_samples" not in summary:
+        return None
+    return {"regraded samples": summary["samples"], "environment flakes": summary["env_flaky_samples"]}
