@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import ctypes
 import json
+import math
 import os
 import resource
 import selectors
@@ -142,13 +143,13 @@ def kill_leftovers(pidns: bool) -> None:
     _reap_all()
 
 
-def _set_limits(req: Mapping) -> None:
+def set_limits(memory_mb: int, cpu_s: float, file_size_mb: int) -> None:
+    """Hard rlimits for the calling process: address space, CPU seconds, file size, no core."""
     mb = 1 << 20
-    cpu = max(1, int(req["cpu_s"] + 0.999))
     for which, value in (
-        (resource.RLIMIT_AS, req["memory_mb"] * mb),
-        (resource.RLIMIT_CPU, cpu),
-        (resource.RLIMIT_FSIZE, req["file_size_mb"] * mb),
+        (resource.RLIMIT_AS, memory_mb * mb),
+        (resource.RLIMIT_CPU, max(1, math.ceil(cpu_s))),
+        (resource.RLIMIT_FSIZE, file_size_mb * mb),
         (resource.RLIMIT_CORE, 0),
     ):
         resource.setrlimit(which, (value, value))
@@ -171,7 +172,7 @@ def _child(req: Mapping, workdir: str, fds: Mapping[int, int]) -> None:
         import random
 
         random.seed()
-        _set_limits(req)
+        set_limits(req["memory_mb"], req["cpu_s"], req["file_size_mb"])
         program = compile(req["program"], "<program>", "exec")
         exec(program, {"__name__": "__main__", "__builtins__": __builtins__})  # noqa: S102
         os.write(RESULT_FD, os.read(NONCE_FD, 256))

@@ -33,18 +33,19 @@ def _rules(safety: Mapping | None, key: str) -> list[str]:
 
 
 @lru_cache(maxsize=1024)
-def _compiled(pattern: str) -> re.Pattern[str]:
+def compile_pattern(pattern: str, what: str) -> re.Pattern[str]:
+    """A cached compiled regex; `InputError` naming `what` when it does not compile."""
     try:
         return re.compile(pattern)
     except re.error as exc:
-        raise InputError(f"safety.forbidden_patterns: invalid regex {pattern!r}: {exc}") from None
+        raise InputError(f"{what}: invalid regex {pattern!r}: {exc}") from None
 
 
 def output_violations(output: str, safety: Mapping | None) -> list[str]:
     """One violation per `forbidden_patterns` regex found anywhere in `output`."""
     found = []
     for pattern in _rules(safety, "forbidden_patterns"):
-        if _compiled(pattern).search(output):
+        if compile_pattern(pattern, "safety.forbidden_patterns").search(output):
             found.append(f"output matches forbidden pattern {pattern!r}")
     return found
 

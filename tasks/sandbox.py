@@ -23,7 +23,6 @@ import base64
 import logging
 import math
 import os
-import resource
 import secrets
 import select
 import shutil
@@ -37,7 +36,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from tasks.forkserver import capture, read_frame, write_frame
+from tasks.forkserver import capture, read_frame, set_limits, write_frame
 
 log = logging.getLogger(__name__)
 
@@ -221,15 +220,7 @@ def _preexec(limits: Limits | None, cgroup: PidsCgroup | None) -> Callable[[], N
         if cgroup is not None:
             cgroup.join_self()
         if limits is not None:
-            mb = 1 << 20
-            cpu = math.ceil(limits.cpu_limit_s)
-            for which, value in (
-                (resource.RLIMIT_AS, limits.memory_mb * mb),
-                (resource.RLIMIT_CPU, cpu),
-                (resource.RLIMIT_FSIZE, limits.file_size_mb * mb),
-                (resource.RLIMIT_CORE, 0),
-            ):
-                resource.setrlimit(which, (value, value))
+            set_limits(limits.memory_mb, limits.cpu_limit_s, limits.file_size_mb)
 
     return setup
 

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_python_tests import _case as hostile_case
 
 from tasks.graders import grade, grader_fingerprint, register, registered_kinds
 from tasks.graders.assertions import parse_number
@@ -271,15 +272,5 @@ def test_graders_are_total_over_arbitrary_strings(output: str, which: int) -> No
     )
 )
 def test_python_tests_grader_is_total(output: str) -> None:
-    c = EvalCase(
-        id="t",
-        inputs={"prompt": "def f(x):\n"},
-        grader={
-            "kind": "python_tests",
-            "entry_point": "f",
-            "test": "def check(c):\n    assert c(1) == 2\n",
-            "timeout_s": 2,
-        },
-    )
-    verdict = grade(output, c)
+    verdict = grade(output, hostile_case(timeout_s=2))
     assert verdict.status in {Status.failed, Status.empty, Status.timeout, Status.passed}

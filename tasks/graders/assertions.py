@@ -11,11 +11,11 @@ import json
 import math
 import re
 from fractions import Fraction
-from functools import lru_cache
 from typing import Any
 
 from tasks.graders import register
 from tasks.models import EvalCase, InputError, Status, Verdict, canonical_json
+from tasks.safety import compile_pattern
 
 
 def _verdict(ok: bool, detail: str) -> Verdict:
@@ -62,21 +62,13 @@ def contains(output: str, case: EvalCase, trace: dict) -> Verdict:
     return _verdict(found, f"{_preview(ref)} {'found' if found else 'not found'} in output")
 
 
-@lru_cache(maxsize=1024)
-def _compile(pattern: str) -> re.Pattern[str]:
-    try:
-        return re.compile(pattern)
-    except re.error as exc:
-        raise InputError(f"grader.pattern {pattern!r} is not a valid regex: {exc}") from None
-
-
 @register("regex")
 def regex(output: str, case: EvalCase, trace: dict) -> Verdict:
     pattern = case.grader.get("pattern")
     if not isinstance(pattern, str):
         raise InputError(f"case {case.id!r}: regex grader needs a string 'pattern'")
     full = _flag(case, "fullmatch", False)
-    rx = _compile(pattern)
+    rx = compile_pattern(pattern, f"case {case.id!r}: grader.pattern")
     hit = rx.fullmatch(output) if full else rx.search(output)
     how = "fully matches" if full else "matches"
     return _verdict(hit is not None, f"output {'' if hit else 'never '}{how} {pattern!r}")
