@@ -30,3 +30,14 @@ def calc_repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     spec.loader.exec_module(module)
     path = tmp_path_factory.mktemp("calc") / "repo"
     return path, module.build(path)
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    """A real Prefect API (a temporary server and database) shared by the session's flow runs.
+    Yields the API URL, so subprocesses (the CLI) can use the same server."""
+    from prefect.settings import PREFECT_API_URL
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield PREFECT_API_URL.value()

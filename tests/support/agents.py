@@ -1,0 +1,45 @@
+"""Deterministic agents for the flow tests. Each call can be counted in a file, so a test
+can tell drawn samples from cached ones."""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+
+
+def _count(ctx) -> None:
+    path = os.environ.get("EVALPIPE_TEST_CALLS")
+    if path:
+        with open(path, "a") as fh:
+            fh.write(f"{ctx.case_id}#{ctx.index}\n")
+
+
+def flaky(inputs, ctx) -> str:
+    """Right with a per-case probability, decided by the sample's seed."""
+    _count(ctx)
+    p = inputs.get("p", 0.5)
+    return "yes" if random.Random(ctx.seed).random() < p else "no"
+
+
+def better(inputs, ctx) -> str:
+    _count(ctx)
+    return "yes" if random.Random(ctx.seed).random() < 0.95 else "no"
+
+
+def worse(inputs, ctx) -> str:
+    _count(ctx)
+    return "yes" if random.Random(ctx.seed).random() < 0.2 else "no"
+
+
+def boom(inputs, ctx) -> str:
+    """Raises on cases whose id has 'boom' in it."""
+    _count(ctx)
+    if "boom" in ctx.case_id:
+        raise RuntimeError(f"cannot answer {ctx.case_id}")
+    return "yes"
+
+
+def slow(inputs, ctx) -> str:
+    time.sleep(float(os.environ.get("EVALPIPE_TEST_SLEEP", "0.05")))
+    return flaky(inputs, ctx)

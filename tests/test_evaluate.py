@@ -1,0 +1,176 @@
+"""End-to-end: real `evaluate` flow runs on a real Prefect API and a real DuckDB file."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+AGENTS = ROOT / "tests/support/agents.py"
+
+
+def agent(name: str) -> str:
+    return f"python:{AGENTS}:{name}"
+
+
+def write_suite(path: Path, cases: int, *, boom: int = 0) -> Path:
+    lines = ["name: toy", "cases:"]
+    for i in range(cases):
+        cid = f"boom{i}" if i < boom else f"q{i:03d}"
+        lines.append(
+            f"  - {{id: {cid}, inputs: {{p: {0.1 + 0.8 * (i % 5) / 4}}}, reference: 'yes',"
+            f" grader: {{kind: exact}}, slices: [s{i % 3}]}}"
+        )
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def calls(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def query(home: Path, sql: str, *params):
+    with duckdb.connect(str(home / "evalpipe.duckdb"), read_only=True) as con:
+        return con.execute(sql, list(params)).fetchall()
+
+
+NUMBERS = ("pass_at_k", "pass_at_1_ci", "pass_at_1_se", "slices", "flaky_cases", "status_counts",
+           "safety_failed", "cases", "samples")
+
+
+def numbers(summary: dict) -> dict:
+    return {key: summary[key] for key in NUMBERS}
+
+
+@pytest.fixture
+def counted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "calls.txt"
+    monkeypatch.setenv("EVALPIPE_TEST_CALLS", str(path))
+    return path
+
+
+def test_every_sample_stored_then_served_from_cache(prefect_harness, home, tmp_path, counted):
+    from flows.evaluate import evaluate
+
+    suite = write_suite(tmp_path / "toy.yaml", 12)
+    first = evaluate(suite=str(suite), agent=agent("flaky"), n=5, k=[1, 5, 10], seed=3)
+    assert len(calls(counted)) == 60 and first["samples"] == 60 and first["cached_samples"] == 0
+    assert first["pass_at_k"]["10"] is None and "k=10 > n=5" in first["pass_at_k_notes"]["10"]
+    assert 0 < first["pass_at_k"]["1"] < first["pass_at_k"]["5"] and first["flaky_cases"] > 0
+    rows = query(home, "SELECT count(*), count(DISTINCT (case_id, sample_index)) FROM samples WHERE run_id = ?",
+                 first["run_id"])
+    assert rows == [(60, 60)]
+    stored = query(home, "SELECT count(*) FROM aggregates WHERE run_id = ? AND slice = '__all__'", first["run_id"])
+    assert stored[0][0] > 0
+    assert query(home, "SELECT status FROM runs WHERE run_id = ?", first["run_id"]) == [("completed",)]
+
+    counted.unlink()
+    second = evaluate(suite=str(suite), agent=agent("flaky"), n=5, k=[1, 5, 10], seed=3)
+    assert calls(counted) == []  # zero agent calls
+    assert second["cached_samples"] == 60 and second["run_id"] != first["run_id"]
+    assert numbers(second) == numbers(first)
+
+    # Another seed is other work: nothing comes from the cache.
+    third = evaluate(suite=str(suite), agent=agent("flaky"), n=5, k=[1], seed=4)
+    assert third["cached_samples"] == 0 and len(calls(counted)) == 60
+
+
+def test_agent_errors_are_samples_not_crashes(prefect_harness, home, tmp_path, counted):
+    from flows.evaluate import evaluate
+
+    suite = write_suite(tmp_path / "toy.yaml", 6, boom=2)
+    out = evaluate(suite=str(suite), agent=agent("boom"), n=2, k=[1])
+    assert out["status_counts"] == {"agent_error": 4, "passed": 8}
+    details = query(home, "SELECT DISTINCT detail FROM samples WHERE run_id = ? AND status = 'agent_error'",
+                    out["run_id"])
+    assert all("RuntimeError" in d and "cannot answer boom" in d for (d,) in details)
+    # Agent errors say nothing about the output, so they are drawn again next time.
+    counted.unlink()
+    again = evaluate(suite=str(suite), agent=agent("boom"), n=2, k=[1])
+    assert again["cached_samples"] == 8 and sorted(set(calls(counted))) == [
+        "boom0#0", "boom0#1", "boom1#0", "boom1#1"]
+
+
+@pytest.mark.parametrize("runner", ["dask", "processes"])
+def test_runners_give_the_same_numbers(prefect_harness, home, tmp_path, monkeypatch, runner):
+    from flows.evaluate import evaluate
+
+    suite = write_suite(tmp_path / "toy.yaml", 9)
+    threads = evaluate(suite=str(suite), agent=agent("flaky"), n=4, k=[1, 2], seed=11, batch_size=2)
+    # A fresh home, so the other runner draws everything itself instead of reading the cache.
+    monkeypatch.setenv("EVALPIPE_HOME", str(tmp_path / "other-home"))
+    other = evaluate(suite=str(suite), agent=agent("flaky"), n=4, k=[1, 2], seed=11, runner=runner,
+                     workers=2, batch_size=2)
+    assert other["cached_samples"] == 0
+    assert numbers(other) == numbers(threads)
+
+
+def run_cli(args: list[str], env: dict, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def test_killed_run_resumes_without_duplicates(prefect_harness, home, tmp_path, counted):
+    suite = write_suite(tmp_path / "toy.yaml", 20)
+    env = {**os.environ, "PREFECT_API_URL": prefect_harness, "EVALPIPE_TEST_SLEEP": "0.1",
+           "PYTHONPATH": str(ROOT)}
+    args = ["run", str(suite), "--agent", agent("slow"), "-n", "2", "--batch-size", "1", "--workers", "2",
+            "--json"]
+    proc = run_cli(args, env, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while len(calls(counted)) < 12 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    drawn_before = len(calls(counted))
+    (stored,) = query(home, "SELECT count(*) FROM samples")[0]
+    assert 0 < stored < 40, "the kill should land part-way"
+
+    counted.unlink()
+    proc = run_cli(args, env)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    resumed = json.loads(out)
+    redrawn = len(calls(counted))
+    assert resumed["cached_samples"] == stored and redrawn == 40 - stored
+    in_flight = drawn_before - stored
+    assert in_flight <= 2 * 2  # at most the batches running at the kill (2 workers x 1 case x n=2)
+    rows = query(home, "SELECT count(*), count(DISTINCT (case_id, sample_index)) FROM samples WHERE run_id = ?",
+                 resumed["run_id"])
+    assert rows == [(40, 40)]
+
+    # The same numbers as an uninterrupted run in a fresh home.
+    env_fresh = {**env, "EVALPIPE_HOME": str(tmp_path / "fresh"), "EVALPIPE_TEST_SLEEP": "0"}
+    proc = run_cli(args, env_fresh)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert numbers(json.loads(out)) == numbers(resumed)
+
+
+def test_cli_run_json_is_one_document_and_bad_input_exits_2(prefect_harness, home, tmp_path):
+    suite = write_suite(tmp_path / "toy.yaml", 3)
+    env = {**os.environ, "PREFECT_API_URL": prefect_harness, "PYTHONPATH": str(ROOT)}
+    proc = run_cli(["run", str(suite), "--agent", agent("flaky"), "-n", "2", "-k", "1,2", "--json"], env)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    doc = json.loads(out)
+    spec_keys = {"run_id", "suite_version", "suite_name", "agent", "n", "cases", "samples", "cached_samples",
+                 "pass_at_k", "pass_at_1_ci", "ci_level", "pass_at_1_se", "slices", "flaky_cases",
+                 "status_counts", "safety_failed", "safety_violations", "flow_run_id", "duration_s"}
+    assert spec_keys <= set(doc) and len(doc["suite_version"]) == 64
+    assert "Traceback" not in err
+
+    for bad in (["--agent", "nosuch:thing"], ["--agent", agent("flaky"), "-k", "0"],
+                ["--agent", agent("flaky"), "--runner", "gpu"], ["--agent", agent("missing_function")]):
+        proc = run_cli(["run", str(suite), *bad], env)
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 2, (bad, err)
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
