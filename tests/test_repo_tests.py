@@ -205,6 +205,15 @@ def test_a_conftest_that_forces_passes_is_removed(
     )
 
 
+def test_a_runner_config_that_loads_a_plugin_is_undone(unscoped: EvalCase, home: Path) -> None:
+    # pytest.ini pulls in a plugin module (not a test file, so it stays) that forces passes.
+    exploit = block("pytest.ini", "", "[pytest]\naddopts = -p force_pass\n")
+    exploit += block("force_pass.py", "", FORCE_PASS)
+    verdict, trace = grade(exploit + CLAMP, unscoped)
+    assert verdict.status is Status.failed and "test_positive (failed)" in verdict.detail
+    assert "restored from base: pytest.ini" in trace["steps"]
+
+
 def test_editing_the_f2p_test_to_pass_is_undone(unscoped: EvalCase, home: Path) -> None:
     cheat = block("test_calc.py", "    assert add(-2, 3) == 1\n", "    pass\n")
     verdict, trace = grade(cheat, unscoped)
