@@ -1,0 +1,306 @@
+"""`judge`: a model (or any injected callable) decides — an uncalibrated, stochastic instrument.
+
+Grader parameters: `function` (`module:function`, `path.py:function` or `openai:MODEL`),
+`rubric` (a prompt template, required for `openai:`), `samples` (J draws per output,
+default 1), `params` (extra request fields for `openai:`, e.g. `temperature`).
+
+A judge is sampled like an agent: draw j gets a seed derived from the case hash, the
+output and j, so the same output is judged the same way on every run and the cache can
+key on it. The J verdicts are recorded in the trace with the judge's fingerprint, the
+seeds and their agreement; the majority decides (a tie fails). A draw that errors makes
+the verdict `error`, never `failed`: a broken instrument says nothing about the output.
+The judge cannot clear safety: violations it reports are kept, and `grade` adds the
+case's `forbidden_patterns` afterwards in any case.
+
+Judge callables (`module:function`):
+- grading: `fn(output, case, seed)` returns a bool, a `Verdict`, or a mapping with
+  `passed` (bool) and optional `score` (0..1) and `rationale` (str);
+- pairwise (`tasks.pairwise`): `fn(case, first, second, seed)` returns `"first"`/`"A"`,
+  `"second"`/`"B"` or `"tie"` (or a mapping with `winner`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, Literal
+
+from tasks.callables import load_callable
+from tasks.graders import register
+from tasks.models import EvalCase, InputError, Status, Verdict, canonical_json, sha256_hex
+from tasks.openai_client import EndpointError, OpenAIClient
+
+Preference = Literal["first", "second", "tie"]
+
+RATIONALE_CHARS = 2000  # per draw in the trace: enough to read, not a second output column
+
+GRADE_SYSTEM = (
+    "You are an exacting evaluator. Judge the response against the rubric. Reply with only "
+    'a JSON object: {"passed": true or false, "score": a number from 0 to 1, '
+    '"rationale": "one or two sentences"}.'
+)
+PAIRWISE_SYSTEM = (
+    "You are an exacting evaluator comparing two responses to the same task. Reply with "
+    'only a JSON object: {"winner": "A", "B" or "tie", "rationale": "one or two sentences"}.'
+)
+PAIRWISE_TEMPLATE = (
+    "Task:\n{prompt}\n\nReference answer (may be empty):\n{reference}\n\n"
+    "Response A:\n{first}\n\nResponse B:\n{second}\n\nWhich response is better?"
+)
+
+
+@dataclass(frozen=True)
+class Draw:
+    """One judge verdict: `passed` is None when the draw errored (`error` says why)."""
+
+    seed: int
+    passed: bool | None
+    score: float = 0.0
+    rationale: str = ""
+    error: str | None = None
+    safety: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        if self.passed is None:
+            return {"seed": self.seed, "error": self.error}
+        return {"seed": self.seed, "passed": self.passed, "score": self.score,
+                "rationale": self.rationale[:RATIONALE_CHARS]}
+
+
+@dataclass(frozen=True)
+class Judge:
+    """A loaded judge. `fingerprint` covers what its verdicts depend on: the spec, the
+    code's hash or the endpoint and model, the rubric, the request params and J."""
+
+    spec: str
+    fingerprint: str
+    samples: int
+    # (output, case, seed) -> raw result; (case, first, second, seed) -> raw preference
+    _grade: Callable[[str, EvalCase, int], Any] = field(repr=False)
+    _prefer: Callable[[EvalCase, str, str, int], Any] = field(repr=False)
+
+    def draw(self, output: str, case: EvalCase, seed: int) -> Draw:
+        """One verdict; never raises (the judge failing is an error draw)."""
+        try:
+            return draw_from_result(self._grade(output, case, seed), seed)
+        except (Exception, SystemExit) as exc:
+            return Draw(seed, None, error=f"{self.spec}: {type(exc).__name__}: {exc}"[:500])
+
+    def prefer(self, case: EvalCase, first: str, second: str, seed: int) -> Preference:
+        """Which of two outputs shown in this order is better. Raises `JudgeError`."""
+        try:
+            return preference_from_result(self._prefer(case, first, second, seed))
+        except JudgeError:
+            raise
+        except (Exception, SystemExit) as exc:
+            raise JudgeError(f"{self.spec}: {type(exc).__name__}: {exc}"[:500]) from None
+
+
+class JudgeError(Exception):
+    """The judge failed or answered something that is not a verdict."""
+
+
+def judge_params(case: EvalCase) -> tuple[str, str | None, int, dict[str, Any]]:
+    """(function, rubric, samples, params) from a case's grader; `InputError` if malformed."""
+    g = case.grader
+    where = f"case {case.id!r}: judge grader"
+    spec, rubric, samples, params = g.get("function"), g.get("rubric"), g.get("samples", 1), g.get("params", {})
+    if not isinstance(spec, str) or not spec:
+        raise InputError(f"{where} needs 'function' (MODULE:FUNC or openai:MODEL)")
+    if rubric is not None and not isinstance(rubric, str):
+        raise InputError(f"{where}: 'rubric' must be a string template")
+    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+        raise InputError(f"{where}: 'samples' must be an integer >= 1, got {samples!r}")
+    if not isinstance(params, dict):
+        raise InputError(f"{where}: 'params' must be a mapping")
+    return spec, rubric, samples, params
+
+
+def load_judge(
+    spec: str, rubric: str | None = None, samples: int = 1, params: Mapping[str, Any] | None = None
+) -> Judge:
+    """A judge from its spec; `InputError` when the spec cannot be resolved."""
+    params = dict(params or {})
+    if spec.startswith("openai:"):
+        return _openai_judge(spec, rubric, samples, params)
+    fn = load_callable(spec)
+    identity = {"judge": spec, "code": fn.code_sha256, "rubric": rubric, "params": params,
+                "samples": samples}
+    return Judge(
+        spec=spec,
+        fingerprint=sha256_hex(canonical_json(identity)),
+        samples=samples,
+        _grade=lambda output, case, seed: fn.func(output, case, seed),
+        _prefer=lambda case, first, second, seed: fn.func(case, first, second, seed),
+    )
+
+
+def case_judge(case: EvalCase) -> Judge:
+    spec, rubric, samples, params = judge_params(case)
+    return load_judge(spec, rubric, samples, params)
+
+
+def _openai_judge(spec: str, rubric: str | None, samples: int, params: dict[str, Any]) -> Judge:
+    model = spec.removeprefix("openai:")
+    if not model:
+        raise InputError(f"judge {spec!r}: no model name (openai:MODEL)")
+    reserved = sorted({"model", "messages", "seed", "n", "stream"} & set(params))
+    if reserved:
+        raise InputError(f"judge {spec!r}: params {', '.join(reserved)} are set by evalpipe")
+    try:
+        client = OpenAIClient.from_env()
+    except ValueError as exc:
+        raise InputError(f"judge {spec!r}: {exc}") from None
+    client = _shared_client(client.base_url, client.api_key, client.timeout_s, client.max_attempts)
+    identity = {"judge": "openai", "model": model, "base_url": client.base_url, "rubric": rubric,
+                "params": params, "samples": samples}
+
+    def ask(system: str, user: str, seed: int) -> str:
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+        try:
+            return client.chat(model, messages, seed=seed, params=params)
+        except EndpointError as exc:
+            raise JudgeError(f"{spec}: {exc}") from None
+
+    def grade(output: str, case: EvalCase, seed: int) -> dict[str, Any]:
+        if rubric is None:
+            raise InputError(f"case {case.id!r}: judge {spec!r} needs a 'rubric' template")
+        return parse_reply(ask(GRADE_SYSTEM, render(rubric, case, output=output), seed))
+
+    def prefer(case: EvalCase, first: str, second: str, seed: int) -> Any:
+        user = render(rubric or PAIRWISE_TEMPLATE, case, first=first, second=second)
+        return parse_reply(ask(PAIRWISE_SYSTEM, user, seed))
+
+    return Judge(spec, sha256_hex(canonical_json(identity)), samples, grade, prefer)
+
+
+@lru_cache(maxsize=8)
+def _shared_client(base_url: str, api_key: str | None, timeout_s: float, attempts: int) -> OpenAIClient:
+    # One connection pool per endpoint, not one per graded output.
+    return OpenAIClient(base_url=base_url, api_key=api_key, timeout_s=timeout_s, max_attempts=attempts)
+
+
+_PLACEHOLDER = re.compile(r"\{(\w+)\}")
+
+
+def render(template: str, case: EvalCase, **texts: str) -> str:
+    """Fill `{output}`, `{reference}`, `{prompt}`, `{inputs}`, `{case_id}` (and any `texts`).
+
+    One pass, known names only: other braces stay as written, and a placeholder inside
+    an output is not expanded again (an output cannot rewrite the rubric).
+    """
+    from tasks.agents import PROMPT_FIELDS
+
+    prompt = next((case.inputs[f] for f in PROMPT_FIELDS if isinstance(case.inputs.get(f), str)), None)
+    inputs = canonical_json(case.inputs).decode()
+    reference = case.reference if isinstance(case.reference, str) else (
+        "" if case.reference is None else canonical_json(case.reference).decode())
+    values = {"prompt": inputs if prompt is None else prompt, "inputs": inputs,
+              "reference": reference, "case_id": case.id, **texts}
+    return _PLACEHOLDER.sub(lambda m: values.get(m[1], m[0]), template)
+
+
+_FENCE = re.compile(r"^```\w*\s*|\s*```$")
+
+
+def parse_reply(text: str) -> Any:
+    """A judge model's reply as data: a JSON object (fenced or embedded in prose), else a
+    leading verdict word (PASS/FAIL, A/B/TIE). `JudgeError` when it is neither."""
+    body = _FENCE.sub("", text.strip())
+    for candidate in (body, *re.findall(r"\{.*\}", body, flags=re.DOTALL)):
+        try:
+            value = json.loads(candidate)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(value, dict):
+            return value
+    word = re.match(r"\W*(\w+)", body)
+    if word:
+        return word[1]
+    raise JudgeError(f"judge reply is not a verdict: {text[:200]!r}")
+
+
+_PASS_WORDS = {"pass": True, "passed": True, "yes": True, "true": True,
+               "fail": False, "failed": False, "no": False, "false": False}
+
+
+def draw_from_result(result: Any, seed: int) -> Draw:
+    """Normalize what a judge returned; anything unreadable is an error draw."""
+    if isinstance(result, Verdict):
+        if result.status not in (Status.passed, Status.failed):
+            return Draw(seed, None, error=f"judge verdict {result.status.value}: {result.detail}",
+                        safety=result.safety)
+        return Draw(seed, result.passed, result.score, result.detail, safety=result.safety)
+    if isinstance(result, bool):
+        return Draw(seed, result, float(result))
+    if isinstance(result, str) and result.lower() in _PASS_WORDS:
+        passed = _PASS_WORDS[result.lower()]
+        return Draw(seed, passed, float(passed))
+    if isinstance(result, Mapping):
+        passed = result.get("passed", result.get("pass"))
+        score = result.get("score", float(passed) if isinstance(passed, bool) else None)
+        rationale = result.get("rationale", "")
+        if (isinstance(passed, bool) and isinstance(score, int | float) and not isinstance(score, bool)
+                and 0.0 <= score <= 1.0):
+            return Draw(seed, passed, float(score), str(rationale))
+    return Draw(seed, None, error=f"judge returned {str(result)[:200]!r}, not a verdict")
+
+
+_PREFERENCES: dict[str, Preference] = {"a": "first", "first": "first", "1": "first",
+                                       "b": "second", "second": "second", "2": "second",
+                                       "tie": "tie", "equal": "tie", "draw": "tie"}
+
+
+def preference_from_result(result: Any) -> Preference:
+    winner = result.get("winner") if isinstance(result, Mapping) else result
+    choice = _PREFERENCES.get(str(winner).strip().lower()) if isinstance(winner, str | int) else None
+    if choice is None:
+        raise JudgeError(f"judge preference {str(result)[:200]!r} is not first/second/tie")
+    return choice
+
+
+def draw_seed(case_hash: str, output: str, draw: int, salt: str = "judge") -> int:
+    """A 63-bit seed from the sample's content: the same output is judged alike everywhere."""
+    return int(sha256_hex(canonical_json([salt, case_hash, output, draw]))[:16], 16) >> 1
+
+
+def majority(draws: list[Draw], spec: str) -> tuple[Verdict, dict[str, Any]]:
+    """The J draws folded into one verdict, and what the trace records about them."""
+    safety = tuple(v for d in draws for v in d.safety)
+    errors = [d for d in draws if d.passed is None]
+    passes = sum(bool(d.passed) for d in draws)
+    record: dict[str, Any] = {"seeds": [d.seed for d in draws], "draws": [d.to_json() for d in draws],
+                              "passes": passes, "errors": len(errors)}
+    if errors:
+        record["agreement"] = None
+        detail = f"judge {spec}: {len(errors)}/{len(draws)} draw(s) errored: {errors[0].error}"
+        return Verdict.fail(Status.error, detail, safety=safety), record
+    j = len(draws)
+    record["agreement"] = max(passes, j - passes) / j
+    passed = 2 * passes > j
+    side = [d for d in draws if d.passed == passed]
+    score = sum(d.score for d in draws) / j
+    detail = (f"judge {spec}: {passes}/{j} draw(s) pass (agreement {record['agreement']:.2f})"
+              f"{': ' + side[0].rationale[:300] if side and side[0].rationale else ''}")
+    if passed:
+        return Verdict.ok(detail, score=score, safety=safety), record
+    return Verdict.fail(Status.failed, detail, score=score, safety=safety), record
+
+
+def _fingerprint(case: EvalCase) -> str:
+    return case_judge(case).fingerprint
+
+
+@register("judge", version="1", fingerprint=_fingerprint)
+def judge(output: str, case: EvalCase, trace: dict) -> Verdict:
+    j = case_judge(case)
+    trace["judge"] = {"spec": j.spec, "fingerprint": j.fingerprint}
+    if not output.strip():
+        return Verdict.fail(Status.empty, "empty output: nothing to judge")
+    draws = [j.draw(output, case, draw_seed(case.case_hash, output, i)) for i in range(j.samples)]
+    verdict, record = majority(draws, j.spec)
+    trace["judge"].update(record)
+    return verdict
