@@ -123,7 +123,7 @@ def file_hash(path: str) -> str:
 
 # The built-in graders register themselves on import. Modules added later by other
 # stages (repo_tests, judge, human) are imported only where they exist.
-for _name in ("assertions", "predicate", "python_tests"):
+for _name in ("assertions", "predicate", "python_tests", "judge", "human"):
     importlib.import_module(f"{__name__}.{_name}")
 try:
     importlib.import_module(f"{__name__}.repo_tests")
