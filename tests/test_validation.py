@@ -1,0 +1,53 @@
+"""`suite validate`: broken, flaky and vacuous cases are found; sound ones pass."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tasks.dataset import build_suite
+from tasks.validation import check_case, validation_report
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def case(data: dict):
+    return build_suite("v", [("case", data)], {}, source="t").cases[0]
+
+
+def test_sound_broken_and_flaky_cases(tmp_path: Path):
+    counter = tmp_path / "count"
+    predicate = tmp_path / "alternate.py"
+    predicate.write_text(
+        "from pathlib import Path\n"
+        f"P = Path({str(counter)!r})\n"
+        "def check(output, case):\n"
+        "    n = int(P.read_text()) if P.exists() else 0\n"
+        "    P.write_text(str(n + 1))\n"
+        "    return bool(output) and n % 2 == 0\n"
+    )
+    sound = check_case(case({"id": "ok", "reference": "Paris", "grader": {"kind": "exact"}}), 3)
+    broken = check_case(case({"id": "bad", "reference": 3, "grader": {"kind": "regex", "pattern": "^4$"}}), 3)
+    flaky = check_case(case({"id": "fl", "reference": "x", "grader": {"kind": "predicate",
+                                                                       "function": f"{predicate}:check"}}), 4)
+    assert sound.problem is None and sound.reference_statuses == ("passed",) * 3
+    assert broken.problem == "broken"
+    assert flaky.problem == "flaky" and set(flaky.reference_statuses) == {"passed", "failed"}
+    report = validation_report([sound, broken, flaky], "v" * 64, 3)
+    assert not report["valid"] and [c["case_id"] for c in report["broken"]] == ["bad"]
+
+
+def test_cli_validate_exit_codes(prefect_harness, tmp_path: Path, home: Path):
+    good = tmp_path / "good.yaml"
+    good.write_text("name: g\ncases:\n  - {id: a, reference: yes, grader: {kind: exact}}\n")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: b\ncases:\n  - {id: a, reference: yes, grader: {kind: regex, pattern: '^no$'}}\n")
+    env = {**os.environ, "PREFECT_API_URL": prefect_harness, "PYTHONPATH": str(ROOT)}
+    for path, code in ((good, 0), (bad, 1)):
+        proc = subprocess.run([sys.executable, "-m", "flows.cli", "suite", "validate", str(path), "--json"],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == code, proc.stderr
+        assert json.loads(proc.stdout)["valid"] is (code == 0)
