@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from tasks.agents import reference_text
-from tasks.graders import grade
-from tasks.models import EvalCase
+from tasks.graders import error_verdict, grade
+from tasks.models import EvalCase, Verdict
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class CaseCheck:
 def check_case(case: EvalCase, reps: int) -> CaseCheck:
     reference = reference_text(case.reference)
     verdicts = [grade(reference, case) for _ in range(reps)]
-    empty = grade("", case)
+    empty = _do_nothing(case)
     failing = next((v.detail for v in verdicts if not v.passed), "")
     return CaseCheck(
         case_id=case.id,
@@ -46,6 +46,19 @@ def check_case(case: EvalCase, reps: int) -> CaseCheck:
         empty_status=empty.status.value,
         detail=failing or (empty.detail if empty.passed else ""),
     )
+
+
+def _do_nothing(case: EvalCase) -> Verdict:
+    """Grade "no change": the empty output, or for a repository case the tests at the base
+    commit (an empty patch is `empty` before any test runs, which would prove nothing)."""
+    if case.kind != "repo_tests":
+        return grade("", case)
+    from tasks.graders.repo_tests import grade_base
+
+    try:
+        return grade_base(case)
+    except Exception as exc:  # noqa: BLE001 - validation reports, it does not crash
+        return error_verdict(exc, "tests at the base commit")
 
 
 def validation_report(checks: Sequence[CaseCheck], suite_version: str, reps: int) -> dict:

@@ -40,6 +40,19 @@ def test_sound_broken_and_flaky_cases(tmp_path: Path):
     assert not report["valid"] and [c["case_id"] for c in report["broken"]] == ["bad"]
 
 
+def test_vacuous_repo_case_where_the_fail_to_pass_test_already_passes(calc_repo, home):
+    path, base = calc_repo
+    reference = "calc.py\n<<<<<<< SEARCH\n    return abs(a) + b\n=======\n    return a + b\n>>>>>>> REPLACE\n"
+    grader = {"kind": "repo_tests", "repo": str(path), "base_commit": base, "allowed_files": ["calc.py"],
+              "fail_to_pass": ["test_calc.py::test_negative"], "pass_to_pass": ["test_calc.py::test_positive"]}
+    sound = check_case(case({"id": "s", "reference": reference, "grader": grader}), 1)
+    assert sound.problem is None and sound.empty_status == "failed"
+    # test_positive already passes before any fix: as FAIL_TO_PASS it proves nothing.
+    vacuous = {**grader, "fail_to_pass": ["test_calc.py::test_positive"], "pass_to_pass": []}
+    checked = check_case(case({"id": "v", "reference": reference, "grader": vacuous}), 1)
+    assert checked.reference_statuses == ("passed",) and checked.problem == "vacuous"
+
+
 def test_cli_validate_exit_codes(prefect_harness, tmp_path: Path, home: Path):
     good = tmp_path / "good.yaml"
     good.write_text("name: g\ncases:\n  - {id: a, reference: yes, grader: {kind: exact}}\n")

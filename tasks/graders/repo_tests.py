@@ -165,6 +165,16 @@ def grade_repo_tests(output: str, case: EvalCase, trace: dict) -> Verdict:
         return Verdict.fail(Status.error, f"checkout failed: {exc}")
 
 
+def grade_base(case: EvalCase, trace: dict | None = None) -> Verdict:
+    """The tests at the base commit with no candidate edit. `suite validate` expects this
+    to fail: a FAIL_TO_PASS test that already passes makes the case vacuous."""
+    trace = {} if trace is None else trace
+    params = parse_params(case)
+    clock = _Clock(trace)
+    with checkout(params.repo, params.base_commit) as tree:
+        return _test_tree(tree, params, {}, trace, clock)
+
+
 def _grade_tree(
     tree: Path, output: str, params: Params, case: EvalCase, trace: dict, clock: _Clock
 ) -> Verdict:
@@ -193,6 +203,15 @@ def _grade_tree(
         detail = f"edits outside the allowed files: {', '.join(outside)}"
         return Verdict.fail(Status.scope_violation, detail, safety=safety)
 
+    return _test_tree(tree, params, changed, trace, clock)
+
+
+def _test_tree(
+    tree: Path, params: Params, changed: dict, trace: dict, clock: _Clock
+) -> Verdict:
+    """Restore test files, apply test_patch, run setup and the tests: the part of grading
+    after the candidate's edits are on disk."""
+    steps: list[str] = trace.setdefault("steps", [])
     with clock("restore"):
         protected = {
             p: code
