@@ -262,9 +262,10 @@ def preference_from_result(result: Any) -> Preference:
     return choice
 
 
-def draw_seed(case_hash: str, output: str, draw: int, salt: str = "judge") -> int:
-    """A 63-bit seed from the sample's content: the same output is judged alike everywhere."""
-    return int(sha256_hex(canonical_json([salt, case_hash, output, draw]))[:16], 16) >> 1
+def draw_seed(*content: Any) -> int:
+    """A 63-bit seed from what is judged (e.g. case hash, output, draw index): the same
+    output is judged alike on every run, and the cache can key on it."""
+    return int(sha256_hex(canonical_json(list(content)))[:16], 16) >> 1
 
 
 def majority(draws: list[Draw], spec: str) -> tuple[Verdict, dict[str, Any]]:
@@ -300,7 +301,7 @@ def judge(output: str, case: EvalCase, trace: dict) -> Verdict:
     trace["judge"] = {"spec": j.spec, "fingerprint": j.fingerprint}
     if not output.strip():
         return Verdict.fail(Status.empty, "empty output: nothing to judge")
-    draws = [j.draw(output, case, draw_seed(case.case_hash, output, i)) for i in range(j.samples)]
+    draws = [j.draw(output, case, draw_seed("judge", case.case_hash, output, i)) for i in range(j.samples)]
     verdict, record = majority(draws, j.spec)
     trace["judge"].update(record)
     return verdict

@@ -1,0 +1,316 @@
+"""The judge, pairwise and human rungs from the command line (`evalpipe judge|compare|labels`).
+
+Each command is a typer wrapper over a plain function of the same purpose
+(`calibrate_judge`, `compare_runs`, `export_labels`, `import_labels`), which tests and
+other flows call directly. The lead mounts the apps in `flows/cli.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from tasks.models import InputError
+
+judge_app = typer.Typer(no_args_is_help=True, help="Model judges: calibrate them before trusting them.")
+labels_app = typer.Typer(no_args_is_help=True, help="Human labels: export samples, import labels.")
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print exactly one JSON document.")]
+JudgeOpt = Annotated[str | None, typer.Option("--judge", help="MODULE:FUNC, path.py:FUNC or openai:MODEL.")]
+RubricOpt = Annotated[Path | None, typer.Option("--rubric", help="File with the prompt template (openai: judges).")]
+WORKERS = 4  # judge calls in flight: endpoint latency, not CPU, is what they wait on
+
+
+def _home(home: Path | None) -> Path:
+    from storage import evalpipe_home
+
+    return home or evalpipe_home()
+
+
+def _stored_run(run_id: str, home: Path) -> dict[str, Any]:
+    from storage import db
+
+    run = db.get_run(run_id, home)
+    if run is None:
+        raise InputError(f"run {run_id!r}: no such run in {db.db_path(home)}")
+    return run
+
+
+def _run_suite(run: dict[str, Any], home: Path):
+    from storage.snapshots import read_snapshot, snapshot_path
+
+    if not snapshot_path(run["suite_version"], home).exists():
+        raise InputError(f"run {run['run_id']}: snapshot of suite {run['suite_version'][:12]} is missing")
+    return read_snapshot(run["suite_version"], home)
+
+
+def _read_rubric(path: Path | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"--rubric {path}: cannot read: {exc}") from None
+
+
+# --- calibration -------------------------------------------------------------------------
+
+
+def calibrate_judge(
+    suite: str,
+    labels: Path,
+    *,
+    judge: str | None = None,
+    rubric: str | None = None,
+    samples: int | None = None,
+    oracle: bool = False,
+    home: Path | None = None,
+) -> dict[str, Any]:
+    """Grade each labelled output with the judge and measure it against the truth: the
+    human label, or with `oracle` the case's own (execution or assertion) grader.
+    The judge is `judge` if given, else each case's own `judge` grader; `rubric` and
+    `samples` override the case's. The result is stored under the judge's fingerprint."""
+    from storage.calibrations import record_calibration
+    from tasks.calibration import calibrate
+    from tasks.dataset import load_suite_ref
+    from tasks.graders import grade
+    from tasks.labels import read_labels
+    from tasks.models import EvalCase
+
+    suite_obj = load_suite_ref(suite)
+    rows = [r for r in read_labels(labels, need_output=True) if oracle or r.label is not None]
+    overrides = {k: v for k, v in (("function", judge), ("rubric", rubric), ("samples", samples)) if v is not None}
+    items = []
+    for row in rows:
+        try:
+            case = suite_obj.case(row.case_id)
+        except KeyError:
+            raise InputError(f"{labels} line {row.line}: suite {suite_obj.name} has no case {row.case_id!r}") from None
+        if oracle and case.kind in ("judge", "human"):
+            raise InputError(f"{labels} line {row.line}: case {case.id!r} has no execution oracle "
+                             f"(its grader is {case.kind})")
+        own = case.grader if case.kind == "judge" else {}
+        if "function" not in own and "function" not in overrides:
+            raise InputError(f"case {case.id!r}: no judge to calibrate (pass --judge)")
+        judge_case = EvalCase(**{**case.content(), "grader": {**own, **overrides, "kind": "judge"}})
+        items.append((row, case, judge_case))
+
+    def judged(item):
+        row, case, judge_case = item
+        trace: dict = {}
+        verdict = grade(row.output, judge_case, trace)
+        truth = grade(row.output, case).status.value if oracle else ("passed" if row.label else "failed")
+        return verdict.status.value, truth, trace.get("judge", {})
+
+    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+        results = list(pool.map(judged, items))
+    judges = {(t.get("fingerprint"), t.get("spec")) for _, _, t in results}
+    if len(judges) > 1:
+        raise InputError(f"{labels}: the cases use {len(judges)} different judges; pass --judge")
+    if not results:
+        raise InputError(f"{labels}: no labelled rows to calibrate on")
+    ((fingerprint, spec),) = judges
+    binary = ("passed", "failed")
+    usable = [(i, j, t) for i, (j, t, _) in zip(items, results, strict=True) if j in binary and t in binary]
+    if not usable:
+        raise InputError(f"{labels}: the judge (or the oracle) gave no pass/fail verdict on any row")
+    stats = calibrate([j == "passed" for _, j, _ in usable], [t == "passed" for _, _, t in usable],
+                      [i[1].id for i, _, _ in usable])
+    doc = {
+        "judge": spec,
+        "judge_fingerprint": fingerprint,
+        "suite_version": suite_obj.version,
+        "suite_name": suite_obj.name,
+        "truth": "oracle" if oracle else "human",
+        "labels": str(labels),
+        "rows": len(results),
+        "judge_errors": sum(j not in binary for j, _, _ in results),
+        "judge_error_rate": sum(j not in binary for j, _, _ in results) / len(results),
+        "truth_errors": sum(t not in binary for _, t, _ in results),
+        **stats.to_json(),
+    }
+    record_calibration(doc, _home(home))
+    return doc
+
+
+def run_calibrations(run_id: str, home: Path | None = None) -> list[dict[str, Any]]:
+    """For the report: each judge that graded the run, with its newest calibration or None."""
+    from storage.calibrations import latest_calibrations, run_judges
+
+    judges = run_judges(run_id, _home(home))
+    found = latest_calibrations(list(judges), _home(home))
+    return [{"judge": spec, "judge_fingerprint": fp, "calibration": found.get(fp)}
+            for fp, spec in judges.items()]
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def _with_ci(doc: dict[str, Any], key: str) -> str:
+    ci = doc.get(f"{key}_ci")
+    value = doc[key]
+    if key == "kappa":
+        return "n/a" if value is None else f"{value:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
+    return _pct(value) + (f" [{_pct(ci[0])}, {_pct(ci[1])}]" if ci else "")
+
+
+@judge_app.command("calibrate")
+def calibrate_cmd(
+    suite: Annotated[str, typer.Argument(help="Suite file or stored version.")],
+    labels: Annotated[Path, typer.Option("--labels", help="Labelled outputs (CSV or JSONL, as `labels export` writes).")],
+    judge: JudgeOpt = None,
+    rubric: RubricOpt = None,
+    samples: Annotated[int | None, typer.Option("--samples", min=1, help="Judge draws per output (J).")] = None,
+    oracle: Annotated[bool, typer.Option("--oracle", help="Truth from the cases' own graders, not the labels.")] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Measure a judge against human labels (or an execution oracle): agreement, kappa,
+    false-pass and false-fail rates with bootstrap CIs."""
+    doc = calibrate_judge(suite, labels, judge=judge, rubric=_read_rubric(rubric), samples=samples,
+                          oracle=oracle)
+    if as_json:
+        typer.echo(json.dumps(doc))
+        return
+    c = doc["confusion"]
+    typer.echo("\n".join([
+        f"judge {doc['judge']} ({doc['judge_fingerprint'][:12]}) vs {doc['truth']} on {doc['items']} outputs"
+        f" of {doc['cases']} cases; {int(doc['ci_level'] * 100)}% CIs",
+        f"agreement       {_with_ci(doc, 'agreement')}",
+        f"Cohen's kappa   {_with_ci(doc, 'kappa')}",
+        f"false-pass rate {_with_ci(doc, 'false_pass_rate')}  (judge passed, truth failed)",
+        f"false-fail rate {_with_ci(doc, 'false_fail_rate')}  (judge failed, truth passed)",
+        f"confusion tp {c['tp']} fp {c['fp']} fn {c['fn']} tn {c['tn']};"
+        f" judge errors {doc['judge_errors']} ({_pct(doc['judge_error_rate'])})",
+    ]))
+
+
+# --- pairwise ----------------------------------------------------------------------------
+
+
+def compare_runs(
+    run_a: str, run_b: str, judge: str, *, rubric: str | None = None, workers: int = WORKERS,
+    home: Path | None = None,
+) -> dict[str, Any]:
+    """Pairwise judgement of two runs' outputs for the same cases, in both orders."""
+    from storage import db
+    from tasks.graders.judge import load_judge
+    from tasks.pairwise import compare, pair_samples
+
+    home = _home(home)
+    a, b = _stored_run(run_a, home), _stored_run(run_b, home)
+    cases = {c.case_hash: c for c in _run_suite(a, home).cases}
+    pairs = pair_samples(db.run_samples(run_a, home), db.run_samples(run_b, home), cases)
+    if not pairs:
+        raise InputError(f"runs {run_a} and {run_b} share no (case, sample index) to compare")
+    doc = compare(load_judge(judge, rubric), pairs, workers=workers, seed=a["seed"])
+    return {"run_a": run_a, "run_b": run_b, "same_suite": a["suite_version"] == b["suite_version"], **doc}
+
+
+def compare(
+    run_a: Annotated[str, typer.Argument(help="Run A.")],
+    run_b: Annotated[str, typer.Argument(help="Run B.")],
+    judge: Annotated[str, typer.Option("--judge", help="MODULE:FUNC, path.py:FUNC or openai:MODEL.")],
+    rubric: RubricOpt = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Which run's outputs are better, case by case, asked in both orders: win rate of A
+    with a CI, ties, and order-inconsistent pairs (position bias)."""
+    doc = compare_runs(run_a, run_b, judge, rubric=_read_rubric(rubric))
+    if as_json:
+        typer.echo(json.dumps(doc))
+        return
+    ci = doc["win_rate_a_ci"]
+    bias = doc["position_bias"]
+    typer.echo("\n".join([
+        f"{doc['run_a']} (A) vs {doc['run_b']} (B), judge {doc['judge']}: {doc['pairs']} pairs, {doc['cases']} cases",
+        f"win rate of A {_pct(doc['win_rate_a'])}" + (f" [{_pct(ci[0])}, {_pct(ci[1])}]" if ci else "")
+        + f" ({int(doc['ci_level'] * 100)}% CI; ties and inconsistent pairs count half)",
+        f"A wins {doc['wins_a']}  B wins {doc['wins_b']}  ties {doc['ties']}  errors {doc['errors']}",
+        f"order-inconsistent {doc['inconsistent']} ({_pct(doc['inconsistent_rate'])}):"
+        f" first position won both {bias['first']}, second {bias['second']}, mixed {bias['mixed']}",
+    ]))
+
+
+# --- human labels ------------------------------------------------------------------------
+
+
+def export_labels(run_id: str, out: Path, home: Path | None = None) -> int:
+    """Write the run's samples for labelling; returns the number of rows."""
+    from storage import db
+    from tasks.labels import export_rows, write_label_file
+
+    home = _home(home)
+    run = _stored_run(run_id, home)
+    cases = {c.id: c for c in _run_suite(run, home).cases}
+    rows = export_rows(db.run_samples(run_id, home), cases)
+    write_label_file(rows, out)
+    return len(rows)
+
+
+def import_labels(run_id: str, path: Path, labeller: str, home: Path | None = None) -> dict[str, Any]:
+    """Store the labels as a derived run of `human` verdicts on the same samples and
+    aggregate it like any run. Returns its summary (the `run --json` keys and more)."""
+    from flows.evaluate import new_run_id, reduce_run
+    from storage import db
+    from tasks.labels import labelled_samples, read_labels
+    from tasks.models import sha256_hex
+
+    started = time.perf_counter()
+    home = _home(home)
+    source = _stored_run(run_id, home)
+    suite = _run_suite(source, home)
+    labels = read_labels(path)
+    derived = new_run_id()
+    rows = labelled_samples(db.run_samples(run_id, home), labels, labeller=labeller,
+                            source_run=run_id, run_id=derived, where=str(path))
+    run = {
+        **{k: source[k] for k in ("suite_version", "suite_name", "agent", "agent_fingerprint", "n", "seed")},
+        "run_id": derived, "ks": list(source["ks"]), "flow_run_id": None,
+        "config": {"derived_from": run_id, "grader": "human", "labeller": labeller,
+                   "labels_file": str(path), "labels_sha256": sha256_hex(path.read_bytes())},
+    }
+    db.start_run(run, home)
+    try:
+        db.insert_samples(rows, home)
+        summary = reduce_run.fn(run, suite, list(source["ks"]), str(home))
+        summary |= {"source_run": run_id, "labeller": labeller, "labelled": rows.num_rows,
+                    "unlabelled": len(labels) - rows.num_rows, "flow_run_id": None,
+                    "duration_s": round(time.perf_counter() - started, 3)}
+        db.finish_run(derived, "completed", summary, home)
+    except BaseException:
+        db.finish_run(derived, "failed", None, home)
+        raise
+    return summary
+
+
+@labels_app.command("export")
+def export_cmd(
+    run_id: Annotated[str, typer.Argument(help="The run whose samples to label.")],
+    out: Annotated[Path, typer.Option("--out", help="File to write: .csv or .jsonl.")],
+) -> None:
+    """Write a run's samples (case, sample index, prompt, output, blank label) for labelling."""
+    typer.echo(f"wrote {export_labels(run_id, out)} samples to {out}; fill the label column with pass/fail")
+
+
+@labels_app.command("import")
+def import_cmd(
+    run_id: Annotated[str, typer.Argument(help="The run the labels belong to.")],
+    file: Annotated[Path, typer.Argument(help="The filled label file (.csv or .jsonl).")],
+    labeller: Annotated[str, typer.Option("--labeller", help="Who labelled (recorded on every sample).")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Import labels as `human` verdicts in a new derived run, aggregated like any run."""
+    summary = import_labels(run_id, file, labeller)
+    if as_json:
+        typer.echo(json.dumps(summary))
+        return
+    lo, hi = summary["pass_at_1_ci"]
+    typer.echo(f"run {summary['run_id']}: {summary['labelled']} labels by {labeller} on run {run_id}"
+               f" ({summary['unlabelled']} left blank); human pass@1 {_pct(summary['pass_at_k']['1'])}"
+               f" [{_pct(lo)}, {_pct(hi)}]" + ("; SAFETY FAILED" if summary["safety_failed"] else ""))

@@ -1,0 +1,110 @@
+"""How far to trust a judge: its verdicts against a truth (human labels or an execution oracle).
+
+Four numbers, each with a percentile bootstrap CI clustered by case (outputs of one case
+share its difficulty, so the case is the unit of resampling, as in `tasks.stats`):
+- `agreement`: the fraction of outputs where judge and truth agree;
+- `kappa`: Cohen's kappa, agreement corrected for what two raters with these pass rates
+  would reach by chance (``(p_o - p_e) / (1 - p_e)``; undefined when ``p_e = 1``);
+- `false_pass_rate`: P(judge passes | truth fails) — the judge letting bad outputs through;
+- `false_fail_rate`: P(judge fails | truth passes).
+A rate whose condition never occurs (no failing outputs at all) is null, not 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from tasks.stats import DEFAULT_LEVEL, DEFAULT_N_BOOT
+
+_CHUNK_ELEMENTS = 1 << 22
+
+METRICS = ("agreement", "kappa", "false_pass_rate", "false_fail_rate")
+
+
+@dataclass(frozen=True)
+class Calibration:
+    items: int
+    cases: int
+    confusion: dict[str, int]  # tp, fp, fn, tn with the judge as the predictor
+    values: dict[str, float | None]
+    cis: dict[str, tuple[float, float] | None]
+    level: float
+
+    def to_json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"items": self.items, "cases": self.cases,
+                               "confusion": dict(self.confusion), "ci_level": self.level}
+        for name in METRICS:
+            doc[name] = self.values[name]
+            doc[f"{name}_ci"] = None if self.cis[name] is None else list(self.cis[name])
+        return doc
+
+
+def _metrics(counts: NDArray[np.float64]) -> dict[str, NDArray[np.float64]]:
+    """The four metrics from confusion counts; `counts[..., :]` is (tp, fp, fn, tn).
+    Vectorized over leading axes (one row per bootstrap resample); NaN where undefined."""
+    tp, fp, fn, tn = (counts[..., i] for i in range(4))
+    total = tp + fp + fn + tn
+    with np.errstate(divide="ignore", invalid="ignore"):
+        observed = (tp + tn) / total
+        judge_pass, truth_pass = (tp + fp) / total, (tp + fn) / total
+        chance = judge_pass * truth_pass + (1 - judge_pass) * (1 - truth_pass)
+        kappa = np.where(np.isclose(chance, 1.0), np.nan, (observed - chance) / (1 - chance))
+        return {"agreement": observed, "kappa": kappa,
+                "false_pass_rate": fp / (fp + tn), "false_fail_rate": fn / (fn + tp)}
+
+
+def _resampled_totals(
+    per_case: NDArray[np.float64], rng: np.random.Generator, n_boot: int
+) -> NDArray[np.float64]:
+    """Confusion totals of `n_boot` resamples of the cases, drawn in chunks so a large
+    labelled set never needs an (n_boot × cases × 4) array at once."""
+    m = per_case.shape[0]
+    rows = max(1, _CHUNK_ELEMENTS // (4 * m))
+    chunks = [per_case[rng.integers(0, m, size=(min(rows, n_boot - start), m))].sum(axis=1)
+              for start in range(0, n_boot, rows)]
+    return np.concatenate(chunks)
+
+
+def calibrate(
+    judge: Sequence[bool],
+    truth: Sequence[bool],
+    case_ids: Sequence[str],
+    *,
+    seed: int = 0,
+    n_boot: int = DEFAULT_N_BOOT,
+    level: float = DEFAULT_LEVEL,
+) -> Calibration:
+    """Judge verdicts against truth, one entry per graded output, with case ids to cluster on."""
+    j, t = np.asarray(judge, dtype=bool), np.asarray(truth, dtype=bool)
+    if not (j.size == t.size == len(case_ids)):
+        raise ValueError("judge, truth and case_ids must have one entry per output")
+    if j.size == 0:
+        raise ValueError("no labelled outputs to calibrate on")
+    _, case_index = np.unique(np.asarray(case_ids, dtype=object), return_inverse=True)
+    cell = np.stack([j & t, j & ~t, ~j & t, ~j & ~t], axis=1).astype(np.float64)
+    per_case = np.zeros((case_index.max() + 1, 4))
+    np.add.at(per_case, case_index, cell)
+    total = per_case.sum(axis=0)
+
+    m = per_case.shape[0]
+    boot = _metrics(_resampled_totals(per_case, np.random.default_rng(seed), n_boot))
+    point = _metrics(total)
+    alpha = (1 - level) / 2
+    values: dict[str, float | None] = {}
+    cis: dict[str, tuple[float, float] | None] = {}
+    for name in METRICS:
+        value = float(point[name])
+        values[name] = None if np.isnan(value) else value
+        draws = boot[name][~np.isnan(boot[name])]
+        if values[name] is None or draws.size == 0:
+            cis[name] = None
+            continue
+        lo, hi = np.quantile(draws, [alpha, 1 - alpha])
+        cis[name] = (min(float(lo), value), max(float(hi), value))
+    confusion = dict(zip(("tp", "fp", "fn", "tn"), (int(x) for x in total), strict=True))
+    return Calibration(int(j.size), m, confusion, values, cis, level)

@@ -1,0 +1,201 @@
+"""The human rung: label files out and back in.
+
+Export writes one row per sample of a run — `case_id`, `sample_index`, `prompt`,
+`output`, a blank `label` and a blank `note` — as CSV or JSONL (by the file's suffix).
+Import reads the filled file back. A label is pass/fail (1/0, yes/no, true/false); a
+blank label means "not labelled" and is skipped. Each labelled row becomes a sample of a
+*derived run*: the same case, index, seed and output as the source sample, the verdict
+from the label, the source sample's safety violations kept (a label never clears
+safety), and the trace `{labeller, source_run, label, note}`. The derived run is stored
+and aggregated like any other run, so the gate and the report read it unchanged.
+
+A malformed file is refused as a whole with an `InputError` naming the file and line:
+nothing is half imported.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from tasks.graders.human import label_verdict, parse_label
+from tasks.graders.judge import render
+from tasks.models import EvalCase, InputError, canonical_json, sha256_hex
+
+COLUMNS = ("case_id", "sample_index", "prompt", "output", "label", "note")
+FORMATS = (".csv", ".jsonl")
+
+
+@dataclass(frozen=True)
+class LabelRow:
+    line: int  # where the row starts in its file, for messages
+    case_id: str
+    sample_index: int | None
+    output: str | None
+    label: bool | None  # None: left blank
+    note: str = ""
+
+
+def export_rows(samples: pa.Table, cases: dict[str, EvalCase]) -> list[dict[str, Any]]:
+    """One blank-labelled row per sample, in (case id, index) order."""
+    rows = []
+    for cid, index, output in zip(samples["case_id"].to_pylist(), samples["sample_index"].to_pylist(),
+                                  samples["output"].to_pylist(), strict=True):
+        prompt = render("{prompt}", cases[cid]) if cid in cases else ""
+        rows.append({"case_id": cid, "sample_index": index, "prompt": prompt, "output": output,
+                     "label": "", "note": ""})
+    return rows
+
+
+def _format(path: Path) -> str:
+    suffix = path.suffix.lower()
+    if suffix not in FORMATS:
+        raise InputError(f"{path}: unknown label file format {suffix!r} (expected .csv or .jsonl)")
+    return suffix
+
+
+def write_label_file(rows: list[dict[str, Any]], path: Path) -> None:
+    if _format(path) == ".jsonl":
+        text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+    else:
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=COLUMNS, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+        text = buffer.getvalue()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+
+
+def read_labels(path: Path, *, need_output: bool = False) -> list[LabelRow]:
+    """Parse a filled label file; `InputError` naming the line on any malformed row."""
+    fmt = _format(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: cannot read label file: {exc}") from None
+    records = _jsonl_records(path, text) if fmt == ".jsonl" else _csv_records(path, text)
+    rows = [_label_row(record, f"{path} line {line}", line, need_output) for line, record in records]
+    seen: dict[tuple[str, int | None], int] = {}
+    for row in rows:
+        key = (row.case_id, row.sample_index)
+        if row.sample_index is not None and key in seen:
+            raise InputError(f"{path} line {row.line}: {row.case_id}#{row.sample_index} is "
+                             f"already labelled on line {seen[key]}")
+        seen[key] = row.line
+    return rows
+
+
+def _jsonl_records(path: Path, text: str) -> list[tuple[int, dict[str, Any]]]:
+    records = []
+    for line, raw in enumerate(text.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            record = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{path} line {line}: not JSON: {exc.msg}") from None
+        if not isinstance(record, dict):
+            raise InputError(f"{path} line {line}: expected a JSON object")
+        records.append((line, record))
+    return records
+
+
+def _csv_records(path: Path, text: str) -> list[tuple[int, dict[str, Any]]]:
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    missing = [c for c in ("case_id", "label") if c not in (reader.fieldnames or ())]
+    if missing:
+        raise InputError(f"{path} line 1: header lacks column(s) {', '.join(missing)}")
+    records, start = [], 2
+    try:
+        for record in reader:
+            if None in record:
+                raise InputError(f"{path} line {start}: more cells than header columns")
+            records.append((start, record))
+            start = reader.line_num + 1
+    except csv.Error as exc:
+        raise InputError(f"{path} line {reader.line_num}: {exc}") from None
+    return records
+
+
+def _label_row(record: dict[str, Any], where: str, line: int, need_output: bool) -> LabelRow:
+    cid = record.get("case_id")
+    if not isinstance(cid, str) or not cid:
+        raise InputError(f"{where}: missing 'case_id'")
+    index = record.get("sample_index")
+    if index in (None, ""):
+        index = None
+    else:
+        try:
+            index = int(index)
+        except (TypeError, ValueError):
+            raise InputError(f"{where}: sample_index {index!r} is not an integer") from None
+        if index < 0:
+            raise InputError(f"{where}: sample_index {index} is negative")
+    output = record.get("output")
+    if output is not None and not isinstance(output, str):
+        raise InputError(f"{where}: output must be a string")
+    if need_output and output is None:
+        raise InputError(f"{where}: missing 'output'")
+    if "label" not in record:
+        raise InputError(f"{where}: missing 'label'")
+    label = record["label"]
+    if isinstance(label, bool):
+        label = "pass" if label else "fail"
+    elif isinstance(label, int):
+        label = str(label)
+    elif label is None:
+        label = ""
+    if not isinstance(label, str):
+        raise InputError(f"{where}: label {label!r} is not pass/fail")
+    note = record.get("note") or ""
+    return LabelRow(line, cid, index, output, parse_label(label, where), str(note))
+
+
+def _same_text(a: str, b: str) -> bool:
+    # A spreadsheet round trip may turn \n into \r\n; nothing else is forgiven.
+    return a.replace("\r\n", "\n") == b.replace("\r\n", "\n")
+
+
+def labelled_samples(
+    source: pa.Table, labels: list[LabelRow], *, labeller: str, source_run: str, run_id: str,
+    where: str,
+) -> pa.Table:
+    """The derived run's sample rows: one per labelled row, attached to the source sample
+    it names. Refuses labels for samples the run does not have or whose output differs."""
+    if not labeller.strip():
+        raise InputError("--labeller: give the name of who labelled")
+    by_key = {(r["case_id"], r["sample_index"]): r for r in source.to_pylist()}
+    out: list[dict[str, Any]] = []
+    for row in labels:
+        if row.sample_index is None:
+            raise InputError(f"{where} line {row.line}: missing 'sample_index'")
+        sample = by_key.get((row.case_id, row.sample_index))
+        if sample is None:
+            raise InputError(f"{where} line {row.line}: run {source_run} has no sample "
+                             f"{row.case_id}#{row.sample_index}")
+        if row.output is not None and not _same_text(row.output, sample["output"] or ""):
+            raise InputError(f"{where} line {row.line}: output differs from run {source_run}'s "
+                             f"sample {row.case_id}#{row.sample_index}")
+        if row.label is None:
+            continue
+        verdict = label_verdict(row.label, labeller, row.note).with_safety(sample["safety"] or [])
+        trace = {"labeller": labeller, "source_run": source_run,
+                 "label": "pass" if row.label else "fail", "note": row.note}
+        out.append({
+            **sample, "run_id": run_id, "status": verdict.status.value, "passed": verdict.passed,
+            "score": verdict.score, "detail": verdict.detail, "safety": list(verdict.safety),
+            "trace": json.dumps(trace), "duration_s": 0.0, "cached": False,
+            # A key no planned sample can have: a label must never be served as the
+            # cached result of the case's own grader.
+            "cache_key": sha256_hex(canonical_json(["human", sample["cache_key"], labeller, row.label])),
+        })
+    if not out:
+        raise InputError(f"{where}: no labelled rows (every label is blank)")
+    return pa.Table.from_pylist(out, schema=source.schema)
