@@ -1,28 +1,49 @@
-"""`make demo`: the pipeline on the bundled examples, as far as it exists."""
+"""`make demo`: the whole pipeline on the bundled examples, in one process (one Prefect boot).
+
+QA and HumanEval with a deterministic demo agent that is right only some of the time, and
+the calc repository task with a mix of good, trapped and unsafe patches.
+"""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+from flows.cli import main as evalpipe
+from storage import evalpipe_home
+
 ROOT = Path(__file__).resolve().parent.parent
+AGENT = "python:examples/agents/demo_agent.py:answer"
 
 
-def sh(*args: str) -> None:
-    print(f"$ {' '.join(args)}", flush=True)
-    subprocess.run(args, check=True, cwd=ROOT)
+def step(*args: str) -> int:
+    print(f"\n$ evalpipe {' '.join(args)}", flush=True)
+    try:
+        return evalpipe(list(args))
+    except SystemExit as exc:
+        return int(exc.code or 0)
 
 
 def main() -> None:
-    evalpipe = str(Path(sys.executable).with_name("evalpipe"))
-    sh(sys.executable, "examples/calc/build_repo.py")
-    out = ROOT / ".evalpipe" / "demo"
-    out.mkdir(parents=True, exist_ok=True)
-    sh(evalpipe, "suite", "import", "humaneval", "--out", str(out / "humaneval.jsonl"))
-    for suite in ("examples/qa.yaml", "examples/calc/calc.yaml", str(out / "humaneval.jsonl")):
-        sh(evalpipe, "suite", "snapshot", suite)
-    sh(evalpipe, "suite", "diff", "examples/qa.yaml", "examples/qa.yaml")
+    os.chdir(ROOT)
+    subprocess.run([sys.executable, "examples/calc/build_repo.py"], check=True, stdout=subprocess.DEVNULL)
+    out = evalpipe_home() / "demo"
+    humaneval = out / "humaneval.jsonl"
+    step("suite", "import", "humaneval", "--out", str(humaneval))
+    step("suite", "hash", "examples/qa.yaml")
+    for suite, n, k in (("examples/qa.yaml", "5", "1,5"), (str(humaneval), "5", "1,5"),
+                        ("examples/calc/calc.yaml", "8", "1,4")):
+        step("run", suite, "--agent", AGENT, "-n", n, "-k", k)
+    from storage import db
+
+    runs = db.list_runs(limit=3)
+    for run in runs:
+        report = out / f"report-{run['suite_name']}.html"
+        step("report", run["run_id"], "--out", str(report))
+    print(f"\nDuckDB: {db.db_path()}\nruns:   {json.dumps([r['run_id'] for r in runs])}")
 
 
 if __name__ == "__main__":

@@ -255,7 +255,9 @@ def _test_argv(params: Params, junit: Path) -> list[str]:
     )
     if params.test_cmd is None:
         return [
-            sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+            # --rootdir=.: node ids relative to the tree even when it sits below a directory
+            # with a pytest config of its own (EVALPIPE_HOME inside a project).
+            sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir=.",
             "-o", "junit_family=xunit1", f"--junitxml={junit}", *files,
         ]  # fmt: skip
     argv: list[str] = []
