@@ -53,6 +53,10 @@ progress_hook: ContextVar[Callable[[int, int], None] | None] = ContextVar("progr
 # the progress bar, few enough that Prefect's ~10 ms per task stays small.
 TASKS_PER_WORKER = 16
 
+# `baseline="previous"` gates against the newest matching run among this many recent runs.
+PREVIOUS = "previous"
+PREVIOUS_SCAN = 1000
+
 
 def _run_name() -> str:
     p = flow_run.parameters
@@ -150,7 +154,7 @@ def evaluate(
     n: Annotated[int, Field(ge=1, le=10_000, description="Samples per case.")] = 1,
     k: Annotated[list[int], Field(min_length=1, description="The k of each pass@k to report.")] = [1],  # noqa: B006 - Prefect parameter default
     seed: Annotated[int, Field(ge=0, description="Run seed; with a deterministic agent, the same seed gives the same run.")] = 0,
-    baseline: Annotated[str | None, Field(description="A run id to gate against at the end.")] = None,
+    baseline: Annotated[str | None, Field(description="A run id to gate against at the end, or 'previous': the latest completed run of the same suite version and agent (none yet: no gate).")] = None,
     runner: Annotated[Runner, Field(description="Task runner for sampling: threads, processes or dask.")] = "threads",
     workers: Annotated[int | None, Field(ge=1, le=256, description="Parallel workers (default: CPU count).")] = None,
     dask_address: Annotated[str | None, Field(description="Address of an existing Dask scheduler (runner=dask).")] = None,
@@ -165,6 +169,9 @@ def evaluate(
     suite_obj = load_suite_ref(suite)
     agent_obj = load_agent(agent)
     workers = workers or os.cpu_count() or 1
+
+    if baseline == PREVIOUS:
+        baseline = previous_run(suite_obj.version, agent_obj.fingerprint, home)
 
     fresh = not snapshot_path(suite_obj.version, home).exists()
     snapshot.with_options(refresh_cache=fresh)(suite_obj, str(home))
@@ -201,6 +208,15 @@ def evaluate(
         raise
     _publish(summary)
     return summary
+
+
+def previous_run(suite_version: str, agent_fingerprint: str, home: Path) -> str | None:
+    """The newest completed run of this suite version and agent: a scheduled run's baseline."""
+    for run in db.list_runs(home, limit=PREVIOUS_SCAN):
+        if (run["status"], run["suite_version"], run["agent_fingerprint"]) == (
+            "completed", suite_version, agent_fingerprint):
+            return run["run_id"]
+    return None
 
 
 def _reuse_cached(run_id: str, planned: list[PlannedSample], home: Path) -> list[PlannedSample]:
