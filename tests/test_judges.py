@@ -1,0 +1,302 @@
+"""The judge grader, its calibration, and the `openai:` judge against a local endpoint."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import typer
+from hypothesis import given
+from hypothesis import strategies as st
+from support.judges import ChatServer, ref, user_text
+from typer.testing import CliRunner
+
+from tasks.calibration import calibrate
+from tasks.graders import grade, grader_fingerprint
+from tasks.graders.judge import parse_reply, render
+from tasks.models import EvalCase, InputError, Status
+
+CANARY = "CANARY-7f3a"
+
+
+def judge_case(function: str, samples: int = 1, **grader) -> EvalCase:
+    return EvalCase(
+        id="q1",
+        inputs={"prompt": "Is the sky blue?"},
+        reference="yes",
+        grader={"kind": "judge", "function": function, "samples": samples, **grader},
+        safety={"forbidden_patterns": [CANARY]},
+    )
+
+
+# --- the grader ---------------------------------------------------------------------------
+
+
+def test_judge_verdict_trace_and_determinism():
+    case = judge_case(ref("coin"), samples=5)
+    first, second = {}, {}
+    v1, v2 = grade("maybe", case, first), grade("maybe", case, second)
+    assert v1 == v2 and first == second  # seeds come from content: the same output, same draws
+    record = first["judge"]
+    assert len(record["seeds"]) == 5 == len(set(record["seeds"])) == len(record["draws"])
+    passes = sum(d["passed"] for d in record["draws"])
+    assert record["passes"] == passes and record["agreement"] == max(passes, 5 - passes) / 5
+    assert v1.passed == (passes >= 3) and f"{passes}/5 draw(s) pass" in v1.detail
+    assert len(record["fingerprint"]) == 64 and record["spec"] == ref("coin")
+    other = {}
+    grade("maybe not", case, other)
+    assert other["judge"]["seeds"] != record["seeds"]
+
+
+def test_judge_fingerprint_follows_the_judge():
+    a = grader_fingerprint(judge_case(ref("coin")))
+    assert a == grader_fingerprint(judge_case(ref("coin")))
+    assert a != grader_fingerprint(judge_case(ref("coin"), samples=3))
+    assert a != grader_fingerprint(judge_case(ref("says_yes")))
+
+
+@pytest.mark.parametrize("function", ["boom", "garbage"])
+def test_a_failing_judge_is_an_error_not_a_fail(function):
+    trace = {}
+    verdict = grade("yes", judge_case(ref(function), samples=3), trace)
+    assert verdict.status is Status.error and not verdict.passed
+    assert trace["judge"]["errors"] == 3 and trace["judge"]["agreement"] is None
+
+
+def test_judge_spec_problems_are_errors():
+    assert grade("yes", judge_case("nosuchmodule_xyz:f")).status is Status.error
+    bad = EvalCase(id="q", grader={"kind": "judge", "function": ref("coin"), "samples": 0})
+    assert "'samples' must be an integer >= 1" in grade("yes", bad).detail
+    assert grade("   ", judge_case(ref("says_yes"))).status is Status.empty
+
+
+def test_a_judge_pass_never_clears_safety():
+    verdict = grade(f"yes {CANARY}", judge_case(ref("says_yes"), samples=3))
+    assert verdict.passed and verdict.safety == (f"output matches forbidden pattern {CANARY!r}",)
+
+
+def test_safety_veto_blocks_the_gate(prefect_harness, home, tmp_path):
+    from flows.evaluate import evaluate
+
+    agents = tmp_path / "agents.py"
+    agents.write_text(
+        f"def clean(inputs, ctx):\n    return 'yes'\n"
+        f"def leaky(inputs, ctx):\n    return 'yes {CANARY}'\n"
+    )
+    suite = tmp_path / "judged.yaml"
+    suite.write_text(
+        "name: judged\n"
+        f"safety: {{forbidden_patterns: ['{CANARY}']}}\n"
+        "cases:\n"
+        + "".join(
+            f"  - {{id: c{i}, inputs: {{prompt: q{i}}}, reference: 'yes',"
+            f" grader: {{kind: judge, function: '{ref('says_yes')}', samples: 3}}}}\n"
+            for i in range(4)
+        )
+    )
+    base = evaluate(suite=str(suite), agent=f"python:{agents}:clean", n=2)
+    leak = evaluate(suite=str(suite), agent=f"python:{agents}:leaky", n=2, baseline=base["run_id"])
+    assert base["pass_at_k"]["1"] == 1.0 == leak["pass_at_k"]["1"]  # the judge says pass ...
+    assert leak["safety_failed"] and len(leak["safety_violations"]) == 8  # ... the veto stands
+    assert leak["gate"]["decision"] == "block"
+
+
+# --- the openai: judge against a local endpoint --------------------------------------------
+
+
+@pytest.fixture
+def endpoint(monkeypatch):
+    def start(reply):
+        server = ChatServer(reply)
+        monkeypatch.setenv("OPENAI_BASE_URL", server.url)
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-test-judge")
+        monkeypatch.setenv("EVALPIPE_OPENAI_MAX_ATTEMPTS", "2")
+        return server
+
+    return start
+
+
+RUBRIC = "Question: {prompt}\nReference: {reference}\nAnswer: {output}\nIs the answer right?"
+
+
+def test_openai_judge_grades_through_the_endpoint(endpoint):
+    def reply(body):
+        ok = "Answer: yes" in user_text(body)
+        return 200, json.dumps({"passed": ok, "score": 0.9 if ok else 0.2, "rationale": "checked"})
+
+    with endpoint(reply) as server:
+        case = judge_case("openai:judge-model", samples=2, rubric=RUBRIC, params={"temperature": 0.7})
+        trace = {}
+        good, bad = grade("yes", case, trace), grade("no", case)
+    assert good.passed and good.score == pytest.approx(0.9) and bad.status is Status.failed
+    assert len(server.requests) == 4
+    body = server.requests[0]
+    assert body["model"] == "judge-model" and body["temperature"] == 0.7
+    assert body["seed"] == trace["judge"]["seeds"][0] and body["_auth"] == "Bearer sk-test-judge"
+    assert user_text(body) == (
+        "Question: Is the sky blue?\nReference: yes\nAnswer: yes\nIs the answer right?"
+    )
+    assert body["messages"][0]["role"] == "system"
+
+
+@pytest.mark.parametrize(
+    ("status", "content"), [(200, "I cannot decide."), (400, "bad request"), (503, "overloaded")]
+)
+def test_openai_judge_failures_are_errors(endpoint, monkeypatch, status, content):
+    monkeypatch.setenv("EVALPIPE_OPENAI_MAX_ATTEMPTS", "1")
+    with endpoint(lambda body: (status, content)):
+        verdict = grade("yes", judge_case("openai:m", rubric=RUBRIC))
+    assert verdict.status is Status.error
+
+
+def test_openai_judge_needs_a_rubric(endpoint):
+    with endpoint(lambda body: (200, "PASS")) as server:
+        verdict = grade("yes", judge_case("openai:m"))
+    assert verdict.status is Status.error and "needs a 'rubric'" in verdict.detail
+    assert server.requests == []
+
+
+def test_parse_reply_forms():
+    assert parse_reply('```json\n{"passed": true}\n```') == {"passed": True}
+    assert parse_reply('Sure. {"passed": false, "score": 0} Done.') == {"passed": False, "score": 0}
+    assert parse_reply("PASS - it is right") == "PASS"
+
+
+@given(st.text())
+def test_render_never_expands_placeholders_inside_the_output(text):
+    case = judge_case(ref("coin"))
+    assert render("<{output}>", case, output=text) == f"<{text}>"
+    assert render("{unknown} {case_id}", case) == "{unknown} q1"
+
+
+# --- calibration ----------------------------------------------------------------------------
+
+
+def _fixture(tp: int, fp: int, fn: int, tn: int) -> tuple[list[bool], list[bool]]:
+    judge = [True] * tp + [True] * fp + [False] * fn + [False] * tn
+    truth = [True] * tp + [False] * fp + [True] * fn + [False] * tn
+    return judge, truth
+
+
+def test_agreement_and_kappa_by_hand():
+    # 50 outputs: p_o = 35/50 = 0.7; judge passes 25/50, truth 30/50;
+    # p_e = 0.5*0.6 + 0.5*0.4 = 0.5; kappa = (0.7 - 0.5) / (1 - 0.5) = 0.4.
+    judge, truth = _fixture(20, 5, 10, 15)
+    cal = calibrate(judge, truth, [f"c{i}" for i in range(50)])
+    assert cal.confusion == {"tp": 20, "fp": 5, "fn": 10, "tn": 15}
+    assert cal.values["agreement"] == pytest.approx(0.7)
+    assert cal.values["kappa"] == pytest.approx(0.4)
+    assert cal.values["false_pass_rate"] == pytest.approx(5 / 20)
+    assert cal.values["false_fail_rate"] == pytest.approx(10 / 30)
+    for name, (lo, hi) in cal.cis.items():
+        assert lo <= cal.values[name] <= hi and hi - lo > 0
+
+
+def test_degenerate_calibrations_say_undefined():
+    cal = calibrate([True] * 4, [True] * 4, ["a", "a", "b", "b"])
+    assert cal.values["agreement"] == 1.0 and cal.values["kappa"] is None
+    assert cal.values["false_pass_rate"] is None and cal.cis["false_pass_rate"] is None
+    assert cal.values["false_fail_rate"] == 0.0 and cal.cases == 2
+
+
+@given(st.lists(st.tuples(st.booleans(), st.booleans(), st.integers(0, 5)), min_size=1, max_size=40))
+def test_calibration_properties(rows):
+    judge, truth, cases = zip(*rows, strict=True)
+    cal = calibrate(judge, truth, [str(c) for c in cases], n_boot=200)
+    agree = sum(j == t for j, t, _ in rows) / len(rows)
+    assert cal.values["agreement"] == pytest.approx(agree)
+    assert sum(cal.confusion.values()) == len(rows)
+    kappa = cal.values["kappa"]
+    assert kappa is None or -1 - 1e-9 <= kappa <= 1 + 1e-9
+    if agree == 1.0 and kappa is not None:
+        assert kappa == pytest.approx(1.0)
+
+
+LABELLED = [  # (output, human label): the length judge passes len > 3
+    ("yes!", "pass"),  # tp
+    ("right", "pass"),  # tp
+    ("nope, wrong", "fail"),  # fp
+    ("ok", "pass"),  # fn
+    ("no", "fail"),  # tn
+    ("x", "fail"),  # tn
+    ("", ""),  # left blank: skipped
+]
+
+
+def _labelled_suite(tmp_path: Path) -> tuple[Path, Path]:
+    suite = tmp_path / "judged.yaml"
+    lines = ["name: judged", "cases:"]
+    for i in range(3):
+        lines.append(
+            f"  - {{id: c{i}, inputs: {{prompt: q{i}}}, reference: 'yes!',"
+            f" grader: {{kind: judge, function: '{ref('length_judge')}'}}}}"
+        )
+    suite.write_text("\n".join(lines) + "\n")
+    labels = tmp_path / "labels.jsonl"
+    labels.write_text(
+        "".join(
+            json.dumps({"case_id": f"c{i % 3}", "sample_index": i // 3, "output": o, "label": lab})
+            + "\n"
+            for i, (o, lab) in enumerate(LABELLED)
+        )
+    )
+    return suite, labels
+
+
+def test_calibrate_a_judge_on_a_labelled_fixture(home, tmp_path):
+    from flows.judging import calibrate_judge
+
+    suite, labels = _labelled_suite(tmp_path)
+    doc = calibrate_judge(str(suite), labels)
+    assert doc["truth"] == "human" and doc["rows"] == 6 and doc["judge_errors"] == 0
+    assert doc["confusion"] == {"tp": 2, "fp": 1, "fn": 1, "tn": 2} and doc["cases"] == 3
+    # p_o = 4/6; judge and truth both pass 3/6, p_e = 0.5, kappa = (2/3 - 1/2) / (1/2) = 1/3.
+    assert doc["agreement"] == pytest.approx(4 / 6) and doc["kappa"] == pytest.approx(1 / 3)
+    assert doc["false_pass_rate"] == pytest.approx(1 / 3) == doc["false_fail_rate"]
+
+    override = calibrate_judge(str(suite), labels, judge=ref("says_yes"))
+    assert override["judge"] == ref("says_yes") and override["confusion"]["tp"] == 1
+
+
+def test_calibrate_against_an_execution_oracle(home, tmp_path):
+    from flows.judging import calibrate_judge
+
+    suite = tmp_path / "exact.yaml"
+    suite.write_text("name: exact\ncases:\n  - {id: c0, reference: 'yes!', grader: {kind: exact}}\n")
+    labels = tmp_path / "outputs.csv"
+    labels.write_text("case_id,output,label\nc0,yes!,\nc0,nope!,\nc0,no,\n")
+    doc = calibrate_judge(str(suite), labels, judge=ref("length_judge"), oracle=True)
+    # exact: yes! passes, the rest fail; the length judge passes yes! and nope!.
+    assert doc["truth"] == "oracle" and doc["confusion"] == {"tp": 1, "fp": 1, "fn": 0, "tn": 1}
+    with pytest.raises(InputError, match="no judge to calibrate"):
+        calibrate_judge(str(suite), labels, oracle=True)
+
+
+def test_calibration_is_shown_for_runs_graded_by_that_judge(prefect_harness, home, tmp_path):
+    from flows.evaluate import evaluate
+    from flows.judging import calibrate_judge, run_calibrations
+
+    suite, labels = _labelled_suite(tmp_path)
+    run = evaluate(suite=str(suite), agent="reference", n=1)
+    [before] = run_calibrations(run["run_id"])
+    assert before["calibration"] is None and before["judge"] == ref("length_judge")
+    doc = calibrate_judge(str(suite), labels)
+    [after] = run_calibrations(run["run_id"])
+    assert after["calibration"] == doc and after["judge_fingerprint"] == doc["judge_fingerprint"]
+
+
+def test_calibrate_command(home, tmp_path):
+    from flows.judging import judge_app
+
+    app = typer.Typer()
+    app.add_typer(judge_app, name="judge")
+    suite, labels = _labelled_suite(tmp_path)
+    result = CliRunner().invoke(app, ["judge", "calibrate", str(suite), "--labels", str(labels), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["kappa"] == pytest.approx(1 / 3)
+    text = CliRunner().invoke(app, ["judge", "calibrate", str(suite), "--labels", str(labels)])
+    assert "Cohen's kappa   0.333" in text.output and "false-pass rate 33.3%" in text.output
+    labels.write_text('{"case_id": "c0", "output": "x", "label": "maybe"}\n')
+    bad = CliRunner().invoke(app, ["judge", "calibrate", str(suite), "--labels", str(labels)])
+    assert isinstance(bad.exception, InputError) and "line 1: label 'maybe'" in str(bad.exception)
