@@ -126,7 +126,9 @@ def test_openai_judge_grades_through_the_endpoint(endpoint):
         return 200, json.dumps({"passed": ok, "score": 0.9 if ok else 0.2, "rationale": "checked"})
 
     with endpoint(reply) as server:
-        case = judge_case("openai:judge-model", samples=2, rubric=RUBRIC, params={"temperature": 0.7})
+        case = judge_case(
+            "openai:judge-model", samples=2, rubric=RUBRIC, params={"temperature": 0.7}
+        )
         trace = {}
         good, bad = grade("yes", case, trace), grade("no", case)
     assert good.passed and good.score == pytest.approx(0.9) and bad.status is Status.failed
@@ -200,7 +202,9 @@ def test_degenerate_calibrations_say_undefined():
     assert cal.values["false_fail_rate"] == 0.0 and cal.cases == 2
 
 
-@given(st.lists(st.tuples(st.booleans(), st.booleans(), st.integers(0, 5)), min_size=1, max_size=40))
+@given(
+    st.lists(st.tuples(st.booleans(), st.booleans(), st.integers(0, 5)), min_size=1, max_size=40)
+)
 def test_calibration_properties(rows):
     judge, truth, cases = zip(*rows, strict=True)
     cal = calibrate(judge, truth, [str(c) for c in cases], n_boot=200)
@@ -263,7 +267,9 @@ def test_calibrate_against_an_execution_oracle(home, tmp_path):
     from flows.judging import calibrate_judge
 
     suite = tmp_path / "exact.yaml"
-    suite.write_text("name: exact\ncases:\n  - {id: c0, reference: 'yes!', grader: {kind: exact}}\n")
+    suite.write_text(
+        "name: exact\ncases:\n  - {id: c0, reference: 'yes!', grader: {kind: exact}}\n"
+    )
     labels = tmp_path / "outputs.csv"
     labels.write_text("case_id,output,label\nc0,yes!,\nc0,nope!,\nc0,no,\n")
     doc = calibrate_judge(str(suite), labels, judge=ref("length_judge"), oracle=True)
@@ -292,7 +298,9 @@ def test_calibrate_command(home, tmp_path):
     app = typer.Typer()
     app.add_typer(judge_app, name="judge")
     suite, labels = _labelled_suite(tmp_path)
-    result = CliRunner().invoke(app, ["judge", "calibrate", str(suite), "--labels", str(labels), "--json"])
+    result = CliRunner().invoke(
+        app, ["judge", "calibrate", str(suite), "--labels", str(labels), "--json"]
+    )
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["kappa"] == pytest.approx(1 / 3)
     text = CliRunner().invoke(app, ["judge", "calibrate", str(suite), "--labels", str(labels)])

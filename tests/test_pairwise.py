@@ -18,7 +18,9 @@ from tasks.pairwise import Pair, compare, judge_pair
 
 
 def case(i: int) -> EvalCase:
-    return EvalCase(id=f"c{i}", inputs={"prompt": f"q{i}"}, reference="yes", grader={"kind": "exact"})
+    return EvalCase(
+        id=f"c{i}", inputs={"prompt": f"q{i}"}, reference="yes", grader={"kind": "exact"}
+    )
 
 
 def pairs(a: list[str], b: list[str]) -> list[Pair]:
@@ -51,7 +53,9 @@ def test_judge_errors_are_counted_and_left_out():
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["yes", "no"]), st.sampled_from(["yes", "no"])), min_size=1))
+@given(
+    st.lists(st.tuples(st.sampled_from(["yes", "no"]), st.sampled_from(["yes", "no"])), min_size=1)
+)
 def test_swapping_the_runs_mirrors_the_result(rows):
     judge = load_judge(ref("prefers_reference"))
     a, b = [r[0] for r in rows], [r[1] for r in rows]
@@ -67,8 +71,13 @@ def test_openai_pairwise_judge_sees_both_orders(monkeypatch):
     with ChatServer(reply) as server:
         monkeypatch.setenv("OPENAI_BASE_URL", server.url)
         monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
-        result = judge_pair(load_judge("openai:judge-model"), Pair(case(0), 0, "AAA-out", "BBB-out"))
-    assert result.outcome == "inconsistent" and (result.a_first, result.b_first) == ("first", "first")
+        result = judge_pair(
+            load_judge("openai:judge-model"), Pair(case(0), 0, "AAA-out", "BBB-out")
+        )
+    assert result.outcome == "inconsistent" and (result.a_first, result.b_first) == (
+        "first",
+        "first",
+    )
     shown = [user_text(body) for body in server.requests]
     assert shown[0].index("AAA-out") < shown[0].index("BBB-out")
     assert shown[1].index("BBB-out") < shown[1].index("AAA-out")
@@ -86,7 +95,9 @@ def _runs(tmp_path: Path) -> tuple[str, str]:
     suite = tmp_path / "toy.yaml"
     suite.write_text(
         "name: toy\ncases:\n"
-        + "".join(f"  - {{id: c{i}, reference: 'yes', grader: {{kind: exact}}}}\n" for i in range(4))
+        + "".join(
+            f"  - {{id: c{i}, reference: 'yes', grader: {{kind: exact}}}}\n" for i in range(4)
+        )
     )
     a = evaluate(suite=str(suite), agent=f"python:{agents}:good", n=2)
     b = evaluate(suite=str(suite), agent=f"python:{agents}:mixed", n=2)

@@ -1,0 +1,217 @@
+"""Human labels: export → fill → import → aggregate, on real runs in a real DuckDB file."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from pathlib import Path
+
+import duckdb
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from tasks.models import InputError
+
+CANARY = "CANARY-label"
+
+
+def _run(tmp_path: Path) -> dict:
+    from flows.evaluate import evaluate
+
+    agents = tmp_path / "agents.py"
+    agents.write_text(
+        "def answer(inputs, ctx):\n"
+        f"    return {{0: 'yes', 1: 'no', 2: 'yes {CANARY}'}}[int(ctx.case_id[1:]) % 3]"
+        " + '\\n' * ctx.index\n"
+    )
+    suite = tmp_path / "human.yaml"
+    suite.write_text(
+        f"name: human\nsafety: {{forbidden_patterns: ['{CANARY}']}}\ncases:\n"
+        + "".join(
+            f"  - {{id: c{i}, inputs: {{prompt: 'question {i}'}}, grader: {{kind: human}},"
+            f" slices: [s{i % 2}]}}\n"
+            for i in range(4)
+        )
+    )
+    return evaluate(suite=str(suite), agent=f"python:{agents}:answer", n=2)
+
+
+@pytest.fixture(scope="module")
+def labelled_run(prefect_harness, tmp_path_factory):
+    """One real run of a `human` suite, in its own EVALPIPE_HOME."""
+    tmp = tmp_path_factory.mktemp("labels")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("EVALPIPE_HOME", str(tmp / "home"))
+        summary = _run(tmp)
+    return tmp / "home", summary
+
+
+@pytest.fixture
+def run(labelled_run, monkeypatch):
+    home, summary = labelled_run
+    monkeypatch.setenv("EVALPIPE_HOME", str(home))
+    return summary
+
+
+def _fill(rows: list[dict]) -> list[dict]:
+    """The labeller's decisions: 'yes' outputs pass, 'no' fail; c3#1 left blank."""
+    for row in rows:
+        if (row["case_id"], str(row["sample_index"])) != ("c3", "1"):
+            row["label"] = "pass" if row["output"].startswith("yes") else "fail"
+            row["note"] = "looks right" if row["label"] == "pass" else ""
+    return rows
+
+
+def test_a_live_run_awaits_labels(run):
+    assert run["status_counts"] == {"error": 8} and run["safety_failed"]
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
+def test_labels_round_trip(run, tmp_path, suffix):
+    from flows.judging import export_labels, import_labels
+    from storage import db
+
+    out = tmp_path / f"labels{suffix}"
+    assert export_labels(run["run_id"], out) == 8
+    if suffix == ".csv":
+        rows = list(csv.DictReader(out.open(newline="")))
+        assert [r["label"] for r in rows] == [""] * 8
+        rows = _fill(rows)
+        with out.open("w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    else:
+        rows = [json.loads(line) for line in out.read_text().splitlines()]
+        assert rows[0] == {
+            "case_id": "c0",
+            "sample_index": 0,
+            "prompt": "question 0",
+            "output": "yes",
+            "label": "",
+            "note": "",
+        }
+        rows = _fill(rows)
+        out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    summary = import_labels(run["run_id"], out, "ada")
+    assert summary["source_run"] == run["run_id"] and summary["run_id"] != run["run_id"]
+    assert summary["labelled"] == 7 and summary["unlabelled"] == 1 and summary["samples"] == 7
+    # c0 yes/yes, c1 no/no, c2 yes+canary, c3 yes (one labelled): pass@1 = (1+0+1+1)/4.
+    assert summary["pass_at_k"]["1"] == pytest.approx(0.75)
+    assert summary["status_counts"] == {"passed": 5, "failed": 2}
+    assert summary["slices"]["s0"]["pass_at_1"] == 1.0  # c0, c2
+    assert summary["safety_failed"] and {v["case_id"] for v in summary["safety_violations"]} == {
+        "c2"
+    }
+
+    samples = db.run_samples(summary["run_id"]).to_pylist()
+    source = {
+        (s["case_id"], s["sample_index"]): s for s in db.run_samples(run["run_id"]).to_pylist()
+    }
+    for s in samples:
+        src = source[(s["case_id"], s["sample_index"])]
+        assert (s["output"], s["seed"], s["case_hash"]) == (
+            src["output"],
+            src["seed"],
+            src["case_hash"],
+        )
+        assert s["cache_key"] != src["cache_key"]
+        trace = json.loads(s["trace"])
+        assert trace["labeller"] == "ada" and trace["source_run"] == run["run_id"]
+        assert s["passed"] == (trace["label"] == "pass") and "human label by ada" in s["detail"]
+    stored = db.get_run(summary["run_id"])
+    assert stored["status"] == "completed" and stored["config"]["derived_from"] == run["run_id"]
+    assert stored["config"]["labeller"] == "ada"
+
+
+def test_a_label_never_clears_safety_and_the_gate_blocks(run, tmp_path):
+    from flows.gate import gate_runs
+    from flows.judging import export_labels, import_labels
+
+    out = tmp_path / "labels.jsonl"
+    export_labels(run["run_id"], out)
+    rows = [json.loads(line) | {"label": "pass"} for line in out.read_text().splitlines()]
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    first = import_labels(run["run_id"], out, "bob")
+    second = import_labels(run["run_id"], out, "bob")
+    assert first["pass_at_k"]["1"] == 1.0 and first["safety_failed"]
+    assert gate_runs(second["run_id"], first["run_id"])["decision"] == "block"
+
+
+BAD_FILES = [
+    ('{"case_id": "c0", "sample_index": 0, "label": "pass"}\nnot json\n', "line 2: not JSON"),
+    ('{"case_id": "c0", "sample_index": 0, "label": "maybe"}\n', "line 1: label 'maybe' is not"),
+    ('{"case_id": "c0", "sample_index": "x", "label": "pass"}\n', "line 1: sample_index 'x'"),
+    ('{"sample_index": 0, "label": "pass"}\n', "line 1: missing 'case_id'"),
+    ('{"case_id": "c0", "sample_index": 0}\n', "line 1: missing 'label'"),
+    (
+        '{"case_id": "c9", "sample_index": 0, "label": "pass"}\n',
+        "line 1: run .* has no sample c9#0",
+    ),
+    (
+        '{"case_id": "c0", "sample_index": 0, "label": "pass"}\n'
+        '{"case_id": "c0", "sample_index": 0, "label": "fail"}\n',
+        "line 2: c0#0 is already labelled",
+    ),
+    (
+        '{"case_id": "c0", "sample_index": 0, "output": "no", "label": "pass"}\n',
+        "line 1: output differs",
+    ),
+    ('{"case_id": "c0", "sample_index": 0, "label": ""}\n', "no labelled rows"),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), BAD_FILES)
+def test_malformed_label_files_are_refused_naming_the_line(run, tmp_path, text, message):
+    from flows.judging import import_labels
+    from storage import db
+
+    path = tmp_path / "bad.jsonl"
+    path.write_text(text)
+    before = len(db.list_runs())
+    with pytest.raises(InputError, match=message):
+        import_labels(run["run_id"], path, "eve")
+    assert len(db.list_runs()) == before  # nothing written
+
+
+def test_malformed_csv_and_formats(run, tmp_path):
+    from flows.judging import export_labels, import_labels
+
+    bad = tmp_path / "bad.csv"
+    bad.write_text("case_id,sample_index\nc0,0\n")
+    with pytest.raises(InputError, match="line 1: header lacks column.s. label"):
+        import_labels(run["run_id"], bad, "eve")
+    bad.write_text("case_id,sample_index,label\nc0,0,pass\nc0,1,pass,extra\n")
+    with pytest.raises(InputError, match="line 3: more cells than header columns"):
+        import_labels(run["run_id"], bad, "eve")
+    with pytest.raises(InputError, match="unknown label file format '.txt'"):
+        export_labels(run["run_id"], tmp_path / "labels.txt")
+    with pytest.raises(InputError, match="no such run"):
+        export_labels("no-such-run", tmp_path / "labels.csv")
+
+
+def test_labels_commands(run, tmp_path):
+    from flows.judging import labels_app
+
+    app = typer.Typer()
+    app.add_typer(labels_app, name="labels")
+    out = tmp_path / "l.jsonl"
+    exported = CliRunner().invoke(app, ["labels", "export", run["run_id"], "--out", str(out)])
+    assert exported.exit_code == 0 and "wrote 8 samples" in exported.output
+    rows = _fill([json.loads(line) for line in out.read_text().splitlines()])
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ["labels", "import", run["run_id"], str(out), "--labeller", "cy", "--json"]
+    imported = CliRunner().invoke(app, args)
+    assert imported.exit_code == 0, imported.output
+    doc = json.loads(imported.output)
+    assert doc["labeller"] == "cy" and doc["pass_at_k"]["1"] == pytest.approx(0.75)
+    with duckdb.connect(
+        str(Path(os.environ["EVALPIPE_HOME"]) / "evalpipe.duckdb"), read_only=True
+    ) as con:
+        (n,) = con.execute(
+            "SELECT count(*) FROM samples WHERE run_id = ?", [doc["run_id"]]
+        ).fetchone()
+    assert n == 7
