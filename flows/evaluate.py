@@ -149,19 +149,36 @@ def new_run_id() -> str:
 
 @flow(name="evaluate", flow_run_name=_run_name, persist_result=False, log_prints=False)
 def evaluate(
-    suite: Annotated[str, Field(description="Suite file path or git URL, or a stored suite version.")],
-    agent: Annotated[str, Field(description="Agent spec: python:MOD:FUNC, cmd:..., replay:FILE, reference, openai:MODEL.")],
-    n: Annotated[int, Field(ge=1, le=10_000, description="Samples per case.")] = 1,
-    k: Annotated[list[int], Field(min_length=1, description="The k of each pass@k to report.")] = [1],  # noqa: B006 - Prefect parameter default
-    seed: Annotated[int, Field(ge=0, description="Run seed; with a deterministic agent, the same seed gives the same run.")] = 0,
-    baseline: Annotated[str | None, Field(description="A run id to gate against at the end, or 'previous': the latest completed run of the same suite version and agent (none yet: no gate).")] = None,
-    runner: Annotated[Runner, Field(description="Task runner for sampling: threads, processes or dask.")] = "threads",
-    workers: Annotated[int | None, Field(ge=1, le=256, description="Parallel workers (default: CPU count).")] = None,
-    dask_address: Annotated[str | None, Field(description="Address of an existing Dask scheduler (runner=dask).")] = None,
-    batch_size: Annotated[int | None, Field(ge=1, description="Cases per sampling task (default: automatic).")] = None,
-    regrade: Annotated[int, Field(ge=0, le=100, description="Grade each output this many extra times to count environment flakes.")] = 0,
+    suite: str,
+    agent: str,
+    n: Annotated[int, Field(ge=1, le=10_000)] = 1,
+    k: Annotated[list[int], Field(min_length=1)] = [1],  # noqa: B006 - Prefect parameter default
+    seed: Annotated[int, Field(ge=0)] = 0,
+    baseline: str | None = None,
+    runner: Runner = "threads",
+    workers: Annotated[int | None, Field(ge=1, le=256)] = None,
+    dask_address: str | None = None,
+    batch_size: Annotated[int | None, Field(ge=1)] = None,
+    regrade: Annotated[int, Field(ge=0, le=100)] = 0,
 ) -> dict[str, Any]:
-    """Sample `n` outputs per case from `agent`, grade them, store and aggregate the run."""
+    """Sample `n` outputs per case from `agent`, grade them, store and aggregate the run.
+
+    Prefect's parameter form takes its field descriptions from this section.
+
+    Args:
+        suite: Suite file path or git URL, or a stored suite version.
+        agent: Agent spec: python:MOD:FUNC, cmd:..., replay:FILE, reference, openai:MODEL.
+        n: Samples per case.
+        k: The k of each pass@k to report.
+        seed: Run seed; with a deterministic agent, the same seed gives the same run.
+        baseline: A run id to gate against at the end, or 'previous': the latest completed
+            run of the same suite version and agent (none yet: no gate).
+        runner: Task runner for sampling: threads, processes or dask.
+        workers: Parallel workers (default: CPU count).
+        dask_address: Address of an existing Dask scheduler (runner=dask).
+        batch_size: Cases per sampling task (default: automatic).
+        regrade: Grade each output this many extra times to count environment flakes.
+    """
     started = time.perf_counter()
     if any(x < 1 for x in k):
         raise InputError(f"k: every k must be at least 1, got {k}")
