@@ -17,12 +17,18 @@ import typer
 
 from tasks.models import InputError
 
-judge_app = typer.Typer(no_args_is_help=True, help="Model judges: calibrate them before trusting them.")
+judge_app = typer.Typer(
+    no_args_is_help=True, help="Model judges: calibrate them before trusting them."
+)
 labels_app = typer.Typer(no_args_is_help=True, help="Human labels: export samples, import labels.")
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print exactly one JSON document.")]
-JudgeOpt = Annotated[str | None, typer.Option("--judge", help="MODULE:FUNC, path.py:FUNC or openai:MODEL.")]
-RubricOpt = Annotated[Path | None, typer.Option("--rubric", help="File with the prompt template (openai: judges).")]
+JudgeOpt = Annotated[
+    str | None, typer.Option("--judge", help="MODULE:FUNC, path.py:FUNC or openai:MODEL.")
+]
+RubricOpt = Annotated[
+    Path | None, typer.Option("--rubric", help="File with the prompt template (openai: judges).")
+]
 WORKERS = 4  # judge calls in flight: endpoint latency, not CPU, is what they wait on
 
 
@@ -45,7 +51,9 @@ def _run_suite(run: dict[str, Any], home: Path):
     from storage.snapshots import read_snapshot, snapshot_path
 
     if not snapshot_path(run["suite_version"], home).exists():
-        raise InputError(f"run {run['run_id']}: snapshot of suite {run['suite_version'][:12]} is missing")
+        raise InputError(
+            f"run {run['run_id']}: snapshot of suite {run['suite_version'][:12]} is missing"
+        )
     return read_snapshot(run["suite_version"], home)
 
 
@@ -84,16 +92,24 @@ def calibrate_judge(
 
     suite_obj = load_suite_ref(suite)
     rows = [r for r in read_labels(labels, need_output=True) if oracle or r.label is not None]
-    overrides = {k: v for k, v in (("function", judge), ("rubric", rubric), ("samples", samples)) if v is not None}
+    overrides = {
+        k: v
+        for k, v in (("function", judge), ("rubric", rubric), ("samples", samples))
+        if v is not None
+    }
     items = []
     for row in rows:
         try:
             case = suite_obj.case(row.case_id)
         except KeyError:
-            raise InputError(f"{labels} line {row.line}: suite {suite_obj.name} has no case {row.case_id!r}") from None
+            raise InputError(
+                f"{labels}: line {row.line}: suite {suite_obj.name} has no case {row.case_id!r}"
+            ) from None
         if oracle and case.kind in ("judge", "human"):
-            raise InputError(f"{labels} line {row.line}: case {case.id!r} has no execution oracle "
-                             f"(its grader is {case.kind})")
+            raise InputError(
+                f"{labels}: line {row.line}: case {case.id!r} has no execution oracle "
+                f"(its grader is {case.kind})"
+            )
         own = case.grader if case.kind == "judge" else {}
         if "function" not in own and "function" not in overrides:
             raise InputError(f"case {case.id!r}: no judge to calibrate (pass --judge)")
@@ -104,7 +120,11 @@ def calibrate_judge(
         row, case, judge_case = item
         trace: dict = {}
         verdict = grade(row.output, judge_case, trace)
-        truth = grade(row.output, case).status.value if oracle else ("passed" if row.label else "failed")
+        truth = (
+            grade(row.output, case).status.value
+            if oracle
+            else ("passed" if row.label else "failed")
+        )
         return verdict.status.value, truth, trace.get("judge", {})
 
     with ThreadPoolExecutor(max_workers=WORKERS) as pool:
@@ -116,11 +136,20 @@ def calibrate_judge(
         raise InputError(f"{labels}: no labelled rows to calibrate on")
     ((fingerprint, spec),) = judges
     binary = ("passed", "failed")
-    usable = [(i, j, t) for i, (j, t, _) in zip(items, results, strict=True) if j in binary and t in binary]
+    usable = [
+        (i, j, t)
+        for i, (j, t, _) in zip(items, results, strict=True)
+        if j in binary and t in binary
+    ]
     if not usable:
-        raise InputError(f"{labels}: the judge (or the oracle) gave no pass/fail verdict on any row")
-    stats = calibrate([j == "passed" for _, j, _ in usable], [t == "passed" for _, _, t in usable],
-                      [i[1].id for i, _, _ in usable])
+        raise InputError(
+            f"{labels}: the judge (or the oracle) gave no pass/fail verdict on any row"
+        )
+    stats = calibrate(
+        [j == "passed" for _, j, _ in usable],
+        [t == "passed" for _, _, t in usable],
+        [i[1].id for i, _, _ in usable],
+    )
     doc = {
         "judge": spec,
         "judge_fingerprint": fingerprint,
@@ -144,8 +173,10 @@ def run_calibrations(run_id: str, home: Path | None = None) -> list[dict[str, An
 
     judges = run_judges(run_id, _home(home))
     found = latest_calibrations(list(judges), _home(home))
-    return [{"judge": spec, "judge_fingerprint": fp, "calibration": found.get(fp)}
-            for fp, spec in judges.items()]
+    return [
+        {"judge": spec, "judge_fingerprint": fp, "calibration": found.get(fp)}
+        for fp, spec in judges.items()
+    ]
 
 
 def _pct(x: float | None) -> str:
@@ -156,45 +187,68 @@ def _with_ci(doc: dict[str, Any], key: str) -> str:
     ci = doc.get(f"{key}_ci")
     value = doc[key]
     if key == "kappa":
-        return "n/a" if value is None else f"{value:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
+        return (
+            "n/a"
+            if value is None
+            else f"{value:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
+        )
     return _pct(value) + (f" [{_pct(ci[0])}, {_pct(ci[1])}]" if ci else "")
 
 
 @judge_app.command("calibrate")
 def calibrate_cmd(
     suite: Annotated[str, typer.Argument(help="Suite file or stored version.")],
-    labels: Annotated[Path, typer.Option("--labels", help="Labelled outputs (CSV or JSONL, as `labels export` writes).")],
+    labels: Annotated[
+        Path,
+        typer.Option(
+            "--labels", help="Labelled outputs (CSV or JSONL, as `labels export` writes)."
+        ),
+    ],
     judge: JudgeOpt = None,
     rubric: RubricOpt = None,
-    samples: Annotated[int | None, typer.Option("--samples", min=1, help="Judge draws per output (J).")] = None,
-    oracle: Annotated[bool, typer.Option("--oracle", help="Truth from the cases' own graders, not the labels.")] = False,
+    samples: Annotated[
+        int | None, typer.Option("--samples", min=1, help="Judge draws per output (J).")
+    ] = None,
+    oracle: Annotated[
+        bool, typer.Option("--oracle", help="Truth from the cases' own graders, not the labels.")
+    ] = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Measure a judge against human labels (or an execution oracle): agreement, kappa,
     false-pass and false-fail rates with bootstrap CIs."""
-    doc = calibrate_judge(suite, labels, judge=judge, rubric=_read_rubric(rubric), samples=samples,
-                          oracle=oracle)
+    doc = calibrate_judge(
+        suite, labels, judge=judge, rubric=_read_rubric(rubric), samples=samples, oracle=oracle
+    )
     if as_json:
         typer.echo(json.dumps(doc))
         return
     c = doc["confusion"]
-    typer.echo("\n".join([
-        f"judge {doc['judge']} ({doc['judge_fingerprint'][:12]}) vs {doc['truth']} on {doc['items']} outputs"
-        f" of {doc['cases']} cases; {int(doc['ci_level'] * 100)}% CIs",
-        f"agreement       {_with_ci(doc, 'agreement')}",
-        f"Cohen's kappa   {_with_ci(doc, 'kappa')}",
-        f"false-pass rate {_with_ci(doc, 'false_pass_rate')}  (judge passed, truth failed)",
-        f"false-fail rate {_with_ci(doc, 'false_fail_rate')}  (judge failed, truth passed)",
-        f"confusion tp {c['tp']} fp {c['fp']} fn {c['fn']} tn {c['tn']};"
-        f" judge errors {doc['judge_errors']} ({_pct(doc['judge_error_rate'])})",
-    ]))
+    typer.echo(
+        "\n".join(
+            [
+                f"judge {doc['judge']} ({doc['judge_fingerprint'][:12]}) vs {doc['truth']} on {doc['items']} outputs"
+                f" of {doc['cases']} cases; {int(doc['ci_level'] * 100)}% CIs",
+                f"agreement       {_with_ci(doc, 'agreement')}",
+                f"Cohen's kappa   {_with_ci(doc, 'kappa')}",
+                f"false-pass rate {_with_ci(doc, 'false_pass_rate')}  (judge passed, truth failed)",
+                f"false-fail rate {_with_ci(doc, 'false_fail_rate')}  (judge failed, truth passed)",
+                f"confusion tp {c['tp']} fp {c['fp']} fn {c['fn']} tn {c['tn']};"
+                f" judge errors {doc['judge_errors']} ({_pct(doc['judge_error_rate'])})",
+            ]
+        )
+    )
 
 
 # --- pairwise ----------------------------------------------------------------------------
 
 
 def compare_runs(
-    run_a: str, run_b: str, judge: str, *, rubric: str | None = None, workers: int = WORKERS,
+    run_a: str,
+    run_b: str,
+    judge: str,
+    *,
+    rubric: str | None = None,
+    workers: int = WORKERS,
     home: Path | None = None,
 ) -> dict[str, Any]:
     """Pairwise judgement of two runs' outputs for the same cases, in both orders."""
@@ -209,13 +263,20 @@ def compare_runs(
     if not pairs:
         raise InputError(f"runs {run_a} and {run_b} share no (case, sample index) to compare")
     doc = compare(load_judge(judge, rubric), pairs, workers=workers, seed=a["seed"])
-    return {"run_a": run_a, "run_b": run_b, "same_suite": a["suite_version"] == b["suite_version"], **doc}
+    return {
+        "run_a": run_a,
+        "run_b": run_b,
+        "same_suite": a["suite_version"] == b["suite_version"],
+        **doc,
+    }
 
 
 def compare(
     run_a: Annotated[str, typer.Argument(help="Run A.")],
     run_b: Annotated[str, typer.Argument(help="Run B.")],
-    judge: Annotated[str, typer.Option("--judge", help="MODULE:FUNC, path.py:FUNC or openai:MODEL.")],
+    judge: Annotated[
+        str, typer.Option("--judge", help="MODULE:FUNC, path.py:FUNC or openai:MODEL.")
+    ],
     rubric: RubricOpt = None,
     as_json: JsonFlag = False,
 ) -> None:
@@ -227,14 +288,19 @@ def compare(
         return
     ci = doc["win_rate_a_ci"]
     bias = doc["position_bias"]
-    typer.echo("\n".join([
-        f"{doc['run_a']} (A) vs {doc['run_b']} (B), judge {doc['judge']}: {doc['pairs']} pairs, {doc['cases']} cases",
-        f"win rate of A {_pct(doc['win_rate_a'])}" + (f" [{_pct(ci[0])}, {_pct(ci[1])}]" if ci else "")
-        + f" ({int(doc['ci_level'] * 100)}% CI; ties and inconsistent pairs count half)",
-        f"A wins {doc['wins_a']}  B wins {doc['wins_b']}  ties {doc['ties']}  errors {doc['errors']}",
-        f"order-inconsistent {doc['inconsistent']} ({_pct(doc['inconsistent_rate'])}):"
-        f" first position won both {bias['first']}, second {bias['second']}, mixed {bias['mixed']}",
-    ]))
+    typer.echo(
+        "\n".join(
+            [
+                f"{doc['run_a']} (A) vs {doc['run_b']} (B), judge {doc['judge']}: {doc['pairs']} pairs, {doc['cases']} cases",
+                f"win rate of A {_pct(doc['win_rate_a'])}"
+                + (f" [{_pct(ci[0])}, {_pct(ci[1])}]" if ci else "")
+                + f" ({int(doc['ci_level'] * 100)}% CI; ties and inconsistent pairs count half)",
+                f"A wins {doc['wins_a']}  B wins {doc['wins_b']}  ties {doc['ties']}  errors {doc['errors']}",
+                f"order-inconsistent {doc['inconsistent']} ({_pct(doc['inconsistent_rate'])}):"
+                f" first position won both {bias['first']}, second {bias['second']}, mixed {bias['mixed']}",
+            ]
+        )
+    )
 
 
 # --- human labels ------------------------------------------------------------------------
@@ -253,7 +319,9 @@ def export_labels(run_id: str, out: Path, home: Path | None = None) -> int:
     return len(rows)
 
 
-def import_labels(run_id: str, path: Path, labeller: str, home: Path | None = None) -> dict[str, Any]:
+def import_labels(
+    run_id: str, path: Path, labeller: str, home: Path | None = None
+) -> dict[str, Any]:
     """Store the labels as a derived run of `human` verdicts on the same samples and
     aggregate it like any run. Returns its summary (the `run --json` keys and more)."""
     from flows.evaluate import new_run_id, reduce_run
@@ -267,21 +335,42 @@ def import_labels(run_id: str, path: Path, labeller: str, home: Path | None = No
     suite = _run_suite(source, home)
     labels = read_labels(path)
     derived = new_run_id()
-    rows = labelled_samples(db.run_samples(run_id, home), labels, labeller=labeller,
-                            source_run=run_id, run_id=derived, where=str(path))
+    rows = labelled_samples(
+        db.run_samples(run_id, home),
+        labels,
+        labeller=labeller,
+        source_run=run_id,
+        run_id=derived,
+        where=str(path),
+    )
     run = {
-        **{k: source[k] for k in ("suite_version", "suite_name", "agent", "agent_fingerprint", "n", "seed")},
-        "run_id": derived, "ks": list(source["ks"]), "flow_run_id": None,
-        "config": {"derived_from": run_id, "grader": "human", "labeller": labeller,
-                   "labels_file": str(path), "labels_sha256": sha256_hex(path.read_bytes())},
+        **{
+            k: source[k]
+            for k in ("suite_version", "suite_name", "agent", "agent_fingerprint", "n", "seed")
+        },
+        "run_id": derived,
+        "ks": list(source["ks"]),
+        "flow_run_id": None,
+        "config": {
+            "derived_from": run_id,
+            "grader": "human",
+            "labeller": labeller,
+            "labels_file": str(path),
+            "labels_sha256": sha256_hex(path.read_bytes()),
+        },
     }
     db.start_run(run, home)
     try:
         db.insert_samples(rows, home)
         summary = reduce_run.fn(run, suite, list(source["ks"]), str(home))
-        summary |= {"source_run": run_id, "labeller": labeller, "labelled": rows.num_rows,
-                    "unlabelled": len(labels) - rows.num_rows, "flow_run_id": None,
-                    "duration_s": round(time.perf_counter() - started, 3)}
+        summary |= {
+            "source_run": run_id,
+            "labeller": labeller,
+            "labelled": rows.num_rows,
+            "unlabelled": len(labels) - rows.num_rows,
+            "flow_run_id": None,
+            "duration_s": round(time.perf_counter() - started, 3),
+        }
         db.finish_run(derived, "completed", summary, home)
     except BaseException:
         db.finish_run(derived, "failed", None, home)
@@ -295,14 +384,18 @@ def export_cmd(
     out: Annotated[Path, typer.Option("--out", help="File to write: .csv or .jsonl.")],
 ) -> None:
     """Write a run's samples (case, sample index, prompt, output, blank label) for labelling."""
-    typer.echo(f"wrote {export_labels(run_id, out)} samples to {out}; fill the label column with pass/fail")
+    typer.echo(
+        f"wrote {export_labels(run_id, out)} samples to {out}; fill the label column with pass/fail"
+    )
 
 
 @labels_app.command("import")
 def import_cmd(
     run_id: Annotated[str, typer.Argument(help="The run the labels belong to.")],
     file: Annotated[Path, typer.Argument(help="The filled label file (.csv or .jsonl).")],
-    labeller: Annotated[str, typer.Option("--labeller", help="Who labelled (recorded on every sample).")],
+    labeller: Annotated[
+        str, typer.Option("--labeller", help="Who labelled (recorded on every sample).")
+    ],
     as_json: JsonFlag = False,
 ) -> None:
     """Import labels as `human` verdicts in a new derived run, aggregated like any run."""
@@ -311,6 +404,8 @@ def import_cmd(
         typer.echo(json.dumps(summary))
         return
     lo, hi = summary["pass_at_1_ci"]
-    typer.echo(f"run {summary['run_id']}: {summary['labelled']} labels by {labeller} on run {run_id}"
-               f" ({summary['unlabelled']} left blank); human pass@1 {_pct(summary['pass_at_k']['1'])}"
-               f" [{_pct(lo)}, {_pct(hi)}]" + ("; SAFETY FAILED" if summary["safety_failed"] else ""))
+    typer.echo(
+        f"run {summary['run_id']}: {summary['labelled']} labels by {labeller} on run {run_id}"
+        f" ({summary['unlabelled']} left blank); human pass@1 {_pct(summary['pass_at_k']['1'])}"
+        f" [{_pct(lo)}, {_pct(hi)}]" + ("; SAFETY FAILED" if summary["safety_failed"] else "")
+    )

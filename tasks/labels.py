@@ -26,6 +26,7 @@ import pyarrow as pa
 
 from tasks.graders.human import label_verdict, parse_label
 from tasks.graders.judge import render
+from tasks.jsonl import object_lines
 from tasks.models import EvalCase, InputError, canonical_json, sha256_hex
 
 COLUMNS = ("case_id", "sample_index", "prompt", "output", "label", "note")
@@ -45,11 +46,23 @@ class LabelRow:
 def export_rows(samples: pa.Table, cases: dict[str, EvalCase]) -> list[dict[str, Any]]:
     """One blank-labelled row per sample, in (case id, index) order."""
     rows = []
-    for cid, index, output in zip(samples["case_id"].to_pylist(), samples["sample_index"].to_pylist(),
-                                  samples["output"].to_pylist(), strict=True):
+    for cid, index, output in zip(
+        samples["case_id"].to_pylist(),
+        samples["sample_index"].to_pylist(),
+        samples["output"].to_pylist(),
+        strict=True,
+    ):
         prompt = render("{prompt}", cases[cid]) if cid in cases else ""
-        rows.append({"case_id": cid, "sample_index": index, "prompt": prompt, "output": output,
-                     "label": "", "note": ""})
+        rows.append(
+            {
+                "case_id": cid,
+                "sample_index": index,
+                "prompt": prompt,
+                "output": output,
+                "label": "",
+                "note": "",
+            }
+        )
     return rows
 
 
@@ -80,47 +93,36 @@ def read_labels(path: Path, *, need_output: bool = False) -> list[LabelRow]:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"{path}: cannot read label file: {exc}") from None
-    records = _jsonl_records(path, text) if fmt == ".jsonl" else _csv_records(path, text)
-    rows = [_label_row(record, f"{path} line {line}", line, need_output) for line, record in records]
+    records = object_lines(text, str(path)) if fmt == ".jsonl" else _csv_records(path, text)
+    rows = [
+        _label_row(record, f"{path}: line {line}", line, need_output) for line, record in records
+    ]
     seen: dict[tuple[str, int | None], int] = {}
     for row in rows:
         key = (row.case_id, row.sample_index)
         if row.sample_index is not None and key in seen:
-            raise InputError(f"{path} line {row.line}: {row.case_id}#{row.sample_index} is "
-                             f"already labelled on line {seen[key]}")
+            raise InputError(
+                f"{path}: line {row.line}: {row.case_id}#{row.sample_index} is "
+                f"already labelled on line {seen[key]}"
+            )
         seen[key] = row.line
     return rows
-
-
-def _jsonl_records(path: Path, text: str) -> list[tuple[int, dict[str, Any]]]:
-    records = []
-    for line, raw in enumerate(text.splitlines(), start=1):
-        if not raw.strip():
-            continue
-        try:
-            record = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{path} line {line}: not JSON: {exc.msg}") from None
-        if not isinstance(record, dict):
-            raise InputError(f"{path} line {line}: expected a JSON object")
-        records.append((line, record))
-    return records
 
 
 def _csv_records(path: Path, text: str) -> list[tuple[int, dict[str, Any]]]:
     reader = csv.DictReader(io.StringIO(text, newline=""))
     missing = [c for c in ("case_id", "label") if c not in (reader.fieldnames or ())]
     if missing:
-        raise InputError(f"{path} line 1: header lacks column(s) {', '.join(missing)}")
+        raise InputError(f"{path}: line 1: header lacks column(s) {', '.join(missing)}")
     records, start = [], 2
     try:
         for record in reader:
             if None in record:
-                raise InputError(f"{path} line {start}: more cells than header columns")
+                raise InputError(f"{path}: line {start}: more cells than header columns")
             records.append((start, record))
             start = reader.line_num + 1
     except csv.Error as exc:
-        raise InputError(f"{path} line {reader.line_num}: {exc}") from None
+        raise InputError(f"{path}: line {reader.line_num}: {exc}") from None
     return records
 
 
@@ -164,7 +166,12 @@ def _same_text(a: str, b: str) -> bool:
 
 
 def labelled_samples(
-    source: pa.Table, labels: list[LabelRow], *, labeller: str, source_run: str, run_id: str,
+    source: pa.Table,
+    labels: list[LabelRow],
+    *,
+    labeller: str,
+    source_run: str,
+    run_id: str,
     where: str,
 ) -> pa.Table:
     """The derived run's sample rows: one per labelled row, attached to the source sample
@@ -175,27 +182,46 @@ def labelled_samples(
     out: list[dict[str, Any]] = []
     for row in labels:
         if row.sample_index is None:
-            raise InputError(f"{where} line {row.line}: missing 'sample_index'")
+            raise InputError(f"{where}: line {row.line}: missing 'sample_index'")
         sample = by_key.get((row.case_id, row.sample_index))
         if sample is None:
-            raise InputError(f"{where} line {row.line}: run {source_run} has no sample "
-                             f"{row.case_id}#{row.sample_index}")
+            raise InputError(
+                f"{where}: line {row.line}: run {source_run} has no sample "
+                f"{row.case_id}#{row.sample_index}"
+            )
         if row.output is not None and not _same_text(row.output, sample["output"] or ""):
-            raise InputError(f"{where} line {row.line}: output differs from run {source_run}'s "
-                             f"sample {row.case_id}#{row.sample_index}")
+            raise InputError(
+                f"{where}: line {row.line}: output differs from run {source_run}'s "
+                f"sample {row.case_id}#{row.sample_index}"
+            )
         if row.label is None:
             continue
         verdict = label_verdict(row.label, labeller, row.note).with_safety(sample["safety"] or [])
-        trace = {"labeller": labeller, "source_run": source_run,
-                 "label": "pass" if row.label else "fail", "note": row.note}
-        out.append({
-            **sample, "run_id": run_id, "status": verdict.status.value, "passed": verdict.passed,
-            "score": verdict.score, "detail": verdict.detail, "safety": list(verdict.safety),
-            "trace": json.dumps(trace), "duration_s": 0.0, "cached": False,
-            # A key no planned sample can have: a label must never be served as the
-            # cached result of the case's own grader.
-            "cache_key": sha256_hex(canonical_json(["human", sample["cache_key"], labeller, row.label])),
-        })
+        trace = {
+            "labeller": labeller,
+            "source_run": source_run,
+            "label": "pass" if row.label else "fail",
+            "note": row.note,
+        }
+        out.append(
+            {
+                **sample,
+                "run_id": run_id,
+                "status": verdict.status.value,
+                "passed": verdict.passed,
+                "score": verdict.score,
+                "detail": verdict.detail,
+                "safety": list(verdict.safety),
+                "trace": json.dumps(trace),
+                "duration_s": 0.0,
+                "cached": False,
+                # A key no planned sample can have: a label must never be served as the
+                # cached result of the case's own grader.
+                "cache_key": sha256_hex(
+                    canonical_json(["human", sample["cache_key"], labeller, row.label])
+                ),
+            }
+        )
     if not out:
         raise InputError(f"{where}: no labelled rows (every label is blank)")
     return pa.Table.from_pylist(out, schema=source.schema)

@@ -142,7 +142,7 @@ def test_a_label_never_clears_safety_and_the_gate_blocks(run, tmp_path):
 
 
 BAD_FILES = [
-    ('{"case_id": "c0", "sample_index": 0, "label": "pass"}\nnot json\n', "line 2: not JSON"),
+    ('{"case_id": "c0", "sample_index": 0, "label": "pass"}\nnot json\n', "line 2: malformed JSON"),
     ('{"case_id": "c0", "sample_index": 0, "label": "maybe"}\n', "line 1: label 'maybe' is not"),
     ('{"case_id": "c0", "sample_index": "x", "label": "pass"}\n', "line 1: sample_index 'x'"),
     ('{"sample_index": 0, "label": "pass"}\n', "line 1: missing 'case_id'"),

@@ -1,0 +1,27 @@
+"""JSON Lines read as objects, with the line number of each, for one-line errors."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tasks.models import InputError
+
+
+def object_lines(
+    text: str, where: str, error: type[InputError] = InputError
+) -> list[tuple[int, dict[str, Any]]]:
+    """(line number, object) for each non-blank line; `error` naming `where` and the line
+    when a line is not JSON or not an object."""
+    records = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise error(f"{where}: line {lineno}: malformed JSON: {exc.msg}") from None
+        if not isinstance(record, dict):
+            raise error(f"{where}: line {lineno}: expected a JSON object")
+        records.append((lineno, record))
+    return records
