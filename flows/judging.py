@@ -29,6 +29,7 @@ JudgeOpt = Annotated[
 RubricOpt = Annotated[
     Path | None, typer.Option("--rubric", help="File with the prompt template (openai: judges).")
 ]
+LABEL_STATUS = {True: "passed", False: "failed"}
 WORKERS = 4  # judge calls in flight: endpoint latency, not CPU, is what they wait on
 
 
@@ -86,9 +87,10 @@ def calibrate_judge(
     from storage.calibrations import record_calibration
     from tasks.calibration import calibrate
     from tasks.dataset import load_suite_ref
-    from tasks.graders import grade
+    from tasks.graders import grade, grader_fingerprint
+    from tasks.graders.judge import case_judge
     from tasks.labels import read_labels
-    from tasks.models import EvalCase
+    from tasks.models import EvalCase, canonical_json
 
     suite_obj = load_suite_ref(suite)
     rows = [r for r in read_labels(labels, need_output=True) if oracle or r.label is not None]
@@ -116,30 +118,30 @@ def calibrate_judge(
         judge_case = EvalCase(**{**case.content(), "grader": {**own, **overrides, "kind": "judge"}})
         items.append((row, case, judge_case))
 
+    if not items:
+        raise InputError(f"{labels}: no labelled rows to calibrate on")
+    # Resolved here, once and in this thread: a bad spec is bad input (not a column of
+    # `error` verdicts), and user modules are loaded before the workers need them.
+    graders = {canonical_json(jc.grader): jc for *_, jc in items}.values()
+    judges = {j.fingerprint: j for j in map(case_judge, graders)}
+    if len(judges) > 1:
+        raise InputError(f"{labels}: the cases use {len(judges)} different judges; pass --judge")
+    ((fingerprint, the_judge),) = judges.items()
+    if oracle:  # the oracle graders' own user code, likewise
+        for case in {case.id: case for _, case, _ in items}.values():
+            grader_fingerprint(case)
+
     def judged(item):
         row, case, judge_case = item
-        trace: dict = {}
-        verdict = grade(row.output, judge_case, trace)
-        truth = (
-            grade(row.output, case).status.value
-            if oracle
-            else ("passed" if row.label else "failed")
-        )
-        return verdict.status.value, truth, trace.get("judge", {})
+        truth = grade(row.output, case).status.value if oracle else LABEL_STATUS[row.label]
+        return grade(row.output, judge_case).status.value, truth
 
     with ThreadPoolExecutor(max_workers=WORKERS) as pool:
         results = list(pool.map(judged, items))
-    judges = {(t.get("fingerprint"), t.get("spec")) for _, _, t in results}
-    if len(judges) > 1:
-        raise InputError(f"{labels}: the cases use {len(judges)} different judges; pass --judge")
-    if not results:
-        raise InputError(f"{labels}: no labelled rows to calibrate on")
-    ((fingerprint, spec),) = judges
     binary = ("passed", "failed")
+    judge_errors = sum(j not in binary for j, _ in results)
     usable = [
-        (i, j, t)
-        for i, (j, t, _) in zip(items, results, strict=True)
-        if j in binary and t in binary
+        (i, j, t) for i, (j, t) in zip(items, results, strict=True) if j in binary and t in binary
     ]
     if not usable:
         raise InputError(
@@ -151,16 +153,16 @@ def calibrate_judge(
         [i[1].id for i, _, _ in usable],
     )
     doc = {
-        "judge": spec,
+        "judge": the_judge.spec,
         "judge_fingerprint": fingerprint,
         "suite_version": suite_obj.version,
         "suite_name": suite_obj.name,
         "truth": "oracle" if oracle else "human",
         "labels": str(labels),
         "rows": len(results),
-        "judge_errors": sum(j not in binary for j, _, _ in results),
-        "judge_error_rate": sum(j not in binary for j, _, _ in results) / len(results),
-        "truth_errors": sum(t not in binary for _, t, _ in results),
+        "judge_errors": judge_errors,
+        "judge_error_rate": judge_errors / len(results),
+        "truth_errors": sum(t not in binary for _, t in results),
         **stats.to_json(),
     }
     record_calibration(doc, _home(home))

@@ -272,7 +272,13 @@ def test_calibrate_against_an_execution_oracle(home, tmp_path):
     )
     labels = tmp_path / "outputs.csv"
     labels.write_text("case_id,output,label\nc0,yes!,\nc0,nope!,\nc0,no,\n")
-    doc = calibrate_judge(str(suite), labels, judge=ref("length_judge"), oracle=True)
+    # A judge file never loaded before, slow to import: the workers must not race to load it.
+    fresh = tmp_path / "fresh_judge.py"
+    fresh.write_text(
+        "import time\ntime.sleep(0.2)\n\ndef judge(output, case, seed):\n"
+        "    return len(output) > 3\n"
+    )
+    doc = calibrate_judge(str(suite), labels, judge=f"{fresh}:judge", oracle=True)
     # exact: yes! passes, the rest fail; the length judge passes yes! and nope!.
     assert doc["truth"] == "oracle" and doc["confusion"] == {"tp": 1, "fp": 1, "fn": 0, "tn": 1}
     with pytest.raises(InputError, match="no judge to calibrate"):
