@@ -25,12 +25,20 @@ def record_calibration(doc: dict[str, Any], home: Path | None = None) -> None:
         con.execute(SCHEMA)
         con.execute(
             "INSERT INTO calibrations VALUES (?, ?, ?, ?, ?, ?)",
-            [doc["judge_fingerprint"], doc["judge"], doc["suite_version"], doc["truth"], now(),
-             json.dumps(doc)],
+            [
+                doc["judge_fingerprint"],
+                doc["judge"],
+                doc["suite_version"],
+                doc["truth"],
+                now(),
+                json.dumps(doc),
+            ],
         )
 
 
-def latest_calibrations(fingerprints: list[str], home: Path | None = None) -> dict[str, dict[str, Any]]:
+def latest_calibrations(
+    fingerprints: list[str], home: Path | None = None
+) -> dict[str, dict[str, Any]]:
     """fingerprint → its newest calibration document, for those that have one."""
     if not fingerprints:
         return {}

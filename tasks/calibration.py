@@ -36,8 +36,12 @@ class Calibration:
     level: float
 
     def to_json(self) -> dict[str, Any]:
-        doc: dict[str, Any] = {"items": self.items, "cases": self.cases,
-                               "confusion": dict(self.confusion), "ci_level": self.level}
+        doc: dict[str, Any] = {
+            "items": self.items,
+            "cases": self.cases,
+            "confusion": dict(self.confusion),
+            "ci_level": self.level,
+        }
         for name in METRICS:
             doc[name] = self.values[name]
             doc[f"{name}_ci"] = None if self.cis[name] is None else list(self.cis[name])
@@ -54,8 +58,12 @@ def _metrics(counts: NDArray[np.float64]) -> dict[str, NDArray[np.float64]]:
         judge_pass, truth_pass = (tp + fp) / total, (tp + fn) / total
         chance = judge_pass * truth_pass + (1 - judge_pass) * (1 - truth_pass)
         kappa = np.where(np.isclose(chance, 1.0), np.nan, (observed - chance) / (1 - chance))
-        return {"agreement": observed, "kappa": kappa,
-                "false_pass_rate": fp / (fp + tn), "false_fail_rate": fn / (fn + tp)}
+        return {
+            "agreement": observed,
+            "kappa": kappa,
+            "false_pass_rate": fp / (fp + tn),
+            "false_fail_rate": fn / (fn + tp),
+        }
 
 
 def _resampled_totals(
@@ -65,8 +73,10 @@ def _resampled_totals(
     labelled set never needs an (n_boot × cases × 4) array at once."""
     m = per_case.shape[0]
     rows = max(1, _CHUNK_ELEMENTS // (4 * m))
-    chunks = [per_case[rng.integers(0, m, size=(min(rows, n_boot - start), m))].sum(axis=1)
-              for start in range(0, n_boot, rows)]
+    chunks = [
+        per_case[rng.integers(0, m, size=(min(rows, n_boot - start), m))].sum(axis=1)
+        for start in range(0, n_boot, rows)
+    ]
     return np.concatenate(chunks)
 
 

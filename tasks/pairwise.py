@@ -46,8 +46,13 @@ class PairResult:
     error: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        doc = {"case_id": self.case_id, "sample_index": self.sample_index,
-               "a_first": self.a_first, "b_first": self.b_first, "outcome": self.outcome}
+        doc = {
+            "case_id": self.case_id,
+            "sample_index": self.sample_index,
+            "a_first": self.a_first,
+            "b_first": self.b_first,
+            "outcome": self.outcome,
+        }
         return doc | ({"error": self.error} if self.error else {})
 
 
@@ -76,13 +81,19 @@ def position_bias(results: Sequence[PairResult]) -> dict[str, int]:
 
 
 def compare(
-    judge: Judge, pairs: Sequence[Pair], *, workers: int = 4, seed: int = 0,
+    judge: Judge,
+    pairs: Sequence[Pair],
+    *,
+    workers: int = 4,
+    seed: int = 0,
     level: float = DEFAULT_LEVEL,
 ) -> dict[str, Any]:
     """Judge every pair in both orders; counts, position bias and A's win rate with a CI."""
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         results = list(pool.map(lambda p: judge_pair(judge, p), pairs))
-    counts = {o: sum(r.outcome == o for r in results) for o in ("a", "b", "tie", "inconsistent", "error")}
+    counts = {
+        o: sum(r.outcome == o for r in results) for o in ("a", "b", "tie", "inconsistent", "error")
+    }
     per_case: dict[str, list[float]] = {}
     for r in results:
         if r.outcome != "error":
@@ -102,7 +113,9 @@ def compare(
         "errors": counts["error"],
         "position_bias": position_bias(results),
         "win_rate_a": float(means.mean()) if means.size else None,
-        "win_rate_a_ci": list(bootstrap_mean_ci(means, seed=seed, level=level)) if means.size else None,
+        "win_rate_a_ci": list(bootstrap_mean_ci(means, seed=seed, level=level))
+        if means.size
+        else None,
         "win_rate_a_se": standard_error(means) if means.size else None,
         "ci_level": level,
         "results": [r.to_json() for r in results],
@@ -112,11 +125,22 @@ def compare(
 def pair_samples(a: Any, b: Any, cases_by_hash: dict[str, EvalCase]) -> list[Pair]:
     """Pairs of run A's and run B's samples of the same case (by case hash, so two suite
     versions pair on the cases they share) and the same sample index, in case order."""
-    b_outputs = {(h, i): o for h, i, o in zip(b["case_hash"].to_pylist(), b["sample_index"].to_pylist(),
-                                              b["output"].to_pylist(), strict=True)}
+    b_outputs = {
+        (h, i): o
+        for h, i, o in zip(
+            b["case_hash"].to_pylist(),
+            b["sample_index"].to_pylist(),
+            b["output"].to_pylist(),
+            strict=True,
+        )
+    }
     pairs = []
-    for h, i, o in zip(a["case_hash"].to_pylist(), a["sample_index"].to_pylist(),
-                       a["output"].to_pylist(), strict=True):
+    for h, i, o in zip(
+        a["case_hash"].to_pylist(),
+        a["sample_index"].to_pylist(),
+        a["output"].to_pylist(),
+        strict=True,
+    ):
         if (h, i) in b_outputs and h in cases_by_hash:
             pairs.append(Pair(cases_by_hash[h], i, o, b_outputs[(h, i)]))
     return sorted(pairs, key=lambda p: (p.case.id, p.sample_index))

@@ -29,7 +29,9 @@ def parse_label(text: str, where: str) -> bool | None:
 
 
 def label_verdict(passed: bool, labeller: str, note: str = "") -> Verdict:
-    detail = f"human label by {labeller}: {'pass' if passed else 'fail'}" + (f" ({note})" if note else "")
+    detail = f"human label by {labeller}: {'pass' if passed else 'fail'}" + (
+        f" ({note})" if note else ""
+    )
     return Verdict.ok(detail) if passed else Verdict.fail(Status.failed, detail)
 
 

@@ -66,8 +66,12 @@ class Draw:
     def to_json(self) -> dict[str, Any]:
         if self.passed is None:
             return {"seed": self.seed, "error": self.error}
-        return {"seed": self.seed, "passed": self.passed, "score": self.score,
-                "rationale": self.rationale[:RATIONALE_CHARS]}
+        return {
+            "seed": self.seed,
+            "passed": self.passed,
+            "score": self.score,
+            "rationale": self.rationale[:RATIONALE_CHARS],
+        }
 
 
 @dataclass(frozen=True)
@@ -107,7 +111,12 @@ def judge_params(case: EvalCase) -> tuple[str, str | None, int, dict[str, Any]]:
     """(function, rubric, samples, params) from a case's grader; `InputError` if malformed."""
     g = case.grader
     where = f"case {case.id!r}: judge grader"
-    spec, rubric, samples, params = g.get("function"), g.get("rubric"), g.get("samples", 1), g.get("params", {})
+    spec, rubric, samples, params = (
+        g.get("function"),
+        g.get("rubric"),
+        g.get("samples", 1),
+        g.get("params", {}),
+    )
     if not isinstance(spec, str) or not spec:
         raise InputError(f"{where} needs 'function' (MODULE:FUNC or openai:MODEL)")
     if rubric is not None and not isinstance(rubric, str):
@@ -127,8 +136,13 @@ def load_judge(
     if spec.startswith("openai:"):
         return _openai_judge(spec, rubric, samples, params)
     fn = load_callable(spec)
-    identity = {"judge": spec, "code": fn.code_sha256, "rubric": rubric, "params": params,
-                "samples": samples}
+    identity = {
+        "judge": spec,
+        "code": fn.code_sha256,
+        "rubric": rubric,
+        "params": params,
+        "samples": samples,
+    }
     return Judge(
         spec=spec,
         fingerprint=sha256_hex(canonical_json(identity)),
@@ -155,8 +169,14 @@ def _openai_judge(spec: str, rubric: str | None, samples: int, params: dict[str,
     except ValueError as exc:
         raise InputError(f"judge {spec!r}: {exc}") from None
     client = _shared_client(client.base_url, client.api_key, client.timeout_s, client.max_attempts)
-    identity = {"judge": "openai", "model": model, "base_url": client.base_url, "rubric": rubric,
-                "params": params, "samples": samples}
+    identity = {
+        "judge": "openai",
+        "model": model,
+        "base_url": client.base_url,
+        "rubric": rubric,
+        "params": params,
+        "samples": samples,
+    }
 
     def ask(system: str, user: str, seed: int) -> str:
         messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
@@ -178,9 +198,13 @@ def _openai_judge(spec: str, rubric: str | None, samples: int, params: dict[str,
 
 
 @lru_cache(maxsize=8)
-def _shared_client(base_url: str, api_key: str | None, timeout_s: float, attempts: int) -> OpenAIClient:
+def _shared_client(
+    base_url: str, api_key: str | None, timeout_s: float, attempts: int
+) -> OpenAIClient:
     # One connection pool per endpoint, not one per graded output.
-    return OpenAIClient(base_url=base_url, api_key=api_key, timeout_s=timeout_s, max_attempts=attempts)
+    return OpenAIClient(
+        base_url=base_url, api_key=api_key, timeout_s=timeout_s, max_attempts=attempts
+    )
 
 
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")
@@ -194,12 +218,22 @@ def render(template: str, case: EvalCase, **texts: str) -> str:
     """
     from tasks.agents import PROMPT_FIELDS
 
-    prompt = next((case.inputs[f] for f in PROMPT_FIELDS if isinstance(case.inputs.get(f), str)), None)
+    prompt = next(
+        (case.inputs[f] for f in PROMPT_FIELDS if isinstance(case.inputs.get(f), str)), None
+    )
     inputs = canonical_json(case.inputs).decode()
-    reference = case.reference if isinstance(case.reference, str) else (
-        "" if case.reference is None else canonical_json(case.reference).decode())
-    values = {"prompt": inputs if prompt is None else prompt, "inputs": inputs,
-              "reference": reference, "case_id": case.id, **texts}
+    reference = (
+        case.reference
+        if isinstance(case.reference, str)
+        else ("" if case.reference is None else canonical_json(case.reference).decode())
+    )
+    values = {
+        "prompt": inputs if prompt is None else prompt,
+        "inputs": inputs,
+        "reference": reference,
+        "case_id": case.id,
+        **texts,
+    }
     return _PLACEHOLDER.sub(lambda m: values.get(m[1], m[0]), template)
 
 
@@ -223,16 +257,28 @@ def parse_reply(text: str) -> Any:
     raise JudgeError(f"judge reply is not a verdict: {text[:200]!r}")
 
 
-_PASS_WORDS = {"pass": True, "passed": True, "yes": True, "true": True,
-               "fail": False, "failed": False, "no": False, "false": False}
+_PASS_WORDS = {
+    "pass": True,
+    "passed": True,
+    "yes": True,
+    "true": True,
+    "fail": False,
+    "failed": False,
+    "no": False,
+    "false": False,
+}
 
 
 def draw_from_result(result: Any, seed: int) -> Draw:
     """Normalize what a judge returned; anything unreadable is an error draw."""
     if isinstance(result, Verdict):
         if result.status not in (Status.passed, Status.failed):
-            return Draw(seed, None, error=f"judge verdict {result.status.value}: {result.detail}",
-                        safety=result.safety)
+            return Draw(
+                seed,
+                None,
+                error=f"judge verdict {result.status.value}: {result.detail}",
+                safety=result.safety,
+            )
         return Draw(seed, result.passed, result.score, result.detail, safety=result.safety)
     if isinstance(result, bool):
         return Draw(seed, result, float(result))
@@ -243,20 +289,34 @@ def draw_from_result(result: Any, seed: int) -> Draw:
         passed = result.get("passed", result.get("pass"))
         score = result.get("score", float(passed) if isinstance(passed, bool) else None)
         rationale = result.get("rationale", "")
-        if (isinstance(passed, bool) and isinstance(score, int | float) and not isinstance(score, bool)
-                and 0.0 <= score <= 1.0):
+        if (
+            isinstance(passed, bool)
+            and isinstance(score, int | float)
+            and not isinstance(score, bool)
+            and 0.0 <= score <= 1.0
+        ):
             return Draw(seed, passed, float(score), str(rationale))
     return Draw(seed, None, error=f"judge returned {str(result)[:200]!r}, not a verdict")
 
 
-_PREFERENCES: dict[str, Preference] = {"a": "first", "first": "first", "1": "first",
-                                       "b": "second", "second": "second", "2": "second",
-                                       "tie": "tie", "equal": "tie", "draw": "tie"}
+_PREFERENCES: dict[str, Preference] = {
+    "a": "first",
+    "first": "first",
+    "1": "first",
+    "b": "second",
+    "second": "second",
+    "2": "second",
+    "tie": "tie",
+    "equal": "tie",
+    "draw": "tie",
+}
 
 
 def preference_from_result(result: Any) -> Preference:
     winner = result.get("winner") if isinstance(result, Mapping) else result
-    choice = _PREFERENCES.get(str(winner).strip().lower()) if isinstance(winner, str | int) else None
+    choice = (
+        _PREFERENCES.get(str(winner).strip().lower()) if isinstance(winner, str | int) else None
+    )
     if choice is None:
         raise JudgeError(f"judge preference {str(result)[:200]!r} is not first/second/tie")
     return choice
@@ -273,8 +333,12 @@ def majority(draws: list[Draw], spec: str) -> tuple[Verdict, dict[str, Any]]:
     safety = tuple(v for d in draws for v in d.safety)
     errors = [d for d in draws if d.passed is None]
     passes = sum(bool(d.passed) for d in draws)
-    record: dict[str, Any] = {"seeds": [d.seed for d in draws], "draws": [d.to_json() for d in draws],
-                              "passes": passes, "errors": len(errors)}
+    record: dict[str, Any] = {
+        "seeds": [d.seed for d in draws],
+        "draws": [d.to_json() for d in draws],
+        "passes": passes,
+        "errors": len(errors),
+    }
     if errors:
         record["agreement"] = None
         detail = f"judge {spec}: {len(errors)}/{len(draws)} draw(s) errored: {errors[0].error}"
@@ -284,8 +348,10 @@ def majority(draws: list[Draw], spec: str) -> tuple[Verdict, dict[str, Any]]:
     passed = 2 * passes > j
     side = [d for d in draws if d.passed == passed]
     score = sum(d.score for d in draws) / j
-    detail = (f"judge {spec}: {passes}/{j} draw(s) pass (agreement {record['agreement']:.2f})"
-              f"{': ' + side[0].rationale[:300] if side and side[0].rationale else ''}")
+    detail = (
+        f"judge {spec}: {passes}/{j} draw(s) pass (agreement {record['agreement']:.2f})"
+        f"{': ' + side[0].rationale[:300] if side and side[0].rationale else ''}"
+    )
     if passed:
         return Verdict.ok(detail, score=score, safety=safety), record
     return Verdict.fail(Status.failed, detail, score=score, safety=safety), record
@@ -301,7 +367,10 @@ def judge(output: str, case: EvalCase, trace: dict) -> Verdict:
     trace["judge"] = {"spec": j.spec, "fingerprint": j.fingerprint}
     if not output.strip():
         return Verdict.fail(Status.empty, "empty output: nothing to judge")
-    draws = [j.draw(output, case, draw_seed("judge", case.case_hash, output, i)) for i in range(j.samples)]
+    draws = [
+        j.draw(output, case, draw_seed("judge", case.case_hash, output, i))
+        for i in range(j.samples)
+    ]
     verdict, record = majority(draws, j.spec)
     trace["judge"].update(record)
     return verdict
