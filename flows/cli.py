@@ -322,6 +322,17 @@ def report_cmd(run_id: str, out: Annotated[Path, typer.Option("--out", help="HTM
     typer.echo(f"wrote {write_report(run_id, out)}")
 
 
+def _mount_judging() -> None:
+    from flows.judging import compare, judge_app, labels_app
+
+    app.add_typer(judge_app, name="judge")
+    app.add_typer(labels_app, name="labels")
+    app.command("compare")(compare)
+
+
+_mount_judging()
+
+
 def main(argv: list[str] | None = None) -> int:
     # Standalone click handles usage errors (exit 2) and --help; bad input found by our own
     # code surfaces as InputError and becomes the one-line message.

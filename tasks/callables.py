@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,16 +39,22 @@ class UserCallable:
 _module_hashes: dict[str, str] = {}
 
 
+# A module sits in sys.modules before its code has run: another thread loading the same
+# file at that moment would see it half-initialised. Loading is rare; serialise it.
+_LOADING = threading.RLock()
+
+
 def load_callable(ref: str, base: Path | None = None) -> UserCallable:
     """Resolve `ref`; raises `InputError` with a one-line message naming what is missing."""
     target, sep, name = ref.rpartition(":")
     if not sep or not target or not name:
         raise InputError(f"{ref!r}: expected MODULE:FUNCTION or path/to/file.py:FUNCTION")
     base = base or Path.cwd()
-    if target.endswith(".py") or "/" in target:
-        module, source, digest = _load_file(ref, (base / target).resolve())
-    else:
-        module, source, digest = _import_module(ref, target, base)
+    with _LOADING:
+        if target.endswith(".py") or "/" in target:
+            module, source, digest = _load_file(ref, (base / target).resolve())
+        else:
+            module, source, digest = _import_module(ref, target, base)
     func = getattr(module, name, None)
     if func is None:
         raise InputError(f"{ref!r}: {target} has no attribute {name!r}")
