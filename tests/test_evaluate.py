@@ -175,3 +175,16 @@ def test_cli_run_json_is_one_document_and_bad_input_exits_2(prefect_harness, hom
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 2, (bad, err)
         assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+
+
+def test_flow_gates_against_a_baseline(prefect_harness, home, tmp_path):
+    from flows.evaluate import evaluate
+
+    suite = write_suite(tmp_path / "toy.yaml", 30)
+    good = evaluate(suite=str(suite), agent=agent("better"), n=4, k=[1])
+    bad = evaluate(suite=str(suite), agent=agent("worse"), n=4, k=[1], baseline=good["run_id"])
+    assert bad["gate"]["decision"] == "block" and bad["gate"]["verdict"] == "regressed"
+    better = evaluate(suite=str(suite), agent=agent("better"), n=4, k=[1], baseline=bad["run_id"])
+    assert better["gate"]["decision"] == "pass" and better["gate"]["verdict"] == "improved"
+    same = evaluate(suite=str(suite), agent=agent("better"), n=4, k=[1], seed=9, baseline=good["run_id"])
+    assert same["gate"]["decision"] == "pass" and same["gate"]["verdict"] == "inconclusive"
