@@ -24,5 +24,9 @@ lint: $(STAMP)
 bench: $(STAMP)
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
+# A local Prefect server with its UI on 127.0.0.1 (PORT=4300 make server for another port).
+server: $(STAMP)
+	@$(PY) -c "from flows.server import serve; serve($${PORT:-4200})"
+
 clean:
 	rm -rf .evalpipe

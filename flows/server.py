@@ -9,6 +9,7 @@ is not Prefect's default 4200, so it is always set in the server's environment.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -127,12 +128,16 @@ def serve(port: int = 4200, background: bool = False) -> str:
     with open(log_path, "ab") as log:
         server = start_server(port, log=log)
     print(f"Prefect UI: {server.url}")
-    print(f"export PREFECT_API_URL={server.api_url}")
+    print(f"export PREFECT_API_URL={server.api_url}", flush=True)
     if background:
-        print(f"server pid {server.process.pid}; log {log_path}")
+        print(f"server pid {server.process.pid}; log {log_path}", flush=True)
         return server.url
+    # The server has its own session, so Ctrl-C or a SIGTERM reaches only this process.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         server.process.wait()
     except KeyboardInterrupt:
+        pass
+    finally:
         server.stop()
     return server.url
