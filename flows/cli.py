@@ -174,7 +174,7 @@ def run(
     # Refuse bad input here, before Prefect starts: a one-line message, not a failed flow run.
     suite_obj = load_suite_ref(suite)
     load_agent(agent)
-    if baseline:
+    if baseline and baseline != "previous":
         from storage import db
 
         if db.get_run(baseline) is None:
@@ -312,6 +312,17 @@ def gate_cmd(
         typer.echo("\n".join(f"  - {r}" for r in result["reasons"]))
     if result["decision"] == "block":
         raise typer.Exit(1)
+
+
+@app.command("server")
+def server_cmd(
+    port: Annotated[int, typer.Option("--port", min=1, max=65535)] = 4200,
+    background: Annotated[bool, typer.Option("--background", help="Leave it running.")] = False,
+) -> None:
+    """Start a local Prefect server with its UI on 127.0.0.1 and print the URL."""
+    from flows.server import serve
+
+    serve(port, background)
 
 
 @app.command("report")
