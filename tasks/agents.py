@@ -29,6 +29,7 @@ from typing import Any, Protocol
 from urllib.parse import parse_qsl
 
 from tasks.callables import load_callable
+from tasks.jsonl import object_lines
 from tasks.models import EvalCase, InputError, canonical_json, sha256_hex
 from tasks.openai_client import EndpointError, OpenAIClient
 
@@ -287,15 +288,7 @@ def _load_replay(spec: str, rest: str, base: Path) -> ReplayAgent:
 def parse_replay(text: str, where: str) -> dict[str, tuple[str, ...]]:
     """Recorded outputs per case id, in file order. `InputError` names the bad line."""
     outputs: dict[str, list[str]] = {}
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{where}: line {lineno}: malformed JSON: {exc.msg}") from None
-        if not isinstance(record, dict):
-            raise InputError(f"{where}: line {lineno}: expected a JSON object")
+    for lineno, record in object_lines(text, where):
         fields = next(((i, o) for i, o in REPLAY_FORMATS if i in record and o in record), None)
         if fields is None:
             known = ", ".join(f"{i}+{o}" for i, o in REPLAY_FORMATS)

@@ -8,7 +8,6 @@ whichever of the two formats it is written in.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from tasks.jsonl import object_lines
 from tasks.models import EvalCase, EvalSuite, InputError
 
 
@@ -91,15 +91,7 @@ def _parse_yaml(path: Path, text: str) -> tuple[str, list[tuple[str, Any]], dict
 
 
 def _parse_jsonl(path: Path, text: str) -> list[tuple[str, Any]]:
-    cases = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            cases.append((f"line {lineno}", json.loads(line)))
-        except json.JSONDecodeError as exc:
-            raise SuiteError(f"{path}: line {lineno}: malformed JSON: {exc.msg}") from None
-    return cases
+    return [(f"line {lineno}", case) for lineno, case in object_lines(text, str(path), SuiteError)]
 
 
 def build_suite(

@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from tasks.dataset import SuiteError, build_suite
+from tasks.jsonl import object_lines
 from tasks.models import EvalSuite
 
 
@@ -62,16 +63,9 @@ def swebench_suite(instances: Path, repo_root: Path | None = None) -> EvalSuite:
     if not instances.is_file():
         raise SuiteError(f"{instances}: no such file")
     raw = []
-    for lineno, line in enumerate(instances.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
+    text = instances.read_text(encoding="utf-8")
+    for lineno, inst in object_lines(text, str(instances), SuiteError):
         where = f"{instances}: line {lineno}"
-        try:
-            inst = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise SuiteError(f"{where}: malformed JSON: {exc.msg}") from None
-        if not isinstance(inst, dict):
-            raise SuiteError(f"{where}: an instance must be a JSON object")
         missing = [k for k in ("instance_id", "repo", "base_commit") if not inst.get(k)]
         if missing:
             raise SuiteError(f"{where}: missing {', '.join(missing)}")
