@@ -149,7 +149,7 @@ def _quiet_prefect() -> None:
 
 @app.command("run")
 def run(
-    suite: Annotated[str, typer.Argument(help="Suite file, git URL or stored version.")],
+    suite: Annotated[str, typer.Argument(help="Suite file or stored suite version.")],
     agent: Annotated[str, typer.Option("--agent", help="Agent spec (python:, cmd:, replay:, reference, openai:).")],
     n: Annotated[int, typer.Option("-n", min=1, help="Samples per case.")] = 1,
     k: Annotated[str, typer.Option("-k", help="Comma-separated k values for pass@k.")] = "1",

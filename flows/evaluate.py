@@ -53,9 +53,8 @@ progress_hook: ContextVar[Callable[[int, int], None] | None] = ContextVar("progr
 # the progress bar, few enough that Prefect's ~10 ms per task stays small.
 TASKS_PER_WORKER = 16
 
-# `baseline="previous"` gates against the newest matching run among this many recent runs.
+# `baseline="previous"`: gate against the newest completed run of the same suite and agent.
 PREVIOUS = "previous"
-PREVIOUS_SCAN = 1000
 
 
 def _run_name() -> str:
@@ -166,7 +165,7 @@ def evaluate(
     Prefect's parameter form takes its field descriptions from this section.
 
     Args:
-        suite: Suite file path or git URL, or a stored suite version.
+        suite: Suite file path, or a stored suite version (full or an unambiguous prefix).
         agent: Agent spec: python:MOD:FUNC, cmd:..., replay:FILE, reference, openai:MODEL.
         n: Samples per case.
         k: The k of each pass@k to report.
@@ -188,7 +187,7 @@ def evaluate(
     workers = workers or os.cpu_count() or 1
 
     if baseline == PREVIOUS:
-        baseline = previous_run(suite_obj.version, agent_obj.fingerprint, home)
+        baseline = db.latest_completed_run(suite_obj.version, agent_obj.fingerprint, home)
 
     fresh = not snapshot_path(suite_obj.version, home).exists()
     snapshot.with_options(refresh_cache=fresh)(suite_obj, str(home))
@@ -225,15 +224,6 @@ def evaluate(
         raise
     _publish(summary)
     return summary
-
-
-def previous_run(suite_version: str, agent_fingerprint: str, home: Path) -> str | None:
-    """The newest completed run of this suite version and agent: a scheduled run's baseline."""
-    for run in db.list_runs(home, limit=PREVIOUS_SCAN):
-        if (run["status"], run["suite_version"], run["agent_fingerprint"]) == (
-            "completed", suite_version, agent_fingerprint):
-            return run["run_id"]
-    return None
 
 
 def _reuse_cached(run_id: str, planned: list[PlannedSample], home: Path) -> list[PlannedSample]:

@@ -237,3 +237,16 @@ def safety_failed(run_id: str, home: Path | None = None) -> bool:
             "SELECT count(*) FROM samples WHERE run_id = ? AND len(safety) > 0", [run_id]
         ).fetchone()
     return hits > 0
+
+
+def latest_completed_run(suite_version: str, agent_fingerprint: str, home: Path | None = None) -> str | None:
+    """The newest completed run of this suite version and agent (a scheduled run's baseline)."""
+    if not db_path(home).exists():
+        return None
+    with connect(home, read_only=True) as con:
+        row = con.execute(
+            "SELECT run_id FROM runs WHERE status = 'completed' AND suite_version = ?"
+            " AND agent_fingerprint = ? ORDER BY started_at DESC LIMIT 1",
+            [suite_version, agent_fingerprint],
+        ).fetchone()
+    return row[0] if row else None
