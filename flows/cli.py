@@ -43,30 +43,33 @@ def _suite_summary(suite) -> dict[str, Any]:
     return {"version": suite.version, "name": suite.name, "cases": len(suite.cases)}
 
 
-@suite_app.command("hash")
-def suite_hash(path: Path, as_json: JsonFlag = False) -> None:
-    """Print a suite's content version without writing anything."""
-    from tasks.dataset import load_suite
+SuiteArg = Annotated[str, typer.Argument(help="Suite file, git URL#PATH (URL@REF#PATH), or stored version.")]
 
-    suite = load_suite(path)
+
+@suite_app.command("hash")
+def suite_hash(path: SuiteArg, as_json: JsonFlag = False) -> None:
+    """Print a suite's content version without writing anything."""
+    from tasks.dataset import load_suite_ref
+
+    suite = load_suite_ref(path)
     doc = _suite_summary(suite)
     emit(doc, as_json, f"{suite.version}  {suite.name}  ({len(suite.cases)} cases)")
 
 
 @suite_app.command("snapshot")
-def suite_snapshot(path: Path, as_json: JsonFlag = False) -> None:
+def suite_snapshot(path: SuiteArg, as_json: JsonFlag = False) -> None:
     """Write snapshots/<version>.parquet (once; an existing snapshot is never rewritten)."""
     from storage.snapshots import write_snapshot
-    from tasks.dataset import load_suite
+    from tasks.dataset import load_suite_ref
 
-    suite = load_suite(path)
+    suite = load_suite_ref(path)
     out = write_snapshot(suite)
     doc = {**_suite_summary(suite), "path": str(out)}
     emit(doc, as_json, f"{suite.version}  {suite.name}  ({len(suite.cases)} cases) -> {out}")
 
 
 @suite_app.command("diff")
-def suite_diff(old: str, new: str, as_json: JsonFlag = False) -> None:
+def suite_diff(old: SuiteArg, new: SuiteArg, as_json: JsonFlag = False) -> None:
     """Added, removed and changed case ids between two suites (files or stored versions)."""
     from tasks.dataset import diff_suites, load_suite_ref
 
@@ -80,7 +83,7 @@ def suite_diff(old: str, new: str, as_json: JsonFlag = False) -> None:
 
 @suite_app.command("validate")
 def suite_validate(
-    path: str,
+    path: SuiteArg,
     reps: Annotated[int, typer.Option("--reps", min=1, help="Gradings of each reference.")] = 3,
     workers: Annotated[int, typer.Option("--workers", min=1)] = 2,
     as_json: JsonFlag = False,
@@ -149,7 +152,7 @@ def _quiet_prefect() -> None:
 
 @app.command("run")
 def run(
-    suite: Annotated[str, typer.Argument(help="Suite file or stored suite version.")],
+    suite: SuiteArg,
     agent: Annotated[str, typer.Option("--agent", help="Agent spec (python:, cmd:, replay:, reference, openai:).")],
     n: Annotated[int, typer.Option("-n", min=1, help="Samples per case.")] = 1,
     k: Annotated[str, typer.Option("-k", help="Comma-separated k values for pass@k.")] = "1",

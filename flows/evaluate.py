@@ -32,6 +32,7 @@ from prefect.artifacts import (
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import as_completed
 from prefect.runtime import flow_run
+from prefect.states import Completed
 from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner, ThreadPoolTaskRunner
 from pydantic import Field
 
@@ -39,7 +40,7 @@ from storage import db, evalpipe_home
 from storage.snapshots import snapshot_path, write_snapshot
 from tasks.agents import load_agent
 from tasks.aggregate import aggregate
-from tasks.dataset import load_suite_ref
+from tasks.dataset import resolve_suite
 from tasks.models import EvalSuite, InputError
 from tasks.report import slices_table, summary_markdown
 from tasks.sampling import PlannedSample, plan_samples, run_batch
@@ -165,7 +166,8 @@ def evaluate(
     Prefect's parameter form takes its field descriptions from this section.
 
     Args:
-        suite: Suite file path, or a stored suite version (full or an unambiguous prefix).
+        suite: Suite file path; a suite in git as URL#PATH or URL@REF#PATH; or a stored
+            suite version (full or an unambiguous prefix).
         agent: Agent spec: python:MOD:FUNC, cmd:..., replay:FILE, reference, openai:MODEL.
         n: Samples per case.
         k: The k of each pass@k to report.
@@ -182,7 +184,7 @@ def evaluate(
     if any(x < 1 for x in k):
         raise InputError(f"k: every k must be at least 1, got {k}")
     home = evalpipe_home()
-    suite_obj = load_suite_ref(suite)
+    suite_obj, suite_source = resolve_suite(suite)
     agent_obj = load_agent(agent)
     workers = workers or os.cpu_count() or 1
 
@@ -204,7 +206,7 @@ def evaluate(
         "regrade": regrade,
         "flow_run_id": str(flow_run.id) if flow_run.id else None,
         "config": {"runner": runner, "workers": workers, "batch_size": batch_size, "regrade": regrade,
-                   "baseline": baseline, "suite_ref": suite},
+                   "baseline": baseline, "suite_ref": suite, "suite_source": suite_source},
     }
     db.start_run(run, home)
     try:
@@ -223,6 +225,11 @@ def evaluate(
         db.finish_run(run["run_id"], "failed", None, home)
         raise
     _publish(summary)
+    gate = summary.get("gate")
+    if gate and gate["decision"] == "block":
+        # Still Completed (the run and its numbers are sound), but named so that the UI's
+        # run list, filters and automations can tell a blocked release at a glance.
+        return Completed(data=summary, name="Blocked", message="gate blocked: " + "; ".join(gate["reasons"]))
     return summary
 
 

@@ -36,6 +36,8 @@ _Yaml12Loader.add_implicit_resolver(
     "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
 )
 
+SUITE_SUFFIXES = {".yaml": "yaml", ".yml": "yaml", ".jsonl": "jsonl"}
+
 # Keys a suite file may set for every case; a case's own value wins.
 SUITE_DEFAULT_KEYS = ("safety", "grader_defaults")
 
@@ -50,24 +52,25 @@ def load_suite(path: str | Path) -> EvalSuite:
     except (OSError, UnicodeDecodeError) as exc:
         raise SuiteError(f"{path}: cannot read: {exc}") from None
     suffix = path.suffix.lower()
-    if suffix in {".yaml", ".yml"}:
-        name, raw_cases, defaults = _parse_yaml(path, text)
-    elif suffix == ".jsonl":
-        name, raw_cases, defaults = path.stem, _parse_jsonl(path, text), {}
+    if SUITE_SUFFIXES.get(suffix) == "yaml":
+        name, raw_cases, defaults = _parse_yaml(str(path), path.stem, text)
+    elif SUITE_SUFFIXES.get(suffix) == "jsonl":
+        name, raw_cases, defaults = path.stem, _parse_jsonl(str(path), text), {}
     else:
         raise SuiteError(f"{path}: unknown suite format {suffix!r} (expected .yaml, .yml or .jsonl)")
     return build_suite(name, raw_cases, defaults, source=str(path))
 
 
 def parse_suite_text(name: str, text: str, fmt: str, source: str) -> EvalSuite:
-    """Parse suite text that did not come from a local file (e.g. fetched from git)."""
+    """Parse suite text that did not come from a local file (e.g. read from git); `name`
+    is the default name, `source` names the origin in error messages."""
     if fmt == "jsonl":
-        return build_suite(name, _parse_jsonl(Path(source), text), {}, source=source)
-    suite_name, raw_cases, defaults = _parse_yaml(Path(source), text)
-    return build_suite(suite_name or name, raw_cases, defaults, source=source)
+        return build_suite(name, _parse_jsonl(source, text), {}, source=source)
+    suite_name, raw_cases, defaults = _parse_yaml(source, name, text)
+    return build_suite(suite_name, raw_cases, defaults, source=source)
 
 
-def _parse_yaml(path: Path, text: str) -> tuple[str, list[tuple[str, Any]], dict[str, Any]]:
+def _parse_yaml(path: str, stem: str, text: str) -> tuple[str, list[tuple[str, Any]], dict[str, Any]]:
     try:
         doc = yaml.load(text, Loader=_Yaml12Loader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
@@ -80,7 +83,7 @@ def _parse_yaml(path: Path, text: str) -> tuple[str, list[tuple[str, Any]], dict
     unknown = set(doc) - {"name", "cases", "description", *SUITE_DEFAULT_KEYS}
     if unknown:
         raise SuiteError(f"{path}: unknown top-level key(s): {', '.join(sorted(map(str, unknown)))}")
-    name = doc.get("name", path.stem)
+    name = doc.get("name", stem)
     if not isinstance(name, str) or not name:
         raise SuiteError(f"{path}: 'name' must be a non-empty string")
     cases = doc.get("cases")
@@ -90,8 +93,8 @@ def _parse_yaml(path: Path, text: str) -> tuple[str, list[tuple[str, Any]], dict
     return name, [(f"case #{i + 1}", c) for i, c in enumerate(cases)], defaults
 
 
-def _parse_jsonl(path: Path, text: str) -> list[tuple[str, Any]]:
-    return [(f"line {lineno}", case) for lineno, case in object_lines(text, str(path), SuiteError)]
+def _parse_jsonl(path: str, text: str) -> list[tuple[str, Any]]:
+    return [(f"line {lineno}", case) for lineno, case in object_lines(text, path, SuiteError)]
 
 
 def build_suite(
@@ -162,12 +165,23 @@ def diff_suites(old: EvalSuite, new: EvalSuite) -> SuiteDiff:
 
 
 def load_suite_ref(ref: str) -> EvalSuite:
-    """A suite from a file path or a stored version (full or an unambiguous prefix)."""
-    from storage.snapshots import find_snapshot, read_snapshot
+    """A suite from a file path, a git URL (`URL[@REF]#PATH`) or a stored version."""
+    return resolve_suite(ref)[0]
 
-    if Path(ref).exists():
-        return load_suite(ref)
-    snapshot = find_snapshot(ref)
-    if snapshot is not None:
-        return read_snapshot(snapshot)
-    raise SuiteError(f"{ref}: neither a suite file nor a stored suite version")
+
+def resolve_suite(ref: str) -> tuple[EvalSuite, str]:
+    """The suite `ref` names, and where it was found, pinned: a file's absolute path, a
+    git URL with the commit it was read at, or the snapshot of a stored version."""
+    from storage.snapshots import find_snapshot, read_snapshot
+    from tasks.git_suite import load_git_suite, parse_git_ref
+
+    git_ref = parse_git_ref(ref)
+    if git_ref is not None:
+        return load_git_suite(git_ref)
+    if not Path(ref).exists():
+        snapshot = find_snapshot(ref)
+        if snapshot is not None:
+            return read_snapshot(snapshot), str(snapshot)
+        if Path(ref).suffix.lower() not in SUITE_SUFFIXES:
+            raise SuiteError(f"{ref}: neither a suite file, a git URL#PATH nor a stored suite version")
+    return load_suite(ref), str(Path(ref).resolve())

@@ -31,7 +31,7 @@ from tasks.models import InputError, sha256_hex
 # No credential prompts: a URL that needs them fails instead of hanging a worker.
 _GIT_ENV = {"GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "true", "GIT_LFS_SKIP_SMUDGE": "1"}
 _URL = re.compile(r"^(?:[a-zA-Z][a-zA-Z0-9+.-]*://|[\w.-]+@[\w.-]+:)")
-_FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
+FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
 # Commits known to be in a mirror: a full sha names the same commit forever.
 _known: dict[tuple[Path, str], str] = {}
 
@@ -45,13 +45,20 @@ def run_git(cwd: Path | None, *args: str) -> str:
     try:
         return git.Git(cwd).execute(["git", *args], env=_GIT_ENV)
     except git.GitCommandError as exc:
-        lines = [ln for ln in str(exc.stderr or "").strip(" '\n").splitlines() if ln.strip()]
-        raise RepoError(f"git {args[0]}: {lines[-1] if lines else exc}") from None
+        lines = [ln.strip() for ln in str(exc.stderr or "").strip(" '\n").splitlines() if ln.strip()]
+        # git's first fatal line names the problem; what follows is advice.
+        fatal = [ln for ln in lines if ln.startswith(("fatal:", "error:"))]
+        raise RepoError(f"git {args[0]}: {(fatal or lines or [exc])[0]}") from None
+
+
+def is_url(text: str) -> bool:
+    """`scheme://...` or scp-style `user@host:path`."""
+    return bool(_URL.match(text))
 
 
 def source_of(repo: str) -> str:
     """A git URL as given; a local path made absolute (relative to the working directory)."""
-    if _URL.match(repo):
+    if is_url(repo):
         return repo
     path = Path(repo).expanduser()
     if not path.exists():
@@ -100,6 +107,15 @@ def mirror(repo: str, home: Path | None = None) -> Path:
     return dest
 
 
+def fetch(mirror_path: Path, repo: str) -> None:
+    """Bring the mirror's branches and tags up to date with the source."""
+    with _flock(mirror_path.with_suffix(".lock")):
+        try:
+            run_git(mirror_path, "fetch", "--quiet", "--prune", "origin")
+        except RepoError as exc:
+            raise RepoError(f"{repo}: cannot fetch: {exc}") from None
+
+
 def _resolve(mirror_path: Path, commit: str) -> str | None:
     try:
         return run_git(mirror_path, "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}")
@@ -127,7 +143,7 @@ def ensure_commit(mirror_path: Path, commit: str, repo: str) -> str:
                 sha = _resolve(mirror_path, commit)
     if sha is None:
         raise RepoError(f"{repo}: commit {commit} not found")
-    if _FULL_SHA.match(commit):
+    if FULL_SHA.match(commit):
         _known[(mirror_path, commit)] = sha
     return sha
 

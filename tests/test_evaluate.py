@@ -177,6 +177,14 @@ def test_cli_run_json_is_one_document_and_bad_input_exits_2(prefect_harness, hom
         assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
 
 
+def flow_run_state(summary: dict) -> tuple[str, str, str | None]:
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        state = client.read_flow_run(summary["flow_run_id"]).state
+    return state.type.value, state.name, state.message
+
+
 def test_flow_gates_against_a_baseline(prefect_harness, home, tmp_path):
     from flows.evaluate import evaluate
 
@@ -184,7 +192,39 @@ def test_flow_gates_against_a_baseline(prefect_harness, home, tmp_path):
     good = evaluate(suite=str(suite), agent=agent("better"), n=4, k=[1])
     bad = evaluate(suite=str(suite), agent=agent("worse"), n=4, k=[1], baseline=good["run_id"])
     assert bad["gate"]["decision"] == "block" and bad["gate"]["verdict"] == "regressed"
+    assert flow_run_state(bad) == ("COMPLETED", "Blocked", "gate blocked: " + "; ".join(bad["gate"]["reasons"]))
+    assert flow_run_state(good)[:2] == ("COMPLETED", "Completed")
     better = evaluate(suite=str(suite), agent=agent("better"), n=4, k=[1], baseline=bad["run_id"])
     assert better["gate"]["decision"] == "pass" and better["gate"]["verdict"] == "improved"
     same = evaluate(suite=str(suite), agent=agent("better"), n=4, k=[1], seed=9, baseline=good["run_id"])
     assert same["gate"]["decision"] == "pass" and same["gate"]["verdict"] == "inconclusive"
+
+
+def test_regrade_counts_environment_flakes_apart_from_the_agent(prefect_harness, home, tmp_path, counted):
+    from flows.evaluate import evaluate
+    from flows.report import write_report
+
+    predicate = ROOT / "tests/support/predicates.py"
+    lines = ["name: env", "cases:"]
+    for i in range(4):
+        lines.append(f"  - {{id: stable{i}, inputs: {{p: 1.0}}, reference: 'yes', grader: {{kind: exact}}}}")
+        lines.append(f"  - {{id: unstable{i}, inputs: {{p: 1.0}}, grader: {{kind: predicate,"
+                     f" function: '{predicate}:alternating'}}}}")
+    suite = tmp_path / "env.yaml"
+    suite.write_text("\n".join(lines) + "\n")
+    plain = evaluate(suite=str(suite), agent=agent("flaky"), n=2, k=[1], workers=1)
+    assert "env_flaky_samples" not in plain
+
+    counted.unlink()
+    out = evaluate(suite=str(suite), agent=agent("flaky"), n=2, k=[1], workers=1, regrade=2)
+    # Regrading draws afresh (a cached verdict cannot be re-judged) and grades each output 3 times.
+    assert out["cached_samples"] == 0 and len(calls(counted)) == 16
+    assert out["env_flaky_samples"] == 8  # every sample of the unstable grader, none of the exact one
+    traces = dict(query(home, "SELECT case_id || '#' || sample_index, trace FROM samples WHERE run_id = ?",
+                        out["run_id"]))
+    assert json.loads(traces["stable0#0"])["regrade"] == ["passed", "passed"]
+    assert json.loads(traces["stable0#0"])["env_flaky"] is False
+    unstable = json.loads(traces["unstable0#1"])
+    assert unstable["env_flaky"] is True and len(unstable["regrade"]) == 2
+    html = write_report(out["run_id"], tmp_path / "report.html").read_text()
+    assert "environment flakes" in html
