@@ -16,6 +16,7 @@ from typing import Annotated, Any
 import typer
 
 from tasks.models import InputError
+from tasks.report import with_ci
 
 judge_app = typer.Typer(
     no_args_is_help=True, help="Model judges: calibrate them before trusting them."
@@ -165,36 +166,11 @@ def calibrate_judge(
         "truth_errors": sum(t not in binary for _, t in results),
         **stats.to_json(),
     }
-    record_calibration(doc, _home(home))
-    return doc
-
-
-def run_calibrations(run_id: str, home: Path | None = None) -> list[dict[str, Any]]:
-    """For the report: each judge that graded the run, with its newest calibration or None."""
-    from storage.calibrations import latest_calibrations, run_judges
-
-    judges = run_judges(run_id, _home(home))
-    found = latest_calibrations(list(judges), _home(home))
-    return [
-        {"judge": spec, "judge_fingerprint": fp, "calibration": found.get(fp)}
-        for fp, spec in judges.items()
-    ]
+    return record_calibration(doc, _home(home))
 
 
 def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.1f}%"
-
-
-def _with_ci(doc: dict[str, Any], key: str) -> str:
-    ci = doc.get(f"{key}_ci")
-    value = doc[key]
-    if key == "kappa":
-        return (
-            "n/a"
-            if value is None
-            else f"{value:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
-        )
-    return _pct(value) + (f" [{_pct(ci[0])}, {_pct(ci[1])}]" if ci else "")
 
 
 @judge_app.command("calibrate")
@@ -230,10 +206,10 @@ def calibrate_cmd(
             [
                 f"judge {doc['judge']} ({doc['judge_fingerprint'][:12]}) vs {doc['truth']} on {doc['items']} outputs"
                 f" of {doc['cases']} cases; {int(doc['ci_level'] * 100)}% CIs",
-                f"agreement       {_with_ci(doc, 'agreement')}",
-                f"Cohen's kappa   {_with_ci(doc, 'kappa')}",
-                f"false-pass rate {_with_ci(doc, 'false_pass_rate')}  (judge passed, truth failed)",
-                f"false-fail rate {_with_ci(doc, 'false_fail_rate')}  (judge failed, truth passed)",
+                f"agreement       {with_ci(doc, 'agreement')}",
+                f"Cohen's kappa   {with_ci(doc, 'kappa')}",
+                f"false-pass rate {with_ci(doc, 'false_pass_rate')}  (judge passed, truth failed)",
+                f"false-fail rate {with_ci(doc, 'false_fail_rate')}  (judge failed, truth passed)",
                 f"confusion tp {c['tp']} fp {c['fp']} fn {c['fn']} tn {c['tn']};"
                 f" judge errors {doc['judge_errors']} ({_pct(doc['judge_error_rate'])})",
             ]

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from storage import db
+from storage.calibrations import run_calibrations
 from tasks.models import InputError
 from tasks.report import render_report
 
@@ -48,7 +49,8 @@ def write_report(run_id: str, out: Path, home: Path | None = None) -> Path:
     baseline = db.get_run(gate["baseline"], home) if gate else None
     html = render_report(summary, case_rows(run_id, home),
                          baseline=(baseline or {}).get("summary"), gate=gate,
-                         calibration=_calibration(summary))
+                         calibration=_calibration(summary),
+                         judges=run_calibrations(run_id, home))
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
     with os.fdopen(fd, "w", encoding="utf-8") as fh:

@@ -20,7 +20,11 @@ CREATE TABLE IF NOT EXISTS calibrations (
 """
 
 
-def record_calibration(doc: dict[str, Any], home: Path | None = None) -> None:
+def record_calibration(doc: dict[str, Any], home: Path | None = None) -> dict[str, Any]:
+    """Store a calibration; returns it as stored, stamped with its `created_at` (so a
+    report can say when the judge was measured)."""
+    created = now()
+    stored = {**doc, "created_at": created.isoformat()}
     with connect(home) as con:
         con.execute(SCHEMA)
         con.execute(
@@ -30,10 +34,11 @@ def record_calibration(doc: dict[str, Any], home: Path | None = None) -> None:
                 doc["judge"],
                 doc["suite_version"],
                 doc["truth"],
-                now(),
-                json.dumps(doc),
+                created,
+                json.dumps(stored),
             ],
         )
+    return stored
 
 
 def latest_calibrations(
@@ -53,13 +58,27 @@ def latest_calibrations(
     return {fp: json.loads(result) for fp, result in rows}
 
 
-def run_judges(run_id: str, home: Path | None = None) -> dict[str, str]:
-    """fingerprint → judge spec of every judge that graded a sample of the run."""
+def run_judges(run_id: str, home: Path | None = None) -> list[dict[str, Any]]:
+    """Every judge that graded a sample of the run: its spec and fingerprint, how many
+    samples it judged (an empty output is not put to the judge) and how many of those
+    errored (the instrument broke: SPEC §4 makes that `error`, not `failed`)."""
     with connect(home, read_only=True) as con:
         rows = con.execute(
-            "SELECT DISTINCT json_extract_string(trace, '$.judge.fingerprint'),"
-            " json_extract_string(trace, '$.judge.spec') FROM samples"
-            " WHERE run_id = ? AND json_extract_string(trace, '$.judge.fingerprint') IS NOT NULL",
+            "SELECT json_extract_string(trace, '$.judge.fingerprint') AS fp,"
+            " any_value(json_extract_string(trace, '$.judge.spec')),"
+            " count(*) FILTER (WHERE status <> 'empty'), count(*) FILTER (WHERE status = 'error')"
+            " FROM samples WHERE run_id = ? AND fp IS NOT NULL GROUP BY fp ORDER BY fp",
             [run_id],
         ).fetchall()
-    return dict(sorted(rows))
+    return [
+        {"judge": spec, "judge_fingerprint": fp, "judged": judged, "errors": errors}
+        for fp, spec, judged, errors in rows
+    ]
+
+
+def run_calibrations(run_id: str, home: Path | None = None) -> list[dict[str, Any]]:
+    """For the report: each judge that graded the run (as `run_judges`), with its newest
+    calibration under `calibration`, or None when it has never been calibrated."""
+    judges = run_judges(run_id, home)
+    found = latest_calibrations([j["judge_fingerprint"] for j in judges], home)
+    return [{**j, "calibration": found.get(j["judge_fingerprint"])} for j in judges]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 # Long suites would make a report nobody can scroll; the counts above each list stay exact.
@@ -46,6 +47,7 @@ pre{white-space:pre-wrap;word-break:break-word;margin:4px 0;font-size:12px;backg
 svg.chart{background:#fff;border:1px solid #ddd;border-radius:6px;margin:4px 0}
 svg text{font:12px system-ui,sans-serif;fill:#333}
 .note{color:#555;font-size:12px}
+.uncalibrated{color:#b71c1c;font-weight:600}
 """
 
 
@@ -55,6 +57,7 @@ def render_report(
     baseline: Mapping[str, Any] | None = None,
     gate: Mapping[str, Any] | None = None,
     calibration: Mapping[str, Any] | None = None,
+    judges: Sequence[Mapping[str, Any]] = (),
 ) -> str:
     """The whole report as one HTML document.
 
@@ -62,7 +65,10 @@ def render_report(
     known). ``cases``: {case_id, n, c, slices, statuses: {status: count}, details: [str],
     safety: [str]} per case. ``baseline``: the baseline's run document; ``gate``: the
     `gate --json` document; ``calibration``: any flat mapping of grader-reliability figures
-    (e.g. `--regrade` environment-flake counts), shown as a table.
+    (e.g. `--regrade` environment-flake counts), shown as a table. ``judges``: one
+    {judge, judge_fingerprint, judged, errors, calibration} per judge that graded the run
+    (`storage.calibrations.run_calibrations`); `calibration` is its newest calibration
+    document or None, and None is shown as such.
     """
     title = f"evalpipe report — {run.get('suite_name', 'suite')} — {run.get('run_id', '')}"
     parts = [
@@ -82,6 +88,7 @@ def render_report(
         status_bars_svg(run.get("status_counts", {})),
         _comparison_section(run, baseline) if baseline else "",
         _calibration_section(calibration) if calibration else "",
+        _judges_section(judges) if judges else "",
         _case_sections(cases),
         "</main></body></html>",
     ]
@@ -449,6 +456,56 @@ def _calibration_section(calibration: Mapping[str, Any]) -> str:
     )
 
 
+TRUTH_SOURCES = {"human": "human labels", "oracle": "execution oracle"}
+
+
+def _judges_section(judges: Sequence[Mapping[str, Any]]) -> str:
+    rows = [
+        (
+            _esc(j.get("judge", "")),
+            f"<code>{_esc(str(j.get('judge_fingerprint', ''))[:12])}</code>",
+            _esc(f"{j.get('errors', 0)} of {j.get('judged', 0)}")
+            + (f" ({_pct(j['errors'] / j['judged'])})" if j.get("judged") else ""),
+            _judge_calibration(j.get("calibration")),
+        )
+        for j in judges
+    ]
+    return (
+        '<section id="judges"><h2>Judges</h2><p class="note">A judged pass rate is only as '
+        "good as the judge's agreement with the truth. Each judge that graded this run, with "
+        "its newest calibration (the judge's fingerprint must match: a changed rubric, model, "
+        "params or J needs a new one).</p>"
+        + _table(("judge", "fingerprint", "errors in this run", "calibration"), rows)
+        + "</section>"
+    )
+
+
+def _judge_calibration(doc: Mapping[str, Any] | None) -> str:
+    if doc is None:
+        return (
+            '<span class="uncalibrated">not calibrated — its verdicts come from an uncalibrated '
+            "instrument; run <code>evalpipe judge calibrate</code></span>"
+        )
+    figures = [
+        ("agreement", "agreement"),
+        ("Cohen's kappa", "kappa"),
+        ("false-pass rate", "false_pass_rate"),
+        ("false-fail rate", "false_fail_rate"),
+    ]
+    when = doc.get("created_at")  # absent from calibrations stored before it was stamped
+    source = [
+        f"{100 * doc.get('ci_level', 0.95):g}% CIs",
+        f"{doc.get('items', '?')} labelled outputs of {doc.get('cases', '?')} cases",
+        f"truth: {TRUTH_SOURCES.get(doc.get('truth'), doc.get('truth'))}",
+        f"suite {doc.get('suite_name', '')} @ {str(doc.get('suite_version', ''))[:12]}",
+        datetime.fromisoformat(when).astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC") if when else "",
+    ]
+    return (
+        "".join(f"{_esc(name)} <b>{_esc(with_ci(doc, key))}</b><br>" for name, key in figures)
+        + f'<span class="note">{_esc(" · ".join(part for part in source if part))}</span>'
+    )
+
+
 def _case_sections(cases: Sequence[Mapping[str, Any]]) -> str:
     flaky = [c for c in cases if 0 < c.get("c", 0) < c.get("n", 0)]
     failing = [c for c in cases if c.get("c", 0) == 0]
@@ -529,6 +586,17 @@ def _level(run: Mapping[str, Any]) -> str:
 
 def _pct(value: float | None) -> str:
     return "—" if value is None else f"{100 * value:.1f}%"
+
+
+def with_ci(doc: Mapping[str, Any], key: str) -> str:
+    """A calibration figure with its CI (`key`, `key_ci` in the document): kappa as a
+    coefficient, the rates as percentages; "n/a" when undefined (its condition never
+    occurred), which is not 0."""
+    value, ci = doc.get(key), doc.get(f"{key}_ci")
+    if value is None:
+        return "n/a"
+    fmt = (lambda x: f"{x:.3f}") if key == "kappa" else _pct
+    return fmt(value) + (f" [{fmt(ci[0])}, {fmt(ci[1])}]" if ci else "")
 
 
 def _pts(value: float | None) -> str:

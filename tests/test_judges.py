@@ -285,17 +285,71 @@ def test_calibrate_against_an_execution_oracle(home, tmp_path):
         calibrate_judge(str(suite), labels, oracle=True)
 
 
+def _judges_section(run_id: str, out: Path) -> str | None:
+    """The report's Judges section for a stored run, or None when it has none."""
+    from flows.report import write_report
+
+    page = write_report(run_id, out).read_text(encoding="utf-8")
+    if '<section id="judges">' not in page:
+        return None
+    return page.split('<section id="judges">')[1].split("</section>")[0]
+
+
 def test_calibration_is_shown_for_runs_graded_by_that_judge(prefect_harness, home, tmp_path):
     from flows.evaluate import evaluate
-    from flows.judging import calibrate_judge, run_calibrations
+    from flows.judging import calibrate_judge
+    from storage.calibrations import run_calibrations
 
     suite, labels = _labelled_suite(tmp_path)
     run = evaluate(suite=str(suite), agent="reference", n=1)
     [before] = run_calibrations(run["run_id"])
     assert before["calibration"] is None and before["judge"] == ref("length_judge")
+    assert before["judged"] == 3 and before["errors"] == 0
+    section = _judges_section(run["run_id"], tmp_path / "before.html")
+    assert ref("length_judge") in section and before["judge_fingerprint"][:12] in section
+    assert "not calibrated — its verdicts come from an uncalibrated instrument" in section
+    assert "evalpipe judge calibrate" in section and "0 of 3 (0.0%)" in section
+
     doc = calibrate_judge(str(suite), labels)
     [after] = run_calibrations(run["run_id"])
     assert after["calibration"] == doc and after["judge_fingerprint"] == doc["judge_fingerprint"]
+    section = _judges_section(run["run_id"], tmp_path / "after.html")
+    assert "not calibrated" not in section
+    # The stored figures (agreement 4/6, kappa 1/3, see above), formatted with their CIs.
+    lo, hi = doc["agreement_ci"]
+    assert f"agreement <b>66.7% [{100 * lo:.1f}%, {100 * hi:.1f}%]</b>" in section
+    lo, hi = doc["kappa_ci"]
+    assert f"Cohen&#x27;s kappa <b>0.333 [{lo:.3f}, {hi:.3f}]</b>" in section
+    assert "false-pass rate <b>33.3% [" in section and "false-fail rate <b>33.3% [" in section
+    assert "6 labelled outputs of 3 cases · truth: human labels" in section
+    assert doc["created_at"][:10] in section
+
+
+def test_report_counts_judge_errors_and_omits_judges_when_none_graded(
+    prefect_harness, home, tmp_path
+):
+    from flows.evaluate import evaluate
+
+    suite = tmp_path / "mixed.yaml"
+    suite.write_text(
+        "name: mixed\ncases:\n"
+        f"  - {{id: j0, reference: 'yes', grader: {{kind: judge, function: '{ref('says_yes')}'}}}}\n"
+        f"  - {{id: j1, reference: 'yes', grader: {{kind: judge, function: '{ref('boom')}'}}}}\n"
+        f"  - {{id: j2, reference: '', grader: {{kind: judge, function: '{ref('boom')}'}}}}\n"
+        "  - {id: e0, reference: 'yes', grader: {kind: exact}}\n"
+    )
+    run = evaluate(suite=str(suite), agent="reference", n=2)
+    section = _judges_section(run["run_id"], tmp_path / "mixed.html")
+    rows = {row.split("</td>")[0].removeprefix("<td>"): row for row in section.split("<tr>")[2:]}
+    assert set(rows) == {ref("says_yes"), ref("boom")}  # the exact case has no judge
+    assert "0 of 2 (0.0%)" in rows[ref("says_yes")]
+    assert "2 of 2 (100.0%)" in rows[ref("boom")]  # its empty outputs were never put to it
+    assert section.count("not calibrated") == 2
+
+    plain = tmp_path / "plain.yaml"
+    plain.write_text("name: plain\ncases:\n  - {id: e0, reference: 'yes', grader: {kind: exact}}\n")
+    assert _judges_section(evaluate(suite=str(plain), agent="reference", n=1)["run_id"],
+                           tmp_path / "plain.html") is None
 
 
 def test_calibrate_command(home, tmp_path):

@@ -14,7 +14,7 @@ import pytest
 
 from tasks.aggregate import aggregate
 from tasks.gate import gate
-from tasks.report import render_report, slices_table, summary_markdown
+from tasks.report import render_report, slices_table, summary_markdown, with_ci
 
 CHROMIUM = Path("/usr/bin/chromium")
 EVIL = '<script>alert("x")</script>'
@@ -78,6 +78,32 @@ def build(
     return run, cases
 
 
+CALIBRATION = {  # a stored calibration document, as `evalpipe judge calibrate --json` prints it
+    "judge": "judges.py:strict",
+    "judge_fingerprint": "cd" * 32,
+    "suite_version": "ef" * 32,
+    "suite_name": "labelled",
+    "truth": "oracle",
+    "items": 40,
+    "cases": 12,
+    "ci_level": 0.95,
+    "agreement": 0.85,
+    "agreement_ci": [0.75, 0.925],
+    "kappa": 0.6,
+    "kappa_ci": [0.4125, 0.78],
+    "false_pass_rate": 0.1,
+    "false_pass_rate_ci": [0.0, 0.25],
+    "false_fail_rate": None,
+    "false_fail_rate_ci": None,
+    "created_at": "2025-03-04T05:06:07.123456+00:00",
+}
+JUDGES = [
+    {"judge": "judges.py:strict", "judge_fingerprint": "cd" * 32, "judged": 8, "errors": 2,
+     "calibration": CALIBRATION},
+    {"judge": EVIL, "judge_fingerprint": "01" * 32, "judged": 4, "errors": 0, "calibration": None},
+]
+
+
 def full_report(**kwargs: Any) -> str:
     run, cases = build(OUTCOMES, **kwargs)
     base, _ = build({cid: [False, *oks[1:]] for cid, oks in OUTCOMES.items()}, run_id="run-0")
@@ -92,6 +118,7 @@ def full_report(**kwargs: Any) -> str:
         baseline=base,
         gate=result.to_json(),
         calibration={"regrade": 3, "env_flaky_case_ids": ["div-0"]},
+        judges=JUDGES,
     )
 
 
@@ -124,6 +151,7 @@ def test_report_sections_and_charts() -> None:
         'id="gate"',
         'id="comparison"',
         'id="calibration"',
+        'id="judges"',
         'id="flaky"',
         'id="failing"',
     ):
@@ -166,10 +194,37 @@ def test_summary_markdown_and_slices_table() -> None:
     assert "| a\\|b | 2 | 75.0% |" in summary_markdown(run)
 
 
+def test_judges_section_shows_each_judges_calibration_or_its_absence() -> None:
+    section = full_report().split('<section id="judges">')[1].split("</section>")[0]
+    calibrated, uncalibrated = section.split("<tr>")[2:]
+    assert "judges.py:strict" in calibrated and "<code>cdcdcdcdcdcd</code>" in calibrated
+    assert "2 of 8 (25.0%)" in calibrated
+    assert "agreement <b>85.0% [75.0%, 92.5%]</b>" in calibrated
+    assert "Cohen&#x27;s kappa <b>0.600 [0.412, 0.780]</b>" in calibrated
+    assert "false-pass rate <b>10.0% [0.0%, 25.0%]</b>" in calibrated
+    assert "false-fail rate <b>n/a</b>" in calibrated  # undefined, not 0
+    assert "40 labelled outputs of 12 cases · truth: execution oracle" in calibrated
+    assert "suite labelled @ efefefefefef · 2025-03-04 05:06 UTC" in calibrated
+    assert "not calibrated" not in calibrated
+    assert "&lt;script&gt;" in uncalibrated and "0 of 4 (0.0%)" in uncalibrated
+    assert '<span class="uncalibrated">not calibrated — its verdicts come from an uncalibrated' in (
+        uncalibrated
+    )
+    assert "<code>evalpipe judge calibrate</code>" in uncalibrated and "agreement" not in uncalibrated
+
+
+def test_with_ci_formats_calibration_figures() -> None:
+    assert with_ci(CALIBRATION, "kappa") == "0.600 [0.412, 0.780]"
+    assert with_ci(CALIBRATION, "agreement") == "85.0% [75.0%, 92.5%]"
+    assert with_ci(CALIBRATION, "false_fail_rate") == "n/a"
+    assert with_ci({"kappa": -0.25, "kappa_ci": None}, "kappa") == "-0.250"
+
+
 def test_report_without_optional_parts() -> None:
     run, cases = build({"only": [True]})
     page = render_report(run, cases)
     assert 'id="passk-curve"' in page and 'id="comparison"' not in page and 'id="gate"' not in page
+    assert 'id="judges"' not in page and 'id="calibration"' not in page
     assert "none" in page  # no flaky or failing cases
 
 
