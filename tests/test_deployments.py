@@ -30,6 +30,7 @@ DEMO_AGENT = "python:examples/agents/demo_agent.py:answer"
 POOL = "evalpipe-pool"
 DEADLINE_S = 120.0
 FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+WORKERS = 2
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 
@@ -119,7 +120,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "EVALPIPE_"))}
     env |= {"PREFECT_API_URL": server.api_url, "PREFECT_HOME": str(tmp / "prefect-client"),
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    worker = None
+    workers: list[subprocess.Popen] = []
     try:
         run_logged([str(BIN / "prefect"), "work-pool", "create", POOL, "--type", "process"],
                    logs / "deploy.log", env=env)
@@ -127,17 +128,21 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         run_logged([str(BIN / "prefect"), "--no-prompt", "deploy", "--all"], logs / "deploy.log",
                    cwd=clone, env=env | {"PWD": str(clone)})
         worker_home = tmp / "worker-home"
-        # The worker starts elsewhere: the deployment's pull step must move it into the clone.
-        worker = start_logged(
-            [str(BIN / "prefect"), "worker", "start", "--pool", POOL, "--name", "test-worker"],
-            logs / "worker.log", cwd=tmp,
-            env=env | {"EVALPIPE_HOME": str(worker_home), "PREFECT_HOME": str(tmp / "prefect-worker"),
-                       "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "5"},
-        )
+        # Two workers on the pool, one flow run at a time each, sharing one EVALPIPE_HOME (as
+        # on a shared disk). They start elsewhere: the deployment's pull step must move each
+        # flow run into the clone.
+        for i in range(WORKERS):
+            workers.append(start_logged(
+                [str(BIN / "prefect"), "worker", "start", "--pool", POOL, "--name", f"test-worker-{i}",
+                 "--limit", "1"],
+                logs / f"worker-{i}.log", cwd=tmp,
+                env=env | {"EVALPIPE_HOME": str(worker_home), "PREFECT_HOME": str(tmp / f"prefect-worker-{i}"),
+                           "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "5"},
+            ))
         with httpx.Client(base_url=server.api_url, timeout=30) as api:
             yield Stack(server, api, clone, worker_home, logs, env)
     finally:
-        if worker is not None:
+        for worker in workers:
             stop(worker)
         server.stop()
 
@@ -302,9 +307,9 @@ def answer(inputs, ctx):
 
 @pytest.fixture
 def dask_cluster(stack: Stack, tmp_path: Path) -> Iterator[tuple[str, list[int]]]:
-    """`dask scheduler` and two `dask worker` processes on localhost. A worker puts its
-    scratch directory, which holds a `storage/` spill folder, first on sys.path; the code's
-    root on PYTHONPATH keeps `import storage` from resolving to that folder."""
+    """`dask scheduler` and two `dask worker` processes on localhost, started from the venv
+    alone: a worker's scratch directory goes first on its sys.path and holds a `storage/`
+    spill folder, which must not shadow evalpipe's `storage` (see the Makefile)."""
     from distributed import Client
 
     address = f"tcp://127.0.0.1:{free_port()}"
@@ -315,8 +320,7 @@ def dask_cluster(stack: Stack, tmp_path: Path) -> Iterator[tuple[str, list[int]]
         for i in range(2):
             procs.append(start_logged(
                 [str(BIN / "dask"), "worker", address, "--nthreads", "1", "--no-nanny", "--no-dashboard",
-                 "--name", f"w{i}"], stack.logs / f"dask-worker-{i}.log", cwd=tmp_path,
-                env=stack.env | {"PYTHONPATH": str(stack.clone)}))
+                 "--name", f"w{i}"], stack.logs / f"dask-worker-{i}.log", cwd=tmp_path, env=stack.env))
         with Client(address, timeout=60) as client:
             client.wait_for_workers(2, timeout=DEADLINE_S)
         yield address, [p.pid for p in procs[1:]]
@@ -356,3 +360,40 @@ def test_dask_scheduler_run_equals_threads_run(stack: Stack, dask_cluster, tmp_p
             == db.run_samples(threads["run_id"], tmp_path / "threads").select(cols))
     for summary in (threads, dask):  # both ad-hoc runs are in the server's history
         assert stack.api.get(f"/flow_runs/{summary['flow_run_id']}").json()["state"]["type"] == "COMPLETED"
+
+
+BARRIER_AGENT = '''
+import os, sys, time
+from pathlib import Path
+sys.path.insert(0, {root!r})
+from examples.agents.demo_agent import answer as demo
+RUNNING = Path(__file__).parent / "running"
+
+def answer(inputs, ctx):
+    # Every run waits here until {runs} flow-run processes are drawing at the same time.
+    (RUNNING / str(os.getpid())).touch()
+    deadline = time.monotonic() + 60
+    while len(list(RUNNING.iterdir())) < {runs}:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the other runs never started")
+        time.sleep(0.05)
+    return demo(inputs, ctx)
+'''
+
+
+def test_workers_on_one_pool_run_flow_runs_side_by_side(stack: Stack, tmp_path: Path) -> None:
+    agent_file = tmp_path / "barrier_agent.py"
+    agent_file.write_text(BARRIER_AGENT.format(root=str(stack.clone), runs=WORKERS))
+    (tmp_path / "running").mkdir()
+    params = {"suite": "examples/qa.yaml", "agent": f"python:{agent_file}:answer", "n": 2, "workers": 1}
+    ids = [stack.trigger("on-demand", params | {"seed": 100 + i}) for i in range(WORKERS)]
+    runs = [worker_run(stack, stack.wait_completed(flow_run_id)["id"]) for flow_run_id in ids]
+    # Each worker takes one run at a time, so the runs met at the barrier on different workers.
+    assert len(list((tmp_path / "running").iterdir())) == WORKERS
+    for i in range(WORKERS):
+        log = (stack.logs / f"worker-{i}.log").read_text()
+        assert sum(flow_run_id in log for flow_run_id in ids) == 1, stack.tails()
+    # Both wrote their samples into the one shared DuckDB file, side by side.
+    for run in runs:
+        assert run["summary"]["status_counts"].get("agent_error", 0) == 0
+        assert db.run_samples(run["run_id"], stack.worker_home).num_rows == 10 * 2
