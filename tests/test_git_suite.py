@@ -12,22 +12,13 @@ import git
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from support.git_repos import commit
 
 from tasks.dataset import SuiteError, load_suite, resolve_suite
 from tasks.git_suite import GitSuiteRef, parse_git_ref
 from tasks.models import InputError
 
 ROOT = Path(__file__).resolve().parent.parent
-ACTOR = git.Actor("t", "t@t.invalid")
-
-
-def commit(repo: git.Repo, files: dict[str, str], message: str) -> str:
-    root = Path(repo.working_tree_dir)
-    for name, text in files.items():
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_text(text)
-    repo.index.add(sorted(files))
-    return repo.index.commit(message, author=ACTOR, committer=ACTOR).hexsha
 
 
 @pytest.fixture

@@ -8,19 +8,9 @@ from pathlib import Path
 
 import git
 import pytest
+from support.git_repos import commit
 
 from tasks.repos import RepoError, checkout, mirror
-
-ACTOR = git.Actor("t", "t@t.invalid")
-
-
-def commit(repo: git.Repo, files: dict[str, str], message: str) -> str:
-    root = Path(repo.working_tree_dir)
-    for name, text in files.items():
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_text(text)
-    repo.index.add(sorted(files))
-    return repo.index.commit(message, author=ACTOR, committer=ACTOR).hexsha
 
 
 @pytest.fixture
