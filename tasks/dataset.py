@@ -170,8 +170,9 @@ def load_suite_ref(ref: str) -> EvalSuite:
 
 
 def resolve_suite(ref: str) -> tuple[EvalSuite, str]:
-    """The suite `ref` names, and where it was found, pinned: a file's absolute path, a
-    git URL with the commit it was read at, or the snapshot of a stored version."""
+    """The suite `ref` names, and where it was found, pinned so that it names the same
+    suite again: a file's absolute path, a git URL with the commit it was read at, or the
+    full version of a stored suite."""
     from storage.snapshots import find_snapshot, read_snapshot
     from tasks.git_suite import load_git_suite, parse_git_ref
 
@@ -181,7 +182,8 @@ def resolve_suite(ref: str) -> tuple[EvalSuite, str]:
     if not Path(ref).exists():
         snapshot = find_snapshot(ref)
         if snapshot is not None:
-            return read_snapshot(snapshot), str(snapshot)
+            suite = read_snapshot(snapshot)
+            return suite, suite.version
         if Path(ref).suffix.lower() not in SUITE_SUFFIXES:
             raise SuiteError(f"{ref}: neither a suite file, a git URL#PATH nor a stored suite version")
     return load_suite(ref), str(Path(ref).resolve())

@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 from tasks.dataset import SuiteError, build_suite, diff_suites, load_suite
 from tasks.models import EvalCase, EvalSuite, Verdict, canonical_json
 
+ROOT = Path(__file__).resolve().parent.parent
+
 json_scalars = st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.text(max_size=12) | st.floats(
     allow_nan=False, allow_infinity=False, width=32
 )
@@ -149,3 +151,21 @@ def test_verdict_passed_agrees_with_status():
         Verdict(passed=True, score=1.0, status="failed")
     with pytest.raises(ValueError):
         EvalCase(id="x", grader={"kind": "exact"}).__setattr__("id", "y")
+
+
+def test_resolve_suite_pins_what_it_read(home, tmp_path, monkeypatch):
+    from storage.snapshots import write_snapshot
+    from tasks.dataset import resolve_suite
+
+    monkeypatch.chdir(ROOT)
+    suite, pinned = resolve_suite("examples/qa.yaml")
+    assert pinned == str(ROOT / "examples/qa.yaml")
+    write_snapshot(suite)
+    stored, pinned_version = resolve_suite(suite.version[:10])
+    assert stored == suite and pinned_version == suite.version
+    # Each pinned form names the same suite when given back.
+    assert resolve_suite(pinned)[0] == resolve_suite(pinned_version)[0] == suite
+    with pytest.raises(SuiteError, match="nope.yaml: no such suite file"):
+        resolve_suite("nope.yaml")
+    with pytest.raises(SuiteError, match="neither a suite file, a git URL#PATH nor a stored suite version"):
+        resolve_suite("abcdef123")
