@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -211,7 +212,7 @@ def evaluate(
     db.start_run(run, home)
     try:
         planned = plan_samples(suite_obj, agent_obj.fingerprint, n, seed)
-        missing = _reuse_cached(run["run_id"], planned, home) if not regrade else planned
+        missing = _with_stored_outputs(planned, home) if regrade else _reuse_cached(run["run_id"], planned, home)
         _draw(run, suite_obj, agent_obj, missing, len(planned), batch_size, runner, workers, dask_address, home)
         summary = reduce_run(run, suite_obj, list(k), str(home))
         if baseline:
@@ -244,6 +245,14 @@ def _reuse_cached(run_id: str, planned: list[PlannedSample], home: Path) -> list
         db.insert_samples(hits, home)
     found = set(hits["cache_key"].to_pylist())
     return [p for p in planned if p.cache_key not in found]
+
+
+def _with_stored_outputs(planned: list[PlannedSample], home: Path) -> list[PlannedSample]:
+    """`--regrade`: the stored output of every finished sample is graded again rather than
+    drawn again, so the agent is not asked twice (nor paid twice) for the same output."""
+    hits = db.cached_samples([p.cache_key for p in planned], home)
+    outputs = dict(zip(hits["cache_key"].to_pylist(), hits["output"].to_pylist(), strict=True))
+    return [replace(p, output=outputs.get(p.cache_key)) for p in planned]
 
 
 def _draw(run, suite: EvalSuite, agent, missing, total, batch_size, runner, workers, dask_address, home):

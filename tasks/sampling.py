@@ -33,6 +33,8 @@ class PlannedSample:
     seed: int
     cache_key: str
     case_hash: str
+    # A stored output to grade again instead of drawing one (`--regrade` of cached work).
+    output: str | None = None
 
 
 def plan_samples(suite: EvalSuite, agent_fingerprint: str, n: int, run_seed: int) -> list[PlannedSample]:
@@ -48,12 +50,13 @@ def plan_samples(suite: EvalSuite, agent_fingerprint: str, n: int, run_seed: int
 
 
 def draw_sample(agent, case: EvalCase, planned: PlannedSample, n: int, regrade: int = 0) -> Sample:
-    """Draw one output and grade it. Never raises: agent failures become `agent_error`."""
+    """Draw one output (or take the planned stored one) and grade it. Never raises: agent
+    failures become `agent_error`."""
     started = time.perf_counter()
     ctx = AgentContext(case_id=case.id, index=planned.index, seed=planned.seed, n=n)
     trace: dict = {}
     try:
-        output = agent.generate(case, ctx)
+        output = agent.generate(case, ctx) if planned.output is None else planned.output
     except AgentError as exc:
         output = ""
         verdict = Verdict.fail(Status.agent_error, f"agent failed: {exc}")
@@ -73,6 +76,7 @@ def draw_sample(agent, case: EvalCase, planned: PlannedSample, n: int, regrade: 
         verdict=verdict,
         trace=trace,
         duration_s=time.perf_counter() - started,
+        cached=planned.output is not None,
     )
 
 

@@ -217,9 +217,12 @@ def test_regrade_counts_environment_flakes_apart_from_the_agent(prefect_harness,
 
     counted.unlink()
     out = evaluate(suite=str(suite), agent=agent("flaky"), n=2, k=[1], workers=1, regrade=2)
-    # Regrading draws afresh (a cached verdict cannot be re-judged) and grades each output 3 times.
-    assert out["cached_samples"] == 0 and len(calls(counted)) == 16
+    # The stored outputs are graded 3 times each; the agent is not asked again.
+    assert out["cached_samples"] == 16 and calls(counted) == []
     assert out["env_flaky_samples"] == 8  # every sample of the unstable grader, none of the exact one
+    again = evaluate(suite=str(suite), agent=agent("flaky"), n=2, k=[1], workers=1, seed=5, regrade=1)
+    assert again["cached_samples"] == 0 and len(calls(counted)) == 16  # new seed: new outputs, drawn
+    assert again["env_flaky_samples"] == 8
     traces = dict(query(home, "SELECT case_id || '#' || sample_index, trace FROM samples WHERE run_id = ?",
                         out["run_id"]))
     assert json.loads(traces["stable0#0"])["regrade"] == ["passed", "passed"]
