@@ -99,10 +99,28 @@ def _bwrap_argv(limits: Limits, workdir: Path | None, network: bool) -> list[str
     if network:
         argv.append("--share-net")
     argv += ["--ro-bind", "/", "/", "--size", str(limits.file_size_mb << 20), "--tmpfs", "/tmp"]
+    for path in _runtime_under_tmp():
+        argv += ["--ro-bind", path, path]
     argv += ["--dev", "/dev", "--proc", "/proc"]
     if workdir is not None:
         argv += ["--bind", str(workdir), str(workdir), "--chdir", str(workdir)]
     return argv + ["--"]
+
+
+@lru_cache(maxsize=1)
+def _runtime_under_tmp() -> tuple[str, ...]:
+    """The interpreter, its packages and our code where they live under /tmp (a clone or
+    a venv made there): the sandbox's private /tmp would hide them, so they are bound
+    back in, read-only. Nothing else of the host's /tmp is visible."""
+    candidates = {sys.prefix, sys.base_prefix, os.path.dirname(sys.executable),
+                  str(_FORKSERVER.parent.parent), *(p for p in sys.path if p)}
+    found: list[str] = []
+    for path in sorted(os.path.abspath(p) for p in candidates):
+        if path.startswith("/tmp/") and os.path.isdir(path) and not any(
+            path.startswith(f"{top}/") for top in found
+        ):
+            found.append(path)
+    return tuple(found)
 
 
 @lru_cache(maxsize=1)

@@ -171,3 +171,30 @@ def test_fallback_fork_server_still_contains_programs(mode: str) -> None:
         assert done.completed and done.result.returncode == 0
     finally:
         server.close()
+
+
+@needs_bwrap
+def test_an_interpreter_living_under_tmp_still_runs_in_the_sandbox(tmp_path: Path) -> None:
+    """A clone or venv under /tmp (CI checkouts often are) is hidden by the sandbox's
+    private /tmp unless it is bound back in; then every program would fail to start."""
+    import subprocess
+    import sysconfig
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next(venv.glob("lib/python*/site-packages"))
+    root = Path(sandbox.__file__).resolve().parent.parent
+    (site / "evalpipe-here.pth").write_text(f"{sysconfig.get_paths()['purelib']}\n{root}\n")
+    (tmp_path / "secret").write_text("x")
+    code = (
+        "from tasks.sandbox import Limits, run_python, run_python_program\n"
+        "r = run_python(\"import os, sys; print(sys.prefix, os.path.exists(%r))\")\n"
+        "print(r.isolation, r.returncode, r.stdout.decode().strip())\n"
+        "f = run_python_program('import sys; print(sys.prefix)', Limits())\n"
+        "print(f.completed, f.result.stdout.decode().strip())\n"
+    ) % str(tmp_path / "secret")
+    out = subprocess.run([str(venv / "bin/python"), "-c", code], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    # The program ran (command and fork server alike); the rest of /tmp stayed private.
+    assert out.stdout.split() == ["bwrap", "0", str(venv), "False", "True", str(venv)]
