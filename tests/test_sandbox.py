@@ -186,13 +186,14 @@ def test_an_interpreter_living_under_tmp_still_runs_in_the_sandbox(tmp_path: Pat
     root = Path(sandbox.__file__).resolve().parent.parent
     (site / "evalpipe-here.pth").write_text(f"{sysconfig.get_paths()['purelib']}\n{root}\n")
     (tmp_path / "secret").write_text("x")
+    secret = str(tmp_path / "secret")
     code = (
         "from tasks.sandbox import Limits, run_python, run_python_program\n"
-        "r = run_python(\"import os, sys; print(sys.prefix, os.path.exists(%r))\")\n"
+        f"r = run_python(\"import os, sys; print(sys.prefix, os.path.exists({secret!r}))\")\n"
         "print(r.isolation, r.returncode, r.stdout.decode().strip())\n"
         "f = run_python_program('import sys; print(sys.prefix)', Limits())\n"
         "print(f.completed, f.result.stdout.decode().strip())\n"
-    ) % str(tmp_path / "secret")
+    )
     out = subprocess.run([str(venv / "bin/python"), "-c", code], capture_output=True, text=True,
                          timeout=120, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
