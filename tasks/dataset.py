@@ -51,19 +51,15 @@ def load_suite(path: str | Path) -> EvalSuite:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise SuiteError(f"{path}: cannot read: {exc}") from None
-    suffix = path.suffix.lower()
-    if SUITE_SUFFIXES.get(suffix) == "yaml":
-        name, raw_cases, defaults = _parse_yaml(str(path), path.stem, text)
-    elif SUITE_SUFFIXES.get(suffix) == "jsonl":
-        name, raw_cases, defaults = path.stem, _parse_jsonl(str(path), text), {}
-    else:
-        raise SuiteError(f"{path}: unknown suite format {suffix!r} (expected .yaml, .yml or .jsonl)")
-    return build_suite(name, raw_cases, defaults, source=str(path))
+    fmt = SUITE_SUFFIXES.get(path.suffix.lower())
+    if fmt is None:
+        raise SuiteError(f"{path}: unknown suite format {path.suffix.lower()!r} (expected .yaml, .yml or .jsonl)")
+    return parse_suite_text(path.stem, text, fmt, str(path))
 
 
 def parse_suite_text(name: str, text: str, fmt: str, source: str) -> EvalSuite:
-    """Parse suite text that did not come from a local file (e.g. read from git); `name`
-    is the default name, `source` names the origin in error messages."""
+    """Parse suite text in `fmt` ("yaml" or "jsonl"): `name` is the name unless the YAML
+    gives one, `source` (a path, or a pinned git URL) names the origin in error messages."""
     if fmt == "jsonl":
         return build_suite(name, _parse_jsonl(source, text), {}, source=source)
     suite_name, raw_cases, defaults = _parse_yaml(source, name, text)
