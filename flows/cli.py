@@ -167,7 +167,7 @@ def run(
 ) -> None:
     """Sample, grade, store and aggregate a run of AGENT on SUITE."""
     from tasks.agents import load_agent
-    from tasks.dataset import load_suite_ref
+    from tasks.dataset import resolve_suite
 
     ks = _parse_ks(k)
     if runner not in ("threads", "processes", "dask"):
@@ -175,7 +175,9 @@ def run(
     if dask_address and runner != "dask":
         bad_input("--dask-address goes with --runner dask")
     # Refuse bad input here, before Prefect starts: a one-line message, not a failed flow run.
-    suite_obj = load_suite_ref(suite)
+    # The flow gets the suite pinned (a git branch as the commit read here), so it runs
+    # exactly the suite that was checked, even if the branch moves meanwhile.
+    suite_obj, pinned = resolve_suite(suite)
     load_agent(agent)
     if baseline and baseline != "previous":
         from storage import db
@@ -188,7 +190,7 @@ def run(
     with _progress(enabled=not as_json and sys.stderr.isatty(), total_label=suite_obj.name) as hook:
         token = progress_hook.set(hook)
         try:
-            summary = evaluate(suite=suite, agent=agent, n=n, k=ks, seed=seed, baseline=baseline,
+            summary = evaluate(suite=pinned, agent=agent, n=n, k=ks, seed=seed, baseline=baseline,
                                runner=runner, workers=workers, dask_address=dask_address,
                                batch_size=batch_size, regrade=regrade)
         finally:

@@ -145,3 +145,20 @@ def test_a_run_on_a_suite_in_git_records_the_commit(prefect_harness, evals, home
     assert config["suite_source"] == f"{url(repo)}@{first}#suites/qa.yaml"
     # The pinned source given back is the same suite: that is what makes it provenance.
     assert resolve_suite(config["suite_source"])[0].version == out["suite_version"]
+
+
+def test_cli_runs_the_commit_it_checked(prefect_harness, evals, home: Path) -> None:
+    from storage import db
+
+    repo, _, second = evals
+    env = {"PATH": "/usr/bin:/bin", "EVALPIPE_HOME": str(home), "PYTHONPATH": str(ROOT),
+           "PREFECT_API_URL": prefect_harness, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    proc = subprocess.run([sys.executable, "-m", "flows.cli", "run", f"{url(repo)}@main#suites/qa.yaml",
+                           "--agent", "reference", "--json"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    config = db.get_run(out["run_id"], home)["config"]
+    # The branch was resolved once, by the command, and the flow was handed that commit.
+    assert config["suite_ref"] == config["suite_source"] == f"{url(repo)}@{second}#suites/qa.yaml"
+    assert out["suite_name"] == "qa" and out["samples"] == 10
