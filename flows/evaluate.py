@@ -38,6 +38,7 @@ from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner, ThreadPoolTa
 from pydantic import Field
 
 from storage import db, evalpipe_home
+from storage.calibrations import run_calibrations
 from storage.snapshots import snapshot_path, write_snapshot
 from tasks.agents import load_agent
 from tasks.aggregate import aggregate
@@ -225,7 +226,7 @@ def evaluate(
     except BaseException:
         db.finish_run(run["run_id"], "failed", None, home)
         raise
-    _publish(summary)
+    _publish(summary, home)
     gate = summary.get("gate")
     if gate and gate["decision"] == "block":
         # Still Completed (the run and its numbers are sound), but named so that the UI's
@@ -288,11 +289,12 @@ def _draw(run, suite: EvalSuite, agent, missing, total, batch_size, runner, work
                 last_update = time.monotonic()
 
 
-def _publish(summary: dict[str, Any]) -> None:
+def _publish(summary: dict[str, Any], home: Path) -> None:
     """The run's summary and per-slice table as artifacts on the flow run page."""
     slug = "".join(ch if ch.isalnum() else "-" for ch in summary["suite_name"].lower()).strip("-")
+    judges = run_calibrations(summary["run_id"], home)
     create_markdown_artifact(
-        key=f"evalpipe-{slug}-summary", markdown=summary_markdown(summary, summary.get("gate")),
+        key=f"evalpipe-{slug}-summary", markdown=summary_markdown(summary, summary.get("gate"), judges),
         description=f"evalpipe run {summary['run_id']}",
     )
     rows = slices_table(summary)

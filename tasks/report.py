@@ -95,8 +95,13 @@ def render_report(
     return "\n".join(part for part in parts if part)
 
 
-def summary_markdown(run: Mapping[str, Any], gate: Mapping[str, Any] | None = None) -> str:
-    """A short Markdown summary for the Prefect run page (a markdown artifact)."""
+def summary_markdown(
+    run: Mapping[str, Any],
+    gate: Mapping[str, Any] | None = None,
+    judges: Sequence[Mapping[str, Any]] = (),
+) -> str:
+    """A short Markdown summary for the Prefect run page (a markdown artifact); `judges`
+    as for `render_report`."""
     lines = []
     if run.get("safety_failed"):
         count = len(run.get("safety_violations", []))
@@ -128,6 +133,14 @@ def summary_markdown(run: Mapping[str, Any], gate: Mapping[str, Any] | None = No
             f"{_pts(gate['delta_ci'][1])}) over {gate['shared_cases']} shared cases",
         ]
         lines += [f"- {reason}" for reason in gate.get("reasons", [])]
+    for j in judges:
+        doc = j.get("calibration")
+        standing = (
+            f"agreement {with_ci(doc, 'agreement')}, kappa {with_ci(doc, 'kappa')}"
+            if doc
+            else "**not calibrated**: its verdicts come from an uncalibrated instrument"
+        )
+        lines += ["", f"Judge `{j.get('judge', '')}`: {standing}; {j.get('errors', 0)} errors in {j.get('judged', 0)}"]
     rows = slices_table(run)[1:]
     if rows:
         lines += ["", "| slice | cases | pass@1 | CI |", "|---|---|---|---|"]

@@ -345,6 +345,15 @@ def test_report_counts_judge_errors_and_omits_judges_when_none_graded(
     assert "0 of 2 (0.0%)" in rows[ref("says_yes")]
     assert "2 of 2 (100.0%)" in rows[ref("boom")]  # its empty outputs were never put to it
     assert section.count("not calibrated") == 2
+    # The flow run's summary artifact in Prefect says the same.
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        arts = client.read_artifacts(artifact_filter=ArtifactFilter(
+            flow_run_id=ArtifactFilterFlowRunId(any_=[run["flow_run_id"]])))
+    [markdown] = [a.data for a in arts if a.key == "evalpipe-mixed-summary"]
+    assert markdown.count("**not calibrated**") == 2 and "2 errors in 2" in markdown
 
     plain = tmp_path / "plain.yaml"
     plain.write_text("name: plain\ncases:\n  - {id: e0, reference: 'yes', grader: {kind: exact}}\n")

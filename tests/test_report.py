@@ -192,6 +192,11 @@ def test_summary_markdown_and_slices_table() -> None:
     assert "| easy | 2 | 75.0% |" in summary_markdown(run)
     run["slices"]["a|b"] = run["slices"].pop("easy")
     assert "| a\\|b | 2 | 75.0% |" in summary_markdown(run)
+    judged = summary_markdown(run, judges=JUDGES)
+    assert ("Judge `judges.py:strict`: agreement 85.0% [75.0%, 92.5%], kappa 0.600 [0.412, 0.780];"
+            " 2 errors in 8") in judged
+    assert "**not calibrated**: its verdicts come from an uncalibrated instrument; 0 errors in 4" in judged
+    assert "Judge" not in summary_markdown(run)
 
 
 def test_judges_section_shows_each_judges_calibration_or_its_absence() -> None:
