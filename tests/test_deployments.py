@@ -76,6 +76,21 @@ class Stack:
         return "\n".join(f"== {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(self.logs.glob("*.log")))
 
 
+class RetryBusy(httpx.HTTPTransport):
+    """Retry 503s with backoff, as Prefect's own client does. The server answers 503 when its
+    SQLite database is busy (two workers polling while a run is created); the transaction was
+    rolled back, so the request is safe to repeat."""
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        for delay in (0.2, 0.5, 1.0, 2.0, 4.0):
+            response = super().handle_request(request)
+            if response.status_code != 503:
+                return response
+            response.close()
+            time.sleep(delay)
+        return super().handle_request(request)
+
+
 def run_logged(cmd: list[str], log: Path, **kwargs) -> None:
     with log.open("ab") as out:
         proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, **kwargs)
@@ -139,7 +154,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 env=env | {"EVALPIPE_HOME": str(worker_home), "PREFECT_HOME": str(tmp / f"prefect-worker-{i}"),
                            "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "5"},
             ))
-        with httpx.Client(base_url=server.api_url, timeout=30) as api:
+        with httpx.Client(base_url=server.api_url, timeout=30, transport=RetryBusy()) as api:
             yield Stack(server, api, clone, worker_home, logs, env)
     finally:
         for worker in workers:
