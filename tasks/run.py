@@ -66,9 +66,15 @@ def plan(suite: EvalSuite, spec: RunSpec) -> list[PlannedSample]:
     return plan_samples(suite, spec.agent_fingerprint, spec.n, spec.seed)
 
 
-def reuse_cached(run_id: str, planned: Sequence[PlannedSample], hits: pa.Table) -> tuple[pa.Table, list[PlannedSample]]:
-    """The stored samples found by cache key (`hits`), relabelled as this run's cached
-    samples, and the planned samples still to draw."""
+def pending(spec: RunSpec, planned: Sequence[PlannedSample], hits: pa.Table) -> tuple[pa.Table, list[PlannedSample]]:
+    """Given the stored samples found by cache key (`hits`): the rows this run reuses, and
+    the planned samples it still has to draw (or, with `regrade`, to grade again)."""
+    if spec.regrade:
+        return hits.slice(0, 0), _with_stored_outputs(planned, hits)
+    return _reuse_cached(spec.run_id, planned, hits)
+
+
+def _reuse_cached(run_id: str, planned: Sequence[PlannedSample], hits: pa.Table) -> tuple[pa.Table, list[PlannedSample]]:
     if hits.num_rows:
         hits = hits.set_column(hits.schema.get_field_index("run_id"), "run_id",
                                pa.array([run_id] * hits.num_rows, pa.string()))
@@ -78,7 +84,7 @@ def reuse_cached(run_id: str, planned: Sequence[PlannedSample], hits: pa.Table) 
     return hits, [p for p in planned if p.cache_key not in found]
 
 
-def with_stored_outputs(planned: Sequence[PlannedSample], hits: pa.Table) -> list[PlannedSample]:
+def _with_stored_outputs(planned: Sequence[PlannedSample], hits: pa.Table) -> list[PlannedSample]:
     """`--regrade`: the stored output of every finished sample is graded again rather than
     drawn again, so the agent is not asked twice (nor paid twice) for the same output."""
     outputs = dict(zip(hits["cache_key"].to_pylist(), hits["output"].to_pylist(), strict=True))
