@@ -13,23 +13,16 @@ from __future__ import annotations
 
 from tasks.callables import load_callable
 from tasks.graders import error_verdict, register
-from tasks.models import EvalCase, InputError, Status, Verdict
-
-
-def _function(case: EvalCase) -> str:
-    ref = case.grader.get("function")
-    if not isinstance(ref, str):
-        raise InputError(f"case {case.id!r}: predicate grader needs 'function' (MODULE:FUNC)")
-    return ref
+from tasks.models import EvalCase, Status, Verdict
 
 
 def _code_hash(case: EvalCase) -> str:
-    return load_callable(_function(case)).code_sha256
+    return load_callable(case.params.function).code_sha256
 
 
 @register("predicate", fingerprint=_code_hash)
 def predicate(output: str, case: EvalCase, trace: dict) -> Verdict:
-    ref = _function(case)
+    ref = case.params.function
     fn = load_callable(ref).func
     try:
         result = fn(output, case)
