@@ -229,6 +229,12 @@ def _reset(mirror_path: Path, tree: Path, sha: str) -> None:
     _fresh_worktree(mirror_path, tree, sha)
 
 
+def discard(tree: Path) -> None:
+    """Remove a checked-out tree now (e.g. it holds too much); its slot is rebuilt on
+    next use."""
+    shutil.rmtree(tree, onerror=_force_remove)
+
+
 @contextmanager
 def checkout(repo: str, commit: str, home: Path | None = None) -> Iterator[Path]:
     """A clean work tree of `repo` at `commit`, reserved for the caller until the block ends."""
