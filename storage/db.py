@@ -30,8 +30,10 @@ import pyarrow as pa
 
 from storage import evalpipe_home, process
 from tasks.models import EvalSuite, InputError, PlatformError
+from tasks.run import RunSpec, RunSummary
+from tasks.samples import SAMPLE_COLUMNS, SAMPLE_SCHEMA, sample_ddl
 
-SCHEMA = """
+SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS suites (
     version VARCHAR PRIMARY KEY, name VARCHAR, n_cases INTEGER, snapshot_path VARCHAR,
     created_at TIMESTAMPTZ);
@@ -43,33 +45,16 @@ CREATE TABLE IF NOT EXISTS runs (
     agent_fingerprint VARCHAR, n INTEGER, ks INTEGER[], seed BIGINT, status VARCHAR,
     started_at TIMESTAMPTZ, finished_at TIMESTAMPTZ, flow_run_id VARCHAR, config JSON,
     summary JSON);
+{sample_ddl()};
 -- Added after files were in use: ADD COLUMN IF NOT EXISTS upgrades an older file in place.
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS pid INTEGER;
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS host VARCHAR;
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS process_started VARCHAR;
-CREATE TABLE IF NOT EXISTS samples (
-    run_id VARCHAR, case_id VARCHAR, sample_index INTEGER, seed BIGINT, output VARCHAR,
-    status VARCHAR, passed BOOLEAN, score DOUBLE, detail VARCHAR, safety VARCHAR[], trace JSON,
-    duration_s DOUBLE, cache_key VARCHAR, cached BOOLEAN, case_hash VARCHAR,
-    PRIMARY KEY (run_id, case_id, sample_index));
 CREATE INDEX IF NOT EXISTS samples_cache_key ON samples (cache_key);
 CREATE TABLE IF NOT EXISTS aggregates (
     run_id VARCHAR, slice VARCHAR, metric VARCHAR, value DOUBLE, ci_lo DOUBLE, ci_hi DOUBLE);
 """
 
-SAMPLE_COLUMNS = (
-    "run_id", "case_id", "sample_index", "seed", "output", "status", "passed", "score",
-    "detail", "safety", "trace", "duration_s", "cache_key", "cached", "case_hash",
-)
-SAMPLE_SCHEMA = pa.schema(
-    [
-        ("run_id", pa.string()), ("case_id", pa.string()), ("sample_index", pa.int32()),
-        ("seed", pa.int64()), ("output", pa.string()), ("status", pa.string()),
-        ("passed", pa.bool_()), ("score", pa.float64()), ("detail", pa.string()),
-        ("safety", pa.list_(pa.string())), ("trace", pa.string()), ("duration_s", pa.float64()),
-        ("cache_key", pa.string()), ("cached", pa.bool_()), ("case_hash", pa.string()),
-    ]
-)
 # Samples not reused from the cache: the agent or the grader's environment failed, which
 # says nothing about the output, so a re-run should try again.
 NOT_CACHED_STATUSES = ("agent_error", "error")
@@ -189,7 +174,7 @@ def record_suite(suite: EvalSuite, snapshot_path: Path, home: Path | None = None
         )
 
 
-def start_run(run: dict[str, Any], home: Path | None = None) -> None:
+def start_run(spec: RunSpec, home: Path | None = None) -> None:
     """Record a new `running` run owned by this process; first store as `interrupted`
     every running run whose process is gone."""
     owner = process.current()
@@ -205,20 +190,32 @@ def start_run(run: dict[str, Any], home: Path | None = None) -> None:
             " seed, status, started_at, flow_run_id, config, pid, host, process_started)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?, ?, ?, ?, ?)",
             [
-                run["run_id"], run["suite_version"], run["suite_name"], run["agent"],
-                run["agent_fingerprint"], run["n"], run["ks"], run["seed"], now(),
-                run.get("flow_run_id"), json.dumps(run.get("config", {})),
+                spec.run_id, spec.suite_version, spec.suite_name, spec.agent,
+                spec.agent_fingerprint, spec.n, spec.ks, spec.seed, now(),
+                spec.flow_run_id, json.dumps(spec.config),
                 owner.pid, owner.host, owner.started,
             ],
         )
 
 
-def finish_run(run_id: str, status: str, summary: dict[str, Any] | None, home: Path | None = None) -> None:
+def finish_run(run_id: str, status: str, summary: RunSummary | None, home: Path | None = None) -> None:
     with connect(home) as con:
         con.execute(
             "UPDATE runs SET status = ?, finished_at = ?, summary = ? WHERE run_id = ?",
-            [status, now(), None if summary is None else json.dumps(summary), run_id],
+            [status, now(), None if summary is None else json.dumps(summary.to_json()), run_id],
         )
+
+
+@contextmanager
+def recorded_run(spec: RunSpec, home: Path | None = None) -> Iterator[None]:
+    """The run's row from start to end: `running` now, `failed` if the body raises (the body
+    records `completed` itself, with the summary)."""
+    start_run(spec, home)
+    try:
+        yield
+    except BaseException:
+        finish_run(spec.run_id, "failed", None, home)
+        raise
 
 
 def cached_samples(cache_keys: Sequence[str], home: Path | None = None) -> pa.Table:
@@ -300,22 +297,6 @@ def suite_cases(suite_version: str, home: Path | None = None) -> dict[str, tuple
             "SELECT case_id, case_hash, slices FROM cases WHERE suite_version = ?", [suite_version]
         ).fetchall()
     return {cid: (h, list(s)) for cid, h, s in rows}
-
-
-def samples_table(run_id: str, samples: Sequence[Any], planned: Sequence[Any]) -> pa.Table:
-    """`Sample`s (with their `PlannedSample`s, for keys and case hashes) as sample rows."""
-    cols: dict[str, list] = {c: [] for c in SAMPLE_COLUMNS}
-    for s, p in zip(samples, planned, strict=True):
-        v = s.verdict
-        for col, value in (
-            ("run_id", run_id), ("case_id", s.case_id), ("sample_index", s.index), ("seed", s.seed),
-            ("output", s.output), ("status", v.status.value), ("passed", v.passed), ("score", v.score),
-            ("detail", v.detail), ("safety", list(v.safety)), ("trace", json.dumps(s.trace, default=str)),
-            ("duration_s", s.duration_s), ("cache_key", p.cache_key), ("cached", s.cached),
-            ("case_hash", p.case_hash),
-        ):
-            cols[col].append(value)
-    return pa.table(cols, schema=SAMPLE_SCHEMA)
 
 
 def case_counts(run_id: str, home: Path | None = None) -> dict[str, tuple[int, int]]:
