@@ -28,6 +28,7 @@ from flows.reaper import guard
 from tasks.models import PlatformError
 
 FASTER = "`evalpipe server start` keeps a local server up and makes runs start about 3x faster"
+RESUME = "run the command again (a run resumes from the samples it had stored)"
 
 
 def quiet_prefect() -> None:
@@ -43,6 +44,7 @@ def prefect_api(json_mode: bool = False) -> Iterator[Callable[[Any], Any]]:
     """Connect this process to a Prefect API for the block's flow runs. Yields `watch`:
     `watch(flow)` is the flow, made to print its run's UI URL on stderr when a UI serves it
     (not in JSON mode, whose stdout is one document and stderr stays quiet)."""
+    local.start_timeout()  # a bad value is bad input, refused before Prefect is imported
     quiet_prefect()
     logging.disable(logging.NOTSET)  # undo a previous command's exit silence (flows.demo runs several)
     api_url = _configured_api()
@@ -61,6 +63,7 @@ def prefect_api(json_mode: bool = False) -> Iterator[Callable[[Any], Any]]:
                   file=sys.stderr, flush=True)
 
     import httpx
+    from prefect.exceptions import PrefectHTTPStatusError
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     settings = temporary_settings(updates={PREFECT_API_URL: api_url}) if managed else nullcontext()
@@ -70,10 +73,13 @@ def prefect_api(json_mode: bool = False) -> Iterator[Callable[[Any], Any]]:
     except httpx.TransportError as exc:
         if local.healthy(api_url):
             raise  # not Prefect's API: let the caller's own error handling see it
-        raise PlatformError(
-            f"lost the Prefect API at {api_url} ({type(exc).__name__}): samples finished so far are "
-            "stored; run the same command again to resume from them"
-        ) from None
+        raise PlatformError(f"lost the Prefect API at {api_url} ({type(exc).__name__}): {RESUME}") from None
+    except PrefectHTTPStatusError as exc:
+        if exc.response.status_code < 500:
+            raise
+        # Prefect's client has already retried; a 503 is its SQLite database busy past the wait.
+        raise PlatformError(f"the Prefect API at {api_url} kept failing (HTTP {exc.response.status_code}):"
+                            f" {RESUME}") from None
     finally:
         if managed is not None:
             os.environ.pop("PREFECT_API_URL", None)
