@@ -6,8 +6,9 @@ The verdict follows SPEC §4 step by step, and each step fails closed:
 2. a clean tree at `base_commit` (`tasks.repos`) → `error` if it cannot be had
 3. the patch applied exactly (`tasks.patching`) → `not_applied` otherwise
 4. scope, from what changed on disk → `scope_violation` (+ safety for forbidden files)
-5. test files restored from the base, `test_patch` applied, `setup` run, tests run in
-   the sandbox, JUnit read: `passed` only if every FAIL_TO_PASS and PASS_TO_PASS test
+5. test files and runner files (what decides how pytest starts) restored from the base,
+   `test_patch` applied, `setup` run, tests run in the sandbox on a disk-capped copy of
+   the tree, JUnit read: `passed` only if every FAIL_TO_PASS and PASS_TO_PASS test
    passed; a missing, skipped or errored test, or no JUnit report at all, is a failure.
 
 `trace` gets `steps` (what happened), `timings` (seconds per step) and `tests` (the
@@ -140,6 +141,8 @@ def parse_params(case: EvalCase) -> Params:
         )
     except (TypeError, ValueError):
         raise InputError("repo_tests: timeout_s, memory_mb and disk_mb must be numbers") from None
+    if disk_mb <= 0:
+        raise InputError("repo_tests: disk_mb must be positive")
     if g.get("test_patch") is not None and not isinstance(g["test_patch"], str):
         raise InputError("repo_tests: test_patch must be a diff")
     return Params(
