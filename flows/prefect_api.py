@@ -49,18 +49,21 @@ def prefect_api(json_mode: bool = False) -> Iterator[Callable[[Any], Any]]:
     logging.disable(logging.NOTSET)  # undo a previous command's exit silence (flows.demo runs several)
     api_url = _configured_api()
     managed = None if api_url else local.running()
-    if managed is not None and local.healthy(managed.api_url):
+    hint = f"this command started a temporary Prefect server; {FASTER}"
+    if managed is not None and not local.healthy(managed.api_url):
+        hint = (f"the evalpipe server at {managed.url} (pid {managed.pid}) is not answering, so this "
+                "command started a temporary one; `evalpipe server stop` then `start` renews it")
+        managed = None
+    if managed is not None:
         api_url = managed.api_url
         # Worker processes (runner=processes, dask) read the environment.
         os.environ["PREFECT_API_URL"] = api_url
     elif api_url:
         _check_reachable(api_url)
     else:
-        managed = None
         api_url = _start_ephemeral()
         if not json_mode:  # after the start, so that a failure to start stays one line
-            print(f"evalpipe: this command started a temporary Prefect server; {FASTER}",
-                  file=sys.stderr, flush=True)
+            print(f"evalpipe: {hint}", file=sys.stderr, flush=True)
 
     import httpx
     from prefect.exceptions import PrefectHTTPStatusError
@@ -123,8 +126,9 @@ def _start_ephemeral() -> str:
     """Start Prefect's ephemeral server (the same singleton its client would start) with our
     timeout, its output in EVALPIPE_HOME/server/ephemeral.log, and a reaper."""
     from prefect.server.api.server import SubprocessASGIServer
+    from prefect.settings import get_current_settings
 
-    timeout_s = local.start_timeout()
+    timeout_s = local.start_timeout(get_current_settings().home)
     server = SubprocessASGIServer()
     if server.running:
         return server.api_url
