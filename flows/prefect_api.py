@@ -61,8 +61,8 @@ def prefect_api(json_mode: bool = False) -> Iterator[Callable[[Any], Any]]:
     elif api_url:
         _check_reachable(api_url)
     else:
-        api_url = _start_ephemeral()
-        if not json_mode:  # after the start, so that a failure to start stays one line
+        api_url, started = _start_ephemeral()
+        if started and not json_mode:  # after the start, so that a failure to start stays one line
             print(f"evalpipe: {hint}", file=sys.stderr, flush=True)
 
     import httpx
@@ -122,16 +122,17 @@ def _announcing(flow: Any) -> Any:
     return flow.with_options(on_running=[*flow.on_running_hooks, announce])
 
 
-def _start_ephemeral() -> str:
+def _start_ephemeral() -> tuple[str, bool]:
     """Start Prefect's ephemeral server (the same singleton its client would start) with our
-    timeout, its output in EVALPIPE_HOME/server/ephemeral.log, and a reaper."""
+    timeout, its output in EVALPIPE_HOME/server/ephemeral.log, and a reaper.
+    Returns (its API URL, whether this call started it)."""
     from prefect.server.api.server import SubprocessASGIServer
     from prefect.settings import get_current_settings
 
     timeout_s = local.start_timeout(get_current_settings().home)
     server = SubprocessASGIServer()
     if server.running:
-        return server.api_url
+        return server.api_url, False
     directory = local.state_dir()
     directory.mkdir(parents=True, exist_ok=True)
     log = directory / "ephemeral.log"
@@ -161,7 +162,7 @@ def _start_ephemeral() -> str:
             f"Prefect's temporary server {what} (its log: {log}): allow longer with "
             f"{local.START_TIMEOUT_ENV}=SECONDS, or run `evalpipe server start` once"
         ) from None
-    return server.api_url
+    return server.api_url, True
 
 
 @contextmanager

@@ -260,6 +260,9 @@ def test_kill_9_of_a_run_takes_its_ephemeral_server_with_it(work: Path) -> None:
         run.send_signal(signal.SIGKILL)
         run.wait()
         assert wait_gone(kids, 10.0), "the ephemeral server (or its reaper) outlived the run"
+        # Before the kill, the run had said once, in one line, how to start faster.
+        hint = [line for line in run.stderr.read().splitlines() if "evalpipe server start" in line]
+        assert len(hint) == 1 and "3x faster" in hint[0], hint
     finally:
         if run.poll() is None:
             run.kill()
