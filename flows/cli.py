@@ -1,13 +1,15 @@
 """`evalpipe`: the command line. Parsing and printing only; the work is in `tasks/` and `flows/`.
 
-Exit status: 0 success, 1 gate blocked, 2 bad input, 3 platform failure (one line on stderr,
-no traceback).
+Exit status: 0 success, 1 gate blocked, 2 bad input, 3 platform failure (both one line on
+stderr, no traceback).
 Heavy imports (Prefect) happen inside the commands that need them, so `suite hash` is fast.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -174,9 +176,10 @@ def run(
     # exactly the suite that was checked, even if the branch moves meanwhile.
     suite_obj, pinned = resolve_suite(suite)
     load_agent(agent)
-    if baseline and baseline != "previous":
-        from storage import db
+    from storage import db
 
+    db.check()  # a damaged or locked database is reported before Prefect starts, too
+    if baseline and baseline != "previous":
         if db.get_run(baseline) is None:
             bad_input(f"--baseline {baseline!r}: no such run in {db.db_path()}")
     from flows.prefect_api import prefect_api
@@ -391,16 +394,42 @@ def _mount_judging() -> None:
 _mount_judging()
 
 
+def _platform_error(exc: BaseException) -> PlatformError | None:
+    if isinstance(exc, PlatformError):
+        return exc
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        where = exc.filename or "a file"
+        return PlatformError(f"disk full writing {where}: what was stored before is kept;"
+                             " free space and run the same command again")
+    return None
+
+
+class _DropReportedFailures(logging.Filter):
+    """Prefect logs a failing task or flow run with its traceback; when the failure is one
+    that `main` reports as its one line, the console gets that line only."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and _platform_error(record.exc_info[1]) is not None:
+            return False
+        return PlatformError.__name__ not in record.getMessage()
+
+
 def main(argv: list[str] | None = None) -> int:
     # Standalone click handles usage errors (exit 2) and --help; bad input found by our own
-    # code surfaces as InputError and becomes the one-line message.
+    # code surfaces as InputError, a failure of the machine as PlatformError (or a full
+    # disk's OSError), each becoming the one-line message.
+    for name in ("prefect.flow_runs", "prefect.task_runs"):
+        logging.getLogger(name).addFilter(_DropReportedFailures())
     try:
         app(args=argv)
     except InputError as exc:
         typer.echo(f"evalpipe: {exc}", err=True)
         return 2
-    except PlatformError as exc:
-        typer.echo(f"evalpipe: {exc}", err=True)
+    except (PlatformError, OSError) as exc:
+        failure = _platform_error(exc)
+        if failure is None:
+            raise
+        typer.echo(f"evalpipe: {failure}", err=True)
         return 3
     return 0
 

@@ -28,8 +28,8 @@ class InputError(ValueError):
 
 
 class PlatformError(RuntimeError):
-    """The platform failed, not the input: the Prefect server did not start or is unreachable,
-    the database stayed locked, the disk is full. The CLI prints the message as one line and
+    """The machine, not the input, failed: a database locked past the wait or damaged, a
+    full disk, a server that did not start. The CLI prints the message as one line and
     exits 3; the message must name what failed and what to do."""
 
 

@@ -32,7 +32,7 @@ from tasks.graders import register
 from tasks.junit import PASSED, JUnitError, parse_junit
 from tasks.models import EvalCase, InputError, Status, Verdict
 from tasks.patching import apply_patch
-from tasks.repos import RepoError, changed_paths, checkout, restore_paths, scan_tree
+from tasks.repos import RepoError, changed_paths, checkout, discard, restore_paths, scan_tree
 from tasks.safety import path_violations
 from tasks.sandbox import Limits, SandboxError, run_command
 
@@ -295,6 +295,7 @@ def _test_tree(tree: Path, params: Params, changed: dict, trace: dict, clock: _C
         with clock("disk"):
             grown = scan_tree(tree).bytes - before
         if grown > params.disk_mb << 20:
+            discard(tree)
             return Verdict.fail(
                 Status.error, f"setup wrote {grown >> 20} MB, over disk_mb={params.disk_mb}"
             )
