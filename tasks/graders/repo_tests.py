@@ -19,7 +19,6 @@ from __future__ import annotations
 import fnmatch
 import secrets
 import shlex
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -27,13 +26,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tasks.environments import (
+    Environment,
+    EnvironmentFailed,
+    Runtime,
+    parse_environment,
+    runtime_for,
+)
 from tasks.graders import register
 from tasks.junit import PASSED, JUnitError, parse_junit
 from tasks.models import EvalCase, InputError, Status, Verdict
 from tasks.patching import apply_patch
 from tasks.repos import RepoError, changed_paths, checkout, restore_paths
 from tasks.safety import path_violations
-from tasks.sandbox import Limits, SandboxError, run_command
+from tasks.sandbox import Limits, SandboxError
 
 DEFAULT_TEST_FILES = ("tests/**", "test_*.py", "*_test.py", "conftest.py")
 # pytest takes options (and so plugins) from these files at the root of the run: a
@@ -58,6 +64,7 @@ class Params:
     setup: tuple[tuple[str, ...], ...]
     timeout_s: float
     memory_mb: int
+    environment: Environment | None = None  # None: the harness's interpreter, as before
 
 
 def _strings(grader: dict[str, Any], key: str, default: Any = ()) -> tuple[str, ...] | Any:
@@ -119,6 +126,7 @@ def parse_params(case: EvalCase) -> Params:
         setup=tuple(_command(c, "setup") for c in setup),
         timeout_s=timeout_s,
         memory_mb=memory_mb,
+        environment=parse_environment(g.get("environment")),
     )
 
 
@@ -212,6 +220,12 @@ def _test_tree(
     """Restore test files, apply test_patch, run setup and the tests: the part of grading
     after the candidate's edits are on disk."""
     steps: list[str] = trace.setdefault("steps", [])
+    try:
+        with clock("environment"):
+            runtime = runtime_for(params.environment, params.repo, params.base_commit,
+                                  needs_pytest=params.test_cmd is None, trace=trace)
+    except EnvironmentFailed as exc:
+        return Verdict.fail(Status.error, str(exc))
     with clock("restore"):
         protected = {
             p: code
@@ -230,7 +244,7 @@ def _test_tree(
     for command in params.setup:
         with clock("setup"):
             try:
-                result = run_command(list(command), workdir=tree, limits=limits, env=TEST_ENV)
+                result = runtime.run(command, tree, limits, TEST_ENV)
             except SandboxError as exc:
                 return Verdict.fail(
                     Status.error, f"setup {shlex.join(command)} could not start: {exc}"
@@ -244,10 +258,10 @@ def _test_tree(
             return Verdict.fail(
                 Status.error, f"setup {shlex.join(command)} exited {result.returncode}: {tail}"
             )
-    return _run_tests(tree, params, limits, trace, clock)
+    return _run_tests(tree, params, limits, trace, clock, runtime)
 
 
-def _test_argv(params: Params, junit: Path) -> list[str]:
+def _test_argv(params: Params, junit: str, python: str) -> list[str]:
     # Whole test files, not single ids: one id pytest cannot find (or cannot parse, like a
     # parameter containing "::") would otherwise abort the run and hide every other result.
     files = list(
@@ -257,7 +271,7 @@ def _test_argv(params: Params, junit: Path) -> list[str]:
         return [
             # --rootdir=.: node ids relative to the tree even when it sits below a directory
             # with a pytest config of its own (EVALPIPE_HOME inside a project).
-            sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir=.",
+            python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir=.",
             "-o", "junit_family=xunit1", f"--junitxml={junit}", *files,
         ]  # fmt: skip
     argv: list[str] = []
@@ -265,21 +279,23 @@ def _test_argv(params: Params, junit: Path) -> list[str]:
         if arg == "{tests}":
             argv += files
         else:
-            argv.append(arg.replace("{junit}", str(junit)))
+            argv.append(arg.replace("{junit}", junit))
     return argv
 
 
-def _run_tests(tree: Path, params: Params, limits: Limits, trace: dict, clock: _Clock) -> Verdict:
+def _run_tests(
+    tree: Path, params: Params, limits: Limits, trace: dict, clock: _Clock, runtime: Runtime
+) -> Verdict:
     # The sandbox can write only the tree, so the report goes there, into a directory
     # made just now under a random name: no file from the patch, and no report left by an
     # earlier sample, can stand in for it. (It is untracked, so the next reset removes it.)
     report_dir = tree / f".evalpipe-junit-{secrets.token_hex(8)}"
     report_dir.mkdir()
     junit = report_dir / "report.xml"
-    argv = _test_argv(params, junit)
+    argv = _test_argv(params, runtime.path(junit, tree), runtime.python)
     with clock("tests"):
         try:
-            result = run_command(argv, workdir=tree, limits=limits, env=TEST_ENV)
+            result = runtime.run(argv, tree, limits, TEST_ENV)
         except SandboxError as exc:
             return Verdict.fail(Status.error, f"the test command could not start: {exc}")
     trace["test_run"] = {
