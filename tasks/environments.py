@@ -279,16 +279,16 @@ _failures: dict[str, tuple[float, str]] = {}
 def _ensure_built(ident: Identity, spec: Environment, path: Path) -> dict:
     meta = _read_meta(path / "env.json")
     if meta is None:
-        _raise_recent_failure(ident.key)
+        _raise_recent_failure(path)
         with _locked(_lock_path(path)):
             meta = _read_meta(path / "env.json")
             if meta is None:
-                _raise_recent_failure(ident.key)
+                _raise_recent_failure(path)
                 try:
                     meta = _build(ident, spec, path)
                 except EnvironmentFailed as exc:
                     with _memo_lock:
-                        _failures[ident.key] = (time.monotonic(), str(exc))
+                        _failures[str(path)] = (time.monotonic(), str(exc))
                     raise
     try:
         os.utime(path / "env.json")  # the last use, for `env list` and `env prune`
@@ -297,9 +297,9 @@ def _ensure_built(ident: Identity, spec: Environment, path: Path) -> dict:
     return meta
 
 
-def _raise_recent_failure(key: str) -> None:
+def _raise_recent_failure(path: Path) -> None:
     with _memo_lock:
-        failed = _failures.get(key)
+        failed = _failures.get(str(path))
     if failed and time.monotonic() - failed[0] < FAILURE_MEMO_S:
         raise EnvironmentFailed(failed[1])
 

@@ -96,9 +96,10 @@ def make_wheel(name: str, version: str, files: dict[str, str | bytes]) -> tuple[
     """A pure-Python wheel (file name, bytes) holding `files`, byte-for-byte reproducible."""
     dist = f"{name}-{version}.dist-info"
     contents = {path: text.encode() if isinstance(text, str) else text for path, text in files.items()}
-    contents[f"{dist}/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode()
-    contents[f"{dist}/WHEEL"] = (
-        b"Wheel-Version: 1.0\nGenerator: evalpipe-example\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    contents.setdefault(f"{dist}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode())
+    contents.setdefault(
+        f"{dist}/WHEEL",
+        b"Wheel-Version: 1.0\nGenerator: evalpipe-example\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
     )
     record = [
         f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}"
