@@ -139,15 +139,16 @@ class Runtime:
             return str(host)
         return f"{TESTBED}/{host.relative_to(tree).as_posix()}"
 
-    def run(self, argv: Sequence[str], tree: Path, limits: Limits,
-            env: Mapping[str, str]) -> SandboxResult:
+    def run(self, argv: Sequence[str], tree: Path, limits: Limits, env: Mapping[str, str],
+            **options: Any) -> SandboxResult:
+        """`run_command` in `tree` (`options`: its scratch_mb, pass_fds)."""
         if self.lock is None or self.ready is None:
-            return run_command(list(argv), workdir=tree, limits=limits, env=env)
+            return run_command(list(argv), workdir=tree, limits=limits, env=env, **options)
         with _locked(self.lock, shared=True):
             if not self.ready.exists():
                 raise SandboxError(f"environment {self.ready.parent.name} was removed while in use")
             return run_command(list(argv), workdir=tree, limits=limits,
-                               env={**env, **self.env}, mounts=self.mounts)
+                               env={**env, **self.env}, mounts=self.mounts, **options)
 
 
 # Today's behaviour: the harness's interpreter, the tree at its own path.
