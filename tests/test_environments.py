@@ -38,18 +38,7 @@ _spec = importlib.util.spec_from_file_location("build_pricing", EXAMPLE / "build
 pricing = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(pricing)
 
-# pytest and what it needs, as wheels made from this venv's installed copies: the test
-# environments install everything from the repository's vendor/ directory, no index.
-PYTEST_DISTS = ("pytest", "iniconfig", "packaging", "pluggy", "pygments")
-# The src directory goes on the path as an editable install would put it (a real `pip
-# install -e .` needs setuptools' wheel support from the index: the PyPI test does that).
-OFFLINE = {
-    "install": [
-        "pip install --no-index --find-links vendor centscribe==0.9.0 " + " ".join(PYTEST_DISTS),
-        "python -c 'import os, site; open(site.getsitepackages()[0] + \"/pricing.pth\", \"w\")"
-        ".write(os.getcwd() + \"/src\\n\")'",
-    ]
-}
+OFFLINE = pricing.OFFLINE_ENVIRONMENT
 ISOLATION_TESTS = textwrap.dedent('''
     import importlib.util
     import os
@@ -83,29 +72,11 @@ BREAKS_P2P = GOLD + (  # fixes the discount, and breaks the receipt
 )
 
 
-def installed_wheel(dist_name: str) -> tuple[str, bytes]:
-    """A wheel of an installed distribution (its files and metadata, as installed)."""
-    dist = importlib.metadata.distribution(dist_name)
-    skip = ("RECORD", "INSTALLER", "REQUESTED", "direct_url.json")
-    files = {
-        str(f): f.locate().read_bytes()
-        for f in dist.files
-        if not str(f).startswith("..") and "__pycache__" not in str(f) and Path(str(f)).name not in skip
-    }
-    info = next(p for p in files if p.endswith(".dist-info/METADATA"))  # its own spelling
-    return pricing.make_wheel(info.split("/")[0].removesuffix(f"-{dist.version}.dist-info"),
-                              dist.version, files)
-
-
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """The pricing example plus pytest's wheels and isolation checks: (path, base commit)."""
-    extra: dict[str, str | bytes] = {"tests/test_isolation.py": ISOLATION_TESTS}
-    for dist in PYTEST_DISTS:
-        name, data = installed_wheel(dist)
-        extra[f"vendor/{name}"] = data
     path = tmp_path_factory.mktemp("repos") / "evalpipe__pricing"
-    return path, pricing.build(path, extra)
+    return path, pricing.build_offline(path, {"tests/test_isolation.py": ISOLATION_TESTS})
 
 
 @pytest.fixture(scope="module")

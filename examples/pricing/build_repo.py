@@ -137,6 +137,42 @@ def build(dest: Path, extra: dict[str, str | bytes] | None = None) -> str:
     return commit.hexsha
 
 
+# ---- an offline variant (the tests and bench/env_grading.py): pytest vendored too, as
+# wheels made from this venv's installed copies, and the src directory put on the path as
+# an editable install would (a real `pip install -e .` needs setuptools' wheel support,
+# which comes from the index).
+PYTEST_DISTS = ("pytest", "iniconfig", "packaging", "pluggy", "pygments")
+OFFLINE_ENVIRONMENT = {
+    "install": [
+        "pip install --no-index --find-links vendor centscribe==0.9.0 " + " ".join(PYTEST_DISTS),
+        "python -c 'import os, site; open(site.getsitepackages()[0] + \"/pricing.pth\", \"w\")"
+        ".write(os.getcwd() + \"/src\\n\")'",
+    ]
+}
+
+
+def wheel_of_installed(dist_name: str) -> tuple[str, bytes]:
+    """A wheel of an installed distribution (its files and metadata, as installed)."""
+    import importlib.metadata
+
+    dist = importlib.metadata.distribution(dist_name)
+    skip = ("RECORD", "INSTALLER", "REQUESTED", "direct_url.json")
+    files = {
+        str(f): f.locate().read_bytes()
+        for f in dist.files
+        if not str(f).startswith("..") and "__pycache__" not in str(f) and Path(str(f)).name not in skip
+    }
+    info = next(p for p in files if p.endswith(".dist-info/METADATA"))  # its own spelling
+    name = info.split("/")[0].removesuffix(f"-{dist.version}.dist-info")
+    return make_wheel(name, dist.version, files)
+
+
+def build_offline(dest: Path, extra: dict[str, str | bytes] | None = None) -> str:
+    """The repository with pytest's wheels in vendor/ too (for OFFLINE_ENVIRONMENT)."""
+    wheels = dict(wheel_of_installed(d) for d in PYTEST_DISTS)
+    return build(dest, {**{f"vendor/{n}": w for n, w in wheels.items()}, **(extra or {})})
+
+
 if __name__ == "__main__":
     target = (
         Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent / "repos" / "evalpipe__pricing"
