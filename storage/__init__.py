@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
+from tasks.home import evalpipe_home
 
-
-def evalpipe_home() -> Path:
-    """`EVALPIPE_HOME`, default `.evalpipe/` in the working directory (SPEC §8)."""
-    return Path(os.environ.get("EVALPIPE_HOME") or ".evalpipe").absolute()
+__all__ = ["evalpipe_home"]

@@ -100,10 +100,17 @@ class PythonTestsParams(Params):
 
 
 class Environment(Params):
-    """A repository's test environment: the Python to build it with and what to install."""
+    """`repo_tests`' `environment` parameter (on the grader, or in `grader_defaults`)."""
 
-    python: str | None = None
-    install: Strings = []
+    python: str | None = Field(default=None, min_length=1)  # default: the harness's
+    install: tuple[str, ...] = ()  # shell commands, run in order in the activated venv
+    setup_commit: str | None = Field(default=None, min_length=1)  # default: base_commit
+    timeout_s: float = Field(default=1800.0, gt=0)  # for the whole build
+
+    @field_validator("install", mode="before")
+    @classmethod
+    def _one_command(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
 
 
 def _command(value: Any) -> Any:
@@ -125,7 +132,7 @@ class RepoTestsParams(Params):
     setup: Annotated[list[Command], BeforeValidator(_listed)] | None = None
     timeout_s: Annotated[Number, Field(gt=0)] = 600.0
     memory_mb: Annotated[Integer, Field(ge=16)] = 4096
-    disk_mb: Annotated[Integer, Field(ge=1)] | None = None
+    disk_mb: Annotated[Integer, Field(ge=1)] = 1024
     environment: Environment | None = None
 
     @field_validator("test_cmd")
