@@ -51,7 +51,7 @@ SuiteArg = Annotated[str, typer.Argument(help="Suite file, git URL#PATH (URL@REF
 @suite_app.command("hash")
 def suite_hash(path: SuiteArg, as_json: JsonFlag = False) -> None:
     """Print a suite's content version without writing anything."""
-    from tasks.dataset import load_suite_ref
+    from storage.suites import load_suite_ref
 
     suite = load_suite_ref(path)
     doc = _suite_summary(suite)
@@ -62,7 +62,7 @@ def suite_hash(path: SuiteArg, as_json: JsonFlag = False) -> None:
 def suite_snapshot(path: SuiteArg, as_json: JsonFlag = False) -> None:
     """Write snapshots/<version>.parquet (once; an existing snapshot is never rewritten)."""
     from storage.snapshots import write_snapshot
-    from tasks.dataset import load_suite_ref
+    from storage.suites import load_suite_ref
 
     suite = load_suite_ref(path)
     out = write_snapshot(suite)
@@ -73,7 +73,8 @@ def suite_snapshot(path: SuiteArg, as_json: JsonFlag = False) -> None:
 @suite_app.command("diff")
 def suite_diff(old: SuiteArg, new: SuiteArg, as_json: JsonFlag = False) -> None:
     """Added, removed and changed case ids between two suites (files or stored versions)."""
-    from tasks.dataset import diff_suites, load_suite_ref
+    from storage.suites import load_suite_ref
+    from tasks.dataset import diff_suites
 
     a, b = load_suite_ref(old), load_suite_ref(new)
     diff = diff_suites(a, b)
@@ -91,7 +92,7 @@ def suite_validate(
     as_json: JsonFlag = False,
 ) -> None:
     """Each reference must pass R/R times and the empty output must fail; exit 1 if not."""
-    from tasks.dataset import load_suite_ref
+    from storage.suites import load_suite_ref
 
     load_suite_ref(path)  # bad input exits 2 before Prefect starts
     from flows.prefect_api import prefect_api
@@ -165,8 +166,8 @@ def run(
     as_json: JsonFlag = False,
 ) -> None:
     """Sample, grade, store and aggregate a run of AGENT on SUITE."""
+    from storage.suites import resolve_suite
     from tasks.agents import load_agent
-    from tasks.dataset import resolve_suite
 
     ks = _parse_ks(k)
     if runner not in ("threads", "processes", "dask"):

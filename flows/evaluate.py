@@ -27,9 +27,9 @@ from flows.runners import Runner, task_runner
 from flows.steps import reduce_run, sample_batch, snapshot
 from storage import db, evalpipe_home
 from storage.snapshots import snapshot_path
+from storage.suites import resolve_suite
 from tasks import run
 from tasks.agents import load_agent
-from tasks.dataset import resolve_suite
 from tasks.models import EvalSuite
 from tasks.sampling import PlannedSample
 

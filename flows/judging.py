@@ -86,8 +86,8 @@ def calibrate_judge(
     The judge is `judge` if given, else each case's own `judge` grader; `rubric` and
     `samples` override the case's. The result is stored under the judge's fingerprint."""
     from storage.calibrations import record_calibration
+    from storage.suites import load_suite_ref
     from tasks.calibration import calibrate
-    from tasks.dataset import load_suite_ref
     from tasks.graders import grade, grader_fingerprint
     from tasks.graders.judge import case_judge
     from tasks.labels import read_labels

@@ -10,7 +10,7 @@ from prefect.futures import as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
 from pydantic import Field
 
-from tasks.dataset import load_suite_ref
+from storage.suites import load_suite_ref
 from tasks.models import EvalCase
 from tasks.validation import CaseCheck, check_case, validation_report
 

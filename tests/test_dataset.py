@@ -180,7 +180,7 @@ def test_verdict_passed_agrees_with_status():
 
 def test_resolve_suite_pins_what_it_read(home, tmp_path, monkeypatch):
     from storage.snapshots import write_snapshot
-    from tasks.dataset import resolve_suite
+    from storage.suites import resolve_suite
 
     monkeypatch.chdir(ROOT)
     suite, pinned = resolve_suite("examples/qa.yaml")

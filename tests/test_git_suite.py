@@ -14,7 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from support.git_repos import commit
 
-from tasks.dataset import SuiteError, load_suite, resolve_suite
+from storage.suites import resolve_suite
+from tasks.dataset import SuiteError, load_suite
 from tasks.git_suite import GitSuiteRef, parse_git_ref
 from tasks.models import InputError
 

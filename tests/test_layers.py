@@ -1,0 +1,68 @@
+"""The layers of docs/architecture.md: the core (`tasks`) never imports storage, the flows
+or Prefect, and no module of ours is part of an import cycle."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("tasks", "storage", "flows")
+
+
+def modules(package: str) -> list[str]:
+    return sorted(
+        ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        for p in (ROOT / package).rglob("*.py")
+    )
+
+
+def test_importing_every_core_module_leaves_out_storage_flows_and_prefect():
+    probe = (
+        "import importlib, json, sys\n"
+        f"for name in {modules('tasks')!r}:\n"
+        "    importlib.import_module(name)\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('storage', 'flows', 'prefect'))))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == []
+
+
+def _imports(module: str) -> set[str]:
+    """Our modules that `module` imports, at any depth of its code (function-level too)."""
+    path = ROOT / Path(*module.split("."))
+    path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        found |= {n for n in names if n.split(".")[0] in PACKAGES}
+    return found
+
+
+def test_no_import_cycles():
+    known = {m for p in PACKAGES for m in modules(p)}
+    graph = {m: {i for i in _imports(m) if i in known and i != m} for m in known}
+    # A package's own __init__ importing its submodules (the grader registry) is not a cycle.
+    for m, deps in graph.items():
+        deps -= {d for d in deps if d.startswith(m + ".")}
+    state: dict[str, int] = {}
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for d in sorted(graph[m]):
+            assert state.get(d) != 1, "import cycle: " + " -> ".join([*path, m, d])
+            if d not in state:
+                visit(d, [*path, m])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [])
