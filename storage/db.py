@@ -33,7 +33,11 @@ from tasks.models import EvalSuite, InputError, PlatformError
 from tasks.run import RunSpec, RunSummary
 from tasks.samples import SAMPLE_COLUMNS, SAMPLE_SCHEMA, sample_ddl
 
-SCHEMA = f"""
+# The schema, as the steps that build it: step i brings a file from schema version i to
+# i + 1, recorded in `schema_version`. A new file takes every step; an older file takes the
+# steps it lacks, in place. Steps are never edited once released: a change is a new step.
+MIGRATIONS: tuple[str, ...] = (
+    f"""
 CREATE TABLE IF NOT EXISTS suites (
     version VARCHAR PRIMARY KEY, name VARCHAR, n_cases INTEGER, snapshot_path VARCHAR,
     created_at TIMESTAMPTZ);
@@ -46,14 +50,33 @@ CREATE TABLE IF NOT EXISTS runs (
     started_at TIMESTAMPTZ, finished_at TIMESTAMPTZ, flow_run_id VARCHAR, config JSON,
     summary JSON);
 {sample_ddl()};
--- Added after files were in use: ADD COLUMN IF NOT EXISTS upgrades an older file in place.
-ALTER TABLE runs ADD COLUMN IF NOT EXISTS pid INTEGER;
-ALTER TABLE runs ADD COLUMN IF NOT EXISTS host VARCHAR;
-ALTER TABLE runs ADD COLUMN IF NOT EXISTS process_started VARCHAR;
 CREATE INDEX IF NOT EXISTS samples_cache_key ON samples (cache_key);
 CREATE TABLE IF NOT EXISTS aggregates (
     run_id VARCHAR, slice VARCHAR, metric VARCHAR, value DOUBLE, ci_lo DOUBLE, ci_hi DOUBLE);
-"""
+""",
+    # Who runs a run, so that a run whose process is gone reads as interrupted.
+    """
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS pid INTEGER;
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS host VARCHAR;
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS process_started VARCHAR;
+""",
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def migrate(con: duckdb.DuckDBPyConnection) -> int:
+    """Bring the file to `SCHEMA_VERSION`; returns the version it was at."""
+    con.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER)")
+    ((current,),) = con.execute("SELECT coalesce(max(version), 0) FROM schema_version").fetchall()
+    if current < SCHEMA_VERSION:
+        con.execute("BEGIN")
+        for step in MIGRATIONS[current:]:
+            con.execute(step)
+        con.execute("DELETE FROM schema_version")
+        con.execute("INSERT INTO schema_version VALUES (?)", [SCHEMA_VERSION])
+        con.execute("COMMIT")
+    return current
+
 
 # Samples not reused from the cache: the agent or the grader's environment failed, which
 # says nothing about the output, so a re-run should try again.
@@ -90,7 +113,7 @@ def connect(home: Path | None = None, *, read_only: bool = False) -> Iterator[du
         con = _open(path, read_only, lock_wait_s())
         try:
             if not read_only:
-                con.execute(SCHEMA)
+                migrate(con)
             yield con
         finally:
             con.close()
