@@ -16,6 +16,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 from tasks.models import InputError
+from tasks.report import UNSAFE_NOTE
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -29,6 +30,8 @@ app.add_typer(suite_app, name="suite")
 suite_app.add_typer(import_app, name="import")
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print exactly one JSON document.")]
+UnsafeFlag = Annotated[bool, typer.Option(
+    "--unsafe-no-sandbox", help="Without bubblewrap, run the suite's code unprotected instead of refusing.")]
 
 
 def emit(doc: dict[str, Any], as_json: bool, human: str) -> None:
@@ -86,16 +89,19 @@ def suite_validate(
     path: SuiteArg,
     reps: Annotated[int, typer.Option("--reps", min=1, help="Gradings of each reference.")] = 3,
     workers: Annotated[int, typer.Option("--workers", min=1)] = 2,
+    unsafe_no_sandbox: UnsafeFlag = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Each reference must pass R/R times and the empty output must fail; exit 1 if not."""
     from tasks.dataset import load_suite_ref
+    from tasks.sandbox import run_sandbox_mode
 
-    load_suite_ref(path)  # bad input exits 2 before Prefect starts
+    suite = load_suite_ref(path)  # bad input exits 2 before Prefect starts
+    run_sandbox_mode((c.kind for c in suite.cases), unsafe_no_sandbox)
     _quiet_prefect()
     from flows.validate import validate_suite
 
-    report = validate_suite(suite=path, reps=reps, workers=workers)
+    report = validate_suite(suite=path, reps=reps, workers=workers, unsafe_no_sandbox=unsafe_no_sandbox)
     if as_json:
         typer.echo(json.dumps(report))
     else:
@@ -163,11 +169,13 @@ def run(
     batch_size: Annotated[int | None, typer.Option("--batch-size", min=1)] = None,
     regrade: Annotated[int, typer.Option("--regrade", min=0, help="Re-grade each output R times.")] = 0,
     baseline: Annotated[str | None, typer.Option("--baseline", help="Gate against this run id.")] = None,
+    unsafe_no_sandbox: UnsafeFlag = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Sample, grade, store and aggregate a run of AGENT on SUITE."""
     from tasks.agents import load_agent
     from tasks.dataset import resolve_suite
+    from tasks.sandbox import run_sandbox_mode
 
     ks = _parse_ks(k)
     if runner not in ("threads", "processes", "dask"):
@@ -178,6 +186,7 @@ def run(
     # The flow gets the suite pinned (a git branch as the commit read here), so it runs
     # exactly the suite that was checked, even if the branch moves meanwhile.
     suite_obj, pinned = resolve_suite(suite)
+    run_sandbox_mode((c.kind for c in suite_obj.cases), unsafe_no_sandbox)
     load_agent(agent)
     if baseline and baseline != "previous":
         from storage import db
@@ -192,7 +201,7 @@ def run(
         try:
             summary = evaluate(suite=pinned, agent=agent, n=n, k=ks, seed=seed, baseline=baseline,
                                runner=runner, workers=workers, dask_address=dask_address,
-                               batch_size=batch_size, regrade=regrade)
+                               batch_size=batch_size, regrade=regrade, unsafe_no_sandbox=unsafe_no_sandbox)
         finally:
             progress_hook.reset(token)
     if as_json:
@@ -248,6 +257,8 @@ def _summary_text(s: dict[str, Any]) -> str:
                  + ", ".join(f"{k} {v}" for k, v in sorted(s["status_counts"].items())))
     if "env_flaky_samples" in s:
         lines.append(f"environment flakes (same output, different verdicts): {s['env_flaky_samples']}")
+    if s.get("sandbox") == "unsafe-no-sandbox":
+        lines.insert(0, f"UNSAFE: {UNSAFE_NOTE}")
     if s["safety_failed"]:
         lines.append(f"SAFETY FAILED: {len(s['safety_violations'])} violation(s)")
         for v in s["safety_violations"][:10]:

@@ -46,6 +46,7 @@ from tasks.dataset import resolve_suite
 from tasks.models import EvalSuite, InputError
 from tasks.report import slices_table, summary_markdown
 from tasks.sampling import PlannedSample, plan_samples, run_batch
+from tasks.sandbox import allowing_unsafe, run_sandbox_mode
 
 Runner = Literal["threads", "processes", "dask"]
 
@@ -162,6 +163,7 @@ def evaluate(
     dask_address: str | None = None,
     batch_size: Annotated[int | None, Field(ge=1)] = None,
     regrade: Annotated[int, Field(ge=0, le=100)] = 0,
+    unsafe_no_sandbox: bool = False,
 ) -> dict[str, Any]:
     """Sample `n` outputs per case from `agent`, grade them, store and aggregate the run.
 
@@ -181,12 +183,15 @@ def evaluate(
         dask_address: Address of an existing Dask scheduler (runner=dask).
         batch_size: Cases per sampling task (default: automatic).
         regrade: Grade each output this many extra times to count environment flakes.
+        unsafe_no_sandbox: Without bubblewrap, run the suite's code (python_tests,
+            repo_tests, predicate) unprotected instead of refusing. Stated in the summary.
     """
     started = time.perf_counter()
     if any(x < 1 for x in k):
         raise InputError(f"k: every k must be at least 1, got {k}")
     home = evalpipe_home()
     suite_obj, suite_source = resolve_suite(suite)
+    sandbox = run_sandbox_mode((c.kind for c in suite_obj.cases), unsafe_no_sandbox)
     agent_obj = load_agent(agent)
     workers = workers or os.cpu_count() or 1
 
@@ -208,19 +213,22 @@ def evaluate(
         "regrade": regrade,
         "flow_run_id": str(flow_run.id) if flow_run.id else None,
         "config": {"runner": runner, "workers": workers, "batch_size": batch_size, "regrade": regrade,
-                   "baseline": baseline, "suite_ref": suite, "suite_source": suite_source},
+                   "baseline": baseline, "suite_ref": suite, "suite_source": suite_source,
+                   "sandbox": sandbox},
     }
     db.start_run(run, home)
     try:
         planned = plan_samples(suite_obj, agent_obj.fingerprint, n, seed)
         missing = _with_stored_outputs(planned, home) if regrade else _reuse_cached(run["run_id"], planned, home)
-        _draw(run, suite_obj, agent_obj, missing, len(planned), batch_size, runner, workers, dask_address, home)
+        with allowing_unsafe(unsafe_no_sandbox):  # in the environment: process workers see it
+            _draw(run, suite_obj, agent_obj, missing, len(planned), batch_size, runner, workers, dask_address, home)
         summary = reduce_run(run, suite_obj, list(k), str(home))
         if baseline:
             from flows.gate import gate_runs
 
             summary["gate"] = gate_runs(run["run_id"], baseline, home=home, summary=summary)
         summary["flow_run_id"] = run["flow_run_id"]
+        summary["sandbox"] = sandbox
         summary["duration_s"] = round(time.perf_counter() - started, 3)
         db.finish_run(run["run_id"], "completed", summary, home)
     except BaseException:
