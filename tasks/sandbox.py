@@ -87,6 +87,23 @@ class SandboxResult:
     isolation: str  # "bwrap" or "rlimits" (fallback): what protected this run
 
 
+@dataclass(frozen=True)
+class Mounts:
+    """Extra bubblewrap mounts for `run_command` (repository environments use them).
+
+    `workdir_at`: where the work directory appears inside (a fixed path such as
+    /tmp/testbed, so an editable install made against it serves every worktree);
+    `ro`/`rw`: host directories bound at their own path; `hide`: directories replaced by
+    an empty read-only tmpfs (the harness's own venv and code), binds inside them kept.
+    Needs bubblewrap: without it `run_command` refuses with `SandboxError`.
+    """
+
+    workdir_at: str | None = None
+    ro: tuple[str, ...] = ()
+    rw: tuple[str, ...] = ()
+    hide: tuple[str, ...] = ()
+
+
 class SandboxError(RuntimeError):
     """The sandbox itself could not start (graders report `error`)."""
 
@@ -110,8 +127,17 @@ def scrubbed_env(home: str, extra: Mapping[str, str] | None = None) -> dict[str,
     return env
 
 
+# Where a scratch run (`scratch_mb`) sees the real work directory, read-only, to copy it.
+_SCRATCH_SOURCE = "/tmp/.evalpipe-source"
+
+
 def _bwrap_argv(
-    limits: Limits, workdir: Path | None, network: bool, visible: Iterable[str] = ()
+    limits: Limits,
+    workdir: Path | None,
+    network: bool,
+    scratch_mb: int | None = None,
+    mounts: Mounts | None = None,
+    visible: Iterable[str] = (),
 ) -> list[str]:
     argv = [BWRAP, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
     if network:
@@ -120,11 +146,28 @@ def _bwrap_argv(
     argv += ["--ro-bind", "/", "/", "--size", size, "--tmpfs", "/tmp"]
     for path in _under_tmp((*_runtime_dirs(), *visible)):
         argv += ["--ro-bind", path, path]
+    mounts = mounts or Mounts()
+    hidden = [p for p in mounts.hide if os.path.isdir(p)]
+    for path in hidden:
+        argv += ["--tmpfs", path]
+    for flag, paths in (("--ro-bind", mounts.ro), ("--bind", mounts.rw)):
+        for path in paths:
+            argv += [flag, path, path]
+    for path in hidden:
+        argv += ["--remount-ro", path]
     # /dev's own tmpfs has no size cap: read-only, with a capped /dev/shm on top.
     argv += ["--dev", "/dev", "--remount-ro", "/dev", "--size", size, "--tmpfs", "/dev/shm"]
     argv += ["--proc", "/proc"]
+    inside = mounts.workdir_at or str(workdir)
+    if workdir is not None and scratch_mb is not None:
+        # A tmpfs of that size at the work directory's (inside) path, filled with a copy
+        # of it: writes are capped by the kernel and never reach the real directory.
+        argv += ["--ro-bind", str(workdir), _SCRATCH_SOURCE]
+        argv += ["--size", str(scratch_mb << 20), "--tmpfs", inside]
+    elif workdir is not None:
+        argv += ["--bind", str(workdir), inside]
     if workdir is not None:
-        argv += ["--bind", str(workdir), str(workdir), "--chdir", str(workdir)]
+        argv += ["--chdir", inside]
     return argv + ["--"]
 
 
@@ -339,15 +382,33 @@ def run_command(
     limits: Limits,
     env: Mapping[str, str] | None = None,
     network: bool = False,
+    scratch_mb: int | None = None,
+    pass_fds: Sequence[int] = (),
+    mounts: Mounts | None = None,
 ) -> SandboxResult:
-    """Run `argv` in `workdir` (the only writable place besides a private /tmp).
+    """Run `argv` in `workdir` (the only writable place besides a private /tmp and
+    `mounts.rw`).
 
+    With `scratch_mb` (bubblewrap only; check `isolation`), the program runs on a copy of
+    `workdir` in a tmpfs holding at most that many MB: it cannot fill the disk, and
+    nothing it writes reaches `workdir`. `pass_fds` stay open in the program.
     Never leaves a process behind. Raises `SandboxError` only when nothing could be
     started (e.g. `argv[0]` does not exist); everything the program does is a result.
     """
     workdir = Path(workdir).resolve()
     protection = isolation()
-    full = [*_bwrap_argv(limits, workdir, network), *argv] if protection == "bwrap" else list(argv)
+    if mounts is not None and protection != "bwrap":
+        raise SandboxError("this needs bubblewrap (mounts), which is not available here")
+    if protection == "bwrap" and scratch_mb is not None:
+        copy = 'cp -a "$0"/. . && exec "$@"'
+        argv = ["/bin/sh", "-c", copy, _SCRATCH_SOURCE, *argv]
+    else:
+        scratch_mb = None
+    full = (
+        [*_bwrap_argv(limits, workdir, network, scratch_mb, mounts), *argv]
+        if protection == "bwrap"
+        else list(argv)
+    )
     cgroup = PidsCgroup.create(limits.max_procs + 2)
     start = time.monotonic()
     try:
@@ -355,11 +416,12 @@ def run_command(
             proc = subprocess.Popen(
                 full,
                 cwd=workdir,
-                env=scrubbed_env(str(workdir), env),
+                env=scrubbed_env((mounts and mounts.workdir_at) or str(workdir), env),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,
+                pass_fds=tuple(pass_fds),
                 preexec_fn=_preexec(limits, cgroup),  # noqa: PLW1509 - rlimits need it
             )
         except (OSError, subprocess.SubprocessError) as exc:
@@ -450,7 +512,7 @@ class _Server:
         argv = [sys.executable, "-I", *args]
         if self.isolation == "bwrap":
             pid_1 = ["--as-pid-1"] if as_pid_1 else []
-            argv = [*_bwrap_argv(limits, None, False, visible)[:-1], *pid_1, "--", *argv, "--pidns"]
+            argv = [*_bwrap_argv(limits, None, False, visible=visible)[:-1], *pid_1, "--", *argv, "--pidns"]
         try:
             self.proc = subprocess.Popen(
                 argv,
