@@ -6,8 +6,9 @@ The verdict follows SPEC §4 step by step, and each step fails closed:
 2. a clean tree at `base_commit` (`tasks.repos`) → `error` if it cannot be had
 3. the patch applied exactly (`tasks.patching`) → `not_applied` otherwise
 4. scope, from what changed on disk → `scope_violation` (+ safety for forbidden files)
-5. test files restored from the base, `test_patch` applied, `setup` run, tests run in
-   the sandbox, JUnit read: `passed` only if every FAIL_TO_PASS and PASS_TO_PASS test
+5. test files and runner files (what decides how pytest starts) restored from the base,
+   `test_patch` applied, `setup` run, tests run in the sandbox on a disk-capped copy of
+   the tree, JUnit read: `passed` only if every FAIL_TO_PASS and PASS_TO_PASS test
    passed; a missing, skipped or errored test, or no JUnit report at all, is a failure.
 
 `trace` gets `steps` (what happened), `timings` (seconds per step) and `tests` (the
@@ -38,7 +39,7 @@ from tasks.graders import register
 from tasks.junit import PASSED, JUnitError, parse_junit
 from tasks.models import EvalCase, InputError, Status, Verdict
 from tasks.patching import apply_patch
-from tasks.repos import RepoError, changed_paths, checkout, restore_paths, scan_tree
+from tasks.repos import RepoError, changed_paths, checkout, discard, restore_paths, scan_tree
 from tasks.safety import path_violations
 from tasks.sandbox import Limits, SandboxError
 
@@ -147,6 +148,8 @@ def parse_params(case: EvalCase) -> Params:
         )
     except (TypeError, ValueError):
         raise InputError("repo_tests: timeout_s, memory_mb and disk_mb must be numbers") from None
+    if disk_mb <= 0:
+        raise InputError("repo_tests: disk_mb must be positive")
     if g.get("test_patch") is not None and not isinstance(g["test_patch"], str):
         raise InputError("repo_tests: test_patch must be a diff")
     return Params(
@@ -309,6 +312,7 @@ def _test_tree(tree: Path, params: Params, changed: dict, trace: dict, clock: _C
         with clock("disk"):
             grown = scan_tree(tree).bytes - before
         if grown > params.disk_mb << 20:
+            discard(tree)
             return Verdict.fail(
                 Status.error, f"setup wrote {grown >> 20} MB, over disk_mb={params.disk_mb}"
             )
