@@ -153,14 +153,20 @@ class PythonAgent(_Reloadable):
     func: Callable[..., Any] = field(repr=False, compare=False, default=None)
 
     def generate(self, case: EvalCase, ctx: AgentContext) -> Any:
-        with _real_signals() as received:
-            try:
-                # A copy: the case is a frozen value shared by every sample.
-                return self.func(copy.deepcopy(case.inputs), ctx)
-            except BaseException as exc:
-                if received:
-                    raise  # the user pressed Ctrl-C (or the run was terminated)
-                raise AgentError(f"{type(exc).__name__}: {exc}") from exc
+        # A copy: the case is a frozen value shared by every sample.
+        return call_user_code(self.func, copy.deepcopy(case.inputs), ctx)
+
+
+def call_user_code(func: Callable[..., Any], *args: Any) -> Any:
+    """`func(*args)`; whatever it raises is an `AgentError` ("Type: message") — unless the
+    process really received SIGINT/SIGTERM meanwhile, which goes on stopping the run."""
+    with _real_signals() as received:
+        try:
+            return func(*args)
+        except BaseException as exc:
+            if received:
+                raise  # the user pressed Ctrl-C (or the run was terminated)
+            raise AgentError(f"{type(exc).__name__}: {exc}") from exc
 
 
 _RELAYED = (signal.SIGINT, signal.SIGTERM)
