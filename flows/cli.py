@@ -1,13 +1,15 @@
 """`evalpipe`: the command line. Parsing and printing only; the work is in `tasks/` and `flows/`.
 
-Exit status: 0 success, 1 gate blocked, 2 bad input (one line on stderr, no traceback).
+Exit status: 0 success, 1 gate blocked, 2 bad input, 3 platform failure (both one line on
+stderr, no traceback).
 Heavy imports (Prefect) happen inside the commands that need them, so `suite hash` is fast.
 """
 
 from __future__ import annotations
 
+import errno
 import json
-import os
+import logging
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,7 +17,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-from tasks.models import InputError
+from tasks.models import InputError, PlatformError
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -92,10 +94,12 @@ def suite_validate(
     from tasks.dataset import load_suite_ref
 
     load_suite_ref(path)  # bad input exits 2 before Prefect starts
-    _quiet_prefect()
-    from flows.validate import validate_suite
+    from flows.prefect_api import prefect_api
 
-    report = validate_suite(suite=path, reps=reps, workers=workers)
+    with prefect_api(as_json) as watch:
+        from flows.validate import validate_suite
+
+        report = watch(validate_suite)(suite=path, reps=reps, workers=workers)
     if as_json:
         typer.echo(json.dumps(report))
     else:
@@ -143,13 +147,6 @@ def _parse_ks(text: str) -> list[int]:
     return ks
 
 
-def _quiet_prefect() -> None:
-    # Prefect logs every task run at INFO; on a terminal the progress bar says it better.
-    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
-
-
 @app.command("run")
 def run(
     suite: SuiteArg,
@@ -179,18 +176,21 @@ def run(
     # exactly the suite that was checked, even if the branch moves meanwhile.
     suite_obj, pinned = resolve_suite(suite)
     load_agent(agent)
-    if baseline and baseline != "previous":
-        from storage import db
+    from storage import db
 
+    db.check()  # a damaged or locked database is reported before Prefect starts, too
+    if baseline and baseline != "previous":
         if db.get_run(baseline) is None:
             bad_input(f"--baseline {baseline!r}: no such run in {db.db_path()}")
-    _quiet_prefect()
-    from flows.evaluate import evaluate, progress_hook
+    from flows.prefect_api import prefect_api
 
-    with _progress(enabled=not as_json and sys.stderr.isatty(), total_label=suite_obj.name) as hook:
+    with prefect_api(as_json) as watch, \
+            _progress(enabled=not as_json and sys.stderr.isatty(), total_label=suite_obj.name) as hook:
+        from flows.evaluate import evaluate, progress_hook
+
         token = progress_hook.set(hook)
         try:
-            summary = evaluate(suite=pinned, agent=agent, n=n, k=ks, seed=seed, baseline=baseline,
+            summary = watch(evaluate)(suite=pinned, agent=agent, n=n, k=ks, seed=seed, baseline=baseline,
                                runner=runner, workers=workers, dask_address=dask_address,
                                batch_size=batch_size, regrade=regrade)
         finally:
@@ -319,15 +319,60 @@ def gate_cmd(
         raise typer.Exit(1)
 
 
-@app.command("server")
-def server_cmd(
-    port: Annotated[int, typer.Option("--port", min=1, max=65535)] = 4200,
-    background: Annotated[bool, typer.Option("--background", help="Leave it running.")] = False,
-) -> None:
-    """Start a local Prefect server with its UI on 127.0.0.1 and print the URL."""
-    from flows.server import serve
+server_app = typer.Typer()
+app.add_typer(server_app, name="server")
+PortOpt = Annotated[int | None, typer.Option("--port", min=1, max=65535)]
 
-    serve(port, background)
+
+@server_app.callback(invoke_without_command=True)
+def server_cmd(ctx: typer.Context, port: PortOpt = None) -> None:
+    """A local Prefect server with its UI on 127.0.0.1. Without a command: in the foreground
+    until Ctrl-C (default port 4200).
+    `start` keeps one in the background for this EVALPIPE_HOME, used by every run."""
+    if ctx.invoked_subcommand is None:
+        from flows.server import DEFAULT_PORT, serve
+
+        serve(port or DEFAULT_PORT)
+
+
+@server_app.command("start")
+def server_start(port: PortOpt = None, as_json: JsonFlag = False) -> None:
+    """Start the managed server in the background (port 4200, or a free one if taken)."""
+    from flows.server import start_managed
+
+    server, started = start_managed(port)
+    doc = {"started": started, **server.to_json()}
+    verb = "started" if started else "already running"
+    emit(doc, as_json, f"evalpipe server {verb}: Prefect UI {server.url} (pid {server.pid})\n"
+                       "runs in this EVALPIPE_HOME report to it; stop it with `evalpipe server stop`")
+
+
+@server_app.command("stop")
+def server_stop(as_json: JsonFlag = False) -> None:
+    """Stop the managed server."""
+    from flows.server import stop_managed
+
+    stopped, stale = stop_managed()
+    doc = {"stopped": stopped is not None, "pid": stopped.pid if stopped else None,
+           "stale_pid": stale.pid if stale else None}
+    emit(doc, as_json, f"stopped the evalpipe server (pid {stopped.pid})" if stopped
+         else _not_running(doc["stale_pid"]))
+
+
+@server_app.command("status")
+def server_status(as_json: JsonFlag = False) -> None:
+    """Whether the managed server is up, and where (exit 0 either way)."""
+    from flows.server import status
+
+    doc = status()
+    human = (f"running: Prefect UI {doc['url']} (pid {doc['pid']}, {'healthy' if doc['healthy'] else 'not answering'})"
+             f"; log {doc['log']}" if doc["running"] else _not_running(doc.get("stale_pid")))
+    emit(doc, as_json, human)
+
+
+def _not_running(stale_pid: int | None) -> str:
+    return "no evalpipe server running" + (
+        f" (removed the record of pid {stale_pid}, which is gone)" if stale_pid else "")
 
 
 @app.command("report")
@@ -349,14 +394,43 @@ def _mount_judging() -> None:
 _mount_judging()
 
 
+def _platform_error(exc: BaseException) -> PlatformError | None:
+    if isinstance(exc, PlatformError):
+        return exc
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        where = exc.filename or "a file"
+        return PlatformError(f"disk full writing {where}: what was stored before is kept;"
+                             " free space and run the same command again")
+    return None
+
+
+class _DropReportedFailures(logging.Filter):
+    """Prefect logs a failing task or flow run with its traceback; when the failure is one
+    that `main` reports as its one line, the console gets that line only."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and _platform_error(record.exc_info[1]) is not None:
+            return False
+        return PlatformError.__name__ not in record.getMessage()
+
+
 def main(argv: list[str] | None = None) -> int:
     # Standalone click handles usage errors (exit 2) and --help; bad input found by our own
-    # code surfaces as InputError and becomes the one-line message.
+    # code surfaces as InputError, a failure of the machine as PlatformError (or a full
+    # disk's OSError), each becoming the one-line message.
+    for name in ("prefect.flow_runs", "prefect.task_runs"):
+        logging.getLogger(name).addFilter(_DropReportedFailures())
     try:
         app(args=argv)
     except InputError as exc:
         typer.echo(f"evalpipe: {exc}", err=True)
         return 2
+    except (PlatformError, OSError) as exc:
+        failure = _platform_error(exc)
+        if failure is None:
+            raise
+        typer.echo(f"evalpipe: {failure}", err=True)
+        return 3
     return 0
 
 

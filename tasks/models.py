@@ -27,6 +27,12 @@ class InputError(ValueError):
     as one line and exits 2; the message must name what is wrong and where."""
 
 
+class PlatformError(RuntimeError):
+    """The machine, not the input, failed: a database locked past the wait or damaged, a
+    full disk, a server that did not start. The CLI prints the message as one line and
+    exits 3; the message must name what failed and what to do."""
+
+
 class Status(StrEnum):
     """How a sample ended. Only ``passed`` has ``Verdict.passed == True``."""
 
