@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import os
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -160,10 +161,15 @@ def run(
     batch_size: Annotated[int | None, typer.Option("--batch-size", min=1)] = None,
     regrade: Annotated[int, typer.Option("--regrade", min=0, help="Re-grade each output R times.")] = 0,
     baseline: Annotated[str | None, typer.Option("--baseline", help="Gate against this run id.")] = None,
+    max_output_bytes: Annotated[int | None, typer.Option(
+        "--max-output-bytes", min=1, help="Cap on each agent output (default 4 MB).")] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Sample, grade, store and aggregate a run of AGENT on SUITE."""
-    from tasks.agents import load_agent
+    from tasks.agents import MAX_OUTPUT_ENV, load_agent
+
+    if max_output_bytes:  # the setting every agent and worker process reads
+        os.environ[MAX_OUTPUT_ENV] = str(max_output_bytes)
     from tasks.dataset import resolve_suite
 
     ks = _parse_ks(k)

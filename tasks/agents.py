@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 from urllib.parse import parse_qsl
 
 from tasks.callables import load_callable
@@ -47,6 +47,8 @@ DEFAULT_MAX_OUTPUT_BYTES = 4 << 20
 # The pids cgroup of a `cmd:` agent is there to find every process it leaves, not to
 # confine trusted code: a cap no honest agent meets.
 CMD_MAX_PROCS = 32768
+
+_N = TypeVar("_N", int, float)
 
 
 @dataclass(frozen=True)
@@ -76,16 +78,7 @@ def load_agent(spec: str) -> Agent:
 
 def max_output_bytes() -> int:
     """The cap on an agent's output: `EVALPIPE_MAX_OUTPUT_BYTES`, default 4 MB."""
-    raw = os.environ.get(MAX_OUTPUT_ENV)
-    if not raw:
-        return DEFAULT_MAX_OUTPUT_BYTES
-    try:
-        value = int(raw)
-    except ValueError:
-        raise InputError(f"{MAX_OUTPUT_ENV}={raw!r} is not a whole number of bytes") from None
-    if value < 1:
-        raise InputError(f"{MAX_OUTPUT_ENV}={raw!r} must be at least 1")
-    return value
+    return _env_positive(MAX_OUTPUT_ENV, DEFAULT_MAX_OUTPUT_BYTES, int, "a whole number of bytes")
 
 
 def _load(spec: str, base: Path) -> Agent:
@@ -327,7 +320,9 @@ def _load_cmd(spec: str, rest: str, base: Path) -> CmdAgent:
             raise InputError(f"agent {spec!r}: {program} is not an executable file")
     elif shutil.which(program) is None:
         raise InputError(f"agent {spec!r}: command {program!r} not found on PATH")
-    timeout_s = _env_seconds("EVALPIPE_AGENT_TIMEOUT_S", DEFAULT_CMD_TIMEOUT_S)
+    timeout_s = _env_positive(
+        "EVALPIPE_AGENT_TIMEOUT_S", DEFAULT_CMD_TIMEOUT_S, float, "a number of seconds"
+    )
     fingerprint = _fingerprint(spec, _tree_files(argv, base))
     return CmdAgent(spec, fingerprint, base, argv, timeout_s, max_output_bytes())
 
@@ -347,14 +342,14 @@ def _tree_files(argv: tuple[str, ...], base: Path) -> dict[str, str]:
     return hashes
 
 
-def _env_seconds(name: str, default: float) -> float:
+def _env_positive(name: str, default: _N, kind: Callable[[str], _N], what: str) -> _N:
     raw = os.environ.get(name)
     if not raw:
         return default
     try:
-        value = float(raw)
+        value = kind(raw)
     except ValueError:
-        raise InputError(f"{name}={raw!r} is not a number of seconds") from None
+        raise InputError(f"{name}={raw!r} is not {what}") from None
     if value <= 0:
         raise InputError(f"{name}={raw!r} must be positive")
     return value
