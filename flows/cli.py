@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import os
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -170,10 +171,15 @@ def run(
     regrade: Annotated[int, typer.Option("--regrade", min=0, help="Re-grade each output R times.")] = 0,
     baseline: Annotated[str | None, typer.Option("--baseline", help="Gate against this run id.")] = None,
     unsafe_no_sandbox: UnsafeFlag = False,
+    max_output_bytes: Annotated[int | None, typer.Option(
+        "--max-output-bytes", min=1, help="Cap on each agent output (default 4 MB).")] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Sample, grade, store and aggregate a run of AGENT on SUITE."""
-    from tasks.agents import load_agent
+    from tasks.agents import MAX_OUTPUT_ENV, load_agent
+
+    if max_output_bytes:  # the setting every agent and worker process reads
+        os.environ[MAX_OUTPUT_ENV] = str(max_output_bytes)
     from tasks.dataset import resolve_suite
     from tasks.sandbox import run_sandbox_mode
 
