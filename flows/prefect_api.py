@@ -49,18 +49,21 @@ def prefect_api(json_mode: bool = False) -> Iterator[Callable[[Any], Any]]:
     logging.disable(logging.NOTSET)  # undo a previous command's exit silence (flows.demo runs several)
     api_url = _configured_api()
     managed = None if api_url else local.running()
-    if managed is not None and local.healthy(managed.api_url):
+    hint = f"this command started a temporary Prefect server; {FASTER}"
+    if managed is not None and not local.healthy(managed.api_url):
+        hint = (f"the evalpipe server at {managed.url} (pid {managed.pid}) is not answering, so this "
+                "command started a temporary one; `evalpipe server stop` then `start` renews it")
+        managed = None
+    if managed is not None:
         api_url = managed.api_url
         # Worker processes (runner=processes, dask) read the environment.
         os.environ["PREFECT_API_URL"] = api_url
     elif api_url:
         _check_reachable(api_url)
     else:
-        managed = None
-        api_url = _start_ephemeral()
-        if not json_mode:  # after the start, so that a failure to start stays one line
-            print(f"evalpipe: this command started a temporary Prefect server; {FASTER}",
-                  file=sys.stderr, flush=True)
+        api_url, started = _start_ephemeral()
+        if started and not json_mode:  # after the start, so that a failure to start stays one line
+            print(f"evalpipe: {hint}", file=sys.stderr, flush=True)
 
     import httpx
     from prefect.exceptions import PrefectHTTPStatusError
@@ -119,15 +122,17 @@ def _announcing(flow: Any) -> Any:
     return flow.with_options(on_running=[*flow.on_running_hooks, announce])
 
 
-def _start_ephemeral() -> str:
+def _start_ephemeral() -> tuple[str, bool]:
     """Start Prefect's ephemeral server (the same singleton its client would start) with our
-    timeout, its output in EVALPIPE_HOME/server/ephemeral.log, and a reaper."""
+    timeout, its output in EVALPIPE_HOME/server/ephemeral.log, and a reaper.
+    Returns (its API URL, whether this call started it)."""
     from prefect.server.api.server import SubprocessASGIServer
+    from prefect.settings import get_current_settings
 
-    timeout_s = local.start_timeout()
+    timeout_s = local.start_timeout(get_current_settings().home)
     server = SubprocessASGIServer()
     if server.running:
-        return server.api_url
+        return server.api_url, False
     directory = local.state_dir()
     directory.mkdir(parents=True, exist_ok=True)
     log = directory / "ephemeral.log"
@@ -157,7 +162,7 @@ def _start_ephemeral() -> str:
             f"Prefect's temporary server {what} (its log: {log}): allow longer with "
             f"{local.START_TIMEOUT_ENV}=SECONDS, or run `evalpipe server start` once"
         ) from None
-    return server.api_url
+    return server.api_url, True
 
 
 @contextmanager
