@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
+
+from tasks.models import PlatformError
+
+# The errors a write gets when the disk (or the user's quota) is full.
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
 
 def evalpipe_home() -> Path:
     """`EVALPIPE_HOME`, default `.evalpipe/` in the working directory (SPEC §8)."""
     return Path(os.environ.get("EVALPIPE_HOME") or ".evalpipe").absolute()
+
+
+def disk_full(where: str | Path) -> PlatformError:
+    """The one-line report of a write that found the disk full: evalpipe writes each piece
+    whole or not at all, so what was stored before stays usable."""
+    return PlatformError(f"disk full writing {where}: what was stored before is kept; free space and run"
+                         " the same command again (finished samples are reused)")

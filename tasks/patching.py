@@ -133,7 +133,7 @@ def _parse_diff(text: str) -> list[_FilePatch]:
                 prefixed=git_style,
             )
             if git is not None:
-                _refuse_symlink(git.get("new") or git.get("mode"))
+                _refuse_special(git.get("new") or git.get("mode"))
                 if git.get("rename_from"):
                     fp.old_path = git["rename_from"]
             git = None
@@ -172,13 +172,15 @@ def _git_file_patch(git: dict[str, str | None]) -> _FilePatch:
         fp = _FilePatch(
             old_path=git.get("rename_from") or git["a"], new_path=git.get("rename_to") or git["b"]
         )
-    _refuse_symlink(git.get("new") or git.get("mode"))
+    _refuse_special(git.get("new") or git.get("mode"))
     return fp
 
 
-def _refuse_symlink(mode: str | None) -> None:
+def _refuse_special(mode: str | None) -> None:
     if mode is not None and mode.startswith("120"):
         raise PatchError("symbolic links in patches are not supported")
+    if mode is not None and mode.startswith("160"):
+        raise PatchError("submodules in patches are not supported")
 
 
 def _parse_hunks(lines: list[str], i: int, fp: _FilePatch) -> int:

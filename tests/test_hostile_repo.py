@@ -88,18 +88,23 @@ def _grade_into(queue, output: str, case: EvalCase) -> None:
     queue.put((verdict.status.value, verdict.detail, trace.get("steps", [])))
 
 
-def bounded_grade(output: str, case: EvalCase, timeout: float = 120) -> tuple[str, str, list]:
-    """Grade in a child process: a harness that hangs fails the test instead of hanging it."""
+def bounded(target, args: tuple, timeout: float, what: str):
+    """`target(queue, *args)` in a child process, and what it put on the queue: a harness
+    that hangs fails the test instead of hanging it."""
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Queue()
-    child = ctx.Process(target=_grade_into, args=(queue, output, case))
+    child = ctx.Process(target=target, args=(queue, *args))
     child.start()
     child.join(timeout)
     if child.is_alive():
         child.kill()
         child.join()
-        pytest.fail(f"grading hung (> {timeout:g}s)")
+        pytest.fail(f"{what} hung (> {timeout:g}s)")
     return queue.get(timeout=10)
+
+
+def bounded_grade(output: str, case: EvalCase, timeout: float = 120) -> tuple[str, str, list]:
+    return bounded(_grade_into, (output, case), timeout, "grading")
 
 
 # ---------------------------------------------------------------- class 1: false passes
@@ -215,7 +220,7 @@ def _unreadable_dir(tree: Path, name: str) -> None:
     (tree / name).chmod(0)
 
 
-def _reuse(src: str, sha: str, home: str, queue) -> None:
+def _reuse(queue, src: str, sha: str, home: str) -> None:
     with checkout(src, sha, Path(home)) as tree:
         files = sorted(
             str(p.relative_to(tree))
@@ -243,16 +248,7 @@ def test_a_trapped_pooled_tree_is_rebuilt_without_blocking(
     root, sha = nested
     with checkout(str(root), sha, home) as tree:
         trap(tree, name)
-    ctx = multiprocessing.get_context("fork")
-    queue = ctx.Queue()
-    child = ctx.Process(target=_reuse, args=(str(root), sha, str(home), queue))
-    child.start()
-    child.join(60)
-    if child.is_alive():
-        child.kill()
-        child.join()
-        pytest.fail("resetting the pooled tree hung")
-    again, files, head = queue.get(timeout=10)
+    again, files, head = bounded(_reuse, (str(root), sha, str(home)), 60, "resetting the tree")
     assert Path(again) == tree and head == sha
     assert files == ["calc.py", "pkg", "pkg/__init__.py", "pkg/tests", "pkg/tests/__init__.py",
                      TEST_FILE]  # fmt: skip

@@ -369,3 +369,33 @@ def test_git_configuration_does_not_change_what_a_diff_writes(
     diff = diff_between(repo, {"w.py": "x = 1\n"}, {"w.py": "x = 1   \ny = 2\t\n"})
     assert apply_patch(repo, diff).applied
     assert (repo / "w.py").read_text() == "x = 1   \ny = 2\t\n"
+
+
+@pytest.mark.parametrize(
+    ("header", "detail"),
+    [
+        ("new file mode 120000\n", "symbolic links in patches are not supported"),
+        ("new file mode 160000\n", "submodules in patches are not supported"),
+        ("old mode 100644\nnew mode 120000\n", "symbolic links in patches are not supported"),
+    ],
+)
+def test_links_and_submodules_are_refused(repo: Path, header: str, detail: str) -> None:
+    body = "--- /dev/null\n+++ b/ln\n"
+    if "old mode" in header:
+        (repo / "ln").write_text("x\n")
+        body = "--- a/ln\n+++ b/ln\n"
+    body += "@@ -0,0 +1 @@\n+/etc/passwd\n\\ No newline at end of file\n"
+    before = snapshot(repo)
+    result = apply_patch(repo, f"diff --git a/ln b/ln\n{header}index 0000000..1234567\n{body}")
+    assert not result.applied and result.detail == detail
+    assert snapshot(repo) == before
+
+
+def test_binary_patches_are_refused(repo: Path) -> None:
+    patch = (
+        "diff --git a/b.bin b/b.bin\nnew file mode 100644\nindex 0000000..1234567\n"
+        "GIT binary patch\nliteral 3\nKcmZ>3$N&HP00002\n\nliteral 0\nHcmV?d00001\n"
+    )
+    result = apply_patch(repo, patch)
+    assert not result.applied and result.detail == "b.bin: binary patches are not supported"
+    assert not (repo / "b.bin").exists()
