@@ -47,7 +47,7 @@ def make(cases: list[dict]) -> EvalSuite:
     return build_suite("s", [(f"case #{i}", c) for i, c in enumerate(cases)], {}, source="t")
 
 
-@settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(suites, st.randoms())
 def test_version_ignores_order_and_key_order(cases, rnd):
     shuffled = [dict(reversed(list(c.items()))) for c in cases]
@@ -58,7 +58,7 @@ def test_version_ignores_order_and_key_order(cases, rnd):
     assert make(shuffled).version == make(cases).version
 
 
-@settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(suites, st.data())
 def test_any_content_change_moves_the_version(cases, data):
     original = make(cases)
