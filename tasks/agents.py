@@ -39,7 +39,7 @@ from tasks.jsonl import object_lines
 from tasks.models import EvalCase, InputError, canonical_json, sha256_hex
 from tasks.openai_client import EndpointError, OpenAIClient
 from tasks.redaction import redact
-from tasks.sandbox import PidsCgroup
+from tasks.sandbox import PidsCgroup, kill_until_gone
 
 DEFAULT_CMD_TIMEOUT_S = 300.0
 STDERR_TAIL = 2000  # characters of a failed command's stderr kept in the error
@@ -301,16 +301,7 @@ class _Descendants:
             self.cgroup.kill_all()
             return
         needle = f"{self.MARK}={self.mark}".encode()
-        for _ in range(100):  # a leftover may fork while we kill
-            marked = [pid for pid in _pids() if needle in _environ(pid)]
-            if not marked:
-                return
-            for pid in marked:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.001)
+        kill_until_gone(lambda: [pid for pid in _pids() if needle in _environ(pid)], rounds=100)
 
     def close(self) -> None:
         if self.cgroup is not None:

@@ -313,16 +313,7 @@ class PidsCgroup:
             fh.write(str(os.getpid()))
 
     def kill_all(self) -> None:
-        for _ in range(1000):
-            pids = [int(p) for p in (self.path / "cgroup.procs").read_text().split()]
-            if not pids:
-                return
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.001)
+        kill_until_gone(lambda: [int(p) for p in (self.path / "cgroup.procs").read_text().split()])
 
     def destroy(self) -> None:
         try:
@@ -335,6 +326,21 @@ class PidsCgroup:
                     time.sleep(0.002)  # members still exiting
         except OSError:
             pass
+
+
+def kill_until_gone(members: Callable[[], list[int]], rounds: int = 1000) -> None:
+    """SIGKILL every pid `members()` lists until it lists none (a member may fork while
+    the others are killed). Also used for the leftovers of `cmd:` agents."""
+    for _ in range(rounds):
+        pids = members()
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.001)
 
 
 @lru_cache(maxsize=1)
