@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import errno
-import os
 from pathlib import Path
 
+from tasks.home import evalpipe_home
 from tasks.models import PlatformError
 
 # The errors a write gets when the disk (or the user's quota) is full.
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
-
-def evalpipe_home() -> Path:
-    """`EVALPIPE_HOME`, default `.evalpipe/` in the working directory (SPEC §8)."""
-    return Path(os.environ.get("EVALPIPE_HOME") or ".evalpipe").absolute()
+__all__ = ["DISK_FULL_ERRNOS", "disk_full", "evalpipe_home"]
 
 
 def disk_full(where: str | Path) -> PlatformError:
