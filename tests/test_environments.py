@@ -229,13 +229,14 @@ def test_without_bubblewrap_it_is_an_error(repo, tmp_path, monkeypatch) -> None:
 
     monkeypatch.setenv("EVALPIPE_HOME", str(tmp_path / "home"))
     monkeypatch.setenv(sandbox.MODE_ENV, "rlimits")
-    sandbox.bwrap_available.cache_clear()
+    monkeypatch.setenv(sandbox.UNSAFE_ENV, "1")  # as --unsafe-no-sandbox would
+    sandbox._bwrap_problem.cache_clear()
     try:
         verdict = grade(GOLD, make_case(repo, environment={"install": ["true"]}))
     finally:
         monkeypatch.undo()
-        sandbox.bwrap_available.cache_clear()
-    assert verdict.status is Status.error and "bubblewrap" in verdict.detail
+        sandbox._bwrap_problem.cache_clear()
+    assert verdict.status is Status.error and "needs bubblewrap" in verdict.detail
 
 
 @pytest.mark.parametrize(
