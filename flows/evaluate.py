@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import queue
 import secrets
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -31,7 +32,6 @@ from prefect.artifacts import (
     update_progress_artifact,
 )
 from prefect.cache_policies import NO_CACHE
-from prefect.futures import as_completed
 from prefect.runtime import flow_run
 from prefect.states import Completed
 from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner, ThreadPoolTaskRunner
@@ -52,8 +52,13 @@ Runner = Literal["threads", "processes", "dask"]
 # Set by the CLI to draw a progress bar: called with (samples done, samples total).
 progress_hook: ContextVar[Callable[[int, int], None] | None] = ContextVar("progress_hook", default=None)
 
-# Aim for this many sampling tasks per worker: enough to balance uneven cases and to move
-# the progress bar, few enough that Prefect's ~10 ms per task stays small.
+# What a kill can throw away is bounded by count and by time, whatever the suite's size: a
+# sampling task draws at most MAX_BATCH samples and starts no new one after BATCH_BUDGET_S
+# (the rest is submitted again). Within that, aim for TASKS_PER_WORKER tasks per worker:
+# enough to balance uneven cases and move the progress bar, few enough that Prefect's
+# ~10 ms per task stays small.
+MAX_BATCH = 64
+BATCH_BUDGET_S = 2.0
 TASKS_PER_WORKER = 16
 
 # `baseline="previous"`: gate against the newest completed run of the same suite and agent.
@@ -78,8 +83,9 @@ def snapshot(suite: EvalSuite, home: str) -> str:
 
 
 @task(name="sample", cache_policy=NO_CACHE, persist_result=False, task_run_name="sample {label}")
-def sample_batch(agent: Any, cases: list, planned: list[PlannedSample], n: int, regrade: int, label: str):
-    return run_batch(agent, cases, planned, n, regrade)
+def sample_batch(agent: Any, cases: list, planned: list[PlannedSample], n: int, regrade: int,
+                 budget_s: float, label: str):
+    return run_batch(agent, cases, planned, n, regrade, budget_s)
 
 
 @task(name="aggregate", cache_policy=NO_CACHE, persist_result=False)
@@ -141,6 +147,10 @@ def _api_for_workers(runner: Runner) -> Iterator[None]:
         os.environ.pop("PREFECT_API_URL", None)
 
 
+def samples_per_task(missing: int, workers: int) -> int:
+    return max(1, min(MAX_BATCH, math.ceil(missing / (workers * TASKS_PER_WORKER))))
+
+
 def batches(planned: Sequence[PlannedSample], per_batch: int) -> list[list[PlannedSample]]:
     return [list(planned[i : i + per_batch]) for i in range(0, len(planned), per_batch)]
 
@@ -179,7 +189,7 @@ def evaluate(
         runner: Task runner for sampling: threads, processes or dask.
         workers: Parallel workers (default: CPU count).
         dask_address: Address of an existing Dask scheduler (runner=dask).
-        batch_size: Cases per sampling task (default: automatic).
+        batch_size: Cases per sampling task (default: automatic, at most 64 samples a task).
         regrade: Grade each output this many extra times to count environment flakes.
     """
     started = time.perf_counter()
@@ -257,7 +267,7 @@ def _with_stored_outputs(planned: list[PlannedSample], home: Path) -> list[Plann
 
 
 def _draw(run, suite: EvalSuite, agent, missing, total, batch_size, runner, workers, dask_address, home):
-    """Map the missing samples over the task runner; store each batch as it finishes."""
+    """Map the missing samples over the task runner; store the drawn ones as they finish."""
     hook = progress_hook.get()
     done = total - len(missing)
     if hook:
@@ -265,28 +275,56 @@ def _draw(run, suite: EvalSuite, agent, missing, total, batch_size, runner, work
     if not missing:
         return
     n = run["n"]
-    per_batch = batch_size * n if batch_size else max(1, math.ceil(len(missing) / (workers * TASKS_PER_WORKER)))
-    work = batches(missing, per_batch)
+    per_batch = batch_size * n if batch_size else samples_per_task(len(missing), workers)
     cases = {c.id: c for c in suite.cases}
+
+    def params(chunk: list[PlannedSample]) -> dict[str, Any]:
+        ids = sorted({p.case_id for p in chunk})
+        label = ids[0] if len(ids) == 1 else f"{ids[0]}…{ids[-1]} ({len(chunk)})"
+        return {"agent": agent, "cases": [cases[c] for c in ids], "planned": chunk, "n": n,
+                "regrade": run["regrade"], "budget_s": BATCH_BUDGET_S, "label": label}
+
     progress = create_progress_artifact(progress=100 * done / total, description="samples graded")
     last_update = time.monotonic()
     with _api_for_workers(runner), _task_runner(runner, workers, dask_address) as task_runner:
-        futures = {}
-        for i, chunk in enumerate(work):
-            ids = sorted({p.case_id for p in chunk})
-            label = ids[0] if len(ids) == 1 else f"{ids[0]}…{ids[-1]} ({len(chunk)})"
-            params = {"agent": agent, "cases": [cases[c] for c in ids], "planned": chunk, "n": n,
-                      "regrade": run["regrade"], "label": label}
-            futures[task_runner.submit(sample_batch, params)] = i
-        for future in as_completed(list(futures)):
-            chunk = work[futures[future]]
-            db.insert_samples(db.samples_table(run["run_id"], future.result(), chunk), home)
-            done += len(chunk)
+        for drawn, planned in _sampled(task_runner, params, batches(missing, per_batch)):
+            db.insert_samples(db.samples_table(run["run_id"], drawn, planned), home)
+            done += len(drawn)
             if hook:
                 hook(done, total)
             if time.monotonic() - last_update > 1.0 or done == total:
                 update_progress_artifact(progress, 100 * done / total)
                 last_update = time.monotonic()
+
+
+def _sampled(task_runner: TaskRunner, params, work: list[list[PlannedSample]]) -> Iterator[tuple[list, list]]:
+    """Submit a sampling task per chunk; yield (drawn samples, their planned samples) as
+    tasks finish. A task that stopped at its time budget has the rest of its chunk
+    submitted again. Everything that finished meanwhile comes out together, as one
+    database write: opening the DuckDB file costs more than a small batch's rows."""
+    finished: queue.SimpleQueue = queue.SimpleQueue()
+
+    def submit(chunk: list[PlannedSample]) -> None:
+        future = task_runner.submit(sample_batch, params(chunk))
+        future.add_done_callback(lambda f: finished.put((f, chunk)))
+
+    for chunk in work:
+        submit(chunk)
+    in_flight = len(work)
+    while in_flight:
+        ready = [finished.get()]
+        while not finished.empty():
+            ready.append(finished.get())
+        in_flight -= len(ready)
+        drawn, planned = [], []
+        for future, chunk in ready:
+            samples = future.result()
+            drawn += samples
+            planned += chunk[: len(samples)]
+            if len(samples) < len(chunk):
+                submit(chunk[len(samples):])
+                in_flight += 1
+        yield drawn, planned
 
 
 def _publish(summary: dict[str, Any], home: Path) -> None:

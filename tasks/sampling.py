@@ -81,9 +81,19 @@ def draw_sample(agent, case: EvalCase, planned: PlannedSample, n: int, regrade: 
 
 
 def run_batch(
-    agent: Agent, cases: Sequence[EvalCase], planned: Sequence[PlannedSample], n: int, regrade: int = 0
+    agent: Agent, cases: Sequence[EvalCase], planned: Sequence[PlannedSample], n: int, regrade: int = 0,
+    budget_s: float | None = None,
 ) -> list[Sample]:
-    """Draw and grade a batch of planned samples. An agent sent to a worker process is
-    re-created there from its spec and refuses to run if its fingerprint moved."""
+    """Draw and grade planned samples in order. With `budget_s`, stop starting new ones once
+    the batch has run that long (at least one is always drawn) and return the finished
+    prefix: the caller stores it and submits the rest again, so a kill loses at most about
+    `budget_s` of work per worker. An agent sent to a worker process is re-created there
+    from its spec and refuses to run if its fingerprint moved."""
     by_id = {c.id: c for c in cases}
-    return [draw_sample(agent, by_id[p.case_id], p, n, regrade) for p in planned]
+    started = time.monotonic()
+    drawn: list[Sample] = []
+    for p in planned:
+        if drawn and budget_s is not None and time.monotonic() - started >= budget_s:
+            break
+        drawn.append(draw_sample(agent, by_id[p.case_id], p, n, regrade))
+    return drawn
