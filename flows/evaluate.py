@@ -167,6 +167,8 @@ def evaluate(
     k: Annotated[list[int], Field(min_length=1)] = [1],  # noqa: B006 - Prefect parameter default
     seed: Annotated[int, Field(ge=0)] = 0,
     baseline: str | None = None,
+    min_pass_at_1: Annotated[float | None, Field(ge=0, le=1)] = None,
+    max_drop: Annotated[float, Field(ge=0, le=1)] = 0.0,
     runner: Runner = "threads",
     workers: Annotated[int | None, Field(ge=1, le=256)] = None,
     dask_address: str | None = None,
@@ -186,6 +188,9 @@ def evaluate(
         seed: Run seed; with a deterministic agent, the same seed gives the same run.
         baseline: A run id to gate against at the end, or 'previous': the latest completed
             run of the same suite version and agent (none yet: no gate).
+        min_pass_at_1: Gate threshold: block when pass@1 is below this.
+        max_drop: Gate threshold: block only when the drop in pass@1 against the baseline
+            is surely (its whole CI) larger than this.
         runner: Task runner for sampling: threads, processes or dask.
         workers: Parallel workers (default: CPU count).
         dask_address: Address of an existing Dask scheduler (runner=dask).
@@ -202,6 +207,8 @@ def evaluate(
 
     if baseline == PREVIOUS:
         baseline = db.latest_completed_run(suite_obj.version, agent_obj.fingerprint, home)
+    elif baseline:
+        baseline = db.find_run(baseline, home)["run_id"]  # before any agent call is paid for
 
     fresh = not snapshot_path(suite_obj.version, home).exists()
     snapshot.with_options(refresh_cache=fresh)(suite_obj, str(home))
@@ -218,7 +225,8 @@ def evaluate(
         "regrade": regrade,
         "flow_run_id": str(flow_run.id) if flow_run.id else None,
         "config": {"runner": runner, "workers": workers, "batch_size": batch_size, "regrade": regrade,
-                   "baseline": baseline, "suite_ref": suite, "suite_source": suite_source},
+                   "baseline": baseline, "min_pass_at_1": min_pass_at_1, "max_drop": max_drop,
+                   "suite_ref": suite, "suite_source": suite_source},
     }
     db.start_run(run, home)
     try:
@@ -229,7 +237,8 @@ def evaluate(
         if baseline:
             from flows.gate import gate_runs
 
-            summary["gate"] = gate_runs(run["run_id"], baseline, home=home, summary=summary)
+            summary["gate"] = gate_runs(run["run_id"], baseline, min_pass_at_1=min_pass_at_1,
+                                        max_drop=max_drop, home=home, summary=summary)
         summary["flow_run_id"] = run["flow_run_id"]
         summary["duration_s"] = round(time.perf_counter() - started, 3)
         db.finish_run(run["run_id"], "completed", summary, home)
