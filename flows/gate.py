@@ -1,12 +1,9 @@
-"""The release gate: a run against a baseline run (SPEC §6), as a plain function and a flow."""
+"""The release gate: a run against a baseline run (docs/contract.md §6), from the stored runs."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
-
-from prefect import flow
-from pydantic import Field
+from typing import Any
 
 from storage import db
 from tasks.gate import gate as gate_counts
@@ -21,10 +18,11 @@ def gate_runs(
     max_drop: float = 0.0,
     shared_only: bool = False,
     home: Path | None = None,
-    summary: dict[str, Any] | None = None,
+    safety_failed: bool | None = None,
 ) -> dict[str, Any]:
     """Gate `run_id` against `baseline`. Runs on different suite versions are refused
-    unless `shared_only`, which compares the case hashes they share and says so."""
+    unless `shared_only`, which compares the case hashes they share and says so.
+    `safety_failed`: the run's safety verdict when the caller has it (else read back)."""
     run, base = db.find_run(run_id, home), db.find_run(baseline, home)
     run_id, baseline = run["run_id"], base["run_id"]
     if run["suite_version"] != base["suite_version"] and not shared_only:
@@ -33,22 +31,10 @@ def gate_runs(
             f"{base['suite_version'][:12]}: different suite versions (pass --shared-only to "
             "compare the cases they share)"
         )
-    failed = summary["safety_failed"] if summary else db.safety_failed(run_id, home)
+    failed = db.safety_failed(run_id, home) if safety_failed is None else safety_failed
     result = gate_counts(
         db.case_counts(run_id, home), db.case_counts(baseline, home), safety_failed=failed,
         min_pass_at_1=min_pass_at_1, max_drop=max_drop, seed=run["seed"],
     ).to_json()
     result["run_id"], result["baseline"] = run_id, baseline
     return result
-
-
-@flow(name="gate", persist_result=False)
-def gate(
-    run_id: Annotated[str, Field(description="The run to judge.")],
-    baseline: Annotated[str, Field(description="The run to compare it with.")],
-    min_pass_at_1: Annotated[float | None, Field(ge=0, le=1, description="Block below this pass@1.")] = None,
-    max_drop: Annotated[float, Field(ge=0, le=1, description="Allowed drop in pass@1 (fraction).")] = 0.0,
-    shared_only: Annotated[bool, Field(description="Compare only the case hashes both runs share.")] = False,
-) -> dict[str, Any]:
-    return gate_runs(run_id, baseline, min_pass_at_1=min_pass_at_1, max_drop=max_drop,
-                     shared_only=shared_only)

@@ -301,10 +301,10 @@ def import_labels(
 ) -> dict[str, Any]:
     """Store the labels as a derived run of `human` verdicts on the same samples and
     aggregate it like any run. Returns its summary (the `run --json` keys and more)."""
-    from flows.evaluate import new_run_id, reduce_run
     from storage import db
     from tasks.labels import labelled_samples, read_labels
     from tasks.models import sha256_hex
+    from tasks.run import RunSpec, summarize
 
     started = time.perf_counter()
     home = _home(home)
@@ -312,48 +312,34 @@ def import_labels(
     run_id = source["run_id"]
     suite = _run_suite(source, home)
     labels = read_labels(path)
-    derived = new_run_id()
-    rows = labelled_samples(
-        db.run_samples(run_id, home),
-        labels,
-        labeller=labeller,
-        source_run=run_id,
-        run_id=derived,
-        where=str(path),
-    )
-    run = {
-        **{
-            k: source[k]
-            for k in ("suite_version", "suite_name", "agent", "agent_fingerprint", "n", "seed")
-        },
-        "run_id": derived,
-        "ks": list(source["ks"]),
-        "flow_run_id": None,
-        "config": {
+    spec = RunSpec(
+        **{k: source[k] for k in ("suite_version", "suite_name", "agent", "agent_fingerprint", "n", "seed")},
+        ks=list(source["ks"]),
+        config={
             "derived_from": run_id,
             "grader": "human",
             "labeller": labeller,
             "labels_file": str(path),
             "labels_sha256": sha256_hex(path.read_bytes()),
         },
-    }
-    db.start_run(run, home)
-    try:
+    )
+    rows = labelled_samples(
+        db.run_samples(run_id, home),
+        labels,
+        labeller=labeller,
+        source_run=run_id,
+        run_id=spec.run_id,
+        where=str(path),
+    )
+    with db.recorded_run(spec, home):
         db.insert_samples(rows, home)
-        summary = reduce_run.fn(run, suite, list(source["ks"]), str(home))
-        summary |= {
-            "source_run": run_id,
-            "labeller": labeller,
-            "labelled": rows.num_rows,
-            "unlabelled": len(labels) - rows.num_rows,
-            "flow_run_id": None,
-            "duration_s": round(time.perf_counter() - started, 3),
-        }
-        db.finish_run(derived, "completed", summary, home)
-    except BaseException:
-        db.finish_run(derived, "failed", None, home)
-        raise
-    return summary
+        summary, aggregates = summarize(spec, suite, db.run_samples(spec.run_id, home))
+        db.write_aggregates(spec.run_id, aggregates, home)
+        summary.source_run, summary.labeller = run_id, labeller
+        summary.labelled, summary.unlabelled = rows.num_rows, len(labels) - rows.num_rows
+        summary.duration_s = round(time.perf_counter() - started, 3)
+        db.finish_run(spec.run_id, "completed", summary, home)
+    return summary.to_json()
 
 
 @labels_app.command("export")

@@ -1,13 +1,22 @@
-"""A local Prefect server with its UI, for deployments, workers and a shared run history.
+"""A local Prefect server with its UI: the one evalpipe manages, and `evalpipe server`.
 
-`start_server` launches `prefect server start` on 127.0.0.1 and returns once the API's
-health endpoint answers (never a fixed sleep); `serve` is the `evalpipe server` command.
+`start_server` launches `prefect server start` on 127.0.0.1 in its own session and returns
+once the API's health endpoint answers (never a fixed sleep).
+
+The managed server (`evalpipe server start|stop|status`) belongs to an EVALPIPE_HOME and
+keeps everything under EVALPIPE_HOME/server/: `server.json` (its pid and port), `server.log`,
+and `prefect/`, its PREFECT_HOME, so its database never fights with the user's ~/.prefect.
+Flow-running commands use it while it is up (flows/prefect_api.py).
+
 The UI asks the API at `PREFECT_UI_API_URL`, which must name the chosen port whenever it
 is not Prefect's default 4200, so it is always set in the server's environment.
 """
 
 from __future__ import annotations
 
+import fcntl
+import json
+import math
 import os
 import signal
 import socket
@@ -16,14 +25,37 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
-from tasks.models import InputError
+from flows.reaper import guard
+from storage import evalpipe_home
+from tasks.models import InputError, PlatformError
 
 HOST = "127.0.0.1"
-STARTUP_TIMEOUT_S = 120.0
+DEFAULT_PORT = 4200
+START_TIMEOUT_ENV = "EVALPIPE_SERVER_START_TIMEOUT"
+# A Prefect server boots in 10-25 s on a loaded 2-core machine; Prefect's own default (20 s)
+# is too short there.
+DEFAULT_START_TIMEOUT_S = 90.0
+STOP_TIMEOUT_S = 20.0
+
+
+def start_timeout() -> float:
+    """Seconds to wait for a Prefect server to answer: EVALPIPE_SERVER_START_TIMEOUT or 90."""
+    raw = os.environ.get(START_TIMEOUT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_START_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (value > 0 and math.isfinite(value)):
+        raise InputError(f"{START_TIMEOUT_ENV}={raw!r}: expected a positive number of seconds")
+    return value
 
 
 @dataclass(frozen=True)
@@ -35,7 +67,7 @@ class Server:
     def api_url(self) -> str:
         return f"{self.url}/api"
 
-    def stop(self, timeout_s: float = 20.0) -> None:
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
         if self.process.poll() is None:
             self.process.terminate()
             try:
@@ -75,14 +107,17 @@ def healthy(api_url: str) -> bool:
         return False
 
 
-def wait_healthy(api_url: str, process: subprocess.Popen, timeout_s: float = STARTUP_TIMEOUT_S) -> None:
+def wait_healthy(api_url: str, process: subprocess.Popen, timeout_s: float) -> None:
     """Poll the health endpoint until it answers; fail early if the server process exits."""
     deadline = time.monotonic() + timeout_s
     while not healthy(api_url):
         if process.poll() is not None:
-            raise RuntimeError(f"prefect server exited with status {process.returncode} before it was healthy")
+            raise PlatformError(f"the Prefect server exited with status {process.returncode} while starting")
         if time.monotonic() > deadline:
-            raise TimeoutError(f"prefect server at {api_url} not healthy after {timeout_s:.0f}s")
+            raise PlatformError(
+                f"the Prefect server at {api_url} did not answer within {timeout_s:g} s (allow longer with "
+                f"{START_TIMEOUT_ENV}=SECONDS)"
+            )
         time.sleep(0.2)
 
 
@@ -91,7 +126,7 @@ def start_server(
     *,
     prefect_home: Path | None = None,
     log: IO | None = None,
-    timeout_s: float = STARTUP_TIMEOUT_S,
+    timeout_s: float | None = None,
 ) -> Server:
     """Start `prefect server start` in its own process group and wait until it is healthy.
     Output goes to `log` (default: discarded), so a caller's terminal or CI log stays clean."""
@@ -106,7 +141,7 @@ def start_server(
     )
     server = Server(process, f"http://{HOST}:{port}")
     try:
-        wait_healthy(server.api_url, process, timeout_s)
+        wait_healthy(server.api_url, process, start_timeout() if timeout_s is None else timeout_s)
     except BaseException:
         server.stop()
         raise
@@ -118,20 +153,18 @@ def _port_taken(port: int) -> bool:
         return s.connect_ex((HOST, port)) == 0
 
 
-def serve(port: int = 4200, background: bool = False) -> str:
-    """Start a local server, print its UI URL and how to point clients at it; return the URL.
-    In the foreground, block until Ctrl-C and stop the server; in the background, leave it
-    running (its output in $PREFECT_HOME/evalpipe-server.log) and print its pid."""
+def serve(port: int = DEFAULT_PORT) -> str:
+    """`evalpipe server`: start a server in the foreground, print its UI URL and how to point
+    clients at it, block until Ctrl-C or SIGTERM, stop it; return the URL. Its output goes to
+    $PREFECT_HOME/evalpipe-server.log (default ~/.prefect/)."""
     home = Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect")
     home.mkdir(parents=True, exist_ok=True)
     log_path = home / "evalpipe-server.log"
     with open(log_path, "ab") as log:
         server = start_server(port, log=log)
+    guard(server.process.pid)  # even a kill -9 of this process takes the server with it
     print(f"Prefect UI: {server.url}")
     print(f"export PREFECT_API_URL={server.api_url}", flush=True)
-    if background:
-        print(f"server pid {server.process.pid}; log {log_path}", flush=True)
-        return server.url
     # The server has its own session, so Ctrl-C or a SIGTERM reaches only this process.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
@@ -141,3 +174,145 @@ def serve(port: int = 4200, background: bool = False) -> str:
     finally:
         server.stop()
     return server.url
+
+
+# --- the managed server ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Managed:
+    """The server evalpipe started in the background for one EVALPIPE_HOME."""
+
+    pid: int
+    port: int
+    directory: Path  # EVALPIPE_HOME/server
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    @property
+    def api_url(self) -> str:
+        return f"{self.url}/api"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pid": self.pid, "port": self.port, "url": self.url, "api_url": self.api_url,
+                "log": str(log_path(self.directory)), "prefect_home": str(self.directory / "prefect")}
+
+
+def state_dir(home: Path | None = None) -> Path:
+    return (home or evalpipe_home()) / "server"
+
+
+def log_path(directory: Path) -> Path:
+    return directory / "server.log"
+
+
+def _state_file(directory: Path) -> Path:
+    return directory / "server.json"
+
+
+def lookup(home: Path | None = None) -> tuple[Managed | None, Managed | None]:
+    """(the managed server if its process is alive, a stale record whose process is gone).
+    A stale record is removed, so it is reported once."""
+    directory = state_dir(home)
+    path = _state_file(directory)
+    try:
+        doc = json.loads(path.read_text())
+        server = Managed(int(doc["pid"]), int(doc["port"]), directory)
+    except FileNotFoundError:
+        return None, None
+    except (OSError, ValueError, KeyError, TypeError):
+        path.unlink(missing_ok=True)  # torn or foreign: nothing to trust in it
+        return None, None
+    if _is_prefect_process(server.pid):
+        return server, None
+    path.unlink(missing_ok=True)
+    return None, server
+
+
+def running(home: Path | None = None) -> Managed | None:
+    return lookup(home)[0]
+
+
+def _is_prefect_process(pid: int) -> bool:
+    """Alive (not a zombie) and a Prefect server: a recycled pid is someone else's process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    state = stat.rsplit(")", 1)[1].split()[0]
+    return state not in ("Z", "X") and b"prefect" in cmdline
+
+
+@contextmanager
+def _locked(directory: Path) -> Iterator[None]:
+    """One start or stop at a time per EVALPIPE_HOME: two `start`s must not both launch."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / "lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
+
+
+def start_managed(port: int | None = None, home: Path | None = None) -> tuple[Managed, bool]:
+    """Start the managed server in the background and wait until it answers.
+    Returns (server, started): `started` is False when it was already running. Without a
+    port it takes 4200, or a free port when 4200 is in use."""
+    directory = state_dir(home)
+    with _locked(directory):
+        live = running(home)
+        if live is not None:
+            return live, False
+        if port is None:
+            port = DEFAULT_PORT if not _port_taken(DEFAULT_PORT) else free_port()
+        log = log_path(directory)
+        with open(log, "ab") as out:
+            try:
+                server = start_server(port, prefect_home=directory / "prefect", log=out)
+            except PlatformError as exc:
+                raise PlatformError(f"{exc}; its log: {log}") from None
+        managed = Managed(server.process.pid, port, directory)
+        tmp = _state_file(directory).with_suffix(".tmp")
+        tmp.write_text(json.dumps({"pid": managed.pid, "port": managed.port}))
+        tmp.replace(_state_file(directory))
+        return managed, True
+
+
+def stop_managed(home: Path | None = None) -> tuple[Managed | None, Managed | None]:
+    """Stop the managed server: SIGTERM to its process group, SIGKILL if it lingers.
+    Returns `lookup`'s (stopped server, stale record)."""
+    directory = state_dir(home)
+    with _locked(directory):
+        live, stale = lookup(home)
+        if live is not None:
+            _stop_group(live.pid)
+            _state_file(directory).unlink(missing_ok=True)
+        return live, stale
+
+
+def _stop_group(pid: int) -> None:
+    # The server leads its own session (start_new_session), so its group is its pid.
+    for sig, wait_s in ((signal.SIGTERM, STOP_TIMEOUT_S), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait_s
+        while _is_prefect_process(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if not _is_prefect_process(pid):
+            return
+    raise PlatformError(f"the Prefect server (pid {pid}) did not stop, even on SIGKILL")
+
+
+def status(home: Path | None = None) -> dict[str, Any]:
+    """`evalpipe server status --json`."""
+    live, stale = lookup(home)
+    doc: dict[str, Any] = {"running": live is not None, "healthy": bool(live and healthy(live.api_url)),
+                           "home": str(state_dir(home))}
+    if live is not None:
+        doc |= live.to_json()
+    if stale is not None:
+        doc["stale_pid"] = stale.pid
+    return doc

@@ -7,5 +7,5 @@ from pathlib import Path
 
 
 def evalpipe_home() -> Path:
-    """`EVALPIPE_HOME`, default `.evalpipe/` in the working directory (SPEC §8)."""
+    """`EVALPIPE_HOME`, default `.evalpipe/` in the working directory (docs/contract.md §8)."""
     return Path(os.environ.get("EVALPIPE_HOME") or ".evalpipe").absolute()

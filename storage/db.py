@@ -1,16 +1,23 @@
-"""The DuckDB file: suites, cases, runs, samples, aggregates (SPEC §8).
+"""The DuckDB file: suites, cases, runs, samples, aggregates (docs/contract.md §8).
 
 Connections are short-lived and opened per operation: DuckDB lets one process hold the
 file at a time, and several `evalpipe run`s or Prefect workers may share one home. A
-process that finds the file locked waits and retries quietly instead of failing.
+process that finds the file locked waits and retries quietly, for `EVALPIPE_DB_LOCK_WAIT_S`
+seconds (default 30); past that, and for a damaged file or a full disk, it raises a
+`PlatformError` naming the file and what to do. A damaged file is never written to.
 Samples are inserted with `ON CONFLICT DO NOTHING` on their primary key, so a sample is
 written once however often a batch is retried.
+
+A run records the process that runs it (`pid`, `host`, `process_started`); a `running`
+run whose process is gone reads as `interrupted`, and the next run to start stores that.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
+import re
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -21,10 +28,12 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from storage import evalpipe_home
-from tasks.models import EvalSuite, InputError
+from storage import evalpipe_home, process
+from tasks.models import EvalSuite, InputError, PlatformError
+from tasks.run import RunSpec, RunSummary
+from tasks.samples import SAMPLE_COLUMNS, SAMPLE_SCHEMA, sample_ddl
 
-SCHEMA = """
+SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS suites (
     version VARCHAR PRIMARY KEY, name VARCHAR, n_cases INTEGER, snapshot_path VARCHAR,
     created_at TIMESTAMPTZ);
@@ -36,29 +45,16 @@ CREATE TABLE IF NOT EXISTS runs (
     agent_fingerprint VARCHAR, n INTEGER, ks INTEGER[], seed BIGINT, status VARCHAR,
     started_at TIMESTAMPTZ, finished_at TIMESTAMPTZ, flow_run_id VARCHAR, config JSON,
     summary JSON);
-CREATE TABLE IF NOT EXISTS samples (
-    run_id VARCHAR, case_id VARCHAR, sample_index INTEGER, seed BIGINT, output VARCHAR,
-    status VARCHAR, passed BOOLEAN, score DOUBLE, detail VARCHAR, safety VARCHAR[], trace JSON,
-    duration_s DOUBLE, cache_key VARCHAR, cached BOOLEAN, case_hash VARCHAR,
-    PRIMARY KEY (run_id, case_id, sample_index));
+{sample_ddl()};
+-- Added after files were in use: ADD COLUMN IF NOT EXISTS upgrades an older file in place.
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS pid INTEGER;
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS host VARCHAR;
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS process_started VARCHAR;
 CREATE INDEX IF NOT EXISTS samples_cache_key ON samples (cache_key);
 CREATE TABLE IF NOT EXISTS aggregates (
     run_id VARCHAR, slice VARCHAR, metric VARCHAR, value DOUBLE, ci_lo DOUBLE, ci_hi DOUBLE);
 """
 
-SAMPLE_COLUMNS = (
-    "run_id", "case_id", "sample_index", "seed", "output", "status", "passed", "score",
-    "detail", "safety", "trace", "duration_s", "cache_key", "cached", "case_hash",
-)
-SAMPLE_SCHEMA = pa.schema(
-    [
-        ("run_id", pa.string()), ("case_id", pa.string()), ("sample_index", pa.int32()),
-        ("seed", pa.int64()), ("output", pa.string()), ("status", pa.string()),
-        ("passed", pa.bool_()), ("score", pa.float64()), ("detail", pa.string()),
-        ("safety", pa.list_(pa.string())), ("trace", pa.string()), ("duration_s", pa.float64()),
-        ("cache_key", pa.string()), ("cached", pa.bool_()), ("case_hash", pa.string()),
-    ]
-)
 # Samples not reused from the cache: the agent or the grader's environment failed, which
 # says nothing about the output, so a re-run should try again.
 NOT_CACHED_STATUSES = ("agent_error", "error")
@@ -68,26 +64,98 @@ def db_path(home: Path | None = None) -> Path:
     return (home or evalpipe_home()) / "evalpipe.duckdb"
 
 
+LOCK_WAIT_ENV = "EVALPIPE_DB_LOCK_WAIT_S"
+DEFAULT_LOCK_WAIT_S = 30.0
+
+
+def lock_wait_s() -> float:
+    raw = os.environ.get(LOCK_WAIT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_LOCK_WAIT_S
+    try:
+        wait = float(raw)
+    except ValueError:
+        wait = -1.0
+    if not wait >= 0:
+        raise InputError(f"{LOCK_WAIT_ENV}={raw!r}: expected a number of seconds, 0 or more")
+    return wait
+
+
 @contextmanager
-def connect(home: Path | None = None, *, read_only: bool = False, wait_s: float = 120.0) -> Iterator[duckdb.DuckDBPyConnection]:
+def connect(home: Path | None = None, *, read_only: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
     path = db_path(home)
     path.parent.mkdir(parents=True, exist_ok=True)
     read_only = read_only and path.exists()  # a reader of a new home creates the schema
+    with _platform_errors(path):
+        con = _open(path, read_only, lock_wait_s())
+        try:
+            if not read_only:
+                con.execute(SCHEMA)
+            yield con
+        finally:
+            con.close()
+
+
+def _open(path: Path, read_only: bool, wait_s: float) -> duckdb.DuckDBPyConnection:
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            con = duckdb.connect(str(path), read_only=read_only)
-            break
+            return duckdb.connect(str(path), read_only=read_only)
         except duckdb.IOException as exc:
-            if "lock" not in str(exc).lower() or time.monotonic() > deadline:
+            if "could not set lock" not in str(exc).lower():
                 raise
+            if time.monotonic() > deadline:
+                raise PlatformError(_locked(path, str(exc), wait_s)) from None
             time.sleep(0.05 + random.random() * 0.1)
+
+
+def _locked(path: Path, message: str, wait_s: float) -> str:
+    # DuckDB names the holder: 'Conflicting lock is held in /usr/bin/python3 (PID 123)'.
+    held = re.search(r"held in (.*?) \(PID (\d+)\)", message)
+    holder = "another process"
+    if held:
+        pid = int(held.group(2))
+        holder = f"PID {pid} ({process.describe(pid) or held.group(1)})"
+    return (f"database {path} is locked by {holder}; gave up after {wait_s:g} s: let it finish or"
+            f" stop it, then run again ({LOCK_WAIT_ENV} sets the wait)")
+
+
+# DuckDB's words for a file it cannot trust: bad header, short read, failed checksum.
+_DAMAGED = ("not a valid duckdb database", "could not read enough bytes", "corrupt", "checksum")
+
+
+@contextmanager
+def _platform_errors(path: Path) -> Iterator[None]:
+    """DuckDB failures that are the machine's, not evalpipe's, as one-line `PlatformError`s;
+    anything else (a query bug) propagates as it is."""
     try:
-        if not read_only:
-            con.execute(SCHEMA)
-        yield con
-    finally:
-        con.close()
+        yield
+    except duckdb.Error as exc:
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        lowered = detail.lower()
+        if "no space left on device" in lowered or "disk is full" in lowered:
+            raise PlatformError(
+                f"disk full writing {path}: what was stored before is kept; free space and run the"
+                " same command again (finished samples are reused)"
+            ) from None
+        if any(word in lowered for word in _DAMAGED) or isinstance(
+            exc, duckdb.SerializationException | duckdb.InternalException
+        ):
+            raise PlatformError(
+                f"database {path} is damaged ({detail}): evalpipe leaves it as it is; move it aside to"
+                " start afresh, or restore it from a backup"
+            ) from None
+        if isinstance(exc, duckdb.IOException):
+            raise PlatformError(f"cannot use database {path}: {detail}") from None
+        raise
+
+
+def check(home: Path | None = None) -> None:
+    """Read the database's runs, if there is one, so that a damaged or locked file is
+    reported before any work starts. (Damage elsewhere is reported when it is read.)"""
+    if db_path(home).exists():
+        with connect(home, read_only=True) as con:
+            con.execute("SELECT * FROM runs").fetchall()
 
 
 def now() -> datetime:
@@ -106,26 +174,48 @@ def record_suite(suite: EvalSuite, snapshot_path: Path, home: Path | None = None
         )
 
 
-def start_run(run: dict[str, Any], home: Path | None = None) -> None:
+def start_run(spec: RunSpec, home: Path | None = None) -> None:
+    """Record a new `running` run owned by this process; first store as `interrupted`
+    every running run whose process is gone."""
+    owner = process.current()
     with connect(home) as con:
+        running = con.execute(
+            "SELECT run_id, pid, host, process_started FROM runs WHERE status = 'running' AND pid IS NOT NULL"
+        ).fetchall()
+        stale = [[rid] for rid, *who in running if process.gone(process.Owner(*who))]
+        if stale:
+            con.executemany("UPDATE runs SET status = 'interrupted' WHERE run_id = ? AND status = 'running'", stale)
         con.execute(
             "INSERT INTO runs (run_id, suite_version, suite_name, agent, agent_fingerprint, n, ks,"
-            " seed, status, started_at, flow_run_id, config) VALUES (?, ?, ?, ?, ?, ?, ?, ?,"
-            " 'running', ?, ?, ?)",
+            " seed, status, started_at, flow_run_id, config, pid, host, process_started)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?, ?, ?, ?, ?)",
             [
-                run["run_id"], run["suite_version"], run["suite_name"], run["agent"],
-                run["agent_fingerprint"], run["n"], run["ks"], run["seed"], now(),
-                run.get("flow_run_id"), json.dumps(run.get("config", {})),
+                spec.run_id, spec.suite_version, spec.suite_name, spec.agent,
+                spec.agent_fingerprint, spec.n, spec.ks, spec.seed, now(),
+                spec.flow_run_id, json.dumps(spec.config),
+                owner.pid, owner.host, owner.started,
             ],
         )
 
 
-def finish_run(run_id: str, status: str, summary: dict[str, Any] | None, home: Path | None = None) -> None:
+def finish_run(run_id: str, status: str, summary: RunSummary | None, home: Path | None = None) -> None:
     with connect(home) as con:
         con.execute(
             "UPDATE runs SET status = ?, finished_at = ?, summary = ? WHERE run_id = ?",
-            [status, now(), None if summary is None else json.dumps(summary), run_id],
+            [status, now(), None if summary is None else json.dumps(summary.to_json()), run_id],
         )
+
+
+@contextmanager
+def recorded_run(spec: RunSpec, home: Path | None = None) -> Iterator[None]:
+    """The run's row from start to end: `running` now, `failed` if the body raises (the body
+    records `completed` itself, with the summary)."""
+    start_run(spec, home)
+    try:
+        yield
+    except BaseException:
+        finish_run(spec.run_id, "failed", None, home)
+        raise
 
 
 def cached_samples(cache_keys: Sequence[str], home: Path | None = None) -> pa.Table:
@@ -205,6 +295,10 @@ def list_runs(home: Path | None = None, limit: int = 50) -> list[dict[str, Any]]
 
 def _run_dict(description, row) -> dict[str, Any]:
     run = dict(zip([d[0] for d in description], row, strict=True))
+    if run["status"] == "running" and run.get("pid") is not None and process.gone(
+        process.Owner(run["pid"], run["host"], run["process_started"])
+    ):
+        run["status"] = "interrupted"
     for key in ("config", "summary"):
         if isinstance(run.get(key), str):
             run[key] = json.loads(run[key])
@@ -221,22 +315,6 @@ def suite_cases(suite_version: str, home: Path | None = None) -> dict[str, tuple
             "SELECT case_id, case_hash, slices FROM cases WHERE suite_version = ?", [suite_version]
         ).fetchall()
     return {cid: (h, list(s)) for cid, h, s in rows}
-
-
-def samples_table(run_id: str, samples: Sequence[Any], planned: Sequence[Any]) -> pa.Table:
-    """`Sample`s (with their `PlannedSample`s, for keys and case hashes) as sample rows."""
-    cols: dict[str, list] = {c: [] for c in SAMPLE_COLUMNS}
-    for s, p in zip(samples, planned, strict=True):
-        v = s.verdict
-        for col, value in (
-            ("run_id", run_id), ("case_id", s.case_id), ("sample_index", s.index), ("seed", s.seed),
-            ("output", s.output), ("status", v.status.value), ("passed", v.passed), ("score", v.score),
-            ("detail", v.detail), ("safety", list(v.safety)), ("trace", json.dumps(s.trace, default=str)),
-            ("duration_s", s.duration_s), ("cache_key", p.cache_key), ("cached", s.cached),
-            ("case_hash", p.case_hash),
-        ):
-            cols[col].append(value)
-    return pa.table(cols, schema=SAMPLE_SCHEMA)
 
 
 def case_counts(run_id: str, home: Path | None = None) -> dict[str, tuple[int, int]]:

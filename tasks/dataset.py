@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from tasks.input_limits import LimitedLoader, LimitError
 from tasks.jsonl import object_lines
 from tasks.models import EvalCase, EvalSuite, InputError
 
@@ -24,8 +25,8 @@ class SuiteError(InputError):
     """Bad suite input. The message is one line naming the file, case or line, and problem."""
 
 
-class _Yaml12Loader(yaml.SafeLoader):
-    """SafeLoader without YAML 1.1's surprise booleans (yes/no/on/off) and timestamps."""
+class _Yaml12Loader(LimitedLoader):
+    """SafeLoader (within the input limits) without YAML 1.1's surprise booleans (yes/no/on/off) and timestamps."""
 
 
 _Yaml12Loader.yaml_implicit_resolvers = {
@@ -74,6 +75,9 @@ def _parse_yaml(path: str, stem: str, text: str) -> tuple[str, list[tuple[str, A
         where = f" line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise SuiteError(f"{path}:{where} malformed YAML: {problem}") from None
+    except LimitError as exc:
+        where = f" line {exc.line}:" if exc.line is not None else ""
+        raise SuiteError(f"{path}:{where} {exc}") from None
     if not isinstance(doc, dict):
         raise SuiteError(f"{path}: a YAML suite is a mapping with 'name' and 'cases'")
     unknown = set(doc) - {"name", "cases", "description", *SUITE_DEFAULT_KEYS}

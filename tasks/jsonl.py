@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from tasks.input_limits import LimitError, parse_json
 from tasks.models import InputError
 
 
@@ -12,15 +13,17 @@ def object_lines(
     text: str, where: str, error: type[InputError] = InputError
 ) -> list[tuple[int, dict[str, Any]]]:
     """(line number, object) for each non-blank line; `error` naming `where` and the line
-    when a line is not JSON or not an object."""
+    when a line is not JSON, not an object, or past the input limits."""
     records = []
     for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            record = parse_json(line)
         except json.JSONDecodeError as exc:
             raise error(f"{where}: line {lineno}: malformed JSON: {exc.msg}") from None
+        except LimitError as exc:
+            raise error(f"{where}: line {lineno}: {exc}") from None
         if not isinstance(record, dict):
             raise error(f"{where}: line {lineno}: expected a JSON object")
         records.append((lineno, record))

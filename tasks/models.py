@@ -1,4 +1,4 @@
-"""The data model every stage speaks (SPEC §2): cases, suites, samples, verdicts.
+"""The data model every stage speaks (docs/contract.md §2): cases, suites, samples, verdicts.
 
 All models are frozen: a case or a verdict, once made, is a value. Stages build new
 values instead of editing old ones, which is what lets the cache key on content.
@@ -27,6 +27,12 @@ class InputError(ValueError):
     as one line and exits 2; the message must name what is wrong and where."""
 
 
+class PlatformError(RuntimeError):
+    """The machine, not the input, failed: a database locked past the wait or damaged, a
+    full disk, a server that did not start. The CLI prints the message as one line and
+    exits 3; the message must name what failed and what to do."""
+
+
 class Status(StrEnum):
     """How a sample ended. Only ``passed`` has ``Verdict.passed == True``."""
 
@@ -40,7 +46,7 @@ class Status(StrEnum):
     agent_error = "agent_error"  # the agent raised or exited non-zero
 
 
-# The grader kinds a suite may name (SPEC §4). Kept here, at the bottom of the import
+# The grader kinds a suite may name (docs/contract.md §4). Kept here, at the bottom of the import
 # graph, so the dataset can validate suites without importing the graders themselves.
 GRADER_KINDS: frozenset[str] = frozenset(
     {
@@ -171,7 +177,7 @@ class EvalSuite(_Frozen):
 
     @property
     def version(self) -> str:
-        """sha256 of the canonical JSON of the cases ordered by id (SPEC §1.1)."""
+        """sha256 of the canonical JSON of the cases ordered by id (docs/contract.md §1.1)."""
         return self._version
 
     def case(self, case_id: str) -> EvalCase:

@@ -19,8 +19,10 @@ import itertools
 import os
 import re
 import shutil
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import git
@@ -34,18 +36,24 @@ _URL = re.compile(r"^(?:[a-zA-Z][a-zA-Z0-9+.-]*://|[\w.-]+@[\w.-]+:)")
 FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
 # Commits known to be in a mirror: a full sha names the same commit forever.
 _known: dict[tuple[Path, str], str] = {}
+# git on a pooled tree (checkout, clean, status) is bounded: a tree a sample could have
+# touched must never hang the harness; over this, the slot is rebuilt instead.
+TREE_GIT_TIMEOUT_S = 120.0
+_PAGE = 4096
 
 
 class RepoError(InputError):
     """A repository that cannot be mirrored, or a commit that is not in it."""
 
 
-def run_git(cwd: Path | None, *args: str) -> str:
-    """Run git, raising `RepoError` with git's last line of complaint."""
+def run_git(cwd: Path | None, *args: str, timeout: float | None = None) -> str:
+    """Run git, raising `RepoError` with git's last line of complaint (or its timeout)."""
     try:
-        return git.Git(cwd).execute(["git", *args], env=_GIT_ENV)
+        return git.Git(cwd).execute(["git", *args], env=_GIT_ENV, kill_after_timeout=timeout)
     except git.GitCommandError as exc:
-        lines = [ln.strip() for ln in str(exc.stderr or "").strip(" '\n").splitlines() if ln.strip()]
+        lines = [
+            ln.strip() for ln in str(exc.stderr or "").strip(" '\n").splitlines() if ln.strip()
+        ]
         # git's first fatal line names the problem; what follows is advice.
         fatal = [ln for ln in lines if ln.startswith(("fatal:", "error:"))]
         raise RepoError(f"git {args[0]}: {(fatal or lines or [exc])[0]}") from None
@@ -153,32 +161,71 @@ def _fresh_worktree(mirror_path: Path, tree: Path, sha: str) -> None:
         if tree.exists():
             shutil.rmtree(tree, onerror=_force_remove)
         run_git(mirror_path, "worktree", "prune")
-        run_git(mirror_path, "worktree", "add", "--detach", "--force", "--quiet", str(tree), sha)
+        run_git(
+            mirror_path, "worktree", "add", "--detach", "--force", "--quiet", str(tree), sha,
+            timeout=TREE_GIT_TIMEOUT_S,
+        )  # fmt: skip
     tree.with_suffix(".gitfile").write_bytes((tree / ".git").read_bytes())
 
 
 def _force_remove(func, path, _exc) -> None:
     # A test run may leave read-only directories behind.
     os.chmod(os.path.dirname(path), 0o755)
-    if os.path.isdir(path):
+    if os.path.isdir(path) and not os.path.islink(path):
         os.chmod(path, 0o755)
     func(path)
 
 
+@dataclass(frozen=True)
+class TreeScan:
+    bytes: int  # room the tree takes on a tmpfs: every entry rounded up to whole pages
+    special: tuple[str, ...]  # FIFOs, sockets, devices, and directories that cannot be listed
+
+
+def scan_tree(tree: Path) -> TreeScan:
+    """Walk `tree` without following links or opening anything. git would block on or
+    trip over a special file, so a tree that has one is rebuilt, never handed to git."""
+    size, special = 0, []
+
+    def unreadable(exc: OSError) -> None:
+        special.append(str(exc.filename))
+
+    for directory, dirs, files in os.walk(tree, onerror=unreadable):
+        size += _PAGE * (1 + len(dirs))
+        for name in files:  # os.walk lists symlinks to directories under `dirs`
+            info = os.lstat(os.path.join(directory, name))
+            size += -(-info.st_size // _PAGE) * _PAGE + _PAGE
+            if not (stat.S_ISREG(info.st_mode) or stat.S_ISLNK(info.st_mode)):
+                special.append(os.path.relpath(os.path.join(directory, name), tree))
+    return TreeScan(bytes=size, special=tuple(special))
+
+
 def _reset(mirror_path: Path, tree: Path, sha: str) -> None:
-    """Put `tree` at `sha` with nothing else in it; rebuild it if it cannot be reset."""
+    """Put `tree` at `sha` with nothing else in it; rebuild it if it cannot be reset.
+
+    Whatever ran in the tree may have left a trap for git: `.git` turned into a FIFO,
+    a directory or a symlink (to a gitdir whose config runs commands), a FIFO where git
+    reads (`.gitattributes`, `.gitignore`). Such a tree is removed and made again, and
+    every git command on it is bounded by `TREE_GIT_TIMEOUT_S`."""
     gitfile = tree.with_suffix(".gitfile")
-    if tree.is_dir() and gitfile.is_file():
-        try:
-            # Whatever ran in the tree may have rewritten its .git pointer: restore it.
-            if (tree / ".git").is_dir() or (tree / ".git").is_symlink():
-                raise OSError("tampered .git")
-            (tree / ".git").write_bytes(gitfile.read_bytes())
-            run_git(tree, "checkout", "--force", "--detach", "--quiet", sha)
-            run_git(tree, "clean", "-ffdxq")
+    try:
+        if (
+            stat.S_ISDIR(os.lstat(tree).st_mode)
+            and gitfile.is_file()
+            and stat.S_ISREG(os.lstat(tree / ".git").st_mode)
+            and not scan_tree(tree).special
+        ):
+            # Restore the .git pointer (O_NOFOLLOW: written, never followed).
+            fd = os.open(tree / ".git", os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(gitfile.read_bytes())
+            run_git(
+                tree, "checkout", "--force", "--detach", "--quiet", sha, timeout=TREE_GIT_TIMEOUT_S
+            )
+            run_git(tree, "clean", "-ffdxq", timeout=TREE_GIT_TIMEOUT_S)
             return
-        except (OSError, RepoError):
-            pass
+    except (OSError, RepoError):
+        pass
     _fresh_worktree(mirror_path, tree, sha)
 
 
@@ -204,7 +251,10 @@ def changed_paths(tree: Path) -> dict[str, str]:
     Read from the disk (tracked, untracked and ignored files alike), not from what a
     patch claims to touch: `??` untracked, `!!` ignored, anything else tracked.
     """
-    out = run_git(tree, "status", "--porcelain=v1", "-z", "--untracked-files=all", "--ignored")
+    out = run_git(
+        tree, "status", "--porcelain=v1", "-z", "--untracked-files=all", "--ignored",
+        timeout=TREE_GIT_TIMEOUT_S,
+    )  # fmt: skip
     entries = out.split("\0")
     changed: dict[str, str] = {}
     i = 0
@@ -224,6 +274,6 @@ def restore_paths(tree: Path, changed: dict[str, str]) -> None:
     """Put the given changed paths back as the commit has them (deleting added ones)."""
     tracked = sorted(p for p, code in changed.items() if code not in ("??", "!!"))
     if tracked:
-        run_git(tree, "checkout", "HEAD", "--", *tracked)
+        run_git(tree, "checkout", "HEAD", "--", *tracked, timeout=TREE_GIT_TIMEOUT_S)
     for path in changed.keys() - set(tracked):
         (tree / path).unlink(missing_ok=True)

@@ -1,6 +1,6 @@
 """Stage 2, the sampler: plan n samples per case, draw them from the agent, grade each.
 
-Every sample keeps its raw output, verdict, trace and timing (SPEC §1.2). Seeds and cache
+Every sample keeps its raw output, verdict, trace and timing (docs/contract.md §1.2). Seeds and cache
 keys are pure functions of content, so planning a run is deterministic and a re-run can
 find its finished work by key.
 """

@@ -1,4 +1,4 @@
-"""The sandbox for every piece of candidate code (SPEC §4, last paragraph).
+"""The sandbox for every piece of candidate code (docs/contract.md §4, last paragraph).
 
 Two entry points with the same guarantees (see docs/sandbox.md for exactly which):
 - `run_command(argv, ...)`: one command in a work directory (repo_tests runs pytest so).
@@ -94,7 +94,13 @@ def scrubbed_env(home: str, extra: Mapping[str, str] | None = None) -> dict[str,
     return env
 
 
-def _bwrap_argv(limits: Limits, workdir: Path | None, network: bool) -> list[str]:
+# Where a scratch run (`scratch_mb`) sees the real work directory, read-only, to copy it.
+_SCRATCH_SOURCE = "/tmp/.evalpipe-source"
+
+
+def _bwrap_argv(
+    limits: Limits, workdir: Path | None, network: bool, scratch_mb: int | None = None
+) -> list[str]:
     argv = [BWRAP, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
     if network:
         argv.append("--share-net")
@@ -102,8 +108,15 @@ def _bwrap_argv(limits: Limits, workdir: Path | None, network: bool) -> list[str
     for path in _runtime_under_tmp():
         argv += ["--ro-bind", path, path]
     argv += ["--dev", "/dev", "--proc", "/proc"]
+    if workdir is not None and scratch_mb is not None:
+        # A tmpfs of that size at the work directory's own path, filled with a copy of
+        # it: writes are capped by the kernel and never reach the real directory.
+        argv += ["--ro-bind", str(workdir), _SCRATCH_SOURCE]
+        argv += ["--size", str(scratch_mb << 20), "--tmpfs", str(workdir)]
+    elif workdir is not None:
+        argv += ["--bind", str(workdir), str(workdir)]
     if workdir is not None:
-        argv += ["--bind", str(workdir), str(workdir), "--chdir", str(workdir)]
+        argv += ["--chdir", str(workdir)]
     return argv + ["--"]
 
 
@@ -250,15 +263,29 @@ def run_command(
     limits: Limits,
     env: Mapping[str, str] | None = None,
     network: bool = False,
+    scratch_mb: int | None = None,
+    pass_fds: Sequence[int] = (),
 ) -> SandboxResult:
     """Run `argv` in `workdir` (the only writable place besides a private /tmp).
 
+    With `scratch_mb` (bubblewrap only; check `isolation`), the program runs on a copy of
+    `workdir` in a tmpfs holding at most that many MB: it cannot fill the disk, and
+    nothing it writes reaches `workdir`. `pass_fds` stay open in the program.
     Never leaves a process behind. Raises `SandboxError` only when nothing could be
     started (e.g. `argv[0]` does not exist); everything the program does is a result.
     """
     workdir = Path(workdir).resolve()
     isolation = "bwrap" if bwrap_available() else "rlimits"
-    full = [*_bwrap_argv(limits, workdir, network), *argv] if isolation == "bwrap" else list(argv)
+    if isolation == "bwrap" and scratch_mb is not None:
+        copy = 'cp -a "$0"/. . && exec "$@"'
+        argv = ["/bin/sh", "-c", copy, _SCRATCH_SOURCE, *argv]
+    else:
+        scratch_mb = None
+    full = (
+        [*_bwrap_argv(limits, workdir, network, scratch_mb), *argv]
+        if isolation == "bwrap"
+        else list(argv)
+    )
     cgroup = PidsCgroup.create(limits.max_procs + 2)
     start = time.monotonic()
     try:
@@ -271,6 +298,7 @@ def run_command(
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,
+                pass_fds=tuple(pass_fds),
                 preexec_fn=_preexec(limits, cgroup),  # noqa: PLW1509 - rlimits need it
             )
         except (OSError, subprocess.SubprocessError) as exc:

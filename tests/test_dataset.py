@@ -1,4 +1,4 @@
-"""Content addressing (SPEC §1.1) and suite-file validation (SPEC §3)."""
+"""Content addressing (docs/contract.md §1.1) and suite-file validation (docs/contract.md §3)."""
 
 from __future__ import annotations
 
@@ -130,6 +130,21 @@ BAD = {
     "nan.yaml": ("name: s\ncases:\n  - {id: a, grader: {kind: exact}, reference: .nan}\n", "not JSON compliant"),
     "bad.jsonl": ('{"id": "a", "grader": {"kind": "exact"}}\n{"id": \n', "line 2: malformed JSON"),
     "empty.yaml": ("name: s\ncases: []\n", "no cases"),
+    "deep.yaml": ("name: s\ncases: [{id: a, grader: {kind: exact}, reference: " + "[" * 5000 + "}]\n",
+                  "line 2: nested deeper than 100 levels"),
+    "deepblock.yaml": ("name: s\ncases:\n" + "".join("  " * i + "-\n" for i in range(1, 300)),
+                       "nested deeper than 100 levels"),
+    "deep.jsonl": ('{"id": "a", "grader": {"kind": "exact"}, "reference": ' + "[" * 50 + "]" * 50 + "}\n"
+                   + '{"id": "b", "grader": {"kind": "exact"}, "reference": ' + "[" * 100_000 + "]" * 100_000
+                   + "}\n", "line 2: nested deeper than 100 levels"),
+    "shallowbutdeep.jsonl": ('{"id": "a", "grader": {"kind": "exact"}, "reference": ' + "[" * 500 + "]" * 500
+                             + "}\n", "line 1: nested deeper than 100 levels"),
+    "bigint.jsonl": ('{"id": "a", "grader": {"kind": "exact"}, "reference": ' + "7" * 5000 + "}\n",
+                     "line 1: an integer with more than 4300 digits"),
+    "bigint.yaml": ("name: s\ncases:\n  - {id: a, grader: {kind: exact}, reference: " + "7" * 5000 + "}\n",
+                    "line 3: an integer with more than 4300 digits"),
+    "recursive.yaml": ("name: s\ncases: [{id: a, grader: {kind: exact}, reference: &r [*r]}]\n",
+                       "an alias refers to a node that contains it"),
     "suite.txt": ("whatever", "unknown suite format"),
 }
 
@@ -143,6 +158,16 @@ def test_bad_input_names_the_problem(tmp_path: Path, name: str):
         load_suite(path)
     message = str(err.value)
     assert expected in message and str(path) in message and "\n" not in message
+
+
+def test_aliases_and_nesting_within_the_limits_load(tmp_path: Path):
+    # An anchor reused by every case, and a reference nested just inside the depth limit
+    # (the document, the case list, the case and its key add 3 levels above it).
+    cases = "".join(f"  - {{id: c{i}, grader: *g, reference: {'[' * 97}{']' * 97}}}\n" for i in range(300))
+    path = tmp_path / "ok.yaml"
+    path.write_text("name: s\ngrader_defaults: &g {kind: exact}\ncases:\n" + cases)
+    suite = load_suite(path)
+    assert len(suite.cases) == 300 and suite.case("c7").grader["kind"] == "exact"
 
 
 def test_verdict_passed_agrees_with_status():

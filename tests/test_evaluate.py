@@ -254,7 +254,7 @@ def test_run_batch_returns_the_prefix_finished_within_its_budget(tmp_path, monke
 
 @given(missing=st.integers(1, 10**6), workers=st.integers(1, 256))
 def test_a_task_holds_at_most_max_batch_samples_and_tasks_stay_few(missing, workers):
-    from flows.evaluate import MAX_BATCH, TASKS_PER_WORKER, samples_per_task
+    from tasks.run import MAX_BATCH, TASKS_PER_WORKER, samples_per_task
 
     size = samples_per_task(missing, workers)
     assert 1 <= size <= MAX_BATCH
@@ -262,14 +262,15 @@ def test_a_task_holds_at_most_max_batch_samples_and_tasks_stay_few(missing, work
 
 
 def test_the_issue_case_is_bounded():
-    from flows.evaluate import samples_per_task
+    from tasks.run import samples_per_task
 
     assert samples_per_task(2000 * 10, 2) == 64  # was 625: a kill threw away 2 x 625 draws
 
 
 def test_a_task_cut_short_by_its_budget_has_the_rest_drawn_once(prefect_harness, home, tmp_path, counted,
                                                                 monkeypatch):
-    from flows import evaluate as ev
+    from flows.evaluate import evaluate
+    from tasks import run
 
     sizes: list[int] = []
 
@@ -278,12 +279,12 @@ def test_a_task_cut_short_by_its_budget_has_the_rest_drawn_once(prefect_harness,
         sizes.append(len(drawn))
         return drawn
 
-    run_batch = ev.run_batch
-    monkeypatch.setattr(ev, "run_batch", recorded_run_batch)
-    monkeypatch.setattr(ev, "BATCH_BUDGET_S", 0.2)
+    run_batch = run.run_batch
+    monkeypatch.setattr(run, "run_batch", recorded_run_batch)
+    monkeypatch.setattr(run, "BATCH_BUDGET_S", 0.2)
     monkeypatch.setenv("EVALPIPE_TEST_SLEEP", "0.05")
     suite = write_suite(tmp_path / "toy.yaml", 12)
-    out = ev.evaluate(suite=str(suite), agent=agent("slow"), n=2, k=[1], workers=2, batch_size=6)
+    out = evaluate(suite=str(suite), agent=agent("slow"), n=2, k=[1], workers=2, batch_size=6)
     # Two chunks of 12 samples (0.6 s each): each task stops after ~0.2 s, the rest goes again.
     assert max(sizes) < 12 and len(sizes) > 2 and sum(sizes) == 24
     drawn = calls(counted)

@@ -1,4 +1,4 @@
-"""Assertion graders: exact, contains, regex, numeric, json (SPEC §4).
+"""Assertion graders: exact, contains, regex, numeric, json (docs/contract.md §4).
 
 Pure functions of (output, case). A malformed grader spec (no reference, a bad regex, a
 negative tolerance) raises `InputError`, which `grade` turns into `status: error`; an

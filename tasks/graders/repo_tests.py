@@ -1,6 +1,6 @@
 """`repo_tests`: SWE-bench-style grading, a candidate patch judged by a repository's tests.
 
-The verdict follows SPEC §4 step by step, and each step fails closed:
+The verdict follows docs/contract.md §4 step by step, and each step fails closed:
 
 1. empty output → `empty`
 2. a clean tree at `base_commit` (`tasks.repos`) → `error` if it cannot be had
@@ -20,6 +20,7 @@ import fnmatch
 import secrets
 import shlex
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -31,16 +32,48 @@ from tasks.graders import register
 from tasks.junit import PASSED, JUnitError, parse_junit
 from tasks.models import EvalCase, InputError, Status, Verdict
 from tasks.patching import apply_patch
-from tasks.repos import RepoError, changed_paths, checkout, restore_paths
+from tasks.repos import RepoError, changed_paths, checkout, restore_paths, scan_tree
 from tasks.safety import path_violations
 from tasks.sandbox import Limits, SandboxError, run_command
 
 DEFAULT_TEST_FILES = ("tests/**", "test_*.py", "*_test.py", "conftest.py")
-# pytest takes options (and so plugins) from these files at the root of the run: a
-# candidate must not get to add a `-p` or an `addopts` there, so they are restored too.
-RUNNER_CONFIG = ("pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml")
+# What decides how pytest starts (options, plugins, code run before any test), at any
+# depth: pytest reads the config file nearest above the test files and every conftest.py
+# on the way; `*.dist-info` entry points and `.pth`/`*customize.py` load code at start.
+# The candidate's versions are never used: edits are undone, additions deleted.
+RUNNER_FILES = (
+    "conftest.py", "pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml",
+    "sitecustomize.py", "usercustomize.py", "*.pth",
+)  # fmt: skip
+RUNNER_DIRS = ("*.dist-info", "*.egg-info")
 DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_MEMORY_MB = 4096
+DEFAULT_DISK_MB = 1024
+# A JUnit report larger than this is not read (a few MB covers the largest suites).
+JUNIT_CAP_BYTES = 64 << 20
+# pytest started so that nothing in the tree can be imported before pytest and its
+# plugins are loaded (no `pytest.py`/`_pytest/` shadow, no entry point from a
+# `*.dist-info` in the tree); the tree then goes first on sys.path, as `python -m
+# pytest` would have put it.
+PYTEST_BOOT = """\
+import os, sys
+sys.path[:] = [p for p in sys.path if p not in ("", ".", os.getcwd())]
+import pytest
+class EvalpipeTreeOnPath:
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_load_initial_conftests(self):
+        sys.path.insert(0, os.getcwd())
+sys.exit(pytest.main(sys.argv[1:], plugins=[EvalpipeTreeOnPath()]))
+"""
+# Runs the test command in the sandbox, then hands back, on a file the harness opened
+# (and the sandbox cannot replace), the free space left in the work tree and the JUnit
+# report, if it is a regular file: a FIFO or a link there yields no report.
+REPORT_WRAPPER = """\
+"$@"
+rc=$?
+{{ stat -f -c '%a %S' . && if [ -f "$0" ] && [ ! -L "$0" ]; then cat -- "$0"; fi; }} > /proc/self/fd/{fd}
+exit $rc
+"""
 # Added to the sandbox's scrubbed environment: no user site-packages, stable hashing.
 TEST_ENV = {"PYTHONNOUSERSITE": "1", "PYTHONHASHSEED": "0"}
 
@@ -58,6 +91,7 @@ class Params:
     setup: tuple[tuple[str, ...], ...]
     timeout_s: float
     memory_mb: int
+    disk_mb: int
 
 
 def _strings(grader: dict[str, Any], key: str, default: Any = ()) -> tuple[str, ...] | Any:
@@ -99,12 +133,13 @@ def parse_params(case: EvalCase) -> Params:
     if not isinstance(setup, list | tuple):
         raise InputError("repo_tests: setup must be a list of commands")
     try:
-        timeout_s, memory_mb = (
+        timeout_s, memory_mb, disk_mb = (
             float(g.get("timeout_s", DEFAULT_TIMEOUT_S)),
             int(g.get("memory_mb", DEFAULT_MEMORY_MB)),
+            int(g.get("disk_mb", DEFAULT_DISK_MB)),
         )
     except (TypeError, ValueError):
-        raise InputError("repo_tests: timeout_s and memory_mb must be numbers") from None
+        raise InputError("repo_tests: timeout_s, memory_mb and disk_mb must be numbers") from None
     if g.get("test_patch") is not None and not isinstance(g["test_patch"], str):
         raise InputError("repo_tests: test_patch must be a diff")
     return Params(
@@ -119,6 +154,7 @@ def parse_params(case: EvalCase) -> Params:
         setup=tuple(_command(c, "setup") for c in setup),
         timeout_s=timeout_s,
         memory_mb=memory_mb,
+        disk_mb=disk_mb,
     )
 
 
@@ -129,6 +165,14 @@ def _matches(path: str, globs: tuple[str, ...], anywhere: bool = False) -> bool:
         return True
     name = path.rsplit("/", 1)[-1]
     return anywhere and any("/" not in g and fnmatch.fnmatchcase(name, g) for g in globs)
+
+
+def is_runner_file(path: str) -> bool:
+    """Whether `path` could change how pytest starts (see `RUNNER_FILES`)."""
+    *dirs, name = path.split("/")
+    return any(fnmatch.fnmatchcase(name, g) for g in RUNNER_FILES) or any(
+        fnmatch.fnmatchcase(d, g) for d in dirs for g in RUNNER_DIRS
+    )
 
 
 class _Clock:
@@ -206,9 +250,7 @@ def _grade_tree(
     return _test_tree(tree, params, changed, trace, clock)
 
 
-def _test_tree(
-    tree: Path, params: Params, changed: dict, trace: dict, clock: _Clock
-) -> Verdict:
+def _test_tree(tree: Path, params: Params, changed: dict, trace: dict, clock: _Clock) -> Verdict:
     """Restore test files, apply test_patch, run setup and the tests: the part of grading
     after the candidate's edits are on disk."""
     steps: list[str] = trace.setdefault("steps", [])
@@ -216,7 +258,7 @@ def _test_tree(
         protected = {
             p: code
             for p, code in changed.items()
-            if _matches(p, params.test_files, anywhere=True) or p in RUNNER_CONFIG
+            if _matches(p, params.test_files, anywhere=True) or is_runner_file(p)
         }
         restore_paths(tree, protected)
     if protected:
@@ -227,6 +269,9 @@ def _test_tree(
         if not test_patch.applied:
             return Verdict.fail(Status.error, f"test_patch does not apply: {test_patch.detail}")
     limits = Limits(timeout_s=params.timeout_s, memory_mb=params.memory_mb)
+    if params.setup:
+        with clock("disk"):
+            before = scan_tree(tree).bytes
     for command in params.setup:
         with clock("setup"):
             try:
@@ -244,6 +289,15 @@ def _test_tree(
             return Verdict.fail(
                 Status.error, f"setup {shlex.join(command)} exited {result.returncode}: {tail}"
             )
+    if params.setup:
+        # setup writes the real tree (the tests need what it builds), so its writes are
+        # measured after the fact rather than capped.
+        with clock("disk"):
+            grown = scan_tree(tree).bytes - before
+        if grown > params.disk_mb << 20:
+            return Verdict.fail(
+                Status.error, f"setup wrote {grown >> 20} MB, over disk_mb={params.disk_mb}"
+            )
     return _run_tests(tree, params, limits, trace, clock)
 
 
@@ -257,7 +311,7 @@ def _test_argv(params: Params, junit: Path) -> list[str]:
         return [
             # --rootdir=.: node ids relative to the tree even when it sits below a directory
             # with a pytest config of its own (EVALPIPE_HOME inside a project).
-            sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir=.",
+            sys.executable, "-c", PYTEST_BOOT, "-q", "-p", "no:cacheprovider", "--rootdir=.",
             "-o", "junit_family=xunit1", f"--junitxml={junit}", *files,
         ]  # fmt: skip
     argv: list[str] = []
@@ -270,18 +324,26 @@ def _test_argv(params: Params, junit: Path) -> list[str]:
 
 
 def _run_tests(tree: Path, params: Params, limits: Limits, trace: dict, clock: _Clock) -> Verdict:
-    # The sandbox can write only the tree, so the report goes there, into a directory
-    # made just now under a random name: no file from the patch, and no report left by an
-    # earlier sample, can stand in for it. (It is untracked, so the next reset removes it.)
+    # The report goes to a directory made just now under a random name (no file from the
+    # patch, nor one left by an earlier sample, can stand in for it), in the sandbox's copy
+    # of the tree; the wrapper hands it back on `out`, a file only the harness can name.
     report_dir = tree / f".evalpipe-junit-{secrets.token_hex(8)}"
     report_dir.mkdir()
     junit = report_dir / "report.xml"
-    argv = _test_argv(params, junit)
-    with clock("tests"):
+    with clock("disk"):
+        scratch_mb = (scan_tree(tree).bytes >> 20) + 1 + params.disk_mb
+    with tempfile.TemporaryFile(prefix="evalpipe-junit-") as out, clock("tests"):
+        wrapper = REPORT_WRAPPER.format(fd=out.fileno())
+        argv = ["/bin/sh", "-c", wrapper, str(junit), *_test_argv(params, junit)]
         try:
-            result = run_command(argv, workdir=tree, limits=limits, env=TEST_ENV)
+            result = run_command(
+                argv, workdir=tree, limits=limits, env=TEST_ENV,
+                scratch_mb=scratch_mb, pass_fds=(out.fileno(),),
+            )  # fmt: skip
         except SandboxError as exc:
             return Verdict.fail(Status.error, f"the test command could not start: {exc}")
+        out.seek(0)
+        handed = out.read(JUNIT_CAP_BYTES + 1)
     trace["test_run"] = {
         "returncode": result.returncode,
         "duration_s": result.duration_s,
@@ -293,9 +355,17 @@ def _run_tests(tree: Path, params: Params, limits: Limits, trace: dict, clock: _
         return Verdict.fail(
             Status.timeout, f"the tests did not finish within {params.timeout_s:g}s"
         )
+    free, _, xml = handed.partition(b"\n")
+    if result.isolation == "bwrap" and _free_bytes(free) < 1 << 20:
+        return Verdict.fail(
+            Status.failed,
+            f"the tests filled the work tree: over disk_mb={params.disk_mb} (writes past it failed)",
+        )
+    if len(xml) > JUNIT_CAP_BYTES:
+        return Verdict.fail(Status.failed, f"the JUnit report is over {JUNIT_CAP_BYTES >> 20} MB")
     with clock("parse"):
         try:
-            report = parse_junit(junit)
+            report = parse_junit(xml)
         except JUnitError:
             return Verdict.fail(
                 Status.failed,
@@ -306,6 +376,15 @@ def _run_tests(tree: Path, params: Params, limits: Limits, trace: dict, clock: _
         }
     trace["tests"] = outcomes
     return _verdict(params, outcomes)
+
+
+def _free_bytes(line: bytes) -> int:
+    """`stat -f -c '%a %S'` (free blocks, block size) as bytes; 0 if it is not that."""
+    try:
+        blocks, size = (int(v) for v in line.split())
+    except ValueError:
+        return 0
+    return blocks * size
 
 
 def _tail(data: bytes, size: int = 2000) -> str:

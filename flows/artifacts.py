@@ -1,0 +1,51 @@
+"""A finished run as artifacts on its Prefect flow-run page."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from prefect.artifacts import (
+    create_markdown_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
+
+from storage.calibrations import run_calibrations
+from tasks.report import slices_table, summary_markdown
+from tasks.run import RunSummary
+
+
+def publish(run: RunSummary, home: Path) -> None:
+    """The run's summary and per-slice table."""
+    summary = run.to_json()
+    slug = "".join(ch if ch.isalnum() else "-" for ch in summary["suite_name"].lower()).strip("-")
+    judges = run_calibrations(summary["run_id"], home)
+    create_markdown_artifact(
+        key=f"evalpipe-{slug}-summary", markdown=summary_markdown(summary, summary.get("gate"), judges),
+        description=f"evalpipe run {summary['run_id']}",
+    )
+    rows = slices_table(summary)
+    if rows:
+        create_table_artifact(key=f"evalpipe-{slug}-slices", table=rows,
+                              description=f"per-slice pass@1, run {summary['run_id']}")
+
+
+class Progress:
+    """Samples graded so far: a progress artifact (updated at most once a second) and the
+    CLI's progress hook (every batch)."""
+
+    def __init__(self, done: int, total: int, hook: Callable[[int, int], None] | None) -> None:
+        self.done, self.total, self.hook = done, total, hook
+        self.artifact = create_progress_artifact(progress=100 * done / total, description="samples graded")
+        self.updated = time.monotonic()
+
+    def advance(self, count: int) -> None:
+        self.done += count
+        if self.hook:
+            self.hook(self.done, self.total)
+        if time.monotonic() - self.updated > 1.0 or self.done == self.total:
+            update_progress_artifact(self.artifact, 100 * self.done / self.total)
+            self.updated = time.monotonic()

@@ -1,0 +1,55 @@
+"""The sample row (docs/contract.md §8): one Arrow schema, from which the stored table's columns and
+its DDL are derived, and the conversion of graded `Sample`s into such rows."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import pyarrow as pa
+
+from tasks.models import Sample
+from tasks.sampling import PlannedSample
+
+SAMPLE_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()), ("case_id", pa.string()), ("sample_index", pa.int32()),
+        ("seed", pa.int64()), ("output", pa.string()), ("status", pa.string()),
+        ("passed", pa.bool_()), ("score", pa.float64()), ("detail", pa.string()),
+        ("safety", pa.list_(pa.string())), ("trace", pa.string()), ("duration_s", pa.float64()),
+        ("cache_key", pa.string()), ("cached", pa.bool_()), ("case_hash", pa.string()),
+    ]
+)
+SAMPLE_COLUMNS: tuple[str, ...] = tuple(SAMPLE_SCHEMA.names)
+SAMPLE_KEY = ("run_id", "case_id", "sample_index")
+# `trace` is JSON text in Arrow and a JSON column in DuckDB.
+JSON_COLUMNS = frozenset({"trace"})
+
+_SQL_TYPES = {
+    pa.string(): "VARCHAR", pa.int32(): "INTEGER", pa.int64(): "BIGINT", pa.bool_(): "BOOLEAN",
+    pa.float64(): "DOUBLE", pa.list_(pa.string()): "VARCHAR[]",
+}
+
+
+def sample_ddl(table: str = "samples") -> str:
+    """`CREATE TABLE` for the sample rows, derived from `SAMPLE_SCHEMA`."""
+    columns = ", ".join(
+        f"{f.name} {'JSON' if f.name in JSON_COLUMNS else _SQL_TYPES[f.type]}" for f in SAMPLE_SCHEMA
+    )
+    return f"CREATE TABLE IF NOT EXISTS {table} ({columns}, PRIMARY KEY ({', '.join(SAMPLE_KEY)}))"
+
+
+def samples_table(run_id: str, samples: Sequence[Sample], planned: Sequence[PlannedSample]) -> pa.Table:
+    """`Sample`s (with their `PlannedSample`s, for keys and case hashes) as sample rows."""
+    cols: dict[str, list] = {c: [] for c in SAMPLE_COLUMNS}
+    for s, p in zip(samples, planned, strict=True):
+        v = s.verdict
+        for col, value in (
+            ("run_id", run_id), ("case_id", s.case_id), ("sample_index", s.index), ("seed", s.seed),
+            ("output", s.output), ("status", v.status.value), ("passed", v.passed), ("score", v.score),
+            ("detail", v.detail), ("safety", list(v.safety)), ("trace", json.dumps(s.trace, default=str)),
+            ("duration_s", s.duration_s), ("cache_key", p.cache_key), ("cached", s.cached),
+            ("case_hash", p.case_hash),
+        ):
+            cols[col].append(value)
+    return pa.table(cols, schema=SAMPLE_SCHEMA)

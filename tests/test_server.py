@@ -1,0 +1,259 @@
+"""The local server evalpipe manages, and Prefect's platform failures, on real processes:
+`evalpipe server start|status|stop` as a user types them, a run that reports to the managed
+server, a stale pid record, an unreachable API and an ephemeral start that times out (exit 3,
+one line), and a `kill -9` of a run whose ephemeral server must not outlive it.
+
+Each Prefect server start costs 10-60 s on a loaded 2-core machine: one managed server for the
+module, one ephemeral start for the orphan case; servers are always stopped in teardown."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from flows.server import free_port, stop_managed
+
+ROOT = Path(__file__).resolve().parent.parent
+EVALPIPE = Path(sys.executable).with_name("evalpipe")
+ONE_CASE = '{"id": "c0", "inputs": {}, "reference": "yes", "grader": {"kind": "exact"}}\n'
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    work = tmp_path_factory.mktemp("server")
+    (work / "one.jsonl").write_text(ONE_CASE)
+    (work / "agent.py").write_text(
+        "import os, pathlib, time\n"
+        "def answer(inputs, ctx):\n"
+        "    if os.environ.get('MARK'):  # the slow agent: say it started, then hang\n"
+        "        pathlib.Path(os.environ['MARK']).write_text(str(os.getpid()))\n"
+        "        time.sleep(600)\n"
+        "    return 'yes'\n")
+    return work
+
+
+def client_env(work: Path, home: Path, **extra: str) -> dict[str, str]:
+    """A user's shell: no Prefect or evalpipe settings but its own homes."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "EVALPIPE_"))}
+    return env | {"EVALPIPE_HOME": str(home), "PREFECT_HOME": str(work / "prefect-home"),
+                  "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "EVALPIPE_SERVER_START_TIMEOUT": "240"} | extra
+
+
+def evalpipe(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([str(EVALPIPE), *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+
+
+def run_args(work: Path, *extra: str) -> list[str]:
+    return ["run", str(work / "one.jsonl"), "--agent", f"python:{work / 'agent.py'}:answer", *extra]
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def processes_with(key: str, value: str) -> list[int]:
+    """Live processes whose environment has key=value: what a command left behind."""
+    found = []
+    needle = f"{key}={value}".encode()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if needle in (entry / "environ").read_bytes().split(b"\0") and alive(int(entry.name)):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+# --- the managed server ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def managed(work: Path) -> Iterator[tuple[dict, dict[str, str]]]:
+    """`evalpipe server start` on a free port, over a stale record of a server long gone."""
+    home = work / "home-managed"
+    (home / "server").mkdir(parents=True)
+    (home / "server" / "server.json").write_text(json.dumps({"pid": dead_pid(), "port": 1}))
+    env = client_env(work, home)
+    port = free_port()
+    try:
+        proc = evalpipe("server", "start", "--port", str(port), "--json", env=env)
+        assert proc.returncode == 0, proc.stderr
+        doc = json.loads(proc.stdout)
+        yield doc, env
+    finally:
+        stop_managed(home)
+
+
+def test_start_reports_where_the_server_is(managed: tuple[dict, dict[str, str]]) -> None:
+    doc, env = managed
+    assert doc["started"] is True
+    assert doc["url"] == f"http://127.0.0.1:{doc['port']}" and doc["api_url"] == doc["url"] + "/api"
+    assert alive(doc["pid"])
+    home = Path(env["EVALPIPE_HOME"])
+    assert Path(doc["log"]).parent == home / "server" and Path(doc["log"]).is_file()
+    # The server's Prefect database is its own, under EVALPIPE_HOME, not the user's PREFECT_HOME.
+    assert list((home / "server" / "prefect").glob("*.db"))
+    assert not list(Path(env["PREFECT_HOME"]).glob("*.db"))
+    # The UI asks the API on the server's own port, not Prefect's default 4200.
+    ui_settings = httpx.get(f"{doc['url']}/ui-settings", timeout=30).json()
+    assert ui_settings["api_url"] == doc["api_url"]
+
+
+def test_second_start_says_so_and_exits_0(managed: tuple[dict, dict[str, str]]) -> None:
+    doc, env = managed
+    again = evalpipe("server", "start", env=env)
+    assert again.returncode == 0
+    assert "already running" in again.stdout and doc["url"] in again.stdout
+    status = json.loads(evalpipe("server", "status", "--json", env=env).stdout)
+    assert (status["running"], status["healthy"], status["pid"], status["port"]) == (True, True, doc["pid"], doc["port"])
+
+
+def test_a_run_reports_to_the_managed_server(managed: tuple[dict, dict[str, str]], work: Path) -> None:
+    doc, env = managed
+    proc = evalpipe(*run_args(work), env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("run ")
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"evalpipe: flow run {doc['url']}/runs/flow-run/"), proc.stderr
+    flow_run_id = lines[0].rsplit("/", 1)[1]
+    flow_run = httpx.get(f"{doc['api_url']}/flow_runs/{flow_run_id}", timeout=30).json()
+    assert flow_run["state"]["type"] == "COMPLETED"
+
+    as_json = evalpipe(*run_args(work, "--json"), env=env)
+    assert as_json.returncode == 0 and as_json.stderr == ""
+    summary = json.loads(as_json.stdout)
+    assert httpx.get(f"{doc['api_url']}/flow_runs/{summary['flow_run_id']}", timeout=30).status_code == 200
+
+
+def test_stop_stops_it(managed: tuple[dict, dict[str, str]]) -> None:
+    doc, env = managed
+    stopped = evalpipe("server", "stop", "--json", env=env)
+    assert stopped.returncode == 0 and json.loads(stopped.stdout)["stopped"] is True
+    assert not alive(doc["pid"])
+    assert json.loads(evalpipe("server", "status", "--json", env=env).stdout)["running"] is False
+    again = evalpipe("server", "stop", env=env)
+    assert again.returncode == 0 and "no evalpipe server running" in again.stdout
+
+
+def test_a_stale_record_is_detected_and_removed(work: Path) -> None:
+    home = work / "home-stale"
+    record = home / "server" / "server.json"
+    record.parent.mkdir(parents=True)
+    pid = dead_pid()
+    record.write_text(json.dumps({"pid": pid, "port": free_port()}))
+    status = json.loads(evalpipe("server", "status", "--json", env=client_env(work, home)).stdout)
+    assert (status["running"], status["stale_pid"]) == (False, pid)
+    assert not record.exists()
+
+
+# --- platform failures: exit 3, one line ------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["run", "validate"])
+def test_an_unreachable_api_is_one_line_and_exit_3(work: Path, command: str) -> None:
+    url = f"http://127.0.0.1:{free_port()}/api"  # nothing listens there
+    env = client_env(work, work / "home-unreachable", PREFECT_API_URL=url)
+    args = run_args(work) if command == "run" else ["suite", "validate", str(work / "one.jsonl")]
+    proc = evalpipe(*args, "--json", env=env)
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stdout == ""
+    assert len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert url in proc.stderr and "PREFECT_API_URL" in proc.stderr
+
+
+def test_an_ephemeral_start_timeout_is_one_line_and_exit_3(work: Path) -> None:
+    home = work / "home-timeout"
+    env = client_env(work, home, EVALPIPE_SERVER_START_TIMEOUT="0.01")
+    proc = evalpipe(*run_args(work), env=env)
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stderr.splitlines() == [proc.stderr.strip()], proc.stderr
+    assert "did not start within 0.01 s" in proc.stderr and "EVALPIPE_SERVER_START_TIMEOUT" in proc.stderr
+    assert processes_with("EVALPIPE_HOME", str(home)) == []  # the half-started server is gone
+
+
+def test_a_bad_start_timeout_is_bad_input(work: Path) -> None:
+    proc = evalpipe(*run_args(work), env=client_env(work, work / "home-bad", EVALPIPE_SERVER_START_TIMEOUT="soon"))
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "evalpipe: EVALPIPE_SERVER_START_TIMEOUT='soon': expected a positive number of seconds"
+
+
+# --- no orphans -------------------------------------------------------------------------------
+
+
+def test_the_reaper_kills_a_child_whose_parent_was_killed(tmp_path: Path) -> None:
+    script = ("import subprocess, sys, time\n"
+              "from flows.reaper import guard\n"
+              "child = subprocess.Popen(['sleep', '600'])\n"
+              "guard(child.pid)\n"
+              "print(child.pid, flush=True)\n"
+              "time.sleep(600)\n")
+    parent = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    time.sleep(0.5)  # the reaper is watching
+    assert alive(child)
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    assert wait_gone([child], 10.0), "the child outlived its parent"
+
+
+def wait_gone(pids: list[int], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while any(alive(p) for p in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def children(pid: int) -> list[int]:
+    kids = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        kids += [int(p) for p in (task / "children").read_text().split()]
+    return kids
+
+
+def test_kill_9_of_a_run_takes_its_ephemeral_server_with_it(work: Path) -> None:
+    mark = work / "slow-agent-started"
+    env = client_env(work, work / "home-orphan", MARK=str(mark))
+    run = subprocess.Popen([str(EVALPIPE), *run_args(work)], cwd=ROOT, env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not mark.exists():  # the server is up and the flow is in the agent
+            assert run.poll() is None, run.stderr.read()
+            assert time.monotonic() < deadline, "the run never reached the agent"
+            time.sleep(0.5)
+        kids = children(run.pid)
+        cmdlines = {k: Path(f"/proc/{k}/cmdline").read_bytes() for k in kids}
+        servers = [k for k, cmd in cmdlines.items() if b"uvicorn" in cmd]
+        assert len(servers) == 1, cmdlines
+        run.send_signal(signal.SIGKILL)
+        run.wait()
+        assert wait_gone(kids, 10.0), "the ephemeral server (or its reaper) outlived the run"
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+        for pid in processes_with("EVALPIPE_HOME", env["EVALPIPE_HOME"]):
+            os.kill(pid, signal.SIGKILL)

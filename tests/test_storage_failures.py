@@ -1,0 +1,222 @@
+"""Bad input and a failing machine, seen from the command line: one line on stderr, no
+traceback, exit 2 (the input) or 3 (the machine), and nothing written or overwritten.
+Runs whose process is gone read as `interrupted`."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from storage import db, process
+
+ROOT = Path(__file__).resolve().parent.parent
+AGENTS = ROOT / "tests/support/agents.py"
+
+
+def cli(args: list[str], env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, text=True,
+                          capture_output=True, timeout=timeout)
+
+
+def one_line_failure(proc: subprocess.CompletedProcess, code: int) -> str:
+    assert proc.returncode == code, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr[-3000:]
+    return lines[0]
+
+
+def tree(path: Path) -> dict[str, str]:
+    """Every file under `path` with a hash of its content."""
+    if not path.exists():
+        return {}
+    return {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def suite_file(path: Path, cases: int) -> Path:
+    path.write_text("name: toy\ncases:\n" + "".join(
+        f"  - {{id: q{i:03d}, inputs: {{p: 0.5}}, reference: 'yes', grader: {{kind: exact}}}}\n"
+        for i in range(cases)))
+    return path
+
+
+# --- suite files past the input limits -------------------------------------------------
+
+def _bomb(levels: int) -> str:
+    names = "abcdefghij"[:levels]
+    anchors = "".join(f"  - &{b} [{', '.join([f'*{a}'] * 9)}]\n" for a, b in itertools.pairwise(names))
+    return (f"name: s\ndescription:\n  - &a [x, x, x, x, x, x, x, x, x]\n{anchors}"
+            f"cases: [{{id: a, grader: {{kind: exact}}, reference: *{names[-1]}}}]\n")
+
+
+OVER_LIMITS = {
+    # 9**6 leaves from 400 bytes: small enough that the unlimited parser finishes
+    # (exit 0, after seconds), large enough to be past the expansion budget.
+    "bomb.yaml": (_bomb(6), "aliases expand the document"),
+    "deep.yaml": ("name: s\ncases: [{id: a, grader: {kind: exact}, reference: " + "[" * 3000 + "]" * 3000 + "}]\n",
+                  "line 2: nested deeper than 100 levels"),
+    "deep.jsonl": ('{"id": "a", "grader": {"kind": "exact"}, "reference": ' + "[" * 5000 + "]" * 5000 + "}\n",
+                   "line 1: nested deeper than 100 levels"),
+    "bigint.jsonl": ('{"id": "a", "grader": {"kind": "exact"}}\n{"id": "b", "grader": {"kind": "exact"},'
+                     ' "reference": ' + "1" * 4301 + "}\n", "line 2: an integer with more than 4300 digits"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OVER_LIMITS))
+def test_suite_past_the_input_limits_is_one_line_exit_2(tmp_path, name):
+    text, problem = OVER_LIMITS[name]
+    path = tmp_path / name
+    path.write_text(text)
+    home = tmp_path / "home"
+    env = {**os.environ, "EVALPIPE_HOME": str(home)}
+    for command in ("hash", "snapshot"):
+        line = one_line_failure(cli(["suite", command, str(path)], env), 2)
+        assert str(path) in line and problem in line
+    assert tree(home) == {}
+
+
+def test_a_large_alias_bomb_is_refused_without_expanding_it(tmp_path):
+    from tasks.dataset import SuiteError, load_suite
+
+    path = tmp_path / "bomb.yaml"
+    path.write_text(_bomb(10))  # 9**10 leaves: unrefused, hours and far more memory than there is
+    with pytest.raises(SuiteError, match=r"aliases expand the document to [\d,]+ nodes"):
+        load_suite(path)
+
+
+# --- the database file -----------------------------------------------------------------
+
+RUN = {"run_id": "r-old", "suite_version": "v" * 64, "suite_name": "toy", "agent": "reference",
+       "agent_fingerprint": "f", "n": 1, "ks": [1], "seed": 0}
+
+
+def stored_db(home: Path) -> Path:
+    db.start_run(RUN, home)
+    db.finish_run(RUN["run_id"], "completed", {"pass_at_k": {"1": 1.0}}, home)
+    return db.db_path(home)
+
+
+def _truncate(data: bytes) -> bytes:
+    return data[: len(data) // 3]
+
+
+def _scramble(data: bytes) -> bytes:
+    # Keep the headers, spoil the blocks: a checksum mismatch, found only when read.
+    return data[:12288] + hashlib.sha512(data).digest() * ((len(data) - 12288) // 64)
+
+
+def _not_duckdb(data: bytes) -> bytes:
+    return b"this is not a database\n" * 100
+
+
+@pytest.mark.parametrize("damage", [_truncate, _scramble, _not_duckdb], ids=lambda f: f.__name__.strip("_"))
+def test_damaged_database_is_reported_and_left_alone(tmp_path, damage):
+    home = tmp_path / "home"
+    path = stored_db(home)
+    path.write_bytes(damage(path.read_bytes()))
+    before = tree(home)
+    env = {**os.environ, "EVALPIPE_HOME": str(home)}
+    suite = suite_file(tmp_path / "toy.yaml", 2)
+    for args in (["runs", "list"], ["runs", "show", "r-old", "--json"],
+                 ["run", str(suite), "--agent", "reference", "--json"]):
+        line = one_line_failure(cli(args, env), 3)
+        assert f"database {path} is damaged" in line and "move it aside" in line, args
+    assert tree(home) == before
+
+
+def test_locked_database_names_its_holder_after_a_bounded_wait(tmp_path):
+    home = tmp_path / "home"
+    path = stored_db(home)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import duckdb, sys, time; c = duckdb.connect(sys.argv[1]); print('held', flush=True);"
+         " time.sleep(600)", str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        env = {**os.environ, "EVALPIPE_HOME": str(home), "EVALPIPE_DB_LOCK_WAIT_S": "1"}
+        started = time.monotonic()
+        line = one_line_failure(cli(["runs", "list"], env), 3)
+        waited = time.monotonic() - started
+        assert f"database {path} is locked by PID {holder.pid} ({sys.executable} -c import duckdb" in line
+        assert "gave up after 1 s" in line and "EVALPIPE_DB_LOCK_WAIT_S" in line
+        line = one_line_failure(cli(["runs", "list"], {**env, "EVALPIPE_DB_LOCK_WAIT_S": "soon"}), 2)
+        assert "EVALPIPE_DB_LOCK_WAIT_S='soon'" in line
+    finally:
+        holder.kill()
+        holder.wait()
+    print(f"locked database refused after {waited:.1f} s (wait 1 s, including interpreter start)")
+    proc = cli(["runs", "list", "--json"], env)
+    assert proc.returncode == 0 and [r["run_id"] for r in json.loads(proc.stdout)] == ["r-old"]
+
+
+def test_older_database_files_gain_the_owner_columns(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    con = duckdb.connect(str(db.db_path(home)))
+    con.execute("CREATE TABLE runs (run_id VARCHAR PRIMARY KEY, suite_version VARCHAR, suite_name VARCHAR,"
+                " agent VARCHAR, agent_fingerprint VARCHAR, n INTEGER, ks INTEGER[], seed BIGINT, status VARCHAR,"
+                " started_at TIMESTAMPTZ, finished_at TIMESTAMPTZ, flow_run_id VARCHAR, config JSON, summary JSON)")
+    con.execute("INSERT INTO runs (run_id, status, started_at) VALUES ('r-1', 'completed', now())")
+    con.close()
+    assert [r["status"] for r in db.list_runs(home)] == ["completed"]
+    db.start_run({**RUN, "run_id": "r-2"}, home)
+    assert db.get_run("r-2", home)["pid"] == os.getpid()
+    assert {r["run_id"]: r["status"] for r in db.list_runs(home)} == {"r-1": "completed", "r-2": "running"}
+
+
+# --- who owns a run ----------------------------------------------------------------------
+
+def test_a_run_owner_is_gone_when_its_pid_ends_or_is_reused():
+    me = process.current()
+    assert not process.gone(me)
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    assert process.gone(process.Owner(child.pid, me.host, me.started))
+    # Our own pid, but started at another time: a reused pid, so the owner is gone.
+    assert process.gone(process.Owner(me.pid, me.host, "another-boot:1"))
+    # Another host's processes cannot be seen from here: never called gone.
+    assert not process.gone(process.Owner(child.pid, "elsewhere-" + socket.gethostname(), None))
+
+
+def test_killed_run_reads_interrupted_and_resumes(prefect_harness, tmp_path):
+    home = tmp_path / "home"
+    calls = tmp_path / "calls.txt"
+    env = {**os.environ, "EVALPIPE_HOME": str(home), "PREFECT_API_URL": prefect_harness,
+           "EVALPIPE_TEST_SLEEP": "0.1", "EVALPIPE_TEST_CALLS": str(calls), "PYTHONPATH": str(ROOT)}
+    args = ["run", str(suite_file(tmp_path / "toy.yaml", 20)), "--agent", f"python:{AGENTS}:slow",
+            "--batch-size", "1", "--workers", "2", "--json"]
+    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, text=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while (not calls.exists() or len(calls.read_text().split()) < 8) and time.monotonic() < deadline:
+        assert proc.poll() is None, "the run ended before it could be killed"
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+    listed = json.loads(cli(["runs", "list", "--json"], env).stdout)
+    assert [r["status"] for r in listed] == ["interrupted"]
+    killed = listed[0]["run_id"]
+    shown = cli(["runs", "show", killed, "--json"], env)
+    assert shown.returncode == 0 and json.loads(shown.stdout)["status"] == "interrupted"
+    assert killed in cli(["runs", "list"], env).stdout.split("interrupted")[0]
+
+    proc = cli(args, env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    resumed = json.loads(proc.stdout)
+    assert resumed["cached_samples"] > 0 and resumed["samples"] == 20
+    # Starting the new run stored the verdict, so other readers (SQL, a dashboard) see it.
+    con = duckdb.connect(str(db.db_path(home)), read_only=True)
+    assert con.execute("SELECT status FROM runs WHERE run_id = ?", [killed]).fetchone() == ("interrupted",)
+    con.close()
