@@ -1,7 +1,8 @@
 """Harness overhead of `repo_tests` per sample, apart from the test command's own time.
 
-50 samples on the calc example (the reference fix and the clamp trap, alternating).
-Overhead = checkout + apply + scope + restore + parse, read from each sample's
+50 samples on the calc example (the fix as search/replace blocks, the clamp trap, and the
+fix as a unified diff, in turn).
+Overhead = checkout + apply + scope + restore + disk + parse, read from each sample's
 `trace["timings"]`; test time = the sandboxed pytest run. Targets (printed, not asserted):
 overhead <= 150 ms per sample and <= 20% of the test time. The peer, measured in the same
 run: a fresh `git clone` of the mirror per sample plus `git apply` (what a harness without
@@ -22,7 +23,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-OVERHEAD_STEPS = ("checkout", "apply", "scope", "restore", "parse")
+OVERHEAD_STEPS = ("checkout", "apply", "scope", "restore", "disk", "parse")
 
 
 def build_calc(dest: Path) -> str:
@@ -57,16 +58,6 @@ def main() -> None:
     case = load_suite(ROOT / "examples/calc/calc.yaml").case("add-bug")
     case = case.model_copy(update={"grader": {**case.grader, "repo": str(tmp / "calc")}})
     clamp = case.reference.replace("return a + b", "return min(abs(a) + b, 1)")
-    grade_repo_tests(case.reference, case, {})  # warm-up: the mirror and first worktree
-
-    overheads, tests, statuses = [], [], []
-    for i in range(args.samples):
-        trace: dict = {}
-        verdict = grade_repo_tests(case.reference if i % 2 == 0 else clamp, case, trace)
-        statuses.append(verdict.status.value)
-        overheads.append(sum(trace["timings"].get(s, 0.0) for s in OVERHEAD_STEPS))
-        tests.append(trace["test_run"]["duration_s"])
-
     fixed = (tmp / "calc/calc.py").read_text().replace("abs(a) + b", "a + b")
     scratch = tmp / "scratch"
     subprocess.run(["git", "clone", "-q", str(tmp / "calc"), str(scratch)], check=True)
@@ -74,6 +65,18 @@ def main() -> None:
     diff = subprocess.run(
         ["git", "-C", str(scratch), "diff"], capture_output=True, text=True
     ).stdout
+    # The fix as search/replace blocks and as a unified diff (git apply), and the trap.
+    outputs = [case.reference, clamp, diff]
+    grade_repo_tests(case.reference, case, {})  # warm-up: the mirror and first worktree
+
+    overheads, tests, statuses = [], [], []
+    for i in range(args.samples):
+        trace: dict = {}
+        verdict = grade_repo_tests(outputs[i % len(outputs)], case, trace)
+        statuses.append(verdict.status.value)
+        overheads.append(sum(trace["timings"].get(s, 0.0) for s in OVERHEAD_STEPS))
+        tests.append(trace["test_run"]["duration_s"])
+
     mirror_path = mirror(str(tmp / "calc"))
     peer = [peer_overhead(mirror_path, sha, diff, tmp / f"peer-{i}") for i in range(args.samples)]
 

@@ -142,11 +142,13 @@ def import_swebench(
     instances: Path,
     out: Annotated[Path, typer.Option("--out", help="Suite file to write (.yaml or .jsonl).")],
     repo_root: Annotated[Path | None, typer.Option("--repo-root", help="Resolve owner/name to DIR/owner__name.")] = None,
+    environments: Annotated[Path | None, typer.Option(
+        "--environments", help="YAML: owner/name[@version] -> environment (python, install).")] = None,
 ) -> None:
     """SWE-bench instance records (JSONL) as repo_tests cases."""
     from tasks.importers import swebench_suite, write_suite_file
 
-    suite = swebench_suite(instances, repo_root)
+    suite = swebench_suite(instances, repo_root, environments)
     write_suite_file(suite, out)
     typer.echo(f"wrote {len(suite.cases)} cases to {out} (version {suite.version})")
 
@@ -439,6 +441,54 @@ def report_cmd(run_id: RunArg, out: Annotated[Path, typer.Option("--out", help="
     from flows.report import write_report
 
     typer.echo(f"wrote {write_report(run_id, out)}")
+
+
+env_app = typer.Typer(no_args_is_help=True, help="Repository environments under EVALPIPE_HOME/envs/.")
+app.add_typer(env_app, name="env")
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return ""
+
+
+@env_app.command("list")
+def env_list(as_json: JsonFlag = False) -> None:
+    """Built environments with their size and last use."""
+    from tasks.environments import list_environments
+
+    rows = list_environments()
+    if as_json:
+        typer.echo(json_doc(rows))
+        return
+    for r in rows:
+        source = f"{(r['repo'] or '?').rsplit('/', 1)[-1]}@{(r['commit'] or '?')[:12]}"
+        typer.echo(f"{r['name']}  {r['status']:<10} {_size(r['size_bytes']):>9}  last used {r['last_used']}"
+                   f"  {source}  python {r['python'] or '?'}")
+    if not rows:
+        typer.echo("no environments")
+
+
+@env_app.command("prune")
+def env_prune(
+    names: Annotated[list[str] | None, typer.Argument(help="Environment names (or prefixes) to remove.")] = None,
+    unused_days: Annotated[float | None, typer.Option("--unused-days", min=0, help="Remove those unused this long.")] = None,
+    everything: Annotated[bool, typer.Option("--all", help="Remove every environment and the download caches.")] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Remove environments (incomplete builds always); one in use is skipped."""
+    from tasks.environments import prune
+
+    result = prune(names or (), unused_days=unused_days, everything=everything)
+    if as_json:
+        typer.echo(json_doc(result))
+        return
+    typer.echo(f"removed {len(result['removed'])}: {', '.join(result['removed']) or '-'}")
+    if result["busy"]:
+        typer.echo(f"in use, kept: {', '.join(result['busy'])}")
 
 
 def _mount_judging() -> None:

@@ -46,7 +46,7 @@ def main() -> None:
         step("report", run["run_id"], "--out", str(report))
     print(f"\nDuckDB: {db.db_path()}\nruns:   {json.dumps([r['run_id'] for r in runs])}")
     server = running()
-    if server is None:
+    if server is None or os.environ.get("PREFECT_API_URL"):  # the runs went to another API
         return
     print(f"\nPrefect UI: {server.url}/runs (flow runs; each one's Artifacts tab has its summary"
           " and per-slice table)")

@@ -28,6 +28,7 @@ from flows.reaper import guard
 from tasks.models import PlatformError
 
 FASTER = "`evalpipe server start` keeps a local server up and makes runs start about 3x faster"
+RESUME = "run the command again (a run resumes from the samples it had stored)"
 
 
 def quiet_prefect() -> None:
@@ -43,24 +44,29 @@ def prefect_api(json_mode: bool = False) -> Iterator[Callable[[Any], Any]]:
     """Connect this process to a Prefect API for the block's flow runs. Yields `watch`:
     `watch(flow)` is the flow, made to print its run's UI URL on stderr when a UI serves it
     (not in JSON mode, whose stdout is one document and stderr stays quiet)."""
+    local.start_timeout()  # a bad value is bad input, refused before Prefect is imported
     quiet_prefect()
     logging.disable(logging.NOTSET)  # undo a previous command's exit silence (flows.demo runs several)
     api_url = _configured_api()
     managed = None if api_url else local.running()
-    if managed is not None and local.healthy(managed.api_url):
+    hint = f"this command started a temporary Prefect server; {FASTER}"
+    if managed is not None and not local.healthy(managed.api_url):
+        hint = (f"the evalpipe server at {managed.url} (pid {managed.pid}) is not answering, so this "
+                "command started a temporary one; `evalpipe server stop` then `start` renews it")
+        managed = None
+    if managed is not None:
         api_url = managed.api_url
         # Worker processes (runner=processes, dask) read the environment.
         os.environ["PREFECT_API_URL"] = api_url
     elif api_url:
         _check_reachable(api_url)
     else:
-        managed = None
-        api_url = _start_ephemeral()
-        if not json_mode:  # after the start, so that a failure to start stays one line
-            print(f"evalpipe: this command started a temporary Prefect server; {FASTER}",
-                  file=sys.stderr, flush=True)
+        api_url, started = _start_ephemeral()
+        if started and not json_mode:  # after the start, so that a failure to start stays one line
+            print(f"evalpipe: {hint}", file=sys.stderr, flush=True)
 
     import httpx
+    from prefect.exceptions import PrefectHTTPStatusError
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     settings = temporary_settings(updates={PREFECT_API_URL: api_url}) if managed else nullcontext()
@@ -70,10 +76,13 @@ def prefect_api(json_mode: bool = False) -> Iterator[Callable[[Any], Any]]:
     except httpx.TransportError as exc:
         if local.healthy(api_url):
             raise  # not Prefect's API: let the caller's own error handling see it
-        raise PlatformError(
-            f"lost the Prefect API at {api_url} ({type(exc).__name__}): samples finished so far are "
-            "stored; run the same command again to resume from them"
-        ) from None
+        raise PlatformError(f"lost the Prefect API at {api_url} ({type(exc).__name__}): {RESUME}") from None
+    except PrefectHTTPStatusError as exc:
+        if exc.response.status_code < 500:
+            raise
+        # Prefect's client has already retried; a 503 is its SQLite database busy past the wait.
+        raise PlatformError(f"the Prefect API at {api_url} kept failing (HTTP {exc.response.status_code}):"
+                            f" {RESUME}") from None
     finally:
         if managed is not None:
             os.environ.pop("PREFECT_API_URL", None)
@@ -113,15 +122,17 @@ def _announcing(flow: Any) -> Any:
     return flow.with_options(on_running=[*flow.on_running_hooks, announce])
 
 
-def _start_ephemeral() -> str:
+def _start_ephemeral() -> tuple[str, bool]:
     """Start Prefect's ephemeral server (the same singleton its client would start) with our
-    timeout, its output in EVALPIPE_HOME/server/ephemeral.log, and a reaper."""
+    timeout, its output in EVALPIPE_HOME/server/ephemeral.log, and a reaper.
+    Returns (its API URL, whether this call started it)."""
     from prefect.server.api.server import SubprocessASGIServer
+    from prefect.settings import get_current_settings
 
-    timeout_s = local.start_timeout()
+    timeout_s = local.start_timeout(get_current_settings().home)
     server = SubprocessASGIServer()
     if server.running:
-        return server.api_url
+        return server.api_url, False
     directory = local.state_dir()
     directory.mkdir(parents=True, exist_ok=True)
     log = directory / "ephemeral.log"
@@ -151,7 +162,7 @@ def _start_ephemeral() -> str:
             f"Prefect's temporary server {what} (its log: {log}): allow longer with "
             f"{local.START_TIMEOUT_ENV}=SECONDS, or run `evalpipe server start` once"
         ) from None
-    return server.api_url
+    return server.api_url, True
 
 
 @contextmanager

@@ -39,23 +39,24 @@ HOST = "127.0.0.1"
 DEFAULT_PORT = 4200
 START_TIMEOUT_ENV = "EVALPIPE_SERVER_START_TIMEOUT"
 # A Prefect server boots in 10-25 s on a loaded 2-core machine; Prefect's own default (20 s)
-# is too short there.
+# is too short there. Its first start also creates its database, measured at 60-125 s there.
 DEFAULT_START_TIMEOUT_S = 90.0
+FIRST_START_FACTOR = 3
 STOP_TIMEOUT_S = 20.0
 
 
-def start_timeout() -> float:
-    """Seconds to wait for a Prefect server to answer: EVALPIPE_SERVER_START_TIMEOUT or 90."""
+def start_timeout(prefect_home: Path | None = None) -> float:
+    """Seconds to wait for a Prefect server to answer: EVALPIPE_SERVER_START_TIMEOUT or 90;
+    three times that for a server whose PREFECT_HOME has no database yet."""
     raw = os.environ.get(START_TIMEOUT_ENV, "").strip()
-    if not raw:
-        return DEFAULT_START_TIMEOUT_S
     try:
-        value = float(raw)
+        value = float(raw) if raw else DEFAULT_START_TIMEOUT_S
     except ValueError:
         value = math.nan
     if not (value > 0 and math.isfinite(value)):
         raise InputError(f"{START_TIMEOUT_ENV}={raw!r}: expected a positive number of seconds")
-    return value
+    first = prefect_home is not None and not (prefect_home / "prefect.db").exists()
+    return value * FIRST_START_FACTOR if first else value
 
 
 @dataclass(frozen=True)
@@ -141,11 +142,16 @@ def start_server(
     )
     server = Server(process, f"http://{HOST}:{port}")
     try:
-        wait_healthy(server.api_url, process, start_timeout() if timeout_s is None else timeout_s)
+        timeout_s = start_timeout(prefect_home or user_prefect_home()) if timeout_s is None else timeout_s
+        wait_healthy(server.api_url, process, timeout_s)
     except BaseException:
         server.stop()
         raise
     return server
+
+
+def user_prefect_home() -> Path:
+    return Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect")
 
 
 def _port_taken(port: int) -> bool:
@@ -157,7 +163,7 @@ def serve(port: int = DEFAULT_PORT) -> str:
     """`evalpipe server`: start a server in the foreground, print its UI URL and how to point
     clients at it, block until Ctrl-C or SIGTERM, stop it; return the URL. Its output goes to
     $PREFECT_HOME/evalpipe-server.log (default ~/.prefect/)."""
-    home = Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect")
+    home = user_prefect_home()
     home.mkdir(parents=True, exist_ok=True)
     log_path = home / "evalpipe-server.log"
     with open(log_path, "ab") as log:

@@ -22,19 +22,31 @@ import shlex
 import shutil
 import signal
 import subprocess
-from collections.abc import Callable, Mapping
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import parse_qsl
 
 from tasks.callables import load_callable
+from tasks.forkserver import capture
 from tasks.jsonl import object_lines
 from tasks.models import EvalCase, InputError, canonical_json, sha256_hex
 from tasks.openai_client import EndpointError, OpenAIClient
+from tasks.redaction import redact
+from tasks.sandbox import PidsCgroup
 
 DEFAULT_CMD_TIMEOUT_S = 300.0
 STDERR_TAIL = 2000  # characters of a failed command's stderr kept in the error
+MAX_OUTPUT_ENV = "EVALPIPE_MAX_OUTPUT_BYTES"
+DEFAULT_MAX_OUTPUT_BYTES = 4 << 20
+# The pids cgroup of a `cmd:` agent is there to find every process it leaves, not to
+# confine trusted code: a cap no honest agent meets.
+CMD_MAX_PROCS = 32768
 
 
 @dataclass(frozen=True)
@@ -58,7 +70,22 @@ class Agent(Protocol):
 
 def load_agent(spec: str) -> Agent:
     """Parse and load an `--agent` spec, resolving relative paths against the working directory."""
+    max_output_bytes()  # a bad setting is bad input, refused before any work
     return _load(spec, Path.cwd())
+
+
+def max_output_bytes() -> int:
+    """The cap on an agent's output: `EVALPIPE_MAX_OUTPUT_BYTES`, default 4 MB."""
+    raw = os.environ.get(MAX_OUTPUT_ENV)
+    if not raw:
+        return DEFAULT_MAX_OUTPUT_BYTES
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InputError(f"{MAX_OUTPUT_ENV}={raw!r} is not a whole number of bytes") from None
+    if value < 1:
+        raise InputError(f"{MAX_OUTPUT_ENV}={raw!r} must be at least 1")
+    return value
 
 
 def _load(spec: str, base: Path) -> Agent:
@@ -119,20 +146,56 @@ class _Unavailable:
 
 @dataclass(frozen=True)
 class PythonAgent(_Reloadable):
-    """`FUNC(inputs, ctx) -> str`. A return value that is not a `str` is an `AgentError`:
-    converting it would hide a bug (a `None` from a missing `return` would grade as "None")."""
+    """`FUNC(inputs, ctx) -> str`. Whatever it raises — `KeyboardInterrupt` and `SystemExit`
+    included — is an `AgentError`; only a signal the process really received stops the run.
+    What it returns is checked where it enters the sample (`tasks.sampling`)."""
 
     func: Callable[..., Any] = field(repr=False, compare=False, default=None)
 
-    def generate(self, case: EvalCase, ctx: AgentContext) -> str:
-        try:
-            # A copy: the case is a frozen value shared by every sample.
-            output = self.func(copy.deepcopy(case.inputs), ctx)
-        except (Exception, SystemExit) as exc:
-            raise AgentError(f"{type(exc).__name__}: {exc}") from exc
-        if not isinstance(output, str):
-            raise AgentError(f"returned {type(output).__name__}, expected str")
-        return output
+    def generate(self, case: EvalCase, ctx: AgentContext) -> Any:
+        with _real_signals() as received:
+            try:
+                # A copy: the case is a frozen value shared by every sample.
+                return self.func(copy.deepcopy(case.inputs), ctx)
+            except BaseException as exc:
+                if received:
+                    raise  # the user pressed Ctrl-C (or the run was terminated)
+                raise AgentError(f"{type(exc).__name__}: {exc}") from exc
+
+
+_RELAYED = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextmanager
+def _real_signals() -> Iterator[list[int]]:
+    """A list of the SIGINT/SIGTERM the process receives while the block runs; each is
+    still handled as before. Python runs signal handlers in the main thread only, so in
+    any other thread an exception like `KeyboardInterrupt` can come from user code alone."""
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+    previous: dict[int, Any] = {}
+
+    def relay(signum: int, frame: Any) -> None:
+        received.append(signum)
+        handler = previous[signum]
+        if callable(handler):
+            handler(signum, frame)
+        elif handler == signal.SIG_DFL:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+    for signum in _RELAYED:
+        handler = signal.getsignal(signum)
+        if handler is not None:  # None: installed outside Python, cannot be put back
+            previous[signum] = handler
+            signal.signal(signum, relay)
+    try:
+        yield received
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def _load_python(spec: str, rest: str, base: Path) -> PythonAgent:
@@ -150,12 +213,17 @@ def _load_python(spec: str, rest: str, base: Path) -> PythonAgent:
 class CmdAgent(_Reloadable):
     """A process per sample, no shell: the case JSON on stdin, the output on stdout.
 
-    It runs in its own process group in the directory `load_agent` was called from; on a
-    timeout the whole group is killed, and so is anything it left running when it exits.
+    It runs in the directory `load_agent` was called from, in its own session and process
+    group and in a pids cgroup of its own (where the machine has one). The moment it exits,
+    everything it started is killed — `setsid` daemons included, through the cgroup — so
+    a leftover holding its stdout cannot make it wait out its timeout, and nothing stays
+    behind. Its output is read as it comes with a cap: past `max_output_bytes` it is read
+    and dropped, never held.
     """
 
     argv: tuple[str, ...] = ()
     timeout_s: float = DEFAULT_CMD_TIMEOUT_S
+    max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
 
     def generate(self, case: EvalCase, ctx: AgentContext) -> str:
         payload = {
@@ -165,45 +233,79 @@ class CmdAgent(_Reloadable):
             "seed": ctx.seed,
             "n": ctx.n,
         }
+        cgroup = PidsCgroup.create(CMD_MAX_PROCS)
         try:
-            proc = subprocess.Popen(
-                self.argv,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                cwd=self.base,
-                start_new_session=True,
-            )
-        except OSError as exc:
-            raise AgentError(f"cannot start {self.argv[0]!r}: {exc.strerror or exc}") from None
-        try:
-            out, err = proc.communicate(json.dumps(payload).encode(), timeout=self.timeout_s)
-        except subprocess.TimeoutExpired:
-            raise AgentError(f"timed out after {self.timeout_s:g} s") from None
+            # From a file, not a pipe: no writer to deadlock with the reader of stdout.
+            with tempfile.TemporaryFile() as stdin:
+                stdin.write(json.dumps(payload).encode())
+                stdin.seek(0)
+                try:
+                    proc = subprocess.Popen(
+                        self.argv,
+                        stdin=stdin,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE,
+                        cwd=self.base,
+                        start_new_session=True,
+                        preexec_fn=None if cgroup is None else cgroup.join_self,  # noqa: PLW1509
+                    )
+                except (OSError, subprocess.SubprocessError) as exc:
+                    reason = getattr(exc, "strerror", None) or exc
+                    raise AgentError(f"cannot start {self.argv[0]!r}: {reason}") from None
+            # One byte over the cap tells the sampler to truncate (and say so).
+            out, err, timed_out = _collect(proc, cgroup, self.max_output_bytes + 1, self.timeout_s)
         finally:
-            _kill_group(proc)  # the timed-out group, or whatever an exited agent left running
+            if cgroup is not None:
+                cgroup.destroy()
+        if timed_out:
+            raise AgentError(f"timed out after {self.timeout_s:g} s")
         if proc.returncode != 0:
             how = (
                 f"killed by signal {-proc.returncode}"
                 if proc.returncode < 0
                 else f"exited with status {proc.returncode}"
             )
-            tail = err.decode("utf-8", errors="replace").strip()[-STDERR_TAIL:]
+            # Masked before it is cut: a secret cut in half would escape the mask.
+            tail = redact(err.decode("utf-8", errors="replace")).strip()[-STDERR_TAIL:]
             raise AgentError(f"{how}: {tail}" if tail else how)
         return out.decode("utf-8", errors="replace")
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+def _collect(
+    proc: subprocess.Popen[bytes], cgroup: PidsCgroup | None, cap: int, timeout_s: float
+) -> tuple[bytes, bytes, bool]:
+    """(stdout, stderr, timed out), each stream's first `cap` bytes; whatever the process
+    leaves is killed when it exits, and everything on the way out."""
+    pidfd = os.pidfd_open(proc.pid)
+
+    def on_exit() -> None:
+        proc.wait()
+        _kill_leftovers(proc.pid, cgroup)
+
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
+        data, _, timed_out = capture(
+            {"stdout": (proc.stdout.fileno(), cap), "stderr": (proc.stderr.fileno(), cap)},
+            time.monotonic() + timeout_s,
+            pidfd,
+            on_exit,
+        )
+    finally:
+        _kill_leftovers(proc.pid, cgroup)
+        proc.wait()
+        os.close(pidfd)
+        proc.stdout.close()
+        proc.stderr.close()
+    return data["stdout"], data["stderr"], timed_out
+
+
+def _kill_leftovers(pgid: int, cgroup: PidsCgroup | None) -> None:
+    # The group catches what stayed in it; only the cgroup catches a `setsid` escapee.
+    try:
+        os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-    if proc.returncode is None:
-        try:
-            proc.communicate(timeout=5)
-        except subprocess.TimeoutExpired:
-            # A grandchild that left the group still holds the pipes; the process is dead.
-            proc.wait()
+    if cgroup is not None:
+        cgroup.kill_all()
 
 
 def _load_cmd(spec: str, rest: str, base: Path) -> CmdAgent:
@@ -220,7 +322,8 @@ def _load_cmd(spec: str, rest: str, base: Path) -> CmdAgent:
     elif shutil.which(program) is None:
         raise InputError(f"agent {spec!r}: command {program!r} not found on PATH")
     timeout_s = _env_seconds("EVALPIPE_AGENT_TIMEOUT_S", DEFAULT_CMD_TIMEOUT_S)
-    return CmdAgent(spec, _fingerprint(spec, _tree_files(argv, base)), base, argv, timeout_s)
+    fingerprint = _fingerprint(spec, _tree_files(argv, base))
+    return CmdAgent(spec, fingerprint, base, argv, timeout_s, max_output_bytes())
 
 
 def _tree_files(argv: tuple[str, ...], base: Path) -> dict[str, str]:

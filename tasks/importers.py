@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from tasks.dataset import SuiteError, build_suite
+from tasks.environments import Environment, load_environment_map
 from tasks.jsonl import object_lines
 from tasks.models import EvalSuite
 
@@ -64,10 +65,14 @@ def resolve_repo(repo: str, repo_root: Path | None) -> str:
     return repo
 
 
-def swebench_suite(instances: Path, repo_root: Path | None = None) -> EvalSuite:
-    """SWE-bench instance records (JSONL) as `repo_tests` cases."""
+def swebench_suite(
+    instances: Path, repo_root: Path | None = None, environments: Path | None = None
+) -> EvalSuite:
+    """SWE-bench instance records (JSONL) as `repo_tests` cases; with `environments` (a
+    file mapping `owner/name[@version]` to an environment), each case carries its spec."""
     if not instances.is_file():
         raise SuiteError(f"{instances}: no such file")
+    specs = load_environment_map(environments) if environments is not None else None
     raw = []
     text = instances.read_text(encoding="utf-8")
     for lineno, inst in object_lines(text, str(instances), SuiteError):
@@ -84,6 +89,8 @@ def swebench_suite(instances: Path, repo_root: Path | None = None) -> EvalSuite:
         }
         if inst.get("test_patch"):
             grader["test_patch"] = inst["test_patch"]
+        if specs is not None:
+            grader["environment"] = _environment(specs, inst, where, environments)
         inputs = {"problem_statement": inst.get("problem_statement", ""), "repo": inst["repo"]}
         if inst.get("hints_text"):
             inputs["hints_text"] = inst["hints_text"]
@@ -97,6 +104,20 @@ def swebench_suite(instances: Path, repo_root: Path | None = None) -> EvalSuite:
         }
         raw.append((f"line {lineno}", case))
     return build_suite(instances.stem, raw, {}, source=str(instances))
+
+
+def _environment(specs: dict[str, Environment], inst: dict, where: str, path: Path) -> dict:
+    """The instance's environment: `repo@version` first, then `repo`; SWE-bench's
+    `environment_setup_commit` is where it is built (instances of a version share it)."""
+    version = inst.get("version")
+    keys = [f"{inst['repo']}@{version}"] if version not in (None, "") else []
+    spec = next((specs[k] for k in [*keys, inst["repo"]] if k in specs), None)
+    if spec is None:
+        raise SuiteError(f"{where}: no environment for {' or '.join([*keys, inst['repo']])} in {path}")
+    data = spec.model_dump(mode="json", exclude_defaults=True)
+    if inst.get("environment_setup_commit") and "setup_commit" not in data:
+        data["setup_commit"] = inst["environment_setup_commit"]
+    return data
 
 
 def write_suite_file(suite: EvalSuite, out: Path) -> None:

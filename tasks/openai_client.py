@@ -1,32 +1,34 @@
-"""A small client for OpenAI-compatible chat completions, with bounded retries.
+"""OpenAI-compatible chat completions through the official `openai` SDK.
 
-Used by the `openai:` agent and meant for any grader that asks a model (a judge). It
-retries what is worth retrying — 408, 409, 429, 5xx and transport errors (refused or
-dropped connections, timeouts) — with exponential backoff and jitter, honouring a
-`Retry-After` (or `retry-after-ms`) header, and gives up after `max_attempts`. Any other
-status fails at once: a 400 or 401 will not get better by asking again.
-
-The API key is never put in a message or a repr: error text from the server is redacted.
+Used by the `openai:` agent and by `openai:` judges. The SDK does the HTTP, the request
+timeout and the retries: 408, 409, 429, 5xx, connection errors and timeouts are retried
+with exponential backoff and jitter, honouring `Retry-After`/`retry-after-ms`; any other
+status fails at once (a 400 or 401 will not get better by asking again). What is left
+here: the settings from the environment, the one request evalpipe makes, and a failure
+as one line (`EndpointError`) with every secret masked before it is shortened — a key
+cut in half by the shortening would no longer be found, and would leak.
 """
 
 from __future__ import annotations
 
 import os
-import random
 import threading
-import time
 from dataclasses import dataclass, field
-from email.utils import parsedate_to_datetime
 from typing import Any
 
-import httpx
+import openai
+
+from tasks.redaction import redact
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
-RETRY_STATUSES = frozenset({408, 409, 429}) | frozenset(range(500, 600))
+ERROR_CHARS = 300  # of the server's error body kept in the message
+# What the SDK retries, so that a failure can say whether it was retried.
+RETRIED_STATUSES = frozenset({408, 409, 429})
 
 
 class EndpointError(Exception):
-    """The endpoint failed for good (after retries, or with a status not worth retrying)."""
+    """The endpoint failed for good (after the SDK's retries, or with a status not worth
+    retrying). The message is one line with no secret in it."""
 
 
 @dataclass
@@ -34,10 +36,8 @@ class OpenAIClient:
     base_url: str = DEFAULT_BASE_URL
     api_key: str | None = field(default=None, repr=False)
     timeout_s: float = 60.0  # per request
-    max_attempts: int = 5
-    backoff_s: float = 0.5  # first retry waits about this long, doubling each time
-    max_backoff_s: float = 30.0  # no single wait is longer, Retry-After included
-    _http: httpx.Client | None = field(default=None, init=False, repr=False, compare=False)
+    max_attempts: int = 5  # the first request and up to 4 retries
+    _sdk: openai.OpenAI | None = field(default=None, init=False, repr=False, compare=False)
     _lock: threading.Lock = field(
         default_factory=threading.Lock, init=False, repr=False, compare=False
     )
@@ -59,7 +59,10 @@ class OpenAIClient:
                     settings[key] = kind(os.environ[env])
                 except ValueError:
                     raise ValueError(f"{env}={os.environ[env]!r} is not a number") from None
-        return cls(**{**settings, **overrides})
+        client = cls(**{**settings, **overrides})
+        if client.timeout_s <= 0 or client.max_attempts < 1:
+            raise ValueError("the OpenAI timeout must be positive and max attempts at least 1")
+        return client
 
     def chat(
         self,
@@ -69,83 +72,59 @@ class OpenAIClient:
         seed: int | None = None,
         params: dict[str, Any] | None = None,
     ) -> str:
-        """The first choice's message content ("" when the model returned none)."""
-        body: dict[str, Any] = {**(params or {}), "model": model, "messages": messages}
-        if seed is not None:
-            body["seed"] = seed
-        data = self.post_json("/chat/completions", body)
+        """The first choice's message content ("" when the model returned none).
+
+        `params` go into the request body as given (`extra_body`), so that a field the
+        SDK does not know (`top_k` for vLLM) reaches the server too.
+        """
+        # No key (a local server): the SDK would send a placeholder; send no header.
+        headers = None if self.api_key else {"Authorization": openai.omit}
         try:
-            content = data["choices"][0]["message"].get("content")
-        except (KeyError, IndexError, TypeError, AttributeError):
-            raise EndpointError(f"response has no choices[0].message: {str(data)[:200]}") from None
+            completion = self._client().chat.completions.create(
+                model=model,
+                messages=messages,  # type: ignore[arg-type] - plain role/content dicts
+                seed=openai.omit if seed is None else seed,
+                extra_body=params or None,
+                extra_headers=headers,
+            )
+        except openai.OpenAIError as exc:
+            raise EndpointError(self._reason(exc)) from None
+        try:
+            content = completion.choices[0].message.content
+        except (AttributeError, IndexError, TypeError):
+            raise EndpointError(
+                self._line(f"response has no choices[0].message: {completion!r}")
+            ) from None
         return content if isinstance(content, str) else ""
 
-    def post_json(self, path: str, body: dict[str, Any]) -> Any:
-        url = self.base_url.rstrip("/") + path
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        reason = "no attempt made"
-        for attempt in range(1, self.max_attempts + 1):
-            wait: float | None = None
-            try:
-                response = self._client().post(url, json=body, headers=headers)
-            except httpx.TransportError as exc:
-                reason = f"{type(exc).__name__}: {exc}"
-            else:
-                if response.is_success:
-                    try:
-                        return response.json()
-                    except ValueError:
-                        raise EndpointError(
-                            f"HTTP {response.status_code} with a body that is not JSON: "
-                            f"{self._redact(response.text[:200])}"
-                        ) from None
-                reason = f"HTTP {response.status_code}: {self._redact(response.text[:300])}"
-                if response.status_code not in RETRY_STATUSES:
-                    raise EndpointError(reason)
-                wait = retry_after_s(response.headers)
-            if attempt < self.max_attempts:
-                time.sleep(self._delay(attempt, wait))
-        raise EndpointError(f"gave up after {self.max_attempts} attempts: {reason}")
-
-    def close(self) -> None:
+    def _client(self) -> openai.OpenAI:
         with self._lock:
-            if self._http is not None:
-                self._http.close()
-                self._http = None
+            if self._sdk is None:
+                self._sdk = openai.OpenAI(
+                    base_url=self.base_url,
+                    api_key=self.api_key or "none",
+                    timeout=self.timeout_s,
+                    max_retries=self.max_attempts - 1,
+                )
+            return self._sdk
 
-    def _client(self) -> httpx.Client:
-        with self._lock:
-            if self._http is None:
-                self._http = httpx.Client(timeout=httpx.Timeout(self.timeout_s))
-            return self._http
+    def _reason(self, exc: openai.OpenAIError) -> str:
+        if isinstance(exc, openai.APIStatusError):
+            status = exc.status_code
+            reason = f"HTTP {status}: {exc.response.text}"
+            retried = status in RETRIED_STATUSES or status >= 500
+        elif isinstance(exc, openai.APITimeoutError):
+            reason, retried = f"timed out after {self.timeout_s:g} s", True
+        elif isinstance(exc, openai.APIConnectionError):
+            cause = exc.__cause__
+            reason = f"{type(cause).__name__}: {cause}" if cause else str(exc)
+            retried = True
+        else:
+            reason, retried = f"{type(exc).__name__}: {exc}", False
+        if retried and self.max_attempts > 1:
+            reason = f"gave up after {self.max_attempts} attempts: {reason}"
+        return self._line(reason)
 
-    def _delay(self, attempt: int, retry_after: float | None) -> float:
-        if retry_after is not None:
-            return min(retry_after, self.max_backoff_s)
-        # Equal jitter: half the exponential step for sure, half at random, so that many
-        # workers hitting one rate limit do not all come back at the same instant.
-        step = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
-        return step / 2 + random.uniform(0, step / 2)
-
-    def _redact(self, text: str) -> str:
-        return text.replace(self.api_key, "***") if self.api_key else text
-
-
-def retry_after_s(headers: httpx.Headers) -> float | None:
-    """Seconds the server asked us to wait, from `retry-after-ms` or `Retry-After`."""
-    if (ms := headers.get("retry-after-ms")) is not None:
-        try:
-            return max(0.0, float(ms) / 1000)
-        except ValueError:
-            pass
-    value = headers.get("retry-after")
-    if value is None:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
-    except (TypeError, ValueError):
-        return None
+    def _line(self, text: str) -> str:
+        # Mask first, then shorten: the other way round a cut key escapes the mask.
+        return " ".join(redact(text, also=[self.api_key]).split())[:ERROR_CHARS]

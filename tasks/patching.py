@@ -2,19 +2,21 @@
 
 Two formats (docs/contract.md §4): unified diffs (git-style `a/` `b/` prefixes, new, deleted and
 renamed files) and search/replace blocks (a `path` line, `<<<<<<< SEARCH`, old text,
-`=======`, new text, `>>>>>>> REPLACE`). Every edit is computed in memory first; the disk
-is written only when every hunk and block matched, so a failure leaves the tree untouched.
+`=======`, new text, `>>>>>>> REPLACE`). Both are parsed here first, which refuses what
+is not allowed (paths out of the tree or through a symlink, binary patches, symlinks,
+copies) before anything is written.
 
-"Exactly" means the hunk's old lines (context and removals) equal the file's lines byte
-for byte. Like `git apply`, a hunk may sit at a different line than its header claims
-(the nearest exact match wins, hunks in order); unlike `patch --fuzz`, no context line is
-ever ignored. A search block must match exactly once, starting at a line start.
+Diffs are then applied by `git apply`, which checks every hunk before writing any: a
+hunk's context and removed lines must equal the file's lines (no fuzz; a hunk may sit at
+a different line than its header says). Search/replace blocks are computed in memory and
+written only when every block matched exactly once, starting at a line start.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -43,8 +45,6 @@ class PatchResult:
 @dataclass
 class _Hunk:
     old_start: int
-    old: list[str]  # lines with their endings, as the file must contain them
-    new: list[str]
     header: str
 
 
@@ -61,7 +61,7 @@ class _FilePatch:
     new_path: str | None  # None: the file is deleted
     hunks: list[_Hunk] = field(default_factory=list)
     blocks: list[_Block] = field(default_factory=list)
-    executable: bool | None = None  # a git mode line, when present
+    prefixed: bool = True  # paths carry git's a/ b/ prefixes
 
 
 def _lines(text: str) -> list[str]:
@@ -130,9 +130,10 @@ def _parse_diff(text: str) -> list[_FilePatch]:
             fp = _FilePatch(
                 old_path=None if old == "/dev/null" else _strip_prefix(old, "a/", git_style),
                 new_path=None if new == "/dev/null" else _strip_prefix(new, "b/", git_style),
+                prefixed=git_style,
             )
             if git is not None:
-                fp.executable = _mode_executable(git.get("new") or git.get("mode"))
+                _refuse_special(git.get("new") or git.get("mode"))
                 if git.get("rename_from"):
                     fp.old_path = git["rename_from"]
             git = None
@@ -171,19 +172,19 @@ def _git_file_patch(git: dict[str, str | None]) -> _FilePatch:
         fp = _FilePatch(
             old_path=git.get("rename_from") or git["a"], new_path=git.get("rename_to") or git["b"]
         )
-    fp.executable = _mode_executable(git.get("new") or git.get("mode"))
+    _refuse_special(git.get("new") or git.get("mode"))
     return fp
 
 
-def _mode_executable(mode: str | None) -> bool | None:
-    if mode is None:
-        return None
-    if mode.startswith("120"):
+def _refuse_special(mode: str | None) -> None:
+    if mode is not None and mode.startswith("120"):
         raise PatchError("symbolic links in patches are not supported")
-    return mode.endswith("755")
+    if mode is not None and mode.startswith("160"):
+        raise PatchError("submodules in patches are not supported")
 
 
 def _parse_hunks(lines: list[str], i: int, fp: _FilePatch) -> int:
+    """Check the hunks' line counts and record their headers (for messages)."""
     name = fp.new_path or fp.old_path
     while i < len(lines):
         match = _HUNK.match(lines[i])
@@ -191,34 +192,25 @@ def _parse_hunks(lines: list[str], i: int, fp: _FilePatch) -> int:
             break
         old_n = 1 if match.group(2) is None else int(match.group(2))
         new_n = 1 if match.group(4) is None else int(match.group(4))
-        hunk = _Hunk(old_start=int(match.group(1)), old=[], new=[], header=match.group(0))
+        hunk = _Hunk(old_start=int(match.group(1)), header=match.group(0))
         i += 1
         while old_n > 0 or new_n > 0:
             if i >= len(lines):
                 raise PatchError(f"{name}: hunk {hunk.header} is truncated")
             line = lines[i]
-            tag, body = line[:1], line[1:]
-            if line in ("\n", "\r\n"):  # an editor stripped the space of an empty context line
-                tag, body = " ", line
+            tag = " " if line == "\n" else line[:1]  # git reads a bare newline as context
             if tag == " " and old_n > 0 and new_n > 0:
-                hunk.old.append(body)
-                hunk.new.append(body)
                 old_n, new_n = old_n - 1, new_n - 1
             elif tag == "-" and old_n > 0:
-                hunk.old.append(body)
                 old_n -= 1
             elif tag == "+" and new_n > 0:
-                hunk.new.append(body)
                 new_n -= 1
-            elif tag == "\\":
-                _no_newline(hunk, lines[i - 1][:1])
-            else:
+            elif tag != "\\":  # "\ No newline at end of file"
                 raise PatchError(
                     f"{name}: hunk {hunk.header} has a malformed line: {line.rstrip()!r}"
                 )
             i += 1
         if i < len(lines) and lines[i].startswith("\\"):
-            _no_newline(hunk, lines[i - 1][:1])
             i += 1
         fp.hunks.append(hunk)
     if (
@@ -229,14 +221,6 @@ def _parse_hunks(lines: list[str], i: int, fp: _FilePatch) -> int:
     ):
         raise PatchError(f"{name}: a file section with no hunks")
     return i
-
-
-def _no_newline(hunk: _Hunk, tag: str) -> None:
-    """`\\ No newline at end of file`: the previous line of that side has no line ending."""
-    sides = {" ": (hunk.old, hunk.new), "-": (hunk.old,), "+": (hunk.new,)}.get(tag, ())
-    for side in sides:
-        if side:
-            side[-1] = side[-1].removesuffix("\n")
 
 
 def _parse_blocks(text: str) -> list[_FilePatch]:
@@ -326,8 +310,7 @@ class _Tree:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.overlay: dict[str, bytes | None] = {}
-        self.modes: dict[str, bool] = {}
+        self.overlay: dict[str, bytes] = {}
 
     def read(self, rel: str) -> bytes | None:
         if rel in self.overlay:
@@ -347,29 +330,6 @@ def _decode(data: bytes) -> str:
 
 def _encode(text: str) -> bytes:
     return text.encode("utf-8", "surrogateescape")
-
-
-def _apply_hunks(rel: str, text: str, hunks: list[_Hunk]) -> str:
-    lines = _lines(text)
-    out: list[str] = []
-    pos = 0  # lines[:pos] are already consumed
-    for n, hunk in enumerate(hunks, start=1):
-        at = _find_hunk(lines, hunk, pos)
-        if at is None:
-            raise PatchError(f"{rel}: hunk {n} ({hunk.header}) does not match")
-        out += lines[pos:at] + hunk.new
-        pos = at + len(hunk.old)
-    return "".join(out + lines[pos:])
-
-
-def _find_hunk(lines: list[str], hunk: _Hunk, pos: int) -> int | None:
-    size = len(hunk.old)
-    # The header's line number: 1-based, and for pure insertions the line *after which*.
-    stated = hunk.old_start - 1 if size else hunk.old_start
-    if size == 0:
-        return stated if pos <= stated <= len(lines) else None
-    candidates = (k for k in range(pos, len(lines) - size + 1) if lines[k : k + size] == hunk.old)
-    return min(candidates, key=lambda k: (abs(k - stated), k), default=None)
 
 
 def _apply_blocks(rel: str, text: str | None, blocks: list[_Block]) -> str:
@@ -397,35 +357,12 @@ def _apply_blocks(rel: str, text: str | None, blocks: list[_Block]) -> str:
 
 
 def _plan(root: Path, patches: list[_FilePatch]) -> _Tree:
+    """Search/replace blocks applied in memory."""
     tree = _Tree(root)
     for fp in patches:
-        name = fp.new_path or fp.old_path or "?"
-        old = tree.read(fp.old_path) if fp.old_path is not None else _ABSENT
-        if (
-            fp.old_path is not None
-            and old is _ABSENT
-            and not (fp.blocks and fp.old_path == fp.new_path)
-        ):
-            raise PatchError(f"{fp.old_path}: no such file")
-        if (
-            fp.new_path is not None
-            and fp.new_path != fp.old_path
-            and tree.read(fp.new_path) is not _ABSENT
-        ):
-            raise PatchError(f"{fp.new_path}: already exists")
-        if fp.blocks:
-            text = _apply_blocks(name, None if old is _ABSENT else _decode(old), fp.blocks)
-        else:
-            text = _apply_hunks(name, "" if old is _ABSENT else _decode(old), fp.hunks)
-        if fp.new_path is None:
-            if text:
-                raise PatchError(f"{fp.old_path}: the deletion does not match the whole file")
-        else:
-            tree.overlay[fp.new_path] = _encode(text)
-            if fp.executable is not None:
-                tree.modes[fp.new_path] = fp.executable
-        if fp.old_path is not None and fp.old_path != fp.new_path:
-            tree.overlay[fp.old_path] = _ABSENT
+        old = tree.read(fp.new_path)
+        text = _apply_blocks(fp.new_path, None if old is _ABSENT else _decode(old), fp.blocks)
+        tree.overlay[fp.new_path] = _encode(text)
     return tree
 
 
@@ -438,11 +375,7 @@ def _commit(tree: _Tree) -> None:
             before = path.read_bytes() if path.exists() else None
             mode = path.stat().st_mode & 0o7777 if before is not None else None
             undo.append((path, before, mode))
-            if data is _ABSENT:
-                path.unlink(missing_ok=True)
-                _prune_empty_dirs(tree.root, path.parent)
-                continue
-            _write(path, data, _new_mode(mode, tree.modes.get(rel)))
+            _write(path, data, 0o644 if mode is None else mode)
     except OSError as exc:
         for path, before, mode in reversed(undo):
             if before is None:
@@ -450,13 +383,6 @@ def _commit(tree: _Tree) -> None:
             else:
                 _write(path, before, mode or 0o644)
         raise PatchError(f"cannot write the patch: {exc}") from None
-
-
-def _new_mode(mode: int | None, executable: bool | None) -> int:
-    mode = 0o644 if mode is None else mode
-    if executable is None:
-        return mode
-    return mode | 0o111 if executable else mode & ~0o111
 
 
 def _write(path: Path, data: bytes, mode: int) -> None:
@@ -468,19 +394,76 @@ def _write(path: Path, data: bytes, mode: int) -> None:
     os.replace(tmp, path)
 
 
-def _prune_empty_dirs(root: Path, directory: Path) -> None:
-    while directory != root and not any(directory.iterdir()):
-        directory.rmdir()
-        directory = directory.parent
+# git as `git apply` sees it here: no user or system configuration (an
+# `apply.whitespace=fix` would rewrite lines), no repository above the root.
+def _git_env(root: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": os.devnull,
+        "GIT_CEILING_DIRECTORIES": str(root.resolve().parent),
+    }
+
+
+GIT_APPLY_TIMEOUT_S = 120.0
+_PATCH_FAILED = re.compile(r"^error: patch failed: (.+):(\d+)$")
+_GIT_MESSAGES = (
+    (re.compile(r"^error: (.+): already exists in working directory$"), "{}: already exists"),
+    (re.compile(r"^error: (.+): No such file or directory$"), "{}: no such file"),
+)
+
+
+def _git_apply(root: Path, text: str, patches: list[_FilePatch]) -> None:
+    for fp in patches:
+        for rel in (fp.old_path, fp.new_path):
+            if rel is not None and safe_path(root, rel).is_dir():
+                raise PatchError(f"{rel}: is a directory")
+    if len({fp.prefixed for fp in patches}) > 1:
+        raise PatchError("the diff mixes a/ b/ prefixed and bare paths")
+    try:
+        done = subprocess.run(
+            ["git", "apply", f"-p{1 if patches[0].prefixed else 0}", "--whitespace=nowarn", "-"],
+            cwd=root,
+            input=_encode(text),
+            capture_output=True,
+            env=_git_env(root),
+            timeout=GIT_APPLY_TIMEOUT_S,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise PatchError(f"git apply failed to run: {exc}") from None
+    if done.returncode != 0:
+        raise PatchError(_git_apply_error(_decode(done.stderr), patches))
+
+
+def _git_apply_error(stderr: str, patches: list[_FilePatch]) -> str:
+    """git's complaint in this module's words: which file, which hunk."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    for line in lines:
+        if failed := _PATCH_FAILED.match(line):
+            rel, at = failed.group(1), int(failed.group(2))
+            hunks = [fp.hunks for fp in patches if rel in (fp.new_path, fp.old_path)]
+            for n, hunk in enumerate(hunks[0] if hunks else [], start=1):
+                if hunk.old_start == at:
+                    return f"{rel}: hunk {n} ({hunk.header}) does not match"
+            return f"{rel}: hunk at line {at} does not match"
+        for pattern, message in _GIT_MESSAGES:
+            if known := pattern.match(line):
+                return message.format(known.group(1))
+    return (lines or ["git apply failed"])[0].removeprefix("error: ")
 
 
 def apply_patch(root: Path, patch: str) -> PatchResult:
     """Apply `patch` under `root` exactly and atomically (see the module docstring)."""
-    if not _strip_fences(patch).strip():
+    text = _strip_fences(patch)
+    if not text.strip():
         return PatchResult(applied=False, empty=True, detail="empty patch")
     try:
-        tree = _plan(root, parse_patch(patch))
-        _commit(tree)
+        patches = parse_patch(patch)
+        if patches[0].blocks:
+            _commit(_plan(root, patches))
+        else:
+            _git_apply(root, text, patches)
     except PatchError as exc:
         return PatchResult(applied=False, detail=str(exc))
-    return PatchResult(applied=True, paths=tuple(sorted(tree.overlay)))
+    paths = {p for fp in patches for p in (fp.old_path, fp.new_path) if p is not None}
+    return PatchResult(applied=True, paths=tuple(sorted(paths)))

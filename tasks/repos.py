@@ -215,8 +215,10 @@ def _reset(mirror_path: Path, tree: Path, sha: str) -> None:
             and stat.S_ISREG(os.lstat(tree / ".git").st_mode)
             and not scan_tree(tree).special
         ):
-            # Restore the .git pointer (O_NOFOLLOW: written, never followed).
-            fd = os.open(tree / ".git", os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)
+            # Restore the .git pointer as a new file: never written through (it could be
+            # a hard link to a file elsewhere).
+            os.unlink(tree / ".git")
+            fd = os.open(tree / ".git", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             with os.fdopen(fd, "wb") as fh:
                 fh.write(gitfile.read_bytes())
             run_git(
@@ -227,6 +229,12 @@ def _reset(mirror_path: Path, tree: Path, sha: str) -> None:
     except (OSError, RepoError):
         pass
     _fresh_worktree(mirror_path, tree, sha)
+
+
+def discard(tree: Path) -> None:
+    """Remove a checked-out tree now (e.g. it holds too much); its slot is rebuilt on
+    next use."""
+    shutil.rmtree(tree, onerror=_force_remove)
 
 
 @contextmanager

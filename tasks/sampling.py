@@ -1,19 +1,27 @@
 """Stage 2, the sampler: plan n samples per case, draw them from the agent, grade each.
 
-Every sample keeps its raw output, verdict, trace and timing (docs/contract.md §1.2). Seeds and cache
-keys are pure functions of content, so planning a run is deterministic and a re-run can
-find its finished work by key.
+Every sample keeps its raw output, verdict, trace and timing (docs/contract.md §1.2).
+Seeds and cache keys are pure functions of content, so planning a run is deterministic and
+a re-run can find its finished work by key.
+
+`draw_sample` is the one boundary where an agent's output enters a `Sample`, so whatever
+any agent returns (and whatever a grader or judge writes) can be stored: an output that
+is not a `str` is an `agent_error`; characters no encoding can store (lone surrogates)
+are replaced; configured secrets are masked (`tasks.redaction`); the output is capped at
+`max_output_bytes()`. The trace says what was changed.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from tasks.agents import Agent, AgentContext, AgentError
+from tasks.agents import Agent, AgentContext, AgentError, max_output_bytes
 from tasks.graders import grade, grader_fingerprint
 from tasks.models import EvalCase, EvalSuite, Sample, Status, Verdict, canonical_json, sha256_hex
+from tasks.redaction import MASK, redact
 
 
 def sample_seed(suite_version: str, case_id: str, index: int, run_seed: int) -> int:
@@ -49,14 +57,70 @@ def plan_samples(suite: EvalSuite, agent_fingerprint: str, n: int, run_seed: int
     return planned
 
 
-def draw_sample(agent, case: EvalCase, planned: PlannedSample, n: int, regrade: int = 0) -> Sample:
+def encodable(text: str) -> tuple[str, int]:
+    """`text` with every lone surrogate replaced by U+FFFD (a valid pair is joined into
+    its character), and how many characters were replaced."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        fixed = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+        return fixed, fixed.count("\ufffd") - text.count("\ufffd")
+    return text, 0
+
+
+def storable(text: str) -> str:
+    """Any string as it may be stored: encodable, secrets masked."""
+    return redact(encodable(text)[0])
+
+
+def truncation_marker(cap: int) -> str:
+    return f"\n[evalpipe: output truncated at {cap} bytes]"
+
+
+def bounded_output(output: Any, cap: int) -> tuple[str, dict[str, Any]]:
+    """An agent's output as it is graded and stored, and what the trace says about it.
+    `AgentError` if it is not a `str`: converting it would hide a bug (a `None` from a
+    missing `return` would grade as "None")."""
+    if not isinstance(output, str):
+        raise AgentError(f"returned {type(output).__name__}, expected str")
+    notes: dict[str, Any] = {}
+    text, replaced = encodable(output)
+    if replaced:
+        notes["output_replaced_chars"] = replaced
+    masked = redact(text)
+    if masked != text:
+        notes["output_redacted"] = masked.count(MASK) - text.count(MASK)
+    data = masked.encode("utf-8")
+    if len(data) > cap:
+        notes["output_truncated"] = {"cap_bytes": cap, "bytes": len(data)}
+        # `ignore` drops a character cut in half at the cap.
+        masked = data[:cap].decode("utf-8", "ignore") + truncation_marker(cap)
+    return masked, notes
+
+
+def _map_strings(value: Any, fn: Callable[[str], str]) -> Any:
+    if isinstance(value, str):
+        return fn(value)
+    if isinstance(value, Mapping):
+        return {_map_strings(k, fn): _map_strings(v, fn) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_map_strings(v, fn) for v in value]
+    return value
+
+
+def draw_sample(
+    agent, case: EvalCase, planned: PlannedSample, n: int, regrade: int = 0, cap: int | None = None
+) -> Sample:
     """Draw one output (or take the planned stored one) and grade it. Never raises: agent
-    failures become `agent_error`."""
+    failures become `agent_error`. `cap`: the output limit in bytes (default from the
+    environment, see `max_output_bytes`)."""
     started = time.perf_counter()
     ctx = AgentContext(case_id=case.id, index=planned.index, seed=planned.seed, n=n)
     trace: dict = {}
     try:
-        output = agent.generate(case, ctx) if planned.output is None else planned.output
+        raw = agent.generate(case, ctx) if planned.output is None else planned.output
+        output, notes = bounded_output(raw, max_output_bytes() if cap is None else cap)
+        trace.update(notes)
     except AgentError as exc:
         output = ""
         verdict = Verdict.fail(Status.agent_error, f"agent failed: {exc}")
@@ -68,13 +132,17 @@ def draw_sample(agent, case: EvalCase, planned: PlannedSample, n: int, regrade: 
             again = [grade(output, case, {}).status.value for _ in range(regrade)]
             trace["regrade"] = again
             trace["env_flaky"] = any(s != verdict.status.value for s in again)
+    # Graders and judges write text of their own (an exception, a judge's rationale).
+    verdict = verdict.model_copy(
+        update={"detail": storable(verdict.detail), "safety": tuple(map(storable, verdict.safety))}
+    )
     return Sample(
         case_id=case.id,
         index=planned.index,
         seed=planned.seed,
         output=output,
         verdict=verdict,
-        trace=trace,
+        trace=_map_strings(trace, storable),
         duration_s=time.perf_counter() - started,
         cached=planned.output is not None,
     )
@@ -90,10 +158,11 @@ def run_batch(
     `budget_s` of work per worker. An agent sent to a worker process is re-created there
     from its spec and refuses to run if its fingerprint moved."""
     by_id = {c.id: c for c in cases}
+    cap = max_output_bytes()
     started = time.monotonic()
     drawn: list[Sample] = []
     for p in planned:
         if drawn and budget_s is not None and time.monotonic() - started >= budget_s:
             break
-        drawn.append(draw_sample(agent, by_id[p.case_id], p, n, regrade))
+        drawn.append(draw_sample(agent, by_id[p.case_id], p, n, regrade, cap))
     return drawn

@@ -75,6 +75,23 @@ class SandboxResult:
     isolation: str  # "bwrap" or "rlimits" (fallback): what protected this run
 
 
+@dataclass(frozen=True)
+class Mounts:
+    """Extra bubblewrap mounts for `run_command` (repository environments use them).
+
+    `workdir_at`: where the work directory appears inside (a fixed path such as
+    /tmp/testbed, so an editable install made against it serves every worktree);
+    `ro`/`rw`: host directories bound at their own path; `hide`: directories replaced by
+    an empty read-only tmpfs (the harness's own venv and code), binds inside them kept.
+    Needs bubblewrap: without it `run_command` refuses with `SandboxError`.
+    """
+
+    workdir_at: str | None = None
+    ro: tuple[str, ...] = ()
+    rw: tuple[str, ...] = ()
+    hide: tuple[str, ...] = ()
+
+
 class SandboxError(RuntimeError):
     """The sandbox itself could not start (graders report `error`)."""
 
@@ -99,7 +116,11 @@ _SCRATCH_SOURCE = "/tmp/.evalpipe-source"
 
 
 def _bwrap_argv(
-    limits: Limits, workdir: Path | None, network: bool, scratch_mb: int | None = None
+    limits: Limits,
+    workdir: Path | None,
+    network: bool,
+    scratch_mb: int | None = None,
+    mounts: Mounts | None = None,
 ) -> list[str]:
     argv = [BWRAP, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
     if network:
@@ -107,16 +128,26 @@ def _bwrap_argv(
     argv += ["--ro-bind", "/", "/", "--size", str(limits.file_size_mb << 20), "--tmpfs", "/tmp"]
     for path in _runtime_under_tmp():
         argv += ["--ro-bind", path, path]
+    mounts = mounts or Mounts()
+    hidden = [p for p in mounts.hide if os.path.isdir(p)]
+    for path in hidden:
+        argv += ["--tmpfs", path]
+    for flag, paths in (("--ro-bind", mounts.ro), ("--bind", mounts.rw)):
+        for path in paths:
+            argv += [flag, path, path]
+    for path in hidden:
+        argv += ["--remount-ro", path]
     argv += ["--dev", "/dev", "--proc", "/proc"]
+    inside = mounts.workdir_at or str(workdir)
     if workdir is not None and scratch_mb is not None:
-        # A tmpfs of that size at the work directory's own path, filled with a copy of
-        # it: writes are capped by the kernel and never reach the real directory.
+        # A tmpfs of that size at the work directory's (inside) path, filled with a copy
+        # of it: writes are capped by the kernel and never reach the real directory.
         argv += ["--ro-bind", str(workdir), _SCRATCH_SOURCE]
-        argv += ["--size", str(scratch_mb << 20), "--tmpfs", str(workdir)]
+        argv += ["--size", str(scratch_mb << 20), "--tmpfs", inside]
     elif workdir is not None:
-        argv += ["--bind", str(workdir), str(workdir)]
+        argv += ["--bind", str(workdir), inside]
     if workdir is not None:
-        argv += ["--chdir", str(workdir)]
+        argv += ["--chdir", inside]
     return argv + ["--"]
 
 
@@ -265,8 +296,10 @@ def run_command(
     network: bool = False,
     scratch_mb: int | None = None,
     pass_fds: Sequence[int] = (),
+    mounts: Mounts | None = None,
 ) -> SandboxResult:
-    """Run `argv` in `workdir` (the only writable place besides a private /tmp).
+    """Run `argv` in `workdir` (the only writable place besides a private /tmp and
+    `mounts.rw`).
 
     With `scratch_mb` (bubblewrap only; check `isolation`), the program runs on a copy of
     `workdir` in a tmpfs holding at most that many MB: it cannot fill the disk, and
@@ -276,13 +309,15 @@ def run_command(
     """
     workdir = Path(workdir).resolve()
     isolation = "bwrap" if bwrap_available() else "rlimits"
+    if mounts is not None and isolation != "bwrap":
+        raise SandboxError("this needs bubblewrap (mounts), which is not available here")
     if isolation == "bwrap" and scratch_mb is not None:
         copy = 'cp -a "$0"/. . && exec "$@"'
         argv = ["/bin/sh", "-c", copy, _SCRATCH_SOURCE, *argv]
     else:
         scratch_mb = None
     full = (
-        [*_bwrap_argv(limits, workdir, network, scratch_mb), *argv]
+        [*_bwrap_argv(limits, workdir, network, scratch_mb, mounts), *argv]
         if isolation == "bwrap"
         else list(argv)
     )
@@ -293,7 +328,7 @@ def run_command(
             proc = subprocess.Popen(
                 full,
                 cwd=workdir,
-                env=scrubbed_env(str(workdir), env),
+                env=scrubbed_env((mounts and mounts.workdir_at) or str(workdir), env),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,

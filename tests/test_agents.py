@@ -5,25 +5,30 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import json
+import os
 import pickle
+import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tasks.agents import AgentContext, AgentError, load_agent, parse_replay, reference_text
 from tasks.dataset import load_suite
-from tasks.models import EvalCase, InputError
+from tasks.models import EvalCase, InputError, Sample, Status
 from tasks.openai_client import OpenAIClient
+from tasks.sampling import PlannedSample, bounded_output, draw_sample, truncation_marker
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = f"python:{ROOT}/examples/agents/demo_agent.py:answer"
@@ -40,6 +45,13 @@ def case(case_id: str = "c1", reference: Any = "ref", **inputs: Any) -> EvalCase
 
 def ctx(index: int = 0, seed: int = 7, case_id: str = "c1", n: int = 1) -> AgentContext:
     return AgentContext(case_id=case_id, index=index, seed=seed, n=n)
+
+
+def draw(agent: Any, the_case: EvalCase | None = None, cap: int | None = None) -> Sample:
+    """One sample drawn and graded as a run draws it."""
+    the_case = the_case or case()
+    planned = PlannedSample(the_case.id, 0, 7, "key", the_case.case_hash)
+    return draw_sample(agent, the_case, planned, 1, cap=cap)
 
 
 @pytest.fixture
@@ -84,8 +96,9 @@ def test_python_agent_failures_are_agent_errors(cwd: Path) -> None:
     (cwd / "agent.py").write_text(AGENT_PY)
     with pytest.raises(AgentError, match=r"^ValueError: no answer for q\?$"):
         load_agent("python:agent.py:boom").generate(case(), ctx())
-    with pytest.raises(AgentError, match="returned int, expected str"):
-        load_agent("python:agent.py:number").generate(case(), ctx())
+    sample = draw(load_agent("python:agent.py:number"))
+    assert sample.verdict.status is Status.agent_error
+    assert sample.verdict.detail == "agent failed: returned int, expected str"
 
 
 def test_python_agent_cannot_change_the_case(cwd: Path) -> None:
@@ -325,7 +338,9 @@ def test_bad_timeout_setting_is_an_input_error(cwd: Path, monkeypatch) -> None:
 class Endpoint:
     """A chat-completions server on 127.0.0.1 that plays a script of responses."""
 
-    def __init__(self, script: list[tuple[int, dict[str, str]]]) -> None:
+    def __init__(
+        self, script: list[tuple[int, dict[str, str]]], content: str | None = None, pad: int = 0
+    ) -> None:
         self.script = script  # (status, headers) per request; the last one repeats
         self.requests: list[dict[str, Any]] = []
         endpoint = self
@@ -340,13 +355,16 @@ class Endpoint:
                     min(len(endpoint.requests), len(endpoint.script)) - 1
                 ]
                 if status == 200:
-                    text = body["messages"][-1]["content"].upper()
+                    text = body["messages"][-1]["content"].upper() if content is None else content
                     payload = {"choices": [{"message": {"role": "assistant", "content": text}}]}
-                else:
-                    payload = {"error": f"status {status}, key {self.headers.get('Authorization')}"}
+                else:  # a careless server: echoes the key, after `pad` characters of noise
+                    auth = self.headers.get("Authorization")
+                    payload = {"error": f"status {status}, {'.' * pad} key {auth}"}
                 data = json.dumps(payload).encode()
                 self.send_response(status)
-                for key, value in {"Content-Type": "application/json", **headers}.items():
+                # A short wait before each retry (the SDK's own backoff starts at 0.5 s).
+                waits = {} if status == 200 else {"retry-after-ms": "1"}
+                for key, value in {"Content-Type": "application/json", **waits, **headers}.items():
                     self.send_header(key, value)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
@@ -368,8 +386,8 @@ class Endpoint:
 def serve() -> Iterator[Any]:
     started: list[Endpoint] = []
 
-    def start(*script: tuple[int, dict[str, str]]) -> Endpoint:
-        started.append(Endpoint(list(script)))
+    def start(*script: tuple[int, dict[str, str]], **kw: Any) -> Endpoint:
+        started.append(Endpoint(list(script), **kw))
         return started[-1]
 
     yield start
@@ -378,13 +396,13 @@ def serve() -> Iterator[Any]:
 
 
 def fast_client(url: str, **kw: Any) -> OpenAIClient:
-    return OpenAIClient(base_url=url, api_key="sk-test-123", timeout_s=10, backoff_s=0.001, **kw)
+    return OpenAIClient(base_url=url, api_key="sk-test-123", timeout_s=10, **kw)
 
 
 def test_openai_retries_429_and_500_then_succeeds(
     cwd: Path, serve, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    endpoint = serve((429, {"Retry-After": "0"}), (500, {}), (200, {}))
+    endpoint = serve((429, {"Retry-After": "0.001"}), (500, {}), (200, {}))
     monkeypatch.setenv("OPENAI_BASE_URL", endpoint.url)
     agent = load_agent("openai:tiny-model?temperature=0.2&max_tokens=16")
     agent = dataclasses.replace(agent, client=fast_client(endpoint.url))
@@ -463,6 +481,360 @@ def test_openai_messages_come_from_the_inputs(serve, monkeypatch: pytest.MonkeyP
         [{"role": "user", "content": "fix add"}],
         [{"role": "user", "content": '{"x":1}'}],
     ]
+
+
+# --- hostile agents: one sample's trouble stays in that sample -----------------------------
+
+HOSTILE_PY = """
+import os, pathlib, time
+
+class Stop(BaseException):
+    pass
+
+def surrogate(inputs, ctx):
+    return "caf\\ud83d " + inputs["question"]
+
+def pair(inputs, ctx):
+    return "\\ud83d\\ude00"  # a valid pair, as two code points
+
+def huge(inputs, ctx):
+    return "é" * (3 << 20)
+
+def as_bytes(inputs, ctx):
+    return b"yes"
+
+def nothing(inputs, ctx):
+    pass
+
+def interrupt(inputs, ctx):
+    raise KeyboardInterrupt("from the agent")
+
+def leave(inputs, ctx):
+    raise SystemExit(4)
+
+def generator_exit(inputs, ctx):
+    raise GeneratorExit("closed")
+
+def stop(inputs, ctx):
+    raise Stop("a BaseException of its own")
+
+def leaks(inputs, ctx):
+    raise RuntimeError("auth failed for " + os.environ["SERVICE_TOKEN"])
+
+def echoes(inputs, ctx):
+    return "my key is " + os.environ["SERVICE_TOKEN"]
+
+def sleepy(inputs, ctx):
+    pathlib.Path("started").write_text("1")
+    time.sleep(60)
+    return "woke up"
+"""
+
+JUDGE_PY = """
+def rationale(output, case, seed):
+    return {"passed": True, "score": 1.0, "rationale": "fine \\udc80 by me"}
+"""
+
+
+@pytest.fixture
+def hostile(cwd: Path) -> Path:
+    (cwd / "hostile.py").write_text(HOSTILE_PY)
+    return cwd
+
+
+def test_a_lone_surrogate_from_any_agent_is_stored_and_the_run_goes_on(
+    prefect_harness, home, hostile: Path, serve, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import duckdb
+
+    from flows.evaluate import evaluate
+
+    (hostile / "judge.py").write_text(JUDGE_PY)
+    (hostile / "suite.yaml").write_text(
+        "name: hostile\ncases:\n"
+        "  - {id: c1, inputs: {question: q}, reference: x, grader: {kind: exact}}\n"
+        f"  - {{id: c2, inputs: {{question: q}}, grader: {{kind: judge, function: '{hostile}/judge.py:rationale'}}}}\n"
+    )
+    # JSON's escape for a lone surrogate, as an endpoint or a recording would send it.
+    (hostile / "r.jsonl").write_text(
+        '{"case_id": "c1", "output": "a\\ud83db"}\n{"case_id": "c2", "output": "\\udc80"}\n'
+    )
+    endpoint = serve((200, {}), content="\ud83d")
+    monkeypatch.setenv("OPENAI_BASE_URL", endpoint.url)
+    for spec in ("python:hostile.py:surrogate", "replay:r.jsonl", "openai:m"):
+        for _ in range(2):  # and again: the first run stored its samples, the second reuses them
+            summary = evaluate(suite="suite.yaml", agent=spec, n=1)
+            assert "agent_error" not in summary["status_counts"], spec
+        with duckdb.connect(str(home / "evalpipe.duckdb"), read_only=True) as con:
+            rows = con.execute(
+                "SELECT case_id, output, detail, trace FROM samples WHERE run_id = ?"
+                " ORDER BY case_id", [summary["run_id"]]
+            ).fetchall()
+        assert all("\ufffd" in output for _, output, _, _ in rows), (spec, rows)
+        assert all(json.loads(trace)["output_replaced_chars"] == 1 for *_, trace in rows)
+        judged = json.loads(rows[1][3])["judge"]["draws"][0]["rationale"]
+        assert judged == "fine \ufffd by me" and "fine \ufffd by me" in rows[1][2]
+
+
+ANY_TEXT = st.text(st.characters(codec=None, categories=None), max_size=50)
+
+
+@settings(deadline=None)
+@given(ANY_TEXT, st.integers(1, 80))
+def test_bounded_output_is_always_storable_and_keeps_what_it_can(text: str, cap: int) -> None:
+    output, notes = bounded_output(text, cap)
+    pa.array([output, json.dumps(notes)], pa.string())  # what failed to store before
+    kept = output.removesuffix(truncation_marker(cap))
+    assert len(kept.encode()) <= cap
+    try:
+        data = text.encode()
+    except UnicodeEncodeError:
+        assert notes["output_replaced_chars"] >= 1
+    else:
+        assert "output_replaced_chars" not in notes
+        if len(data) <= cap:
+            assert output == text and not notes
+        else:
+            assert data.startswith(kept.encode()) and notes["output_truncated"]["bytes"] == len(data)
+
+
+def test_a_valid_surrogate_pair_becomes_its_character(hostile: Path) -> None:
+    sample = draw(load_agent("python:hostile.py:pair"))
+    assert sample.output == "😀" and "output_replaced_chars" not in sample.trace
+
+
+@pytest.mark.parametrize(("func", "kind"), [("as_bytes", "bytes"), ("nothing", "NoneType")])
+def test_a_python_agent_returning_no_str_is_an_agent_error(
+    hostile: Path, func: str, kind: str
+) -> None:
+    sample = draw(load_agent(f"python:hostile.py:{func}"))
+    assert sample.verdict.status is Status.agent_error and sample.output == ""
+    assert sample.verdict.detail == f"agent failed: returned {kind}, expected str"
+
+
+@pytest.mark.parametrize(
+    ("func", "message"),
+    [
+        ("interrupt", "KeyboardInterrupt: from the agent"),
+        ("leave", "SystemExit: 4"),
+        ("generator_exit", "GeneratorExit: closed"),
+        ("stop", "Stop: a BaseException of its own"),
+    ],
+)
+def test_any_exception_an_agent_raises_is_an_agent_error(
+    hostile: Path, func: str, message: str
+) -> None:
+    agent = load_agent(f"python:hostile.py:{func}")
+    try:
+        sample = draw(agent)  # in pytest's main thread, where signals are handled
+    except BaseException as exc:  # noqa: BLE001 - what used to end the run
+        pytest.fail(f"the agent's {type(exc).__name__} escaped the sample")
+    assert sample.verdict.status is Status.agent_error
+    assert sample.verdict.detail == f"agent failed: {message}"
+    in_thread: list[Sample] = []
+    worker = threading.Thread(target=lambda: in_thread.append(draw(agent)))
+    worker.start()
+    worker.join()
+    assert in_thread and in_thread[0].verdict.detail == f"agent failed: {message}"
+
+
+def test_a_run_whose_agent_raises_keyboard_interrupt_completes(
+    prefect_harness, home, hostile: Path
+) -> None:
+    from flows.evaluate import evaluate
+
+    (hostile / "suite.yaml").write_text(
+        "name: ki\ncases:\n"
+        + "".join(f"  - {{id: c{i}, inputs: {{question: q}}, reference: x, grader: {{kind: exact}}}}\n" for i in range(3))
+    )
+    summary = evaluate(suite="suite.yaml", agent="python:hostile.py:interrupt", n=2)
+    assert summary["status_counts"] == {"agent_error": 6}
+
+
+SIGNALLED = """
+import sys
+from tasks.agents import AgentContext, AgentError, load_agent
+from tasks.models import EvalCase
+
+agent = load_agent("python:hostile.py:sleepy")
+try:
+    agent.generate(EvalCase(id="c", grader={"kind": "exact"}), AgentContext("c", 0, 0, 1))
+except AgentError as exc:
+    print("agent_error:", exc)
+    sys.exit(0)
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_real_signal_still_stops_the_process_running_an_agent(hostile: Path, signum) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SIGNALLED],
+        cwd=hostile,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    deadline = time.monotonic() + 60
+    while not (hostile / "started").exists() and proc.poll() is None:
+        assert time.monotonic() < deadline, "the agent never started"
+        time.sleep(0.02)
+    assert proc.poll() is None, proc.communicate()
+    proc.send_signal(signum)
+    out, err = proc.communicate(timeout=30)
+    assert b"agent_error" not in out
+    if signum == signal.SIGINT:
+        assert proc.returncode != 0 and b"KeyboardInterrupt" in err
+    else:
+        assert proc.returncode == -signal.SIGTERM
+
+
+# cmd: agents
+
+
+def test_cmd_output_is_read_with_a_cap_never_held_whole(cwd: Path) -> None:
+    (cwd / "flood.py").write_text(
+        "import sys\nchunk = b'x' * (1 << 20)\n"
+        "for _ in range(400):\n    sys.stdout.buffer.write(chunk)\n"
+    )
+    script = (
+        "import json, resource, sys\n"
+        "from tasks.agents import AgentContext, load_agent\n"
+        "from tasks.models import EvalCase\n"
+        f"agent = load_agent('cmd:{sys.executable} flood.py')\n"
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "case = EvalCase(id='c', grader={'kind': 'exact'})\n"
+        "out = agent.generate(case, AgentContext('c', 0, 0, 1))\n"
+        "after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "print(json.dumps({'len': len(out), 'grew_kb': after - before}))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=cwd,
+        capture_output=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "EVALPIPE_MAX_OUTPUT_BYTES": "1000000"},
+    )
+    result = json.loads(done.stdout)
+    assert result["len"] == 1_000_001  # the cap and one byte, to say there was more
+    assert result["grew_kb"] < 100 * 1024  # 400 MB went through the pipe
+
+
+def test_outputs_over_the_cap_are_truncated_with_a_marker(
+    hostile: Path, monkeypatch: pytest.MonkeyPatch, serve
+) -> None:
+    (hostile / "flood.py").write_text("print('y' * 5000, end='')\n")
+    endpoint = serve((200, {}), content="z" * 5000)
+    monkeypatch.setenv("OPENAI_BASE_URL", endpoint.url)
+    monkeypatch.setenv("EVALPIPE_MAX_OUTPUT_BYTES", "1001")
+    for spec in ("python:hostile.py:huge", f"cmd:{sys.executable} flood.py", "openai:m"):
+        sample = draw(load_agent(spec))
+        assert sample.output.endswith(truncation_marker(1001)), spec
+        kept = sample.output.removesuffix(truncation_marker(1001))
+        assert len(kept.encode()) in (1000, 1001) and len(set(kept)) == 1  # no half "é"
+        assert sample.trace["output_truncated"]["cap_bytes"] == 1001
+        assert sample.trace["output_truncated"]["bytes"] > 1001
+        assert sample.verdict.status is Status.failed  # graded, as truncated
+    monkeypatch.setenv("EVALPIPE_MAX_OUTPUT_BYTES", "4MB")
+    with pytest.raises(InputError, match="EVALPIPE_MAX_OUTPUT_BYTES='4MB' is not a whole"):
+        load_agent("python:hostile.py:huge")
+
+
+DAEMON_PY = """
+import json, pathlib, subprocess, sys
+json.load(sys.stdin)
+# A daemon in a session of its own, and a grandchild holding our stdout open.
+daemon = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                          start_new_session=True, stdout=subprocess.DEVNULL)
+holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                          start_new_session=True)
+pathlib.Path("pids").write_text(f"{daemon.pid} {holder.pid}")
+print("done", end="")
+"""
+
+
+def _gone(pid: int) -> bool:
+    status = Path(f"/proc/{pid}/status")
+    try:
+        return "\nState:\tZ" in status.read_text()
+    except FileNotFoundError:
+        return True
+
+
+def test_cmd_agent_leaves_nothing_behind_and_is_not_held_by_a_grandchild(
+    cwd: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (cwd / "daemon.py").write_text(DAEMON_PY)
+    monkeypatch.setenv("EVALPIPE_AGENT_TIMEOUT_S", "20")
+    output = load_agent(f"cmd:{sys.executable} daemon.py").generate(case(), ctx())
+    assert output == "done"  # not "timed out after 20 s": the holder died with the agent
+    pids = [int(p) for p in (cwd / "pids").read_text().split()]
+    deadline = time.monotonic() + 5  # a killed process needs a moment to be reaped
+    while not all(map(_gone, pids)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(map(_gone, pids)), pids
+
+
+# secrets
+
+
+KEY = "sk-proj-" + "A1b2C3d4" * 8  # 72 characters
+
+
+def _pieces(secret: str) -> list[str]:
+    return [secret[i : i + 8] for i in range(len(secret) - 7)]
+
+
+def test_no_secret_reaches_a_stored_sample(
+    prefect_harness, home, hostile: Path, serve, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import duckdb
+
+    from flows.evaluate import evaluate
+
+    token = "tok-" + "Z9y8X7w6" * 4
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    monkeypatch.setenv("SERVICE_TOKEN", token)
+    # The key starts ~20 characters before the 300-character cut of the error body.
+    endpoint = serve((401, {}), pad=250)
+    monkeypatch.setenv("OPENAI_BASE_URL", endpoint.url)
+    (hostile / "loud.py").write_text(
+        "import os, sys\nsys.stderr.write('x' * 1990 + os.environ['SERVICE_TOKEN'])\nsys.exit(1)\n"
+    )
+    (hostile / "suite.yaml").write_text(
+        "name: secrets\ncases:\n  - {id: c1, inputs: {question: q}, reference: x, grader: {kind: exact}}\n"
+    )
+    specs = ("openai:m", "python:hostile.py:leaks", "python:hostile.py:echoes",
+             f"cmd:{sys.executable} loud.py")
+    runs = [evaluate(suite="suite.yaml", agent=spec, n=1)["run_id"] for spec in specs]
+    assert endpoint.requests[0]["auth"] == f"Bearer {KEY}"  # the server did get the key
+    with duckdb.connect(str(home / "evalpipe.duckdb"), read_only=True) as con:
+        rows = con.execute(
+            "SELECT run_id, output, detail, trace FROM samples WHERE run_id IN (?, ?, ?, ?)", runs
+        ).fetchall()
+    assert len(rows) == 4
+    stored = "\n".join(str(col) for row in rows for col in row)
+    leaked = [p for p in _pieces(KEY) + _pieces(token) if p in stored]
+    assert not leaked, leaked
+    assert stored.count("***") >= 4
+
+
+def test_openai_error_is_masked_before_it_is_cut(serve) -> None:
+    endpoint = serve((400, {}), pad=250)
+    client = OpenAIClient(base_url=endpoint.url, api_key=KEY, timeout_s=10)
+    agent = _openai_agent_with(client, endpoint.url)
+    with pytest.raises(AgentError) as raised:
+        agent.generate(case(), ctx())
+    message = str(raised.value)
+    assert message.startswith("HTTP 400: ") and "\n" not in message
+    assert not [p for p in _pieces(KEY) if p in message]
+
+
+def test_openai_sends_no_authorization_without_a_key(serve) -> None:
+    endpoint = serve((200, {}))
+    client = OpenAIClient(base_url=endpoint.url, api_key=None, timeout_s=10)
+    assert _openai_agent_with(client, endpoint.url).generate(case(), ctx()) == "Q?"
+    assert endpoint.requests[0]["auth"] is None
+
 
 
 # --- the demo agent --------------------------------------------------------------------

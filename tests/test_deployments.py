@@ -129,7 +129,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("deployments")
     logs = tmp / "logs"
     logs.mkdir()
-    server = start_server(prefect_home=tmp / "prefect-server", log=(logs / "server.log").open("ab"))
+    server = start_server(prefect_home=tmp / "prefect-server", log=(logs / "server.log").open("ab"),
+                          timeout_s=240)  # a fresh database on a loaded machine
     clone = tmp / "clone"
     copy_tracked_files(clone)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "EVALPIPE_"))}

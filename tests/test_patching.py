@@ -340,3 +340,62 @@ def test_a_mismatching_hunk_changes_nothing(
     result = apply_patch(scratch_repo, diff)
     assert not result.applied and result.detail.startswith(f"{victim}: hunk ")
     assert snapshot(scratch_repo) == before
+
+
+def test_a_diff_names_the_hunk_that_does_not_match(repo: Path) -> None:
+    lines = "".join(f"line {i}\n" for i in range(40))
+    target = lines.replace("line 3\n", "LINE 3\n").replace("line 30\n", "LINE 30\n")
+    diff = diff_between(repo, {"f.txt": lines}, {"f.txt": target})
+    (repo / "f.txt").write_text(lines.replace("line 31\n", "line 31 drifted\n"))
+    before = snapshot(repo)
+    result = apply_patch(repo, diff)
+    assert result.detail == "f.txt: hunk 2 (@@ -28,7 +28,7 @@) does not match"
+    assert snapshot(repo) == before  # hunk 1 matched, and was not written either
+
+
+def test_a_diff_aimed_at_a_directory_is_refused(repo: Path) -> None:
+    # git apply itself reports such a patch "applied cleanly" and changes nothing.
+    (repo / "dd").mkdir()
+    result = apply_patch(repo, "--- a/dd\n+++ b/dd\n@@ -1 +1 @@\n-x = 1\n+x = 2\n")
+    assert not result.applied and result.detail == "dd: is a directory"
+
+
+def test_git_configuration_does_not_change_what_a_diff_writes(
+    repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A user's `apply.whitespace=fix` would strip the trailing blanks the patch adds.
+    (tmp_path / "gitconfig").write_text("[apply]\n\twhitespace = fix\n")
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(tmp_path / "gitconfig"))
+    diff = diff_between(repo, {"w.py": "x = 1\n"}, {"w.py": "x = 1   \ny = 2\t\n"})
+    assert apply_patch(repo, diff).applied
+    assert (repo / "w.py").read_text() == "x = 1   \ny = 2\t\n"
+
+
+@pytest.mark.parametrize(
+    ("header", "detail"),
+    [
+        ("new file mode 120000\n", "symbolic links in patches are not supported"),
+        ("new file mode 160000\n", "submodules in patches are not supported"),
+        ("old mode 100644\nnew mode 120000\n", "symbolic links in patches are not supported"),
+    ],
+)
+def test_links_and_submodules_are_refused(repo: Path, header: str, detail: str) -> None:
+    body = "--- /dev/null\n+++ b/ln\n"
+    if "old mode" in header:
+        (repo / "ln").write_text("x\n")
+        body = "--- a/ln\n+++ b/ln\n"
+    body += "@@ -0,0 +1 @@\n+/etc/passwd\n\\ No newline at end of file\n"
+    before = snapshot(repo)
+    result = apply_patch(repo, f"diff --git a/ln b/ln\n{header}index 0000000..1234567\n{body}")
+    assert not result.applied and result.detail == detail
+    assert snapshot(repo) == before
+
+
+def test_binary_patches_are_refused(repo: Path) -> None:
+    patch = (
+        "diff --git a/b.bin b/b.bin\nnew file mode 100644\nindex 0000000..1234567\n"
+        "GIT binary patch\nliteral 3\nKcmZ>3$N&HP00002\n\nliteral 0\nHcmV?d00001\n"
+    )
+    result = apply_patch(repo, patch)
+    assert not result.applied and result.detail == "b.bin: binary patches are not supported"
+    assert not (repo / "b.bin").exists()

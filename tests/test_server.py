@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from flows.server import free_port, stop_managed
+from flows.server import free_port, start_timeout, stop_managed
 
 ROOT = Path(__file__).resolve().parent.parent
 EVALPIPE = Path(sys.executable).with_name("evalpipe")
@@ -188,8 +188,17 @@ def test_an_ephemeral_start_timeout_is_one_line_and_exit_3(work: Path) -> None:
     proc = evalpipe(*run_args(work), env=env)
     assert proc.returncode == 3, proc.stderr
     assert proc.stderr.splitlines() == [proc.stderr.strip()], proc.stderr
-    assert "did not start within 0.01 s" in proc.stderr and "EVALPIPE_SERVER_START_TIMEOUT" in proc.stderr
+    assert "temporary server did not start within" in proc.stderr and "EVALPIPE_SERVER_START_TIMEOUT" in proc.stderr
     assert processes_with("EVALPIPE_HOME", str(home)) == []  # the half-started server is gone
+
+
+def test_a_first_start_waits_three_times_as_long(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EVALPIPE_SERVER_START_TIMEOUT", "10")
+    assert start_timeout(tmp_path) == 30.0  # no database yet: it is created on this start
+    (tmp_path / "prefect.db").touch()
+    assert start_timeout(tmp_path) == 10.0
+    monkeypatch.delenv("EVALPIPE_SERVER_START_TIMEOUT")
+    assert start_timeout(tmp_path) == 90.0
 
 
 def test_a_bad_start_timeout_is_bad_input(work: Path) -> None:
@@ -251,6 +260,9 @@ def test_kill_9_of_a_run_takes_its_ephemeral_server_with_it(work: Path) -> None:
         run.send_signal(signal.SIGKILL)
         run.wait()
         assert wait_gone(kids, 10.0), "the ephemeral server (or its reaper) outlived the run"
+        # Before the kill, the run had said once, in one line, how to start faster.
+        hint = [line for line in run.stderr.read().splitlines() if "evalpipe server start" in line]
+        assert len(hint) == 1 and "3x faster" in hint[0], hint
     finally:
         if run.poll() is None:
             run.kill()

@@ -18,7 +18,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from storage import db, process
+from storage import db
 
 ROOT = Path(__file__).resolve().parent.parent
 AGENTS = ROOT / "tests/support/agents.py"
@@ -178,6 +178,8 @@ def test_older_database_files_gain_the_owner_columns(tmp_path):
 # --- who owns a run ----------------------------------------------------------------------
 
 def test_a_run_owner_is_gone_when_its_pid_ends_or_is_reused():
+    from storage import process
+
     me = process.current()
     assert not process.gone(me)
     child = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -220,3 +222,50 @@ def test_killed_run_reads_interrupted_and_resumes(prefect_harness, tmp_path):
     con = duckdb.connect(str(db.db_path(home)), read_only=True)
     assert con.execute("SELECT status FROM runs WHERE run_id = ?", [killed]).fetchone() == ("interrupted",)
     con.close()
+
+
+# --- a full disk -------------------------------------------------------------------------
+
+BIG_AGENT = '''
+import os
+
+
+def big(inputs, ctx):
+    return "yes " + os.urandom(100_000).hex()
+'''
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 3 MB tmpfs: room for the database and a few samples, not for a whole run."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+def test_disk_full_keeps_what_was_stored(prefect_harness, tmp_path, small_disk):
+    home = small_disk / "home"
+    (tmp_path / "bigagent.py").write_text(BIG_AGENT)
+    env = {**os.environ, "EVALPIPE_HOME": str(home), "PREFECT_API_URL": prefect_harness, "PYTHONPATH": str(ROOT)}
+    args = ["run", str(suite_file(tmp_path / "toy.yaml", 30)), "--agent", f"python:{tmp_path}/bigagent.py:big",
+            "--batch-size", "1", "--workers", "1", "--json"]
+    line = one_line_failure(cli(args, env), 3)
+    assert line.startswith(f"evalpipe: disk full writing {home}") and "what was stored before is kept" in line
+
+    (run,) = json.loads(cli(["runs", "list", "--json"], env).stdout)
+    assert run["status"] in ("failed", "interrupted")
+    con = duckdb.connect(str(db.db_path(home)), read_only=True)
+    (stored,) = con.execute("SELECT count(*) FROM samples").fetchone()
+    con.close()
+    assert 0 < stored < 30
+
+    subprocess.run(["mount", "-o", "remount,size=64m", str(small_disk)], check=True)
+    proc = cli(args, env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout)["cached_samples"] == stored

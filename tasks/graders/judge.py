@@ -32,6 +32,7 @@ from tasks.callables import load_callable
 from tasks.graders import register
 from tasks.models import EvalCase, InputError, Status, Verdict, canonical_json, sha256_hex
 from tasks.openai_client import EndpointError, OpenAIClient
+from tasks.redaction import redact
 
 Preference = Literal["first", "second", "tie"]
 
@@ -91,7 +92,7 @@ class Judge:
         try:
             return draw_from_result(self._grade(output, case, seed), seed)
         except (Exception, SystemExit) as exc:
-            return Draw(seed, None, error=f"{self.spec}: {type(exc).__name__}: {exc}"[:500])
+            return Draw(seed, None, error=redact(f"{self.spec}: {type(exc).__name__}: {exc}")[:500])
 
     def prefer(self, case: EvalCase, first: str, second: str, seed: int) -> Preference:
         """Which of two outputs shown in this order is better. Raises `JudgeError`."""
@@ -100,7 +101,7 @@ class Judge:
         except JudgeError:
             raise
         except (Exception, SystemExit) as exc:
-            raise JudgeError(f"{self.spec}: {type(exc).__name__}: {exc}"[:500]) from None
+            raise JudgeError(redact(f"{self.spec}: {type(exc).__name__}: {exc}")[:500]) from None
 
 
 class JudgeError(Exception):
@@ -279,7 +280,7 @@ def draw_from_result(result: Any, seed: int) -> Draw:
                 error=f"judge verdict {result.status.value}: {result.detail}",
                 safety=result.safety,
             )
-        return Draw(seed, result.passed, result.score, result.detail, safety=result.safety)
+        return Draw(seed, result.passed, result.score, redact(result.detail), safety=result.safety)
     if isinstance(result, bool):
         return Draw(seed, result, float(result))
     if isinstance(result, str) and result.lower() in _PASS_WORDS:
@@ -295,7 +296,8 @@ def draw_from_result(result: Any, seed: int) -> Draw:
             and not isinstance(score, bool)
             and 0.0 <= score <= 1.0
         ):
-            return Draw(seed, passed, float(score), str(rationale))
+            # Masked here, before the trace and the detail keep only its start.
+            return Draw(seed, passed, float(score), redact(str(rationale)))
     return Draw(seed, None, error=f"judge returned {str(result)[:200]!r}, not a verdict")
 
 

@@ -6,8 +6,9 @@ The verdict follows docs/contract.md §4 step by step, and each step fails close
 2. a clean tree at `base_commit` (`tasks.repos`) → `error` if it cannot be had
 3. the patch applied exactly (`tasks.patching`) → `not_applied` otherwise
 4. scope, from what changed on disk → `scope_violation` (+ safety for forbidden files)
-5. test files restored from the base, `test_patch` applied, `setup` run, tests run in
-   the sandbox, JUnit read: `passed` only if every FAIL_TO_PASS and PASS_TO_PASS test
+5. test files and runner files (what decides how pytest starts) restored from the base,
+   `test_patch` applied, `setup` run, tests run in the sandbox on a disk-capped copy of
+   the tree, JUnit read: `passed` only if every FAIL_TO_PASS and PASS_TO_PASS test
    passed; a missing, skipped or errored test, or no JUnit report at all, is a failure.
 
 `trace` gets `steps` (what happened), `timings` (seconds per step) and `tests` (the
@@ -19,7 +20,6 @@ from __future__ import annotations
 import fnmatch
 import secrets
 import shlex
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -28,13 +28,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tasks.environments import (
+    Environment,
+    EnvironmentFailed,
+    Runtime,
+    parse_environment,
+    runtime_for,
+)
 from tasks.graders import register
 from tasks.junit import PASSED, JUnitError, parse_junit
 from tasks.models import EvalCase, InputError, Status, Verdict
 from tasks.patching import apply_patch
-from tasks.repos import RepoError, changed_paths, checkout, restore_paths, scan_tree
+from tasks.repos import RepoError, changed_paths, checkout, discard, restore_paths, scan_tree
 from tasks.safety import path_violations
-from tasks.sandbox import Limits, SandboxError, run_command
+from tasks.sandbox import Limits, SandboxError
 
 DEFAULT_TEST_FILES = ("tests/**", "test_*.py", "*_test.py", "conftest.py")
 # What decides how pytest starts (options, plugins, code run before any test), at any
@@ -92,6 +99,7 @@ class Params:
     timeout_s: float
     memory_mb: int
     disk_mb: int
+    environment: Environment | None = None  # None: the harness's interpreter, as before
 
 
 def _strings(grader: dict[str, Any], key: str, default: Any = ()) -> tuple[str, ...] | Any:
@@ -140,6 +148,8 @@ def parse_params(case: EvalCase) -> Params:
         )
     except (TypeError, ValueError):
         raise InputError("repo_tests: timeout_s, memory_mb and disk_mb must be numbers") from None
+    if disk_mb <= 0:
+        raise InputError("repo_tests: disk_mb must be positive")
     if g.get("test_patch") is not None and not isinstance(g["test_patch"], str):
         raise InputError("repo_tests: test_patch must be a diff")
     return Params(
@@ -155,6 +165,7 @@ def parse_params(case: EvalCase) -> Params:
         timeout_s=timeout_s,
         memory_mb=memory_mb,
         disk_mb=disk_mb,
+        environment=parse_environment(g.get("environment")),
     )
 
 
@@ -254,6 +265,12 @@ def _test_tree(tree: Path, params: Params, changed: dict, trace: dict, clock: _C
     """Restore test files, apply test_patch, run setup and the tests: the part of grading
     after the candidate's edits are on disk."""
     steps: list[str] = trace.setdefault("steps", [])
+    try:
+        with clock("environment"):
+            runtime = runtime_for(params.environment, params.repo, params.base_commit,
+                                  needs_pytest=params.test_cmd is None, trace=trace)
+    except EnvironmentFailed as exc:
+        return Verdict.fail(Status.error, str(exc))
     with clock("restore"):
         protected = {
             p: code
@@ -275,7 +292,7 @@ def _test_tree(tree: Path, params: Params, changed: dict, trace: dict, clock: _C
     for command in params.setup:
         with clock("setup"):
             try:
-                result = run_command(list(command), workdir=tree, limits=limits, env=TEST_ENV)
+                result = runtime.run(command, tree, limits, TEST_ENV)
             except SandboxError as exc:
                 return Verdict.fail(
                     Status.error, f"setup {shlex.join(command)} could not start: {exc}"
@@ -295,13 +312,14 @@ def _test_tree(tree: Path, params: Params, changed: dict, trace: dict, clock: _C
         with clock("disk"):
             grown = scan_tree(tree).bytes - before
         if grown > params.disk_mb << 20:
+            discard(tree)
             return Verdict.fail(
                 Status.error, f"setup wrote {grown >> 20} MB, over disk_mb={params.disk_mb}"
             )
-    return _run_tests(tree, params, limits, trace, clock)
+    return _run_tests(tree, params, limits, trace, clock, runtime)
 
 
-def _test_argv(params: Params, junit: Path) -> list[str]:
+def _test_argv(params: Params, junit: str, python: str) -> list[str]:
     # Whole test files, not single ids: one id pytest cannot find (or cannot parse, like a
     # parameter containing "::") would otherwise abort the run and hide every other result.
     files = list(
@@ -311,7 +329,7 @@ def _test_argv(params: Params, junit: Path) -> list[str]:
         return [
             # --rootdir=.: node ids relative to the tree even when it sits below a directory
             # with a pytest config of its own (EVALPIPE_HOME inside a project).
-            sys.executable, "-c", PYTEST_BOOT, "-q", "-p", "no:cacheprovider", "--rootdir=.",
+            python, "-c", PYTEST_BOOT, "-q", "-p", "no:cacheprovider", "--rootdir=.",
             "-o", "junit_family=xunit1", f"--junitxml={junit}", *files,
         ]  # fmt: skip
     argv: list[str] = []
@@ -319,27 +337,28 @@ def _test_argv(params: Params, junit: Path) -> list[str]:
         if arg == "{tests}":
             argv += files
         else:
-            argv.append(arg.replace("{junit}", str(junit)))
+            argv.append(arg.replace("{junit}", junit))
     return argv
 
 
-def _run_tests(tree: Path, params: Params, limits: Limits, trace: dict, clock: _Clock) -> Verdict:
+def _run_tests(
+    tree: Path, params: Params, limits: Limits, trace: dict, clock: _Clock, runtime: Runtime
+) -> Verdict:
     # The report goes to a directory made just now under a random name (no file from the
     # patch, nor one left by an earlier sample, can stand in for it), in the sandbox's copy
     # of the tree; the wrapper hands it back on `out`, a file only the harness can name.
     report_dir = tree / f".evalpipe-junit-{secrets.token_hex(8)}"
     report_dir.mkdir()
-    junit = report_dir / "report.xml"
+    junit = runtime.path(report_dir / "report.xml", tree)  # as the sandbox sees it
     with clock("disk"):
         scratch_mb = (scan_tree(tree).bytes >> 20) + 1 + params.disk_mb
     with tempfile.TemporaryFile(prefix="evalpipe-junit-") as out, clock("tests"):
         wrapper = REPORT_WRAPPER.format(fd=out.fileno())
-        argv = ["/bin/sh", "-c", wrapper, str(junit), *_test_argv(params, junit)]
+        argv = ["/bin/sh", "-c", wrapper, junit, *_test_argv(params, junit, runtime.python)]
         try:
-            result = run_command(
-                argv, workdir=tree, limits=limits, env=TEST_ENV,
-                scratch_mb=scratch_mb, pass_fds=(out.fileno(),),
-            )  # fmt: skip
+            result = runtime.run(
+                argv, tree, limits, TEST_ENV, scratch_mb=scratch_mb, pass_fds=(out.fileno(),)
+            )
         except SandboxError as exc:
             return Verdict.fail(Status.error, f"the test command could not start: {exc}")
         out.seek(0)
