@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import sys
 import time
 from contextlib import contextmanager
@@ -19,6 +20,7 @@ import typer
 
 from flows.output import json_doc
 from tasks.models import InputError, PlatformError
+from tasks.report import UNSAFE_NOTE
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -32,6 +34,8 @@ app.add_typer(suite_app, name="suite")
 suite_app.add_typer(import_app, name="import")
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print exactly one JSON document.")]
+UnsafeFlag = Annotated[bool, typer.Option(
+    "--unsafe-no-sandbox", help="Without bubblewrap, run the suite's code unprotected instead of refusing.")]
 
 
 def emit(doc: dict[str, Any], as_json: bool, human: str) -> None:
@@ -95,18 +99,22 @@ def suite_validate(
     path: SuiteArg,
     reps: Annotated[int, typer.Option("--reps", min=1, help="Gradings of each reference.")] = 3,
     workers: Annotated[int, typer.Option("--workers", min=1)] = 2,
+    unsafe_no_sandbox: UnsafeFlag = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Each reference must pass R/R times and the empty output must fail; exit 1 if not."""
     from tasks.dataset import load_suite_ref
+    from tasks.sandbox import run_sandbox_mode
 
-    load_suite_ref(path)  # bad input exits 2 before Prefect starts
+    suite = load_suite_ref(path)  # bad input exits 2 before Prefect starts
+    run_sandbox_mode((c.kind for c in suite.cases), unsafe_no_sandbox)
     from flows.prefect_api import prefect_api
 
     with prefect_api(as_json) as watch:
         from flows.validate import validate_suite
 
-        report = watch(validate_suite)(suite=path, reps=reps, workers=workers)
+        report = watch(validate_suite)(suite=path, reps=reps, workers=workers,
+                                       unsafe_no_sandbox=unsafe_no_sandbox)
     if as_json:
         typer.echo(json_doc(report))
     else:
@@ -183,13 +191,20 @@ def run(
         "--max-agent-errors", min=0.0, max=1.0, metavar="FRACTION",
         help="Exit 4 when more than this share of samples are agent_error: the agent is broken,"
              " so the numbers say nothing about the model.")] = 0.1,
+    unsafe_no_sandbox: UnsafeFlag = False,
+    max_output_bytes: Annotated[int | None, typer.Option(
+        "--max-output-bytes", min=1, help="Cap on each agent output (default 4 MB).")] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Sample, grade, store and aggregate a run of AGENT on SUITE.
 
     Exit 1 when the gate (--baseline) blocks, 4 when too many samples are agent_error."""
-    from tasks.agents import load_agent
+    from tasks.agents import MAX_OUTPUT_ENV, load_agent
+
+    if max_output_bytes:  # the setting every agent and worker process reads
+        os.environ[MAX_OUTPUT_ENV] = str(max_output_bytes)
     from tasks.dataset import resolve_suite
+    from tasks.sandbox import run_sandbox_mode
 
     ks = _parse_ks(k)
     if runner not in ("threads", "processes", "dask"):
@@ -202,6 +217,7 @@ def run(
     # The flow gets the suite pinned (a git branch as the commit read here), so it runs
     # exactly the suite that was checked, even if the branch moves meanwhile.
     suite_obj, pinned = resolve_suite(suite)
+    run_sandbox_mode((c.kind for c in suite_obj.cases), unsafe_no_sandbox)
     load_agent(agent)
     from storage import db
 
@@ -218,7 +234,8 @@ def run(
             summary = watch(evaluate)(suite=pinned, agent=agent, n=n, k=ks, seed=seed, baseline=baseline,
                                       min_pass_at_1=min_pass_at_1, max_drop=max_drop,
                                       runner=runner, workers=workers, dask_address=dask_address,
-                                      batch_size=batch_size, regrade=regrade)
+                                      batch_size=batch_size, regrade=regrade,
+                                      unsafe_no_sandbox=unsafe_no_sandbox)
         finally:
             progress_hook.reset(token)
     typer.echo(json_doc(summary) if as_json else _summary_text(summary))
@@ -310,6 +327,8 @@ def _summary_text(s: dict[str, Any]) -> str:
                  + ", ".join(f"{k} {v}" for k, v in sorted(s["status_counts"].items())))
     if "env_flaky_samples" in s:
         lines.append(f"environment flakes (same output, different verdicts): {s['env_flaky_samples']}")
+    if s.get("sandbox") == "unsafe-no-sandbox":
+        lines.insert(0, f"UNSAFE: {UNSAFE_NOTE}")
     if s["safety_failed"]:
         lines.append(f"SAFETY FAILED: {len(s['safety_violations'])} violation(s)")
         for v in s["safety_violations"][:10]:

@@ -34,6 +34,7 @@ from tasks.agents import load_agent
 from tasks.dataset import resolve_suite
 from tasks.models import EvalSuite
 from tasks.sampling import PlannedSample
+from tasks.sandbox import allowing_unsafe, run_sandbox_mode
 
 # Set by the CLI to draw a progress bar: called with (samples done, samples total).
 progress_hook: ContextVar[Callable[[int, int], None] | None] = ContextVar("progress_hook", default=None)
@@ -62,6 +63,7 @@ def evaluate(
     dask_address: str | None = None,
     batch_size: Annotated[int | None, Field(ge=1)] = None,
     regrade: Annotated[int, Field(ge=0, le=100)] = 0,
+    unsafe_no_sandbox: bool = False,
 ) -> dict[str, Any]:
     """Sample `n` outputs per case from `agent`, grade them, store and aggregate the run.
 
@@ -84,10 +86,13 @@ def evaluate(
         dask_address: Address of an existing Dask scheduler (runner=dask).
         batch_size: Cases per sampling task (default: automatic, at most 64 samples a task).
         regrade: Grade each output this many extra times to count environment flakes.
+        unsafe_no_sandbox: Without bubblewrap, run the suite's code (python_tests,
+            repo_tests, predicate) unprotected instead of refusing. Stated in the summary.
     """
     started = time.perf_counter()
     home = evalpipe_home()
     suite_obj, suite_source = resolve_suite(suite)
+    sandbox = run_sandbox_mode((c.kind for c in suite_obj.cases), unsafe_no_sandbox)
     agent_obj = load_agent(agent)
     workers = workers or os.cpu_count() or 1
     if baseline == PREVIOUS:
@@ -103,18 +108,20 @@ def evaluate(
         flow_run_id=str(flow_run.id) if flow_run.id else None,
         config={"runner": runner, "workers": workers, "batch_size": batch_size, "regrade": regrade,
                 "baseline": baseline, "min_pass_at_1": min_pass_at_1, "max_drop": max_drop,
-                "suite_ref": suite, "suite_source": suite_source},
+                "suite_ref": suite, "suite_source": suite_source, "sandbox": sandbox},
     )
     with db.recorded_run(spec, home):
         planned = run.plan(suite_obj, spec)
         reused, missing = run.pending(spec, planned, db.cached_samples([p.cache_key for p in planned], home))
         db.insert_samples(reused, home)
-        _draw(spec, suite_obj, agent_obj, missing, len(planned), home,
-              per_batch=(batch_size, workers), runner=(runner, workers, dask_address))
+        with allowing_unsafe(unsafe_no_sandbox):  # in the environment: process workers see it
+            _draw(spec, suite_obj, agent_obj, missing, len(planned), home,
+                  per_batch=(batch_size, workers), runner=(runner, workers, dask_address))
         summary = reduce_run(spec, suite_obj, str(home))
         if baseline:
             summary.gate = gate_runs(spec.run_id, baseline, min_pass_at_1=min_pass_at_1, max_drop=max_drop,
                                      home=home, safety_failed=summary.safety_failed)
+        summary.sandbox = sandbox
         summary.duration_s = round(time.perf_counter() - started, 3)
         db.finish_run(spec.run_id, "completed", summary, home)
     publish(summary, home)

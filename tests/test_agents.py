@@ -739,6 +739,25 @@ def test_outputs_over_the_cap_are_truncated_with_a_marker(
         load_agent("python:hostile.py:huge")
 
 
+def test_run_takes_the_output_cap_on_the_command_line(prefect_harness, home, hostile) -> None:
+    import duckdb
+
+    (hostile / "suite.yaml").write_text(
+        "name: cap\ncases:\n  - {id: c1, inputs: {question: q}, reference: x, grader: {kind: exact}}\n"
+    )
+    env = {**os.environ, "PREFECT_API_URL": prefect_harness, "PYTHONPATH": str(ROOT)}
+    args = ["run", "suite.yaml", "--agent", "python:hostile.py:huge", "--max-output-bytes", "100"]
+    done = subprocess.run(
+        [sys.executable, "-m", "flows.cli", *args, "--json"],
+        cwd=hostile, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    run_id = json.loads(done.stdout)["run_id"]
+    with duckdb.connect(str(home / "evalpipe.duckdb"), read_only=True) as con:
+        [(output,)] = con.execute("SELECT output FROM samples WHERE run_id = ?", [run_id]).fetchall()
+    assert output == "é" * 50 + truncation_marker(100)
+
+
 DAEMON_PY = """
 import json, pathlib, subprocess, sys
 json.load(sys.stdin)
@@ -760,9 +779,14 @@ def _gone(pid: int) -> bool:
         return True
 
 
+@pytest.mark.parametrize("cgroup", [True, False], ids=["cgroup", "no-cgroup"])
 def test_cmd_agent_leaves_nothing_behind_and_is_not_held_by_a_grandchild(
-    cwd: Path, monkeypatch: pytest.MonkeyPatch
+    cwd: Path, monkeypatch: pytest.MonkeyPatch, cgroup: bool
 ) -> None:
+    from tasks import agents
+
+    if not cgroup:  # a machine without a writable pids cgroup
+        monkeypatch.setattr(agents.PidsCgroup, "create", classmethod(lambda cls, n: None))
     (cwd / "daemon.py").write_text(DAEMON_PY)
     monkeypatch.setenv("EVALPIPE_AGENT_TIMEOUT_S", "20")
     output = load_agent(f"cmd:{sys.executable} daemon.py").generate(case(), ctx())

@@ -19,6 +19,7 @@ import duckdb
 import pytest
 
 from storage import db
+from tasks.run import RunSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 AGENTS = ROOT / "tests/support/agents.py"
@@ -98,13 +99,13 @@ def test_a_large_alias_bomb_is_refused_without_expanding_it(tmp_path):
 
 # --- the database file -----------------------------------------------------------------
 
-RUN = {"run_id": "r-old", "suite_version": "v" * 64, "suite_name": "toy", "agent": "reference",
-       "agent_fingerprint": "f", "n": 1, "ks": [1], "seed": 0}
+RUN = RunSpec(run_id="r-old", suite_version="v" * 64, suite_name="toy", agent="reference",
+              agent_fingerprint="f", n=1, ks=[1], seed=0)
 
 
 def stored_db(home: Path) -> Path:
     db.start_run(RUN, home)
-    db.finish_run(RUN["run_id"], "completed", {"pass_at_k": {"1": 1.0}}, home)
+    db.finish_run(RUN.run_id, "completed", None, home)
     return db.db_path(home)
 
 
@@ -170,7 +171,7 @@ def test_older_database_files_gain_the_owner_columns(tmp_path):
     con.execute("INSERT INTO runs (run_id, status, started_at) VALUES ('r-1', 'completed', now())")
     con.close()
     assert [r["status"] for r in db.list_runs(home)] == ["completed"]
-    db.start_run({**RUN, "run_id": "r-2"}, home)
+    db.start_run(RUN.model_copy(update={"run_id": "r-2"}), home)
     assert db.get_run("r-2", home)["pid"] == os.getpid()
     assert {r["run_id"]: r["status"] for r in db.list_runs(home)} == {"r-1": "completed", "r-2": "running"}
 
