@@ -34,8 +34,11 @@ def timed(args: list[str], env: dict[str, str]) -> float:
 
 def timed_out(args: list[str], env: dict[str, str]) -> tuple[float, str]:
     start = time.perf_counter()
-    out = subprocess.run(args, cwd=ROOT, env=env, check=True, stdout=subprocess.PIPE, text=True).stdout
-    return time.perf_counter() - start, out
+    proc = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if proc.returncode:
+        sys.exit(f"{' '.join(args)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+    return wall, proc.stdout
 
 
 def passed(summary: str) -> int:

@@ -7,7 +7,6 @@ Heavy imports (Prefect) happen inside the commands that need them, so `suite has
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import sys
@@ -522,12 +521,12 @@ _mount_judging()
 
 
 def _platform_error(exc: BaseException) -> PlatformError | None:
+    from storage import DISK_FULL_ERRNOS, disk_full
+
     if isinstance(exc, PlatformError):
         return exc
-    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        where = exc.filename or "a file"
-        return PlatformError(f"disk full writing {where}: what was stored before is kept;"
-                             " free space and run the same command again")
+    if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:
+        return disk_full(exc.filename or "a file")
     return None
 
 

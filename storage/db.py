@@ -28,7 +28,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from storage import evalpipe_home, process
+from storage import disk_full, evalpipe_home, process
 from tasks.models import EvalSuite, InputError, PlatformError
 from tasks.run import RunSpec, RunSummary
 from tasks.samples import SAMPLE_COLUMNS, SAMPLE_SCHEMA, sample_ddl
@@ -134,10 +134,7 @@ def _platform_errors(path: Path) -> Iterator[None]:
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         lowered = detail.lower()
         if "no space left on device" in lowered or "disk is full" in lowered:
-            raise PlatformError(
-                f"disk full writing {path}: what was stored before is kept; free space and run the"
-                " same command again (finished samples are reused)"
-            ) from None
+            raise disk_full(path) from None
         if any(word in lowered for word in _DAMAGED) or isinstance(
             exc, duckdb.SerializationException | duckdb.InternalException
         ):

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from tasks.input_limits import LimitedLoader, LimitError
 from tasks.jsonl import object_lines
 from tasks.models import EvalCase, EvalSuite, InputError
+from tasks.params import parameter_names
 
 
 class SuiteError(InputError):
@@ -131,7 +132,11 @@ def _build_case(raw: Any, defaults: dict[str, Any], where: str) -> EvalCase:
     # Suite-level settings are folded into each case so that a case describes itself
     # completely: its hash, and so the suite version, covers them.
     if "grader_defaults" in defaults:
-        data["grader"] = {**defaults["grader_defaults"], **data["grader"]}
+        # A default applies to the kinds that take it (a suite-wide `timeout_s` is not
+        # an unknown key of its `exact` cases).
+        kind_keys = parameter_names(data["grader"].get("kind"))
+        applicable = {k: v for k, v in defaults["grader_defaults"].items() if kind_keys is None or k in kind_keys}
+        data["grader"] = {**applicable, **data["grader"]}
     if "safety" in defaults and "safety" not in data:
         data["safety"] = defaults["safety"]
     try:
@@ -140,7 +145,8 @@ def _build_case(raw: Any, defaults: dict[str, Any], where: str) -> EvalCase:
         err = exc.errors()[0]
         field = ".".join(str(p) for p in err["loc"]) or "case"
         msg = err["msg"].removeprefix("Value error, ")
-        raise SuiteError(f"{where}: {field}: {msg}") from None
+        # Grader parameter messages name their own field (grader.KEY).
+        raise SuiteError(f"{where}: {msg}" if msg.startswith(f"{field}.") else f"{where}: {field}: {msg}") from None
 
 
 @dataclass(frozen=True)

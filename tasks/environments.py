@@ -36,10 +36,11 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import ValidationError
 
-from storage import evalpipe_home
+from tasks.home import evalpipe_home
 from tasks.models import InputError, canonical_json, sha256_hex
+from tasks.params import Environment
 from tasks.repos import RepoError, checkout, ensure_commit, mirror, source_of
 from tasks.sandbox import Limits, Mounts, SandboxError, SandboxResult, run_command
 
@@ -69,22 +70,6 @@ _DESCRIBE = (
     "            sys.version.split()[0], b if b and os.path.isdir(b) else '']\n"
 )
 _PROBE = _DESCRIBE + "print('\\n'.join(describe()))\n"
-
-
-class Environment(BaseModel):
-    """`repo_tests`' `environment` parameter (on the grader, or in `grader_defaults`)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    python: str | None = Field(default=None, min_length=1)  # default: the harness's
-    install: tuple[str, ...] = ()  # shell commands, run in order in the activated venv
-    setup_commit: str | None = Field(default=None, min_length=1)  # default: base_commit
-    timeout_s: float = Field(default=1800.0, gt=0)  # for the whole build
-
-    @field_validator("install", mode="before")
-    @classmethod
-    def _one_command(cls, value: Any) -> Any:
-        return [value] if isinstance(value, str) else value
 
 
 class EnvironmentFailed(Exception):

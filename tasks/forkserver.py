@@ -8,7 +8,8 @@ rlimits, a fresh working directory, a scrubbed environment, captured output with
 
 After each program the server kills everything that program left behind (`setsid`
 escapees included: the server is a child subreaper, so orphans come back to it, and in
-its own pid namespace `kill(-1)` reaches every process but itself and init).
+its own pid namespace `kill(-1)` reaches every process but itself and init), and, in the
+namespace, wipes its private `/tmp` and `/dev/shm` except the runtime bound in there.
 
 The program proves it ran to the end by copying a per-run nonce from fd 4 to fd 3 after
 the last statement returned; stdout cannot forge that.

@@ -13,6 +13,7 @@ import yaml
 
 from tasks.dataset import SuiteError, build_suite
 from tasks.environments import Environment, load_environment_map
+from tasks.input_limits import LimitError, parse_json
 from tasks.jsonl import object_lines
 from tasks.models import EvalSuite
 
@@ -48,8 +49,8 @@ def _test_list(value: Any, where: str, field: str) -> list[str]:
     # SWE-bench ships these as JSON-encoded strings in some releases and as lists in others.
     if isinstance(value, str):
         try:
-            value = json.loads(value) if value.strip() else []
-        except json.JSONDecodeError:
+            value = parse_json(value) if value.strip() else []
+        except (json.JSONDecodeError, LimitError):
             raise SuiteError(f"{where}: {field} is neither a list nor a JSON-encoded list") from None
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise SuiteError(f"{where}: {field} must be a list of test ids")

@@ -11,15 +11,9 @@ import json
 from enum import StrEnum
 from typing import Any
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    PrivateAttr,
-    computed_field,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+
+from tasks.params import Params, grader_params
 
 
 class InputError(ValueError):
@@ -44,24 +38,6 @@ class Status(StrEnum):
     timeout = "timeout"
     error = "error"  # the grader or its environment failed
     agent_error = "agent_error"  # the agent raised or exited non-zero
-
-
-# The grader kinds a suite may name (docs/contract.md §4). Kept here, at the bottom of the import
-# graph, so the dataset can validate suites without importing the graders themselves.
-GRADER_KINDS: frozenset[str] = frozenset(
-    {
-        "exact",
-        "contains",
-        "regex",
-        "numeric",
-        "json",
-        "predicate",
-        "python_tests",
-        "repo_tests",
-        "judge",
-        "human",
-    }
-)
 
 
 def canonical_json(value: Any) -> bytes:
@@ -124,19 +100,23 @@ class EvalCase(_Frozen):
 
     @field_validator("grader")
     @classmethod
-    def _known_kind(cls, value: dict[str, Any]) -> dict[str, Any]:
-        kind = value.get("kind")
-        if not isinstance(kind, str):
-            raise ValueError("grader needs a 'kind'")
-        if kind not in GRADER_KINDS:
-            raise ValueError(
-                f"unknown grader kind {kind!r} (known: {', '.join(sorted(GRADER_KINDS))})"
-            )
+    def _typed_params(cls, value: dict[str, Any]) -> dict[str, Any]:
+        # Checked, not replaced: the mapping as written is what the case hash covers.
+        grader_params(value)
         return value
 
     @property
     def kind(self) -> str:
         return self.grader["kind"]
+
+    @property
+    def params(self) -> Params:
+        """The grader's typed parameters, defaults filled in. Read from `grader` each
+        time, so a copy with other parameters (`model_copy`) is checked too."""
+        try:
+            return grader_params(self.grader)
+        except ValueError as exc:
+            raise InputError(f"case {self.id!r}: {exc}") from None
 
     def content(self) -> dict[str, Any]:
         """The case as plain JSON data: what is hashed and what is stored."""
@@ -230,18 +210,3 @@ class Sample(_Frozen):
     trace: dict[str, Any] = Field(default_factory=dict)
     duration_s: float = 0.0
     cached: bool = False
-
-
-class CaseResult(_Frozen):
-    case_id: str
-    samples: tuple[Sample, ...]
-
-    @computed_field
-    @property
-    def n(self) -> int:
-        return len(self.samples)
-
-    @computed_field
-    @property
-    def c(self) -> int:
-        return sum(s.verdict.passed for s in self.samples)

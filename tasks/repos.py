@@ -27,7 +27,7 @@ from pathlib import Path
 
 import git
 
-from storage import evalpipe_home
+from tasks.home import evalpipe_home
 from tasks.models import InputError, sha256_hex
 
 # No credential prompts: a URL that needs them fails instead of hanging a worker.

@@ -118,9 +118,12 @@ def draw_sample(
     ctx = AgentContext(case_id=case.id, index=planned.index, seed=planned.seed, n=n)
     trace: dict = {}
     try:
-        raw = agent.generate(case, ctx) if planned.output is None else planned.output
-        output, notes = bounded_output(raw, max_output_bytes() if cap is None else cap)
-        trace.update(notes)
+        if planned.output is None:
+            raw = agent.generate(case, ctx)
+            output, notes = bounded_output(raw, max_output_bytes() if cap is None else cap)
+            trace.update(notes)
+        else:  # stored, so bounded when it was drawn: a second cut would add a second marker
+            output = planned.output
     except AgentError as exc:
         output = ""
         verdict = Verdict.fail(Status.agent_error, f"agent failed: {exc}")

@@ -734,6 +734,9 @@ def test_outputs_over_the_cap_are_truncated_with_a_marker(
         assert sample.trace["output_truncated"]["cap_bytes"] == 1001
         assert sample.trace["output_truncated"]["bytes"] > 1001
         assert sample.verdict.status is Status.failed  # graded, as truncated
+        stored = PlannedSample("c1", 0, 7, "key", case().case_hash, output=sample.output)
+        regraded = draw_sample(None, case(), stored, 1, cap=1001)  # `--regrade`
+        assert regraded.output == sample.output and "output_truncated" not in regraded.trace
     monkeypatch.setenv("EVALPIPE_MAX_OUTPUT_BYTES", "4MB")
     with pytest.raises(InputError, match="EVALPIPE_MAX_OUTPUT_BYTES='4MB' is not a whole"):
         load_agent("python:hostile.py:huge")

@@ -113,9 +113,10 @@ def test_spec_is_checked_and_named() -> None:
         parse_environment(["pip install ."])
 
 
-def test_a_bad_spec_is_an_error_verdict(repo) -> None:
-    verdict = grade(GOLD, make_case(repo, environment={"install": {"a": 1}}))
-    assert verdict.status is Status.error and "environment: install" in verdict.detail
+def test_a_bad_spec_is_refused_when_the_case_is_made(repo) -> None:
+    # Grader parameters are typed and checked when the suite loads (not an error verdict later).
+    with pytest.raises(ValueError, match="grader.environment.install"):
+        make_case(repo, environment={"install": {"a": 1}})
 
 
 def test_suite_level_default(tmp_path: Path, repo) -> None:

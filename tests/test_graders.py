@@ -83,21 +83,38 @@ def test_number_parsing(text: str, number: float | None) -> None:
     "bad",
     [
         case("exact"),  # no reference
-        case("regex", pattern="("),
-        case("regex"),
         case("numeric", "many"),
         case("numeric", True),
-        case("numeric", 1, abs_tol=-1),
         case("json", {"a": 1}, fields=["b"]),
-        case("exact", "x", normalize="yes"),
         case("predicate", function="no_such_module_xyz:fn"),
-        case("predicate"),
     ],
 )
 def test_malformed_grader_specs_are_errors(bad: EvalCase) -> None:
     verdict = grade("1", bad)
     assert verdict.status is Status.error and not verdict.passed
     assert verdict.detail
+
+
+@pytest.mark.parametrize(
+    ("kind", "params", "field"),
+    [
+        ("regex", {"pattern": "("}, "grader.pattern: invalid regex"),
+        ("regex", {}, "grader.pattern: required"),
+        ("numeric", {"abs_tol": -1}, "grader.abs_tol"),
+        ("exact", {"normalize": "yes"}, "grader.normalize"),
+        ("exact", {"normalise": True}, "grader.normalise: not a parameter of exact graders"),
+        ("predicate", {}, "grader.function: required"),
+    ],
+)
+def test_malformed_grader_parameters_are_refused_when_the_case_is_made(kind, params, field) -> None:
+    with pytest.raises(ValueError, match=field):
+        case(kind, "1", **params)
+
+
+def test_a_copied_case_with_bad_parameters_still_grades_as_an_error() -> None:
+    bad = case("regex", pattern="a").model_copy(update={"grader": {"kind": "regex"}})
+    verdict = grade("a", bad)
+    assert verdict.status is Status.error and "grader.pattern: required" in verdict.detail
 
 
 PREDICATES = """

@@ -270,3 +270,15 @@ def test_disk_full_keeps_what_was_stored(prefect_harness, tmp_path, small_disk):
     proc = cli(args, env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout)["cached_samples"] == stored
+
+
+def test_disk_full_snapshot_is_one_line_and_leaves_no_part(tmp_path, small_disk):
+    home = small_disk / "home"
+    (small_disk / "filler").write_bytes(b"\0" * (3 * 2**20 - 64 * 2**10))
+    path = tmp_path / "big.jsonl"
+    path.write_text("".join(json.dumps({"id": f"c{i}", "grader": {"kind": "exact"}, "reference": os.urandom(20_000).hex()})
+                            + "\n" for i in range(30)))
+    env = {**os.environ, "EVALPIPE_HOME": str(home)}
+    line = one_line_failure(cli(["suite", "snapshot", str(path)], env), 3)
+    assert line.startswith(f"evalpipe: disk full writing {home / 'snapshots'}")
+    assert tree(home) == {}

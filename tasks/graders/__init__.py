@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.models import EvalCase, InputError, Status, Verdict, canonical_json, sha256_hex
+from tasks.params import GRADER_PARAMS
 from tasks.safety import output_violations
 
 GraderFn = Callable[[str, EvalCase, dict], Verdict]
@@ -41,6 +42,9 @@ def register(
     """Decorator: make `fn` the grader for `kind`. `version` is the grader code version,
     part of `grader_fingerprint`; `fingerprint(case)` may add JSON-able content the verdict
     depends on (it must not raise for a well-formed case)."""
+
+    if kind not in GRADER_PARAMS:  # the kinds, and their parameters, are listed in one place
+        raise ValueError(f"grader kind {kind!r} has no parameter model in tasks.params")
 
     def decorate(fn: GraderFn) -> GraderFn:
         _REGISTRY[kind] = _Entry(fn=fn, version=version, fingerprint=fingerprint)
@@ -121,12 +125,6 @@ def file_hash(path: str) -> str:
     return sha256_hex(Path(path).read_bytes()) if path and Path(path).is_file() else ""
 
 
-# The built-in graders register themselves on import. Modules added later by other
-# stages (repo_tests, judge, human) are imported only where they exist.
-for _name in ("assertions", "predicate", "python_tests", "judge", "human"):
+# The built-in graders register themselves on import.
+for _name in ("assertions", "predicate", "python_tests", "repo_tests", "judge", "human"):
     importlib.import_module(f"{__name__}.{_name}")
-try:
-    importlib.import_module(f"{__name__}.repo_tests")
-except ImportError as _exc:
-    if getattr(_exc, "name", None) != f"{__name__}.repo_tests":
-        raise

@@ -1,8 +1,9 @@
 """Assertion graders: exact, contains, regex, numeric, json (docs/contract.md §4).
 
-Pure functions of (output, case). A malformed grader spec (no reference, a bad regex, a
-negative tolerance) raises `InputError`, which `grade` turns into `status: error`; an
-output that merely fails the assertion is `failed`.
+Pure functions of (output, case). Parameters are checked when the suite loads
+(`tasks.params`); what depends on the reference (none given, a `fields` key missing from
+it) raises `InputError`, which `grade` turns into `status: error`; an output that merely
+fails the assertion is `failed`.
 """
 
 from __future__ import annotations
@@ -29,13 +30,6 @@ def _reference_text(case: EvalCase) -> str:
     return ref if isinstance(ref, str) else canonical_json(ref).decode()
 
 
-def _flag(case: EvalCase, name: str, default: bool) -> bool:
-    value = case.grader.get(name, default)
-    if not isinstance(value, bool):
-        raise InputError(f"case {case.id!r}: grader.{name} must be true or false, got {value!r}")
-    return value
-
-
 def _preview(text: str, limit: int = 80) -> str:
     return repr(text if len(text) <= limit else text[:limit] + "…")
 
@@ -48,7 +42,7 @@ def normalize_text(text: str) -> str:
 @register("exact")
 def exact(output: str, case: EvalCase, trace: dict) -> Verdict:
     ref = _reference_text(case)
-    if _flag(case, "normalize", False):
+    if case.params.normalize:
         output, ref = normalize_text(output), normalize_text(ref)
     return _verdict(output == ref, f"expected {_preview(ref)}, got {_preview(output)}")
 
@@ -56,7 +50,7 @@ def exact(output: str, case: EvalCase, trace: dict) -> Verdict:
 @register("contains")
 def contains(output: str, case: EvalCase, trace: dict) -> Verdict:
     ref = _reference_text(case)
-    if not _flag(case, "case_sensitive", True):
+    if not case.params.case_sensitive:
         output, ref = output.casefold(), ref.casefold()
     found = ref in output
     return _verdict(found, f"{_preview(ref)} {'found' if found else 'not found'} in output")
@@ -64,10 +58,7 @@ def contains(output: str, case: EvalCase, trace: dict) -> Verdict:
 
 @register("regex")
 def regex(output: str, case: EvalCase, trace: dict) -> Verdict:
-    pattern = case.grader.get("pattern")
-    if not isinstance(pattern, str):
-        raise InputError(f"case {case.id!r}: regex grader needs a string 'pattern'")
-    full = _flag(case, "fullmatch", False)
+    pattern, full = case.params.pattern, case.params.fullmatch
     rx = compile_pattern(pattern, f"case {case.id!r}: grader.pattern")
     hit = rx.fullmatch(output) if full else rx.search(output)
     how = "fully matches" if full else "matches"
@@ -122,18 +113,10 @@ def _reference_number(case: EvalCase) -> float:
     raise InputError(f"case {case.id!r}: numeric grader needs a number reference, got {ref!r}")
 
 
-def _tolerance(case: EvalCase, name: str, default: float) -> float:
-    value = case.grader.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-        raise InputError(f"case {case.id!r}: grader.{name} must be a number >= 0, got {value!r}")
-    return float(value)
-
-
 @register("numeric")
 def numeric(output: str, case: EvalCase, trace: dict) -> Verdict:
     ref = _reference_number(case)
-    abs_tol = _tolerance(case, "abs_tol", 0.0)
-    rel_tol = _tolerance(case, "rel_tol", 1e-9)
+    abs_tol, rel_tol = case.params.abs_tol, case.params.rel_tol
     got = parse_number(output)
     trace.setdefault("grader_steps", []).append({"numeric": {"parsed": got, "reference": ref}})
     if got is None:
@@ -167,11 +150,7 @@ def parse_json(output: str) -> Any:
 @register("json")
 def json_grader(output: str, case: EvalCase, trace: dict) -> Verdict:
     ref = case.reference
-    fields = case.grader.get("fields")
-    if fields is not None and (
-        not isinstance(fields, list) or not all(isinstance(f, str) for f in fields)
-    ):
-        raise InputError(f"case {case.id!r}: grader.fields must be a list of keys")
+    fields = case.params.fields
     if fields is not None and (not isinstance(ref, dict) or set(fields) - set(ref)):
         raise InputError(
             f"case {case.id!r}: grader.fields must all be keys of the reference object"

@@ -113,24 +113,9 @@ class JudgeError(Exception):
 
 
 def judge_params(case: EvalCase) -> tuple[str, str | None, int, dict[str, Any]]:
-    """(function, rubric, samples, params) from a case's grader; `InputError` if malformed."""
-    g = case.grader
-    where = f"case {case.id!r}: judge grader"
-    spec, rubric, samples, params = (
-        g.get("function"),
-        g.get("rubric"),
-        g.get("samples", 1),
-        g.get("params", {}),
-    )
-    if not isinstance(spec, str) or not spec:
-        raise InputError(f"{where} needs 'function' (MODULE:FUNC or openai:MODEL)")
-    if rubric is not None and not isinstance(rubric, str):
-        raise InputError(f"{where}: 'rubric' must be a string template")
-    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
-        raise InputError(f"{where}: 'samples' must be an integer >= 1, got {samples!r}")
-    if not isinstance(params, dict):
-        raise InputError(f"{where}: 'params' must be a mapping")
-    return spec, rubric, samples, params
+    """(function, rubric, samples, params) from a case's grader."""
+    p = case.params
+    return p.function, p.rubric, p.samples, p.params
 
 
 def load_judge(

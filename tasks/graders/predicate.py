@@ -22,13 +22,6 @@ from tasks.models import EvalCase, InputError, Status, Verdict
 from tasks.sandbox import SandboxError, ServerDied, call_in_sandbox
 
 
-def _function(case: EvalCase) -> str:
-    ref = case.grader.get("function")
-    if not isinstance(ref, str):
-        raise InputError(f"case {case.id!r}: predicate grader needs 'function' (MODULE:FUNC)")
-    return ref
-
-
 def _call(ref: str, request: dict) -> dict:
     base = Path.cwd()
     reply = call_in_sandbox(ref, base, source_dirs(ref, base), request)
@@ -38,12 +31,12 @@ def _call(ref: str, request: dict) -> dict:
 
 
 def _code_hash(case: EvalCase) -> str:
-    return _call(_function(case), {"op": "hash"})["code_sha256"]
+    return _call(case.params.function, {"op": "hash"})["code_sha256"]
 
 
 @register("predicate", fingerprint=_code_hash)
 def predicate(output: str, case: EvalCase, trace: dict) -> Verdict:
-    ref = _function(case)
+    ref = case.params.function
     try:
         reply = _call(ref, {"output": output, "case": case.model_dump(mode="json")})
     except ServerDied as exc:

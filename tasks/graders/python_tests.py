@@ -5,7 +5,8 @@ when the per-run completion nonce came back, which the child writes after the la
 statement (`check(...)`) returned: exit status 0, `sys.exit(0)`, `os._exit(0)` or
 printing "passed" never pass. Statuses: `passed`, `failed` (assertion, exception, wrong
 answer, exited early, killed its own server), `timeout`, `error` (no sandbox could be
-started), `empty` (blank output, not run).
+started, or bubblewrap is missing and the run did not allow running without it), `empty`
+(blank output, not run).
 """
 
 from __future__ import annotations
@@ -18,28 +19,14 @@ _TAIL = 2000
 
 
 def _limits(case: EvalCase) -> Limits:
-    timeout = case.grader.get("timeout_s", 10.0)
-    memory = case.grader.get("memory_mb", 2048)
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
-        raise InputError(
-            f"case {case.id!r}: grader.timeout_s must be a number > 0, got {timeout!r}"
-        )
-    if isinstance(memory, bool) or not isinstance(memory, int) or memory < 16:
-        raise InputError(
-            f"case {case.id!r}: grader.memory_mb must be an integer >= 16, got {memory!r}"
-        )
-    return Limits(timeout_s=float(timeout), memory_mb=memory)
+    return Limits(timeout_s=case.params.timeout_s, memory_mb=case.params.memory_mb)
 
 
 def build_program(output: str, case: EvalCase) -> str:
-    entry_point = case.grader.get("entry_point")
-    test = case.grader.get("test")
     prompt = case.inputs.get("prompt", "")
-    if not isinstance(entry_point, str) or not entry_point.isidentifier():
-        raise InputError(f"case {case.id!r}: grader.entry_point must be a function name")
-    if not isinstance(test, str) or not isinstance(prompt, str):
-        raise InputError(f"case {case.id!r}: grader.test and inputs.prompt must be strings")
-    return f"{prompt}{output}\n\n{test}\n\ncheck({entry_point})\n"
+    if not isinstance(prompt, str):
+        raise InputError(f"case {case.id!r}: inputs.prompt must be a string")
+    return f"{prompt}{output}\n\n{case.params.test}\n\ncheck({case.params.entry_point})\n"
 
 
 def _tail(data: bytes) -> str:

@@ -26,13 +26,11 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from tasks.environments import (
     Environment,
     EnvironmentFailed,
     Runtime,
-    parse_environment,
     runtime_for,
 )
 from tasks.graders import register
@@ -53,9 +51,6 @@ RUNNER_FILES = (
     "sitecustomize.py", "usercustomize.py", "*.pth",
 )  # fmt: skip
 RUNNER_DIRS = ("*.dist-info", "*.egg-info")
-DEFAULT_TIMEOUT_S = 600.0
-DEFAULT_MEMORY_MB = 4096
-DEFAULT_DISK_MB = 1024
 # A JUnit report larger than this is not read (a few MB covers the largest suites).
 JUNIT_CAP_BYTES = 64 << 20
 # pytest started so that nothing in the tree can be imported before pytest and its
@@ -102,70 +97,26 @@ class Params:
     environment: Environment | None = None  # None: the harness's interpreter, as before
 
 
-def _strings(grader: dict[str, Any], key: str, default: Any = ()) -> tuple[str, ...] | Any:
-    value = grader.get(key, default)
-    if value is default:
-        return default
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
-        raise InputError(f"repo_tests: {key} must be a list of strings")
-    return tuple(value)
-
-
-def _command(value: Any, key: str) -> tuple[str, ...]:
-    if isinstance(value, str):
-        return tuple(shlex.split(value))
-    if isinstance(value, list | tuple) and value and all(isinstance(v, str) for v in value):
-        return tuple(value)
-    raise InputError(f"repo_tests: {key} must be a command string or a list of arguments")
-
-
 def parse_params(case: EvalCase) -> Params:
-    """The grader's parameters, checked; raises `InputError` naming the bad one."""
-    g = case.grader
-    for key in ("repo", "base_commit"):
-        if not isinstance(g.get(key), str) or not g[key]:
-            raise InputError(f"repo_tests: {key!r} is required")
-    f2p, p2p = _strings(g, "fail_to_pass"), _strings(g, "pass_to_pass")
-    if not f2p and not p2p:
+    """The grader's parameters (typed when the suite loaded); raises `InputError` for what
+    only a combination of them makes wrong."""
+    g = case.params
+    if not g.fail_to_pass and not g.pass_to_pass:
         raise InputError("repo_tests: fail_to_pass and pass_to_pass are both empty")
-    test_cmd = g.get("test_cmd")
-    if test_cmd is not None:
-        test_cmd = _command(test_cmd, "test_cmd")
-        if not any("{junit}" in arg for arg in test_cmd):
-            raise InputError("repo_tests: test_cmd must write JUnit XML to {junit}")
-    setup = g.get("setup") or []
-    if isinstance(setup, str):
-        setup = [setup]
-    if not isinstance(setup, list | tuple):
-        raise InputError("repo_tests: setup must be a list of commands")
-    try:
-        timeout_s, memory_mb, disk_mb = (
-            float(g.get("timeout_s", DEFAULT_TIMEOUT_S)),
-            int(g.get("memory_mb", DEFAULT_MEMORY_MB)),
-            int(g.get("disk_mb", DEFAULT_DISK_MB)),
-        )
-    except (TypeError, ValueError):
-        raise InputError("repo_tests: timeout_s, memory_mb and disk_mb must be numbers") from None
-    if disk_mb <= 0:
-        raise InputError("repo_tests: disk_mb must be positive")
-    if g.get("test_patch") is not None and not isinstance(g["test_patch"], str):
-        raise InputError("repo_tests: test_patch must be a diff")
     return Params(
-        repo=g["repo"],
-        base_commit=g["base_commit"],
-        fail_to_pass=f2p,
-        pass_to_pass=p2p,
-        allowed_files=_strings(g, "allowed_files", None),
-        test_files=_strings(g, "test_files", DEFAULT_TEST_FILES),
-        test_patch=g.get("test_patch") or None,
-        test_cmd=test_cmd,
-        setup=tuple(_command(c, "setup") for c in setup),
-        timeout_s=timeout_s,
-        memory_mb=memory_mb,
-        disk_mb=disk_mb,
-        environment=parse_environment(g.get("environment")),
+        repo=g.repo,
+        base_commit=g.base_commit,
+        fail_to_pass=tuple(g.fail_to_pass),
+        pass_to_pass=tuple(g.pass_to_pass),
+        allowed_files=None if g.allowed_files is None else tuple(g.allowed_files),
+        test_files=DEFAULT_TEST_FILES if g.test_files is None else tuple(g.test_files),
+        test_patch=g.test_patch or None,
+        test_cmd=None if g.test_cmd is None else tuple(g.test_cmd),
+        setup=tuple(tuple(c) for c in g.setup or ()),
+        timeout_s=g.timeout_s,
+        memory_mb=g.memory_mb,
+        disk_mb=g.disk_mb,
+        environment=g.environment,
     )
 
 

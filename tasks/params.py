@@ -1,0 +1,203 @@
+"""Grader parameters (docs/contract.md §4): one model per kind, and the one registry of kinds.
+
+A suite's cases are checked against these when the suite loads, so an unknown or
+misspelt key, a missing required one or a mistyped value is bad input naming the case and
+the field, not a column of `error` samples at run time. The models only check: the case
+keeps, and hashes, its grader mapping exactly as written (so no suite version moves), and
+graders read their values through `grader_params(kind, mapping)`, defaults filled in.
+
+Numbers are read as numbers wherever they are written as such ("10" is 10); flags must be
+true or false (a "yes" is too easily a typo for something else).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from typing import Annotated, Any
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    ValidationError,
+    field_validator,
+)
+
+
+def _not_bool(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError("expected a number, not true/false")
+    return value
+
+
+Number = Annotated[float, BeforeValidator(_not_bool)]
+Integer = Annotated[int, BeforeValidator(_not_bool)]
+NonEmpty = Annotated[str, Field(min_length=1)]
+
+
+def _listed(value: Any) -> Any:
+    return [value] if isinstance(value, str) else value
+
+
+# A list of strings, or one string for a list of one.
+Strings = Annotated[list[str], BeforeValidator(_listed)]
+
+
+class Params(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ExactParams(Params):
+    normalize: StrictBool = False
+
+
+class ContainsParams(Params):
+    case_sensitive: StrictBool = True
+
+
+class RegexParams(Params):
+    pattern: str
+    fullmatch: StrictBool = False
+
+    @field_validator("pattern")
+    @classmethod
+    def _compiles(cls, pattern: str) -> str:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ValueError(f"invalid regex {pattern!r}: {exc}") from None
+        return pattern
+
+
+class NumericParams(Params):
+    abs_tol: Annotated[Number, Field(ge=0)] = 0.0
+    rel_tol: Annotated[Number, Field(ge=0)] = 1e-9
+
+
+class JsonParams(Params):
+    fields: list[str] | None = None
+
+
+class PredicateParams(Params):
+    function: NonEmpty
+
+
+class PythonTestsParams(Params):
+    entry_point: str
+    test: str
+    timeout_s: Annotated[Number, Field(gt=0)] = 10.0
+    memory_mb: Annotated[Integer, Field(ge=16)] = 2048
+
+    @field_validator("entry_point")
+    @classmethod
+    def _identifier(cls, name: str) -> str:
+        if not name.isidentifier():
+            raise ValueError(f"must be a function name, got {name!r}")
+        return name
+
+
+class Environment(Params):
+    """`repo_tests`' `environment` parameter (on the grader, or in `grader_defaults`)."""
+
+    python: str | None = Field(default=None, min_length=1)  # default: the harness's
+    install: tuple[str, ...] = ()  # shell commands, run in order in the activated venv
+    setup_commit: str | None = Field(default=None, min_length=1)  # default: base_commit
+    timeout_s: float = Field(default=1800.0, gt=0)  # for the whole build
+
+    @field_validator("install", mode="before")
+    @classmethod
+    def _one_command(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+
+def _command(value: Any) -> Any:
+    return shlex.split(value) if isinstance(value, str) else value
+
+
+Command = Annotated[list[str], BeforeValidator(_command), Field(min_length=1)]
+
+
+class RepoTestsParams(Params):
+    repo: NonEmpty
+    base_commit: NonEmpty
+    fail_to_pass: Strings = []
+    pass_to_pass: Strings = []
+    allowed_files: Strings | None = None  # None: every path may be edited
+    test_files: Strings | None = None  # None: the grader's defaults
+    test_patch: str | None = None
+    test_cmd: Command | None = None  # None: pytest writing JUnit XML
+    setup: Annotated[list[Command], BeforeValidator(_listed)] | None = None
+    timeout_s: Annotated[Number, Field(gt=0)] = 600.0
+    memory_mb: Annotated[Integer, Field(ge=16)] = 4096
+    disk_mb: Annotated[Integer, Field(ge=1)] = 1024
+    environment: Environment | None = None
+
+    @field_validator("test_cmd")
+    @classmethod
+    def _writes_junit(cls, cmd: list[str] | None) -> list[str] | None:
+        if cmd is not None and not any("{junit}" in arg for arg in cmd):
+            raise ValueError("must write JUnit XML to {junit}")
+        return cmd
+
+
+class JudgeParams(Params):
+    function: NonEmpty  # MODULE:FUNC, path.py:FUNC or openai:MODEL
+    rubric: str | None = None
+    samples: Annotated[Integer, Field(ge=1)] = 1
+    params: dict[str, Any] = {}  # extra request fields for openai: judges
+
+
+class HumanParams(Params):
+    pass
+
+
+# The grader kinds a suite may name, each with its parameters. Graders register their
+# code against these kinds (`tasks.graders.register`); nothing else lists kinds.
+GRADER_PARAMS: dict[str, type[Params]] = {
+    "exact": ExactParams,
+    "contains": ContainsParams,
+    "regex": RegexParams,
+    "numeric": NumericParams,
+    "json": JsonParams,
+    "predicate": PredicateParams,
+    "python_tests": PythonTestsParams,
+    "repo_tests": RepoTestsParams,
+    "judge": JudgeParams,
+    "human": HumanParams,
+}
+
+
+def parameter_names(kind: Any) -> frozenset[str] | None:
+    """The parameters a kind takes (None for an unknown kind)."""
+    model = GRADER_PARAMS.get(kind) if isinstance(kind, str) else None
+    return None if model is None else frozenset(model.model_fields)
+
+
+def grader_params(grader: dict[str, Any]) -> Params:
+    """The typed parameters of a grader mapping (`kind` and its parameters). Raises
+    `ValueError` with one line naming the field: unknown kind, unknown key, missing
+    required key, or a value of the wrong type."""
+    kind = grader.get("kind")
+    if not isinstance(kind, str):
+        raise ValueError("grader needs a 'kind'")
+    model = GRADER_PARAMS.get(kind)
+    if model is None:
+        raise ValueError(f"unknown grader kind {kind!r} (known: {', '.join(sorted(GRADER_PARAMS))})")
+    try:
+        return model.model_validate({k: v for k, v in grader.items() if k != "kind"})
+    except ValidationError as exc:
+        raise ValueError(_one_line(kind, model, exc.errors()[0])) from None
+
+
+def _one_line(kind: str, model: type[Params], err: dict[str, Any]) -> str:
+    field = "grader." + ".".join(str(p) for p in err["loc"])
+    if err["type"] == "extra_forbidden":
+        known = f" (known: {', '.join(model.model_fields) or 'none'})" if len(err["loc"]) == 1 else ""
+        return f"{field}: not a parameter of {kind} graders{known}"
+    if err["type"] == "missing":
+        return f"{field}: required by {kind} graders"
+    msg = err["msg"].removeprefix("Value error, ")
+    return f"{field}: {msg}, got {err['input']!r}"
