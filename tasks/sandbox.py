@@ -1,4 +1,4 @@
-"""The sandbox for every piece of candidate code (SPEC §4, last paragraph).
+"""The sandbox for every piece of candidate code (docs/contract.md §4, last paragraph).
 
 Two entry points with the same guarantees (see docs/sandbox.md for exactly which):
 - `run_command(argv, ...)`: one command in a work directory (repo_tests runs pytest so).

@@ -1,4 +1,4 @@
-"""The injected agents (SPEC §5): every scheme on real files, processes and HTTP servers."""
+"""The injected agents (docs/contract.md §5): every scheme on real files, processes and HTTP servers."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Content addressing (SPEC §1.1) and suite-file validation (SPEC §3)."""
+"""Content addressing (docs/contract.md §1.1) and suite-file validation (docs/contract.md §3)."""
 
 from __future__ import annotations
 
