@@ -73,9 +73,10 @@ def main() -> None:
         runtime_for(spec, str(repo), sha, needs_pytest=True)
         cold = time.perf_counter() - start
 
-        probe = (
-            "import sys, time; sys.path.insert(0, sys.argv[1]); t = time.perf_counter();"
+        probe = (  # imports first: a run has them loaded anyway
+            "import sys, time; sys.path.insert(0, sys.argv[1]);"
             "from tasks.environments import parse_environment, runtime_for;"
+            "from tasks.sandbox import bwrap_available; bwrap_available(); t = time.perf_counter();"
             f"runtime_for(parse_environment({pricing.OFFLINE_ENVIRONMENT!r}), {str(repo)!r}, {sha!r},"
             " needs_pytest=True); print(time.perf_counter() - t)"
         )

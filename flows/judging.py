@@ -7,7 +7,6 @@ other flows call directly. The lead mounts the apps in `flows/cli.py`.
 
 from __future__ import annotations
 
-import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
+from flows.output import json_doc
 from tasks.models import InputError
 from tasks.report import with_ci
 
@@ -43,10 +43,7 @@ def _home(home: Path | None) -> Path:
 def _stored_run(run_id: str, home: Path) -> dict[str, Any]:
     from storage import db
 
-    run = db.get_run(run_id, home)
-    if run is None:
-        raise InputError(f"run {run_id!r}: no such run in {db.db_path(home)}")
-    return run
+    return db.find_run(run_id, home)
 
 
 def _run_suite(run: dict[str, Any], home: Path):
@@ -198,7 +195,7 @@ def calibrate_cmd(
         suite, labels, judge=judge, rubric=_read_rubric(rubric), samples=samples, oracle=oracle
     )
     if as_json:
-        typer.echo(json.dumps(doc))
+        typer.echo(json_doc(doc))
         return
     c = doc["confusion"]
     typer.echo(
@@ -236,6 +233,7 @@ def compare_runs(
 
     home = _home(home)
     a, b = _stored_run(run_a, home), _stored_run(run_b, home)
+    run_a, run_b = a["run_id"], b["run_id"]
     cases = {c.case_hash: c for c in _run_suite(a, home).cases}
     pairs = pair_samples(db.run_samples(run_a, home), db.run_samples(run_b, home), cases)
     if not pairs:
@@ -262,7 +260,7 @@ def compare(
     with a CI, ties, and order-inconsistent pairs (position bias)."""
     doc = compare_runs(run_a, run_b, judge, rubric=_read_rubric(rubric))
     if as_json:
-        typer.echo(json.dumps(doc))
+        typer.echo(json_doc(doc))
         return
     ci = doc["win_rate_a_ci"]
     bias = doc["position_bias"]
@@ -291,6 +289,7 @@ def export_labels(run_id: str, out: Path, home: Path | None = None) -> int:
 
     home = _home(home)
     run = _stored_run(run_id, home)
+    run_id = run["run_id"]
     cases = {c.id: c for c in _run_suite(run, home).cases}
     rows = export_rows(db.run_samples(run_id, home), cases)
     write_label_file(rows, out)
@@ -310,6 +309,7 @@ def import_labels(
     started = time.perf_counter()
     home = _home(home)
     source = _stored_run(run_id, home)
+    run_id = source["run_id"]
     suite = _run_suite(source, home)
     labels = read_labels(path)
     spec = RunSpec(
@@ -365,7 +365,7 @@ def import_cmd(
     """Import labels as `human` verdicts in a new derived run, aggregated like any run."""
     summary = import_labels(run_id, file, labeller)
     if as_json:
-        typer.echo(json.dumps(summary))
+        typer.echo(json_doc(summary))
         return
     lo, hi = summary["pass_at_1_ci"]
     typer.echo(

@@ -124,18 +124,19 @@ def _announcing(flow: Any) -> Any:
 
 def _start_ephemeral() -> tuple[str, bool]:
     """Start Prefect's ephemeral server (the same singleton its client would start) with our
-    timeout, its output in EVALPIPE_HOME/server/ephemeral.log, and a reaper.
+    timeout, its output in PREFECT_HOME/evalpipe-ephemeral.log (beside its database: nothing
+    is written to EVALPIPE_HOME for it), and a reaper.
     Returns (its API URL, whether this call started it)."""
     from prefect.server.api.server import SubprocessASGIServer
     from prefect.settings import get_current_settings
 
-    timeout_s = local.start_timeout(get_current_settings().home)
+    prefect_home = get_current_settings().home
+    timeout_s = local.start_timeout(prefect_home)
     server = SubprocessASGIServer()
     if server.running:
         return server.api_url, False
-    directory = local.state_dir()
-    directory.mkdir(parents=True, exist_ok=True)
-    log = directory / "ephemeral.log"
+    prefect_home.mkdir(parents=True, exist_ok=True)
+    log = prefect_home / "evalpipe-ephemeral.log"
     launch = server._run_uvicorn_command
 
     def launch_guarded():

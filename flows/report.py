@@ -39,9 +39,8 @@ def case_rows(run_id: str, home: Path | None = None) -> list[dict[str, Any]]:
 
 
 def write_report(run_id: str, out: Path, home: Path | None = None) -> Path:
-    run = db.get_run(run_id, home)
-    if run is None:
-        raise InputError(f"run {run_id!r}: no such run in {db.db_path(home)}")
+    run = db.find_run(run_id, home)
+    run_id = run["run_id"]
     if not run.get("summary"):
         raise InputError(f"run {run_id!r} has no summary (status {run['status']}): nothing to report")
     summary = run["summary"]

@@ -12,6 +12,7 @@ from pydantic import Field
 
 from storage.suites import load_suite_ref
 from tasks.models import EvalCase
+from tasks.sandbox import allowing_unsafe, run_sandbox_mode
 from tasks.validation import CaseCheck, check_case, validation_report
 
 
@@ -25,9 +26,11 @@ def validate_suite(
     suite: Annotated[str, Field(description="Suite file or stored version.")],
     reps: Annotated[int, Field(ge=1, le=100, description="Gradings of each reference.")] = 3,
     workers: Annotated[int, Field(ge=1, le=64)] = 2,
+    unsafe_no_sandbox: Annotated[bool, Field(description="Without bubblewrap, run code unprotected.")] = False,
 ) -> dict[str, Any]:
     suite_obj = load_suite_ref(suite)
-    with ThreadPoolTaskRunner(max_workers=workers) as runner:
+    sandbox = run_sandbox_mode((c.kind for c in suite_obj.cases), unsafe_no_sandbox)
+    with allowing_unsafe(unsafe_no_sandbox), ThreadPoolTaskRunner(max_workers=workers) as runner:
         futures = [runner.submit(validate_case, {"case": c, "reps": reps}) for c in suite_obj.cases]
         checks = sorted((f.result() for f in as_completed(futures)), key=lambda c: c.case_id)
-    return validation_report(checks, suite_obj.version, reps)
+    return {**validation_report(checks, suite_obj.version, reps), "sandbox": sandbox}

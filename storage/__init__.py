@@ -2,6 +2,20 @@
 
 from __future__ import annotations
 
-from tasks.home import evalpipe_home
+import errno
+from pathlib import Path
 
-__all__ = ["evalpipe_home"]
+from tasks.home import evalpipe_home
+from tasks.models import PlatformError
+
+# The errors a write gets when the disk (or the user's quota) is full.
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+__all__ = ["DISK_FULL_ERRNOS", "disk_full", "evalpipe_home"]
+
+
+def disk_full(where: str | Path) -> PlatformError:
+    """The one-line report of a write that found the disk full: evalpipe writes each piece
+    whole or not at all, so what was stored before stays usable."""
+    return PlatformError(f"disk full writing {where}: what was stored before is kept; free space and run"
+                         " the same command again (finished samples are reused)")

@@ -2,7 +2,7 @@
 
 A calibration belongs to the instrument (judge code or model, rubric, params, J), not to
 a run: any run graded by a judge with that fingerprint can show it. The table is created
-here, beside the core schema, so the core tables stay as SPEC §8 lists them.
+here, beside the core schema, so the core tables stay as docs/contract.md §8 lists them.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def latest_calibrations(
 def run_judges(run_id: str, home: Path | None = None) -> list[dict[str, Any]]:
     """Every judge that graded a sample of the run: its spec and fingerprint, how many
     samples it judged (an empty output is not put to the judge) and how many of those
-    errored (the instrument broke: SPEC §4 makes that `error`, not `failed`)."""
+    errored (the instrument broke: docs/contract.md §4 makes that `error`, not `failed`)."""
     with connect(home, read_only=True) as con:
         rows = con.execute(
             "SELECT json_extract_string(trace, '$.judge.fingerprint') AS fp,"

@@ -1,4 +1,4 @@
-"""The DuckDB file: suites, cases, runs, samples, aggregates (SPEC §8).
+"""The DuckDB file: suites, cases, runs, samples, aggregates (docs/contract.md §8).
 
 Connections are short-lived and opened per operation: DuckDB lets one process hold the
 file at a time, and several `evalpipe run`s or Prefect workers may share one home. A
@@ -28,7 +28,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from storage import evalpipe_home, process
+from storage import disk_full, evalpipe_home, process
 from tasks.models import EvalSuite, InputError, PlatformError
 from tasks.run import RunSpec, RunSummary
 from tasks.samples import SAMPLE_COLUMNS, SAMPLE_SCHEMA, sample_ddl
@@ -157,10 +157,7 @@ def _platform_errors(path: Path) -> Iterator[None]:
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         lowered = detail.lower()
         if "no space left on device" in lowered or "disk is full" in lowered:
-            raise PlatformError(
-                f"disk full writing {path}: what was stored before is kept; free space and run the"
-                " same command again (finished samples are reused)"
-            ) from None
+            raise disk_full(path) from None
         if any(word in lowered for word in _DAMAGED) or isinstance(
             exc, duckdb.SerializationException | duckdb.InternalException
         ):
@@ -288,6 +285,24 @@ def get_run(run_id: str, home: Path | None = None) -> dict[str, Any] | None:
         if row is None:
             return None
         return _run_dict(cur.description, row)
+
+
+def find_run(ref: str, home: Path | None = None) -> dict[str, Any]:
+    """The run whose id is `ref` or, failing that, the one run whose id starts with it.
+    Unknown or ambiguous is bad input, naming the candidates."""
+    rows: list[dict[str, Any]] = []
+    if ref and db_path(home).exists():
+        with connect(home, read_only=True) as con:
+            cur = con.execute(
+                "SELECT * FROM runs WHERE starts_with(run_id, ?) ORDER BY run_id = ? DESC, run_id LIMIT 11",
+                [ref, ref])
+            rows = [_run_dict(cur.description, row) for row in cur.fetchall()]
+    if rows and (len(rows) == 1 or rows[0]["run_id"] == ref):
+        return rows[0]
+    if not rows:
+        raise InputError(f"run {ref!r}: no such run in {db_path(home)}")
+    ids = ", ".join(r["run_id"] for r in rows[:10]) + (", ..." if len(rows) > 10 else "")
+    raise InputError(f"run {ref!r} is ambiguous, it could be {ids}: give more of the id")
 
 
 def list_runs(home: Path | None = None, limit: int = 50) -> list[dict[str, Any]]:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from storage import evalpipe_home
+from storage import DISK_FULL_ERRNOS, disk_full, evalpipe_home
 from tasks.models import EvalCase, EvalSuite, canonical_json
 
 SCHEMA = pa.schema(
@@ -69,8 +69,10 @@ def write_snapshot(suite: EvalSuite, home: Path | None = None) -> Path:
     try:
         pq.write_table(table, tmp)
         os.replace(tmp, path)  # atomic: a reader sees no file or the whole file
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:
+            raise disk_full(path) from None
         raise
     return path
 

@@ -1,4 +1,4 @@
-"""The injected agents (SPEC §5): `python:`, `cmd:`, `replay:`, `reference`, `openai:`.
+"""The injected agents (docs/contract.md §5): `python:`, `cmd:`, `replay:`, `reference`, `openai:`.
 
 `load_agent(spec)` turns an `--agent` value into an `Agent`: something with the `spec` as
 given, a `fingerprint` that enters every cache key, and `generate(case, ctx) -> str`.
@@ -18,6 +18,7 @@ import copy
 import gzip
 import json
 import os
+import secrets
 import shlex
 import shutil
 import signal
@@ -29,7 +30,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 from urllib.parse import parse_qsl
 
 from tasks.callables import load_callable
@@ -38,7 +39,7 @@ from tasks.jsonl import object_lines
 from tasks.models import EvalCase, InputError, canonical_json, sha256_hex
 from tasks.openai_client import EndpointError, OpenAIClient
 from tasks.redaction import redact
-from tasks.sandbox import PidsCgroup
+from tasks.sandbox import PidsCgroup, kill_until_gone
 
 DEFAULT_CMD_TIMEOUT_S = 300.0
 STDERR_TAIL = 2000  # characters of a failed command's stderr kept in the error
@@ -47,6 +48,8 @@ DEFAULT_MAX_OUTPUT_BYTES = 4 << 20
 # The pids cgroup of a `cmd:` agent is there to find every process it leaves, not to
 # confine trusted code: a cap no honest agent meets.
 CMD_MAX_PROCS = 32768
+
+_N = TypeVar("_N", int, float)
 
 
 @dataclass(frozen=True)
@@ -76,16 +79,7 @@ def load_agent(spec: str) -> Agent:
 
 def max_output_bytes() -> int:
     """The cap on an agent's output: `EVALPIPE_MAX_OUTPUT_BYTES`, default 4 MB."""
-    raw = os.environ.get(MAX_OUTPUT_ENV)
-    if not raw:
-        return DEFAULT_MAX_OUTPUT_BYTES
-    try:
-        value = int(raw)
-    except ValueError:
-        raise InputError(f"{MAX_OUTPUT_ENV}={raw!r} is not a whole number of bytes") from None
-    if value < 1:
-        raise InputError(f"{MAX_OUTPUT_ENV}={raw!r} must be at least 1")
-    return value
+    return _env_positive(MAX_OUTPUT_ENV, DEFAULT_MAX_OUTPUT_BYTES, int, "a whole number of bytes")
 
 
 def _load(spec: str, base: Path) -> Agent:
@@ -153,14 +147,20 @@ class PythonAgent(_Reloadable):
     func: Callable[..., Any] = field(repr=False, compare=False, default=None)
 
     def generate(self, case: EvalCase, ctx: AgentContext) -> Any:
-        with _real_signals() as received:
-            try:
-                # A copy: the case is a frozen value shared by every sample.
-                return self.func(copy.deepcopy(case.inputs), ctx)
-            except BaseException as exc:
-                if received:
-                    raise  # the user pressed Ctrl-C (or the run was terminated)
-                raise AgentError(f"{type(exc).__name__}: {exc}") from exc
+        # A copy: the case is a frozen value shared by every sample.
+        return call_user_code(self.func, copy.deepcopy(case.inputs), ctx)
+
+
+def call_user_code(func: Callable[..., Any], *args: Any) -> Any:
+    """`func(*args)`; whatever it raises is an `AgentError` ("Type: message") — unless the
+    process really received SIGINT/SIGTERM meanwhile, which goes on stopping the run."""
+    with _real_signals() as received:
+        try:
+            return func(*args)
+        except BaseException as exc:
+            if received:
+                raise  # the user pressed Ctrl-C (or the run was terminated)
+            raise AgentError(f"{type(exc).__name__}: {exc}") from exc
 
 
 _RELAYED = (signal.SIGINT, signal.SIGTERM)
@@ -214,8 +214,7 @@ class CmdAgent(_Reloadable):
     """A process per sample, no shell: the case JSON on stdin, the output on stdout.
 
     It runs in the directory `load_agent` was called from, in its own session and process
-    group and in a pids cgroup of its own (where the machine has one). The moment it exits,
-    everything it started is killed — `setsid` daemons included, through the cgroup — so
+    group. The moment it exits, everything it started is killed (see `_Descendants`), so
     a leftover holding its stdout cannot make it wait out its timeout, and nothing stays
     behind. Its output is read as it comes with a cap: past `max_output_bytes` it is read
     and dropped, never held.
@@ -233,7 +232,7 @@ class CmdAgent(_Reloadable):
             "seed": ctx.seed,
             "n": ctx.n,
         }
-        cgroup = PidsCgroup.create(CMD_MAX_PROCS)
+        descendants = _Descendants()
         try:
             # From a file, not a pipe: no writer to deadlock with the reader of stdout.
             with tempfile.TemporaryFile() as stdin:
@@ -246,17 +245,19 @@ class CmdAgent(_Reloadable):
                         stdout=subprocess.PIPE,
                         stderr=subprocess.PIPE,
                         cwd=self.base,
+                        env=descendants.env(),
                         start_new_session=True,
-                        preexec_fn=None if cgroup is None else cgroup.join_self,  # noqa: PLW1509
+                        preexec_fn=descendants.join,  # noqa: PLW1509 - before the agent runs
                     )
                 except (OSError, subprocess.SubprocessError) as exc:
                     reason = getattr(exc, "strerror", None) or exc
                     raise AgentError(f"cannot start {self.argv[0]!r}: {reason}") from None
             # One byte over the cap tells the sampler to truncate (and say so).
-            out, err, timed_out = _collect(proc, cgroup, self.max_output_bytes + 1, self.timeout_s)
+            out, err, timed_out = _collect(
+                proc, descendants, self.max_output_bytes + 1, self.timeout_s
+            )
         finally:
-            if cgroup is not None:
-                cgroup.destroy()
+            descendants.close()
         if timed_out:
             raise AgentError(f"timed out after {self.timeout_s:g} s")
         if proc.returncode != 0:
@@ -271,8 +272,56 @@ class CmdAgent(_Reloadable):
         return out.decode("utf-8", errors="replace")
 
 
+class _Descendants:
+    """Every process one `cmd:` agent starts, however it detaches itself, found to be
+    killed: through a pids cgroup of its own where the machine has a writable one, else by
+    a mark in the environment they inherit (only a process that clears its environment
+    escapes that). The process group is killed in any case."""
+
+    MARK = "EVALPIPE_AGENT_RUN"
+
+    def __init__(self) -> None:
+        self.cgroup = PidsCgroup.create(CMD_MAX_PROCS)
+        self.mark = secrets.token_hex(8)
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, self.MARK: self.mark}
+
+    def join(self) -> None:
+        """In the new process, before it runs the agent."""
+        if self.cgroup is not None:
+            self.cgroup.join_self()
+
+    def kill(self, pgid: int) -> None:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if self.cgroup is not None:
+            self.cgroup.kill_all()
+            return
+        needle = f"{self.MARK}={self.mark}".encode()
+        kill_until_gone(lambda: [pid for pid in _pids() if needle in _environ(pid)], rounds=100)
+
+    def close(self) -> None:
+        if self.cgroup is not None:
+            self.cgroup.destroy()
+
+
+def _pids() -> list[int]:
+    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
+
+
+def _environ(pid: int) -> list[bytes]:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            return fh.read().split(b"\0")
+    except OSError:  # gone, or not ours to read
+        return []
+
+
 def _collect(
-    proc: subprocess.Popen[bytes], cgroup: PidsCgroup | None, cap: int, timeout_s: float
+    proc: subprocess.Popen[bytes], descendants: _Descendants, cap: int, timeout_s: float
 ) -> tuple[bytes, bytes, bool]:
     """(stdout, stderr, timed out), each stream's first `cap` bytes; whatever the process
     leaves is killed when it exits, and everything on the way out."""
@@ -280,7 +329,7 @@ def _collect(
 
     def on_exit() -> None:
         proc.wait()
-        _kill_leftovers(proc.pid, cgroup)
+        descendants.kill(proc.pid)
 
     try:
         data, _, timed_out = capture(
@@ -290,22 +339,12 @@ def _collect(
             on_exit,
         )
     finally:
-        _kill_leftovers(proc.pid, cgroup)
+        descendants.kill(proc.pid)
         proc.wait()
         os.close(pidfd)
         proc.stdout.close()
         proc.stderr.close()
     return data["stdout"], data["stderr"], timed_out
-
-
-def _kill_leftovers(pgid: int, cgroup: PidsCgroup | None) -> None:
-    # The group catches what stayed in it; only the cgroup catches a `setsid` escapee.
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    if cgroup is not None:
-        cgroup.kill_all()
 
 
 def _load_cmd(spec: str, rest: str, base: Path) -> CmdAgent:
@@ -321,7 +360,9 @@ def _load_cmd(spec: str, rest: str, base: Path) -> CmdAgent:
             raise InputError(f"agent {spec!r}: {program} is not an executable file")
     elif shutil.which(program) is None:
         raise InputError(f"agent {spec!r}: command {program!r} not found on PATH")
-    timeout_s = _env_seconds("EVALPIPE_AGENT_TIMEOUT_S", DEFAULT_CMD_TIMEOUT_S)
+    timeout_s = _env_positive(
+        "EVALPIPE_AGENT_TIMEOUT_S", DEFAULT_CMD_TIMEOUT_S, float, "a number of seconds"
+    )
     fingerprint = _fingerprint(spec, _tree_files(argv, base))
     return CmdAgent(spec, fingerprint, base, argv, timeout_s, max_output_bytes())
 
@@ -341,14 +382,14 @@ def _tree_files(argv: tuple[str, ...], base: Path) -> dict[str, str]:
     return hashes
 
 
-def _env_seconds(name: str, default: float) -> float:
+def _env_positive(name: str, default: _N, kind: Callable[[str], _N], what: str) -> _N:
     raw = os.environ.get(name)
     if not raw:
         return default
     try:
-        value = float(raw)
+        value = kind(raw)
     except ValueError:
-        raise InputError(f"{name}={raw!r} is not a number of seconds") from None
+        raise InputError(f"{name}={raw!r} is not {what}") from None
     if value <= 0:
         raise InputError(f"{name}={raw!r} must be positive")
     return value

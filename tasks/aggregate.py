@@ -1,4 +1,4 @@
-"""Stage 4: fold a run's samples into the structured aggregate (SPEC §1.4, §6, §7).
+"""Stage 4: fold a run's samples into the structured aggregate (docs/contract.md §1.4, §6, §7).
 
 The reduction keeps structure: pass@k per k, per-slice rates with their own CIs, the
 flaky cases, status counts, and the safety verdict beside the means, never inside them.
@@ -74,7 +74,7 @@ class Aggregate:
         }
 
     def to_json(self) -> dict[str, Any]:
-        """The aggregate's keys of the `run --json` document (SPEC §7)."""
+        """The aggregate's keys of the `run --json` document (docs/contract.md §7)."""
         return {
             "pass_at_k": {str(k): self.overall.pass_at_k[k] for k in self.ks},
             "pass_at_k_notes": {str(k): note for k, note in self.pass_at_k_notes.items()},

@@ -1,7 +1,7 @@
 """Load a user's Python callable named `module:function` or `path/to/file.py:function`.
 
-The `python:` agent uses it, and so can any grader that names user code (`predicate`,
-`judge`). Besides the callable it returns the sha256 of the source file, because a
+The `python:` agent and `judge` use it in the harness; `predicate` only inside the sandbox
+(`tasks.predicate_host`), since a suite is not trusted. Besides the callable it returns the sha256 of the source file, because a
 change to the user's code must change every cache key that depends on it.
 
 Import rules, chosen to match what a user running a script from the project root expects:
@@ -61,6 +61,16 @@ def load_callable(ref: str, base: Path | None = None) -> UserCallable:
     if not callable(func):
         raise InputError(f"{ref!r}: {target}.{name} is a {type(func).__name__}, not a function")
     return UserCallable(ref=ref, func=func, source=source, code_sha256=digest)
+
+
+def source_dirs(ref: str, base: Path) -> list[str]:
+    """The directories `load_callable(ref, base)` reads from (without importing anything):
+    what a sandbox must show for the callable to load there."""
+    target = ref.rpartition(":")[0]
+    dirs = [str(base.resolve())]
+    if target.endswith(".py") or "/" in target:
+        dirs.append(str((base / target).resolve().parent))
+    return dirs
 
 
 def _load_file(ref: str, path: Path) -> tuple[ModuleType, Path, str]:

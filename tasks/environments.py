@@ -32,6 +32,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -56,13 +57,19 @@ FAILURE_MEMO_S = 300.0
 # Host settings a build may need to reach a package index (never passed to tests).
 _INDEX_ENV = re.compile(r"^(PIP_|UV_)|^(SSL_CERT_FILE|SSL_CERT_DIR|REQUESTS_CA_BUNDLE)$|_PROXY$",
                         re.IGNORECASE)
-_PROBE = (
-    "import os, sys\n"
-    "try:\n    import ensurepip; b = os.path.join(os.path.dirname(ensurepip.__file__), '_bundled')\n"
-    "except ImportError:\n    b = ''\n"
-    "print(getattr(sys, '_base_executable', sys.executable)); print(sys.base_prefix)\n"
-    "print(sys.version.split()[0]); print(b if b and os.path.isdir(b) else '')\n"
+# What an interpreter is: run in the sandbox for a named python, in-process for our own.
+_DESCRIBE = (
+    "def describe():\n"
+    "    import os, sys\n"
+    "    try:\n"
+    "        import ensurepip\n"
+    "        b = os.path.join(os.path.dirname(ensurepip.__file__), '_bundled')\n"
+    "    except ImportError:\n"
+    "        b = ''\n"
+    "    return [getattr(sys, '_base_executable', sys.executable), sys.base_prefix,\n"
+    "            sys.version.split()[0], b if b and os.path.isdir(b) else '']\n"
 )
+_PROBE = _DESCRIBE + "print('\\n'.join(describe()))\n"
 
 
 class EnvironmentFailed(Exception):
@@ -186,7 +193,7 @@ def identify(spec: Environment, repo: str, base_commit: str, home: Path) -> Iden
         commit = ensure_commit(mirror(repo, home), spec.setup_commit or base_commit, repo)
     except RepoError as exc:
         raise EnvironmentFailed(f"environment for {repo}: {exc}") from None
-    interpreter = _interpreter(spec.python or sys.executable)
+    interpreter = _interpreter(spec.python) if spec.python else _this_interpreter()
     installer = _uv() or "pip"
     content = {
         "repo": source,
@@ -225,6 +232,14 @@ def _interpreter(python: str) -> Interpreter:
     with _memo_lock:
         _interpreters[python] = interpreter
     return interpreter
+
+
+@cache
+def _this_interpreter() -> Interpreter:
+    """The harness's own interpreter (trusted: described in-process, no sandbox start)."""
+    namespace: dict[str, Any] = {}
+    exec(_DESCRIBE, namespace)  # noqa: S102 - our own constant
+    return Interpreter(*namespace["describe"]())
 
 
 def _uv() -> str | None:

@@ -8,7 +8,8 @@ rlimits, a fresh working directory, a scrubbed environment, captured output with
 
 After each program the server kills everything that program left behind (`setsid`
 escapees included: the server is a child subreaper, so orphans come back to it, and in
-its own pid namespace `kill(-1)` reaches every process but itself and init).
+its own pid namespace `kill(-1)` reaches every process but itself and init), and, in the
+namespace, wipes its private `/tmp` and `/dev/shm` except the runtime bound in there.
 
 The program proves it ran to the end by copying a per-run nonce from fd 4 to fd 3 after
 the last statement returned; stdout cannot forge that.
@@ -22,9 +23,11 @@ from __future__ import annotations
 
 import base64
 import ctypes
+import functools
 import json
 import math
 import os
+import re
 import resource
 import selectors
 import shutil
@@ -143,15 +146,18 @@ def kill_leftovers(pidns: bool) -> None:
     _reap_all()
 
 
-def set_limits(memory_mb: int, cpu_s: float, file_size_mb: int) -> None:
-    """Hard rlimits for the calling process: address space, CPU seconds, file size, no core."""
+def set_limits(memory_mb: int, cpu_s: float | None, file_size_mb: int) -> None:
+    """Hard rlimits for the calling process: address space, CPU seconds (unless None),
+    file size, no core."""
     mb = 1 << 20
-    for which, value in (
+    limits = [
         (resource.RLIMIT_AS, memory_mb * mb),
-        (resource.RLIMIT_CPU, max(1, math.ceil(cpu_s))),
         (resource.RLIMIT_FSIZE, file_size_mb * mb),
         (resource.RLIMIT_CORE, 0),
-    ):
+    ]
+    if cpu_s is not None:
+        limits.append((resource.RLIMIT_CPU, max(1, math.ceil(cpu_s))))
+    for which, value in limits:
         resource.setrlimit(which, (value, value))
 
 
@@ -235,7 +241,10 @@ def run_one(req: Mapping, pidns: bool) -> dict:
         kill_leftovers(pidns)
         for fd in (out_r, err_r, res_r, pidfd):
             os.close(fd)
-        _clean_tmp(workdir, pidns)
+        if pidns:
+            wipe_private_dirs()
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
     duration = time.monotonic() - start
     returncode = None if timed_out else os.waitstatus_to_exitcode(status)
     return {
@@ -250,22 +259,56 @@ def run_one(req: Mapping, pidns: bool) -> dict:
     }
 
 
-def _clean_tmp(workdir: str, pidns: bool) -> None:
-    # The namespace's /tmp and /dev/shm are private to this server: wipe them whole so
-    # that nothing one program wrote is seen by the next.
-    roots = ["/tmp", "/dev/shm"] if pidns else []
-    for root in roots:
-        for entry in os.listdir(root) if os.path.isdir(root) else []:
-            path = os.path.join(root, entry)
-            if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path, ignore_errors=True)
+# The namespace's writable places (HOME and the work dirs are under /tmp; `/dev` itself is
+# read-only); SysV IPC, POSIX queues and keyrings are refused by the seccomp filter.
+_PRIVATE_DIRS = ("/tmp", "/dev/shm")
+
+
+@functools.cache
+def _bound_in() -> frozenset[str]:
+    """Mount points under the private dirs: runtime dirs bound in read-only (a clone or
+    venv under /tmp). The wipe must not walk them: it would visit every file of a venv
+    to fail on each, 150-250 ms per program. Programs cannot mount, so this is fixed."""
+    found = set()
+    with open("/proc/self/mountinfo", encoding="utf-8") as fh:
+        for line in fh:
+            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), line.split()[4])
+            if any(point.startswith(f"{root}/") for root in _PRIVATE_DIRS):
+                found.add(point)
+    return frozenset(found)
+
+
+def wipe_private_dirs() -> None:
+    """Remove everything a program left in the namespace's private dirs, whatever modes it
+    set, so that nothing one program wrote is seen by the next."""
+    kept = _bound_in()
+    ancestors = {os.path.dirname(p) for p in kept}
+    for path in list(ancestors):
+        while (path := os.path.dirname(path)) not in ("/", ""):
+            ancestors.add(path)
+    for root in _PRIVATE_DIRS:
+        if os.path.isdir(root):
+            _wipe_dir(root, kept, ancestors)
+
+
+def _wipe_dir(path: str, kept: frozenset[str], ancestors: set[str]) -> None:
+    try:
+        os.chmod(path, 0o1777 if path in _PRIVATE_DIRS else 0o700)  # a program may chmod 0
+        entries = list(os.scandir(path))
+    except OSError:
+        return
+    for entry in entries:
+        if entry.path in kept:
+            continue
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                _wipe_dir(entry.path, kept, ancestors)
+                if entry.path not in ancestors:
+                    os.rmdir(entry.path)
             else:
-                try:
-                    os.unlink(path)
-                except OSError:
-                    pass
-    if not pidns:
-        shutil.rmtree(workdir, ignore_errors=True)
+                os.unlink(entry.path)
+        except OSError:
+            pass
 
 
 def read_frame(fd: int) -> dict | None:
@@ -293,7 +336,8 @@ def _read_exact(fd: int, n: int) -> bytes | None:
     return bytes(buf)
 
 
-def serve(pidns: bool) -> None:
+def become_server() -> tuple[int, int]:
+    """Common start of a sandboxed server: returns the protocol's (read, write) fds."""
     # Keep the protocol off fds 0/1 so nothing a child inherits can reach it.
     rfd, wfd = os.dup(0), os.dup(1)
     null = os.open(os.devnull, os.O_RDWR)
@@ -302,6 +346,11 @@ def serve(pidns: bool) -> None:
     # Not dumpable: a program running as the same uid cannot open /proc/<server>/fd or mem.
     _prctl(_PR_SET_DUMPABLE, 0)
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    return rfd, wfd
+
+
+def serve(pidns: bool) -> None:
+    rfd, wfd = become_server()
     for name in _PRELOAD:
         try:
             __import__(name)

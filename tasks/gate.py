@@ -1,4 +1,4 @@
-"""The release gate's pure logic (SPEC §6): paired per-case comparison with a bootstrap CI.
+"""The release gate's pure logic (docs/contract.md §6): paired per-case comparison with a bootstrap CI.
 
 The gate pairs a run and its baseline case by case (by `case_hash`), so the between-case
 spread in difficulty cancels and only the change in each case's pass rate is left. The
@@ -66,7 +66,7 @@ class GateResult:
     pass_at_1: float  # the run's own pass@1 over all its cases (what the threshold checks)
 
     def to_json(self) -> dict[str, Any]:
-        """The `gate --json` document (SPEC §7)."""
+        """The `gate --json` document (docs/contract.md §7)."""
         return {
             "decision": self.decision,
             "verdict": self.verdict,

@@ -1,4 +1,4 @@
-"""EVALPIPE_HOME: the one directory evalpipe keeps state under (SPEC §8)."""
+"""EVALPIPE_HOME: the one directory evalpipe keeps state under (docs/contract.md §8)."""
 
 from __future__ import annotations
 

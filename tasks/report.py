@@ -2,7 +2,7 @@
 
 The HTML opens offline: inline CSS, inline SVG charts, no scripts, no external URLs.
 Everything that came from a case or an agent (ids, details, violations) is escaped.
-Inputs are plain JSON documents (the `run --json` and `gate --json` shapes, SPEC §7), so
+Inputs are plain JSON documents (the `run --json` and `gate --json` shapes, docs/contract.md §7), so
 a report can be rendered from the database long after the run.
 """
 
@@ -77,6 +77,7 @@ def render_report(
         '<meta name="viewport" content="width=device-width,initial-scale=1">',
         f"<title>{_esc(title)}</title><style>{CSS}</style></head><body><main>",
         _safety_section(run),
+        _sandbox_section(run),
         _header(run),
         _gate_section(gate) if gate else "",
         _headline(run),
@@ -95,6 +96,10 @@ def render_report(
     return "\n".join(part for part in parts if part)
 
 
+UNSAFE_NOTE = ("run with --unsafe-no-sandbox and no bubblewrap: the suite's code ran unprotected "
+               "(it could read the harness's environment and files, and signal it)")
+
+
 def summary_markdown(
     run: Mapping[str, Any],
     gate: Mapping[str, Any] | None = None,
@@ -103,6 +108,8 @@ def summary_markdown(
     """A short Markdown summary for the Prefect run page (a markdown artifact); `judges`
     as for `render_report`."""
     lines = []
+    if run.get("sandbox") == "unsafe-no-sandbox":
+        lines += [f"> **NO SANDBOX** — {UNSAFE_NOTE}.", ""]
     if run.get("safety_failed"):
         count = len(run.get("safety_violations", []))
         lines += [f"> **SAFETY FAILED** — {count} violation(s); the gate blocks this run.", ""]
@@ -338,6 +345,12 @@ def _error_bar(at: float, start: float, end: float, *, vertical: bool) -> str:
 
 
 # --- sections -----------------------------------------------------------------------
+
+
+def _sandbox_section(run: Mapping[str, Any]) -> str:
+    if run.get("sandbox") != "unsafe-no-sandbox":
+        return ""
+    return f'<section id="sandbox" class="alert"><h2>No sandbox</h2><p>{_esc(UNSAFE_NOTE)}.</p></section>'
 
 
 def _safety_section(run: Mapping[str, Any]) -> str:

@@ -1,5 +1,5 @@
 """The run layer: what a run is (`RunSpec`), what it reports (`RunSummary`, the `run --json`
-document of SPEC §7), and the plain steps between them — plan, draw a batch, summarize.
+document of docs/contract.md §7), and the plain steps between them — plan, draw a batch, summarize.
 
 Flows call these and add only orchestration (task runners, artifacts) and storage; a
 derived run (imported human labels) goes through the same `summarize`, so every run's
@@ -25,8 +25,13 @@ from tasks.models import EvalCase, EvalSuite, InputError
 from tasks.samples import samples_table
 from tasks.sampling import PlannedSample, plan_samples, run_batch
 
-# Aim for this many sampling tasks per worker: enough to balance uneven cases and to move
-# the progress bar, few enough that Prefect's ~10 ms per task stays small.
+# What a kill can throw away is bounded by count and by time, whatever the suite's size: a
+# sampling task draws at most MAX_BATCH samples and starts no new one after BATCH_BUDGET_S
+# (the caller submits the rest again). Within that, aim for TASKS_PER_WORKER tasks per
+# worker: enough to balance uneven cases and move the progress bar, few enough that
+# Prefect's ~10 ms per task stays small.
+MAX_BATCH = 64
+BATCH_BUDGET_S = 2.0
 TASKS_PER_WORKER = 16
 
 
@@ -91,9 +96,14 @@ def _with_stored_outputs(planned: Sequence[PlannedSample], hits: pa.Table) -> li
     return [replace(p, output=outputs.get(p.cache_key)) for p in planned]
 
 
+def samples_per_task(missing: int, workers: int) -> int:
+    return max(1, min(MAX_BATCH, math.ceil(missing / (workers * TASKS_PER_WORKER))))
+
+
 def batches(missing: Sequence[PlannedSample], n: int, batch_size: int | None, workers: int) -> list[list[PlannedSample]]:
-    """The sampling tasks: `batch_size` cases each, or by default about TASKS_PER_WORKER per worker."""
-    per_batch = batch_size * n if batch_size else max(1, math.ceil(len(missing) / (workers * TASKS_PER_WORKER)))
+    """The sampling tasks: `batch_size` cases each, or by default about TASKS_PER_WORKER per
+    worker of at most MAX_BATCH samples."""
+    per_batch = batch_size * n if batch_size else samples_per_task(len(missing), workers)
     return [list(missing[i : i + per_batch]) for i in range(0, len(missing), per_batch)]
 
 
@@ -103,8 +113,10 @@ def batch_label(chunk: Sequence[PlannedSample]) -> str:
 
 
 def draw_batch(agent: Any, cases: Sequence[EvalCase], planned: Sequence[PlannedSample], spec: RunSpec) -> pa.Table:
-    """Draw and grade a batch; the graded samples as rows of the samples table."""
-    return samples_table(spec.run_id, run_batch(agent, cases, planned, spec.n, spec.regrade), planned)
+    """Draw and grade a batch for up to BATCH_BUDGET_S; the graded samples (a prefix of
+    `planned`) as rows of the samples table."""
+    drawn = run_batch(agent, cases, planned, spec.n, spec.regrade, BATCH_BUDGET_S)
+    return samples_table(spec.run_id, drawn, planned[: len(drawn)])
 
 
 # --- the summary ---------------------------------------------------------------------------
@@ -169,6 +181,7 @@ class RunSummary(_Doc):
     labeller: str | None = None
     labelled: int | None = None
     unlabelled: int | None = None
+    sandbox: str | None = None  # "bwrap", "unsafe-no-sandbox" or "not-needed" (tasks.sandbox)
     flow_run_id: str | None = None
     duration_s: float | None = None
 
@@ -181,7 +194,7 @@ class RunSummary(_Doc):
 
 
 # Absent from the document when they do not apply (`flow_run_id` and `duration_s` are always there).
-_OPTIONAL_KEYS = ("env_flaky_samples", "gate", "source_run", "labeller", "labelled", "unlabelled")
+_OPTIONAL_KEYS = ("env_flaky_samples", "gate", "source_run", "labeller", "labelled", "unlabelled", "sandbox")
 
 
 def summarize(spec: RunSpec, suite: EvalSuite, samples: pa.Table) -> tuple[RunSummary, list[Row]]:

@@ -1,4 +1,4 @@
-"""Safety checks (SPEC §4): what an output must never contain, what an edit must never touch.
+"""Safety checks (docs/contract.md §4): what an output must never contain, what an edit must never touch.
 
 Both return violation strings for `Verdict.safety`. They never decide `passed`: a
 violation is reported beside the score and vetoes the gate on its own.

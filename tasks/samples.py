@@ -1,4 +1,4 @@
-"""The sample row (SPEC §8): one Arrow schema, from which the stored table's columns and
+"""The sample row (docs/contract.md §8): one Arrow schema, from which the stored table's columns and
 its DDL are derived, and the conversion of graded `Sample`s into such rows."""
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Stage 2, the sampler: plan n samples per case, draw them from the agent, grade each.
 
-Every sample keeps its raw output, verdict, trace and timing (SPEC §1.2). Seeds and cache
-keys are pure functions of content, so planning a run is deterministic and a re-run can
-find its finished work by key.
+Every sample keeps its raw output, verdict, trace and timing (docs/contract.md §1.2).
+Seeds and cache keys are pure functions of content, so planning a run is deterministic and
+a re-run can find its finished work by key.
 
 `draw_sample` is the one boundary where an agent's output enters a `Sample`, so whatever
 any agent returns (and whatever a grader or judge writes) can be stored: an output that
@@ -118,9 +118,12 @@ def draw_sample(
     ctx = AgentContext(case_id=case.id, index=planned.index, seed=planned.seed, n=n)
     trace: dict = {}
     try:
-        raw = agent.generate(case, ctx) if planned.output is None else planned.output
-        output, notes = bounded_output(raw, max_output_bytes() if cap is None else cap)
-        trace.update(notes)
+        if planned.output is None:
+            raw = agent.generate(case, ctx)
+            output, notes = bounded_output(raw, max_output_bytes() if cap is None else cap)
+            trace.update(notes)
+        else:  # stored, so bounded when it was drawn: a second cut would add a second marker
+            output = planned.output
     except AgentError as exc:
         output = ""
         verdict = Verdict.fail(Status.agent_error, f"agent failed: {exc}")
@@ -149,10 +152,20 @@ def draw_sample(
 
 
 def run_batch(
-    agent: Agent, cases: Sequence[EvalCase], planned: Sequence[PlannedSample], n: int, regrade: int = 0
+    agent: Agent, cases: Sequence[EvalCase], planned: Sequence[PlannedSample], n: int, regrade: int = 0,
+    budget_s: float | None = None,
 ) -> list[Sample]:
-    """Draw and grade a batch of planned samples. An agent sent to a worker process is
-    re-created there from its spec and refuses to run if its fingerprint moved."""
+    """Draw and grade planned samples in order. With `budget_s`, stop starting new ones once
+    the batch has run that long (at least one is always drawn) and return the finished
+    prefix: the caller stores it and submits the rest again, so a kill loses at most about
+    `budget_s` of work per worker. An agent sent to a worker process is re-created there
+    from its spec and refuses to run if its fingerprint moved."""
     by_id = {c.id: c for c in cases}
     cap = max_output_bytes()
-    return [draw_sample(agent, by_id[p.case_id], p, n, regrade, cap) for p in planned]
+    started = time.monotonic()
+    drawn: list[Sample] = []
+    for p in planned:
+        if drawn and budget_s is not None and time.monotonic() - started >= budget_s:
+            break
+        drawn.append(draw_sample(agent, by_id[p.case_id], p, n, regrade, cap))
+    return drawn

@@ -1,19 +1,24 @@
-"""The sandbox for every piece of candidate code (SPEC §4, last paragraph).
+"""The sandbox for every piece of candidate code (docs/contract.md §4, last paragraph).
 
 Two entry points with the same guarantees (see docs/sandbox.md for exactly which):
 - `run_command(argv, ...)`: one command in a work directory (repo_tests runs pytest so).
 - `ForkServer` / `run_python_program`: Python programs forked from a warm server that
   itself lives in the sandbox (python_tests: 1-2 ms per program instead of 20-70 ms).
 
-Layers, each applied where the machine allows and reported in `SandboxResult.isolation`:
-1. bubblewrap: new pid/net/mount/user/ipc/uts namespaces, `/` read-only, a private
-   `/tmp`, no capabilities, killed with its parent; ending the namespace's init kills
-   every process in it, `setsid` escapees included. Missing or broken → logged once,
-   and we fall back to layer 2 alone (`isolation="rlimits"`).
-2. always: own session and process group, rlimits (address space, CPU, file size, no
-   core), a scrubbed environment, output read with a cap, wall-clock timeout that kills
-   the whole group; a pids cgroup (when writable) caps the process count and finds
-   escapees even without namespaces.
+Layers, reported in `SandboxResult.isolation`:
+1. bubblewrap: new pid/net/mount/user/ipc/uts namespaces, `/` and `/dev` read-only, a
+   private size-capped `/tmp` and `/dev/shm`, no capabilities, killed with its parent;
+   ending the namespace's init kills every process in it, `setsid` escapees included.
+2. always: a seccomp filter (`tasks.seccomp`: no unix sockets, no io_uring, no SysV/POSIX
+   IPC or keyrings), own session and process group, rlimits (address space, CPU, file
+   size, no core), a scrubbed environment, output read with a cap, wall-clock timeout
+   that kills the whole group; a pids cgroup (when writable) caps the process count and
+   finds escapees even without namespaces.
+
+Without bubblewrap, layer 2 alone (`isolation="rlimits"`) does not contain hostile code
+(it can read the harness's environment through /proc and signal it), so it runs only when
+the run allowed it (`--unsafe-no-sandbox`, i.e. `EVALPIPE_UNSAFE_NO_SANDBOX=1` in the
+environment, which worker processes inherit); otherwise `SandboxUnavailable` is raised.
 """
 
 from __future__ import annotations
@@ -31,12 +36,15 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from tasks import seccomp
 from tasks.forkserver import capture, read_frame, set_limits, write_frame
+from tasks.models import InputError
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +52,10 @@ BWRAP = "bwrap"
 # "auto" uses bubblewrap when it works; "rlimits" forces the fallback (for tests, or
 # machines where user namespaces are forbidden and the probe would be noisy).
 MODE_ENV = "EVALPIPE_SANDBOX"
+# "1": a run given --unsafe-no-sandbox; in the environment so process/Dask workers see it.
+UNSAFE_ENV = "EVALPIPE_UNSAFE_NO_SANDBOX"
+# Grader kinds that run code a run does not trust: a suite with one needs the sandbox.
+CODE_KINDS = frozenset({"python_tests", "repo_tests", "predicate"})
 _FORKSERVER = Path(__file__).with_name("forkserver.py")
 _PASSED_ENV = ("PATH", "LANG", "LC_ALL", "TZ")
 
@@ -96,6 +108,10 @@ class SandboxError(RuntimeError):
     """The sandbox itself could not start (graders report `error`)."""
 
 
+class SandboxUnavailable(SandboxError, InputError):
+    """bubblewrap cannot run here and the run did not allow running without it."""
+
+
 class ServerDied(SandboxError):
     """A fork server died or stopped answering mid-run: the program most likely killed
     it (graders report `failed`); the server is closed and replaced on the next run."""
@@ -121,12 +137,14 @@ def _bwrap_argv(
     network: bool,
     scratch_mb: int | None = None,
     mounts: Mounts | None = None,
+    visible: Iterable[str] = (),
 ) -> list[str]:
     argv = [BWRAP, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
     if network:
         argv.append("--share-net")
-    argv += ["--ro-bind", "/", "/", "--size", str(limits.file_size_mb << 20), "--tmpfs", "/tmp"]
-    for path in _runtime_under_tmp():
+    size = str(limits.file_size_mb << 20)
+    argv += ["--ro-bind", "/", "/", "--size", size, "--tmpfs", "/tmp"]
+    for path in _under_tmp((*_runtime_dirs(), *visible)):
         argv += ["--ro-bind", path, path]
     mounts = mounts or Mounts()
     hidden = [p for p in mounts.hide if os.path.isdir(p)]
@@ -137,7 +155,9 @@ def _bwrap_argv(
             argv += [flag, path, path]
     for path in hidden:
         argv += ["--remount-ro", path]
-    argv += ["--dev", "/dev", "--proc", "/proc"]
+    # /dev's own tmpfs has no size cap: read-only, with a capped /dev/shm on top.
+    argv += ["--dev", "/dev", "--remount-ro", "/dev", "--size", size, "--tmpfs", "/dev/shm"]
+    argv += ["--proc", "/proc"]
     inside = mounts.workdir_at or str(workdir)
     if workdir is not None and scratch_mb is not None:
         # A tmpfs of that size at the work directory's (inside) path, filled with a copy
@@ -152,45 +172,106 @@ def _bwrap_argv(
 
 
 @lru_cache(maxsize=1)
-def _runtime_under_tmp() -> tuple[str, ...]:
-    """The interpreter, its packages and our code where they live under /tmp (a clone or
-    a venv made there): the sandbox's private /tmp would hide them, so they are bound
-    back in, read-only. Nothing else of the host's /tmp is visible."""
-    candidates = {sys.prefix, sys.base_prefix, os.path.dirname(sys.executable),
-                  str(_FORKSERVER.parent.parent), *(p for p in sys.path if p)}
+def _runtime_dirs() -> tuple[str, ...]:
+    """The interpreter, its packages and our code: where they live under /tmp (a clone or
+    a venv made there) the sandbox's private /tmp would hide them, so they are bound back
+    in, read-only. Nothing else of the host's /tmp is visible."""
+    return (sys.prefix, sys.base_prefix, os.path.dirname(sys.executable),
+            str(_FORKSERVER.parent.parent), *(p for p in sys.path if p))
+
+
+def _under_tmp(paths: Iterable[str]) -> list[str]:
+    """The existing directories among `paths` under /tmp, without ones inside another."""
     found: list[str] = []
-    for path in sorted(os.path.abspath(p) for p in candidates):
+    for path in sorted({os.path.abspath(p) for p in paths}):
         if path.startswith("/tmp/") and os.path.isdir(path) and not any(
             path.startswith(f"{top}/") for top in found
         ):
             found.append(path)
-    return tuple(found)
+    return found
+
+
+def bwrap_available() -> bool:
+    """Whether bubblewrap (with our seccomp filter) starts here."""
+    return _bwrap_problem() is None
 
 
 @lru_cache(maxsize=1)
-def bwrap_available() -> bool:
-    """Whether bubblewrap starts here; probed once per process, fallback logged once."""
+def _bwrap_problem() -> str | None:
+    """Why bubblewrap cannot be used, or None; probed once per process."""
+    return _probe_bwrap()
+
+
+def _probe_bwrap() -> str | None:
     if os.environ.get(MODE_ENV, "auto") == "rlimits":
-        log.info("sandbox: %s=rlimits, not using bubblewrap", MODE_ENV)
-        return False
+        return f"{MODE_ENV}=rlimits: not using bubblewrap"
     if shutil.which(BWRAP) is None:
-        log.warning("sandbox: bwrap not found; falling back to rlimits only (no namespaces)")
-        return False
+        return "bwrap not found"
+    if seccomp.installer() is None:
+        return "no seccomp filter for this architecture (unix sockets would be reachable)"
     try:
         probe = subprocess.run(
             [*_bwrap_argv(Limits(), None, False), "/bin/true"],
             capture_output=True,
             timeout=10,
             check=False,
+            preexec_fn=seccomp.installer(),  # noqa: PLW1509
         )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        log.warning("sandbox: bwrap failed to start (%s); falling back to rlimits only", exc)
-        return False
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"bwrap failed to start ({exc})"
     if probe.returncode != 0:
         reason = probe.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["?"]
-        log.warning("sandbox: bwrap failed (%s); falling back to rlimits only", reason[0])
-        return False
-    return True
+        return f"bwrap failed ({reason[0]})"
+    return None
+
+
+def unsafe_allowed() -> bool:
+    return os.environ.get(UNSAFE_ENV) == "1"
+
+
+@contextmanager
+def allowing_unsafe(allowed: bool) -> Iterator[None]:
+    """For a run's duration: whether code may run without bubblewrap (rlimits only)."""
+    before = os.environ.get(UNSAFE_ENV)
+    if allowed:
+        os.environ[UNSAFE_ENV] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(UNSAFE_ENV, None)
+        else:
+            os.environ[UNSAFE_ENV] = before
+
+
+def isolation() -> str:
+    """What will protect the next sandboxed run: "bwrap", or "rlimits" when allowed."""
+    if bwrap_available():
+        return "bwrap"
+    if unsafe_allowed():
+        _log_once("unsafe", "sandbox: %s; running code UNPROTECTED (allowed)", _bwrap_problem())
+        return "rlimits"
+    raise SandboxUnavailable(_refusal())
+
+
+def _refusal() -> str:
+    return (
+        f"no sandbox ({_bwrap_problem()}); untrusted code runs only under bubblewrap: "
+        "install it, or pass --unsafe-no-sandbox to run it unprotected"
+    )
+
+
+def run_sandbox_mode(kinds: Iterable[str], unsafe: bool) -> str:
+    """Checked before a run draws anything: "bwrap", "unsafe-no-sandbox", or
+    "not-needed" (no case runs code); raises `SandboxUnavailable` if the run must refuse."""
+    if bwrap_available():
+        return "bwrap"
+    if unsafe or unsafe_allowed():
+        return "unsafe-no-sandbox"
+    needing = sorted(CODE_KINDS.intersection(kinds))
+    if not needing:
+        return "not-needed"
+    raise SandboxUnavailable(f"the suite has {'/'.join(needing)} cases, but {_refusal()}")
 
 
 class PidsCgroup:
@@ -232,16 +313,7 @@ class PidsCgroup:
             fh.write(str(os.getpid()))
 
     def kill_all(self) -> None:
-        for _ in range(1000):
-            pids = [int(p) for p in (self.path / "cgroup.procs").read_text().split()]
-            if not pids:
-                return
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.001)
+        kill_until_gone(lambda: [int(p) for p in (self.path / "cgroup.procs").read_text().split()])
 
     def destroy(self) -> None:
         try:
@@ -254,6 +326,21 @@ class PidsCgroup:
                     time.sleep(0.002)  # members still exiting
         except OSError:
             pass
+
+
+def kill_until_gone(members: Callable[[], list[int]], rounds: int = 1000) -> None:
+    """SIGKILL every pid `members()` lists until it lists none (a member may fork while
+    the others are killed). Also used for the leftovers of `cmd:` agents."""
+    for _ in range(rounds):
+        pids = members()
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.001)
 
 
 @lru_cache(maxsize=1)
@@ -277,12 +364,19 @@ def _log_once(key: str, msg: str, *args: object) -> None:
         log.warning(msg, *args)
 
 
-def _preexec(limits: Limits | None, cgroup: PidsCgroup | None) -> Callable[[], None]:
+def _preexec(
+    limits: Limits | None, cgroup: PidsCgroup | None, cpu: bool = True
+) -> Callable[[], None]:
+    install = seccomp.installer()
+
     def setup() -> None:
         if cgroup is not None:
             cgroup.join_self()
         if limits is not None:
-            set_limits(limits.memory_mb, limits.cpu_limit_s, limits.file_size_mb)
+            cpu_s = limits.cpu_limit_s if cpu else None
+            set_limits(limits.memory_mb, cpu_s, limits.file_size_mb)
+        if install is not None:  # last: it forbids nothing the steps above need
+            install()
 
     return setup
 
@@ -308,17 +402,17 @@ def run_command(
     started (e.g. `argv[0]` does not exist); everything the program does is a result.
     """
     workdir = Path(workdir).resolve()
-    isolation = "bwrap" if bwrap_available() else "rlimits"
-    if mounts is not None and isolation != "bwrap":
+    protection = isolation()
+    if mounts is not None and protection != "bwrap":
         raise SandboxError("this needs bubblewrap (mounts), which is not available here")
-    if isolation == "bwrap" and scratch_mb is not None:
+    if protection == "bwrap" and scratch_mb is not None:
         copy = 'cp -a "$0"/. . && exec "$@"'
         argv = ["/bin/sh", "-c", copy, _SCRATCH_SOURCE, *argv]
     else:
         scratch_mb = None
     full = (
         [*_bwrap_argv(limits, workdir, network, scratch_mb, mounts), *argv]
-        if isolation == "bwrap"
+        if protection == "bwrap"
         else list(argv)
     )
     cgroup = PidsCgroup.create(limits.max_procs + 2)
@@ -369,7 +463,7 @@ def run_command(
         stderr_truncated=truncated["stderr"],
         timed_out=timed_out,
         duration_s=time.monotonic() - start,
-        isolation=isolation,
+        isolation=protection,
     )
 
 
@@ -405,33 +499,44 @@ class ProgramResult:
     completed: bool
 
 
-class ForkServer:
-    """One warm Python server in the sandbox, running one program at a time."""
+class _Server:
+    """A warm Python process in the sandbox that answers framed JSON requests one at a time."""
 
-    def __init__(self, limits: Limits):
-        self.isolation = "bwrap" if bwrap_available() else "rlimits"
+    def __init__(
+        self,
+        args: Sequence[str],
+        limits: Limits,
+        *,
+        own_limits: Limits | None = None,
+        visible: Iterable[str] = (),
+        as_pid_1: bool = False,
+        env: Mapping[str, str] | None = None,
+    ):
+        self.isolation = isolation()
         self.max_procs = limits.max_procs
         self.cgroup = PidsCgroup.create(limits.max_procs + 3)
-        argv = [sys.executable, "-I", str(_FORKSERVER)]
+        argv = [sys.executable, "-I", *args]
         if self.isolation == "bwrap":
-            argv = [*_bwrap_argv(limits, None, False), *argv, "--pidns"]
+            pid_1 = ["--as-pid-1"] if as_pid_1 else []
+            argv = [*_bwrap_argv(limits, None, False, visible=visible)[:-1], *pid_1, "--", *argv, "--pidns"]
         try:
             self.proc = subprocess.Popen(
                 argv,
-                env=scrubbed_env("/tmp"),
+                env=scrubbed_env("/tmp", env),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
                 start_new_session=True,
-                preexec_fn=_preexec(None, self.cgroup),  # noqa: PLW1509
+                # A server's CPU rlimit would add up over all the programs it runs.
+                preexec_fn=_preexec(own_limits, self.cgroup, cpu=False),  # noqa: PLW1509
             )
             hello = self._read(30.0)
         except (OSError, subprocess.SubprocessError) as exc:
             self.close()
-            raise SandboxError(f"cannot start the fork server: {exc}") from exc
+            raise SandboxError(f"cannot start a sandboxed server: {exc}") from exc
         if not hello or not hello.get("ready"):
             self.close()
-            raise SandboxError("the fork server did not start")
+            raise SandboxError("a sandboxed server did not start")
 
     def _read(self, timeout: float) -> dict | None:
         fd = self.proc.stdout.fileno()
@@ -440,6 +545,40 @@ class ForkServer:
 
     def alive(self) -> bool:
         return self.proc.poll() is None
+
+    def exchange(self, request: Mapping, timeout: float) -> dict:
+        """Send one request, return the reply. Raises `ServerDied` (and closes the server)
+        if it dies, fails, or does not answer within `timeout` seconds."""
+        try:
+            write_frame(self.proc.stdin.fileno(), request)
+            reply = self._read(timeout)
+        except (OSError, ValueError) as exc:
+            reply, reason = None, str(exc)
+        else:
+            reason = f"no reply within {timeout:g} s"
+        if reply is None or "error" in reply:
+            self.close()
+            why = reply["error"] if reply else reason
+            raise ServerDied(f"the sandboxed server died or failed ({why})")
+        return reply
+
+    def close(self) -> None:
+        proc = getattr(self, "proc", None)
+        if proc is not None:
+            _kill_group(proc.pid, self.cgroup)
+            proc.wait()
+            for stream in (proc.stdin, proc.stdout):
+                stream.close()
+        if self.cgroup is not None:
+            self.cgroup.destroy()
+            self.cgroup = None
+
+
+class ForkServer(_Server):
+    """One warm Python server in the sandbox, running one program at a time."""
+
+    def __init__(self, limits: Limits):
+        super().__init__([str(_FORKSERVER)], limits)
 
     def run(
         self, program: str, limits: Limits, env: Mapping[str, str] | None = None
@@ -460,17 +599,7 @@ class ForkServer:
             "env": scrubbed_env("/tmp", env),
         }
         start = time.monotonic()
-        try:
-            write_frame(self.proc.stdin.fileno(), request)
-            reply = self._read(limits.timeout_s + 10.0)
-        except (OSError, ValueError) as exc:
-            reply, reason = None, str(exc)
-        else:
-            reason = "no reply"
-        if reply is None or "error" in reply:
-            self.close()
-            why = reply["error"] if reply else reason
-            raise ServerDied(f"the fork server died or failed ({why})")
+        reply = self.exchange(request, limits.timeout_s + 10.0)
         result = SandboxResult(
             returncode=reply["returncode"],
             stdout=base64.b64decode(reply["stdout"]),
@@ -484,44 +613,68 @@ class ForkServer:
         completed = secrets.compare_digest(reply["result"].encode(), nonce.encode())
         return ProgramResult(result=result, completed=completed)
 
-    def close(self) -> None:
-        proc = getattr(self, "proc", None)
-        if proc is not None:
-            _kill_group(proc.pid, self.cgroup)
-            proc.wait()
-            for stream in (proc.stdin, proc.stdout):
-                stream.close()
-        if self.cgroup is not None:
-            self.cgroup.destroy()
-            self.cgroup = None
+
+# A predicate gets more room than a test program (it may load a model or a data set) and
+# no CPU limit of its own: its wall clock per call is what bounds it.
+PREDICATE_LIMITS = Limits(timeout_s=60.0, memory_mb=4096)
+
+
+class CallServer(_Server):
+    """A suite's callable (`predicate`), loaded and called in the sandbox by
+    `tasks.predicate_host`. It runs as the pid namespace's init, which its children
+    cannot kill; `visible` are directories under /tmp it must read (the suite's code)."""
+
+    def __init__(self, ref: str, base: Path, visible: Iterable[str]):
+        # Already inside the sandbox: code it runs through `run_python` gets layer 2 only.
+        nested = {MODE_ENV: "rlimits", UNSAFE_ENV: "1"}
+        super().__init__(
+            ["-m", "tasks.predicate_host", ref, str(base)],
+            PREDICATE_LIMITS,
+            own_limits=PREDICATE_LIMITS,
+            visible=visible,
+            as_pid_1=True,
+            env=nested,
+        )
+
+
+# Idle servers kept per OS process; beyond this the least recently used one is stopped.
+_MAX_IDLE = 32
 
 
 class _Pool:
-    """Idle fork servers, one per concurrent caller at most; per OS process (a forked
+    """Idle servers by key, one per concurrent caller at most; per OS process (a forked
     runner process gets its own)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.idle: list[ForkServer] = []
+        self.idle: list[tuple[str, _Server]] = []  # least recently used first
         self.pid = os.getpid()
 
-    def take(self, limits: Limits) -> ForkServer:
+    def take(self, key: str, start: Callable[[], _Server]) -> _Server:
         with self.lock:
-            while self.idle:
-                server = self.idle.pop()
-                if server.alive():
-                    return server
-                server.close()
-        return ForkServer(limits)
+            mine = [entry for entry in self.idle if entry[0] == key]
+            for entry in reversed(mine):
+                self.idle.remove(entry)
+                if entry[1].alive():
+                    server = entry[1]
+                    break
+                entry[1].close()
+            else:
+                server = None
+        return server or start()
 
-    def give(self, server: ForkServer) -> None:
+    def give(self, key: str, server: _Server) -> None:
         with self.lock:
-            self.idle.append(server)
+            self.idle.append((key, server))
+            evicted = self.idle[:-_MAX_IDLE]
+            del self.idle[:-_MAX_IDLE]
+        for _key, old in evicted:
+            old.close()
 
     def close(self) -> None:
         with self.lock:
             idle, self.idle = self.idle, []
-        for server in idle:
+        for _key, server in idle:
             server.close()
 
 
@@ -547,14 +700,26 @@ def run_python_program(
     no server can be started, `ServerDied` when it died mid-run (replaced next time).
     """
     pool = _current_pool()
-    server = pool.take(limits)
+    server = pool.take("", lambda: ForkServer(limits))
     result = server.run(program, limits, env)  # a dead server is closed, not returned
-    pool.give(server)
+    pool.give("", server)
     return result
 
 
+def call_in_sandbox(ref: str, base: Path, visible: Iterable[str], request: Mapping) -> dict:
+    """Send `request` to the warm `CallServer` of `ref` (started on demand) and return its
+    reply. Raises `SandboxError` when none can start, `ServerDied` when it died or took
+    longer than `PREDICATE_LIMITS.timeout_s`."""
+    pool = _current_pool()
+    key = f"call:{base}:{ref}"
+    server = pool.take(key, lambda: CallServer(ref, base, visible))
+    reply = server.exchange(request, PREDICATE_LIMITS.timeout_s)
+    pool.give(key, server)
+    return reply
+
+
 def shutdown() -> None:
-    """Stop the idle fork servers of this process (also run at exit)."""
+    """Stop the idle servers of this process (also run at exit)."""
     if _pool is not None and _pool.pid == os.getpid():
         _pool.close()
 

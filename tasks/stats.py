@@ -1,4 +1,4 @@
-"""The estimators behind every number a run reports (SPEC §6): pass@k, bootstrap CIs, SEs.
+"""The estimators behind every number a run reports (docs/contract.md §6): pass@k, bootstrap CIs, SEs.
 
 Pure numpy, no imports from the rest of the package. Every function takes per-case
 arrays: the case, not the sample, is the unit of resampling, because samples of one case

@@ -1,4 +1,4 @@
-"""The injected agents (SPEC §5): every scheme on real files, processes and HTTP servers."""
+"""The injected agents (docs/contract.md §5): every scheme on real files, processes and HTTP servers."""
 
 from __future__ import annotations
 
@@ -734,9 +734,31 @@ def test_outputs_over_the_cap_are_truncated_with_a_marker(
         assert sample.trace["output_truncated"]["cap_bytes"] == 1001
         assert sample.trace["output_truncated"]["bytes"] > 1001
         assert sample.verdict.status is Status.failed  # graded, as truncated
+        stored = PlannedSample("c1", 0, 7, "key", case().case_hash, output=sample.output)
+        regraded = draw_sample(None, case(), stored, 1, cap=1001)  # `--regrade`
+        assert regraded.output == sample.output and "output_truncated" not in regraded.trace
     monkeypatch.setenv("EVALPIPE_MAX_OUTPUT_BYTES", "4MB")
     with pytest.raises(InputError, match="EVALPIPE_MAX_OUTPUT_BYTES='4MB' is not a whole"):
         load_agent("python:hostile.py:huge")
+
+
+def test_run_takes_the_output_cap_on_the_command_line(prefect_harness, home, hostile) -> None:
+    import duckdb
+
+    (hostile / "suite.yaml").write_text(
+        "name: cap\ncases:\n  - {id: c1, inputs: {question: q}, reference: x, grader: {kind: exact}}\n"
+    )
+    env = {**os.environ, "PREFECT_API_URL": prefect_harness, "PYTHONPATH": str(ROOT)}
+    args = ["run", "suite.yaml", "--agent", "python:hostile.py:huge", "--max-output-bytes", "100"]
+    done = subprocess.run(
+        [sys.executable, "-m", "flows.cli", *args, "--json"],
+        cwd=hostile, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    run_id = json.loads(done.stdout)["run_id"]
+    with duckdb.connect(str(home / "evalpipe.duckdb"), read_only=True) as con:
+        [(output,)] = con.execute("SELECT output FROM samples WHERE run_id = ?", [run_id]).fetchall()
+    assert output == "é" * 50 + truncation_marker(100)
 
 
 DAEMON_PY = """
@@ -760,9 +782,14 @@ def _gone(pid: int) -> bool:
         return True
 
 
+@pytest.mark.parametrize("cgroup", [True, False], ids=["cgroup", "no-cgroup"])
 def test_cmd_agent_leaves_nothing_behind_and_is_not_held_by_a_grandchild(
-    cwd: Path, monkeypatch: pytest.MonkeyPatch
+    cwd: Path, monkeypatch: pytest.MonkeyPatch, cgroup: bool
 ) -> None:
+    from tasks import agents
+
+    if not cgroup:  # a machine without a writable pids cgroup
+        monkeypatch.setattr(agents.PidsCgroup, "create", classmethod(lambda cls, n: None))
     (cwd / "daemon.py").write_text(DAEMON_PY)
     monkeypatch.setenv("EVALPIPE_AGENT_TIMEOUT_S", "20")
     output = load_agent(f"cmd:{sys.executable} daemon.py").generate(case(), ctx())
@@ -850,6 +877,7 @@ def _demo_outputs(the_case: EvalCase, seeds: range) -> list[str]:
 QA_CASES = load_suite(ROOT / "examples/qa.yaml").cases
 
 
+@settings(deadline=None)  # loads the agent each time: slow on a loaded machine, and not the point
 @given(st.sampled_from(QA_CASES), st.integers(0, 9), st.integers(0, 2**63 - 1))
 def test_same_seed_same_output_in_any_copy_of_the_agent(the_case, index, seed) -> None:
     agent = load_agent(DEMO)

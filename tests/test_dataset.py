@@ -1,4 +1,4 @@
-"""Content addressing (SPEC §1.1) and suite-file validation (SPEC §3)."""
+"""Content addressing (docs/contract.md §1.1) and suite-file validation (docs/contract.md §3)."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def make(cases: list[dict]) -> EvalSuite:
     return build_suite("s", [(f"case #{i}", c) for i, c in enumerate(cases)], {}, source="t")
 
 
-@settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(suites, st.randoms())
 def test_version_ignores_order_and_key_order(cases, rnd):
     shuffled = [dict(reversed(list(c.items()))) for c in cases]
@@ -58,7 +58,7 @@ def test_version_ignores_order_and_key_order(cases, rnd):
     assert make(shuffled).version == make(cases).version
 
 
-@settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(suites, st.data())
 def test_any_content_change_moves_the_version(cases, data):
     original = make(cases)
@@ -163,11 +163,11 @@ def test_bad_input_names_the_problem(tmp_path: Path, name: str):
 def test_aliases_and_nesting_within_the_limits_load(tmp_path: Path):
     # An anchor reused by every case, and a reference nested just inside the depth limit
     # (the document, the case list, the case and its key add 3 levels above it).
-    cases = "".join(f"  - {{id: c{i}, grader: *g, reference: {'[' * 97}{']' * 97}}}\n" for i in range(300))
+    cases = "".join(f"  - {{id: c{i}, grader: *g, reference: {'[' * 97}{']' * 97}}}\n" for i in range(40))
     path = tmp_path / "ok.yaml"
     path.write_text("name: s\ngrader_defaults: &g {kind: exact}\ncases:\n" + cases)
     suite = load_suite(path)
-    assert len(suite.cases) == 300 and suite.case("c7").grader["kind"] == "exact"
+    assert len(suite.cases) == 40 and suite.case("c7").grader["kind"] == "exact"
 
 
 def test_verdict_passed_agrees_with_status():

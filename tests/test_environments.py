@@ -218,6 +218,25 @@ def test_concurrent_processes_build_it_once(repo, tmp_path: Path) -> None:
     venv = Path(outs[0][0].strip()).parent.parent
     assert (venv / "builds").read_text() == "built\n"
     assert sum("building environment" in err for _, err in outs) == 1  # the progress line
+    home = tmp_path / "home"
+    (row,) = list_environments(home)
+    assert prune(home=home) == {"removed": [], "busy": []}  # ready and just used: kept
+    assert prune(unused_days=0, home=home)["removed"] == [row["name"]] and not venv.exists()
+
+
+def test_without_bubblewrap_it_is_an_error(repo, tmp_path, monkeypatch) -> None:
+    from tasks import sandbox
+
+    monkeypatch.setenv("EVALPIPE_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv(sandbox.MODE_ENV, "rlimits")
+    monkeypatch.setenv(sandbox.UNSAFE_ENV, "1")  # as --unsafe-no-sandbox would
+    sandbox._bwrap_problem.cache_clear()
+    try:
+        verdict = grade(GOLD, make_case(repo, environment={"install": ["true"]}))
+    finally:
+        monkeypatch.undo()
+        sandbox._bwrap_problem.cache_clear()
+    assert verdict.status is Status.error and "needs bubblewrap" in verdict.detail
 
 
 @pytest.mark.parametrize(

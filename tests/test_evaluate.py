@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -12,6 +13,8 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 ROOT = Path(__file__).resolve().parent.parent
 AGENTS = ROOT / "tests/support/agents.py"
@@ -231,3 +234,61 @@ def test_regrade_counts_environment_flakes_apart_from_the_agent(prefect_harness,
     assert unstable["env_flaky"] is True and len(unstable["regrade"]) == 2
     html = write_report(out["run_id"], tmp_path / "report.html").read_text()
     assert "environment flakes" in html
+
+
+def test_run_batch_returns_the_prefix_finished_within_its_budget(tmp_path, monkeypatch):
+    from tasks.agents import load_agent
+    from tasks.dataset import load_suite
+    from tasks.sampling import plan_samples, run_batch
+
+    monkeypatch.setenv("EVALPIPE_TEST_SLEEP", "0.05")
+    suite = load_suite(write_suite(tmp_path / "toy.yaml", 10))
+    slow = load_agent(agent("slow"))
+    planned = plan_samples(suite, slow.fingerprint, 1, 0)
+    assert len(run_batch(slow, suite.cases, planned, 1, budget_s=0)) == 1  # always at least one
+    part = run_batch(slow, suite.cases, planned, 1, budget_s=0.3)  # 10 x 0.05 s would take 0.5 s
+    assert 1 <= len(part) < 10
+    assert [(s.case_id, s.index) for s in part] == [(p.case_id, p.index) for p in planned[: len(part)]]
+    assert len(run_batch(slow, suite.cases, planned, 1)) == 10
+
+
+@given(missing=st.integers(1, 10**6), workers=st.integers(1, 256))
+def test_a_task_holds_at_most_max_batch_samples_and_tasks_stay_few(missing, workers):
+    from tasks.run import MAX_BATCH, TASKS_PER_WORKER, samples_per_task
+
+    size = samples_per_task(missing, workers)
+    assert 1 <= size <= MAX_BATCH
+    assert size == MAX_BATCH or math.ceil(missing / size) <= workers * TASKS_PER_WORKER
+
+
+def test_the_issue_case_is_bounded():
+    from tasks.run import samples_per_task
+
+    assert samples_per_task(2000 * 10, 2) == 64  # was 625: a kill threw away 2 x 625 draws
+
+
+def test_a_task_cut_short_by_its_budget_has_the_rest_drawn_once(prefect_harness, home, tmp_path, counted,
+                                                                monkeypatch):
+    from flows.evaluate import evaluate
+    from tasks import run
+
+    sizes: list[int] = []
+
+    def recorded_run_batch(*args):
+        drawn = run_batch(*args)
+        sizes.append(len(drawn))
+        return drawn
+
+    run_batch = run.run_batch
+    monkeypatch.setattr(run, "run_batch", recorded_run_batch)
+    monkeypatch.setattr(run, "BATCH_BUDGET_S", 0.2)
+    monkeypatch.setenv("EVALPIPE_TEST_SLEEP", "0.05")
+    suite = write_suite(tmp_path / "toy.yaml", 12)
+    out = evaluate(suite=str(suite), agent=agent("slow"), n=2, k=[1], workers=2, batch_size=6)
+    # Two chunks of 12 samples (0.6 s each): each task stops after ~0.2 s, the rest goes again.
+    assert max(sizes) < 12 and len(sizes) > 2 and sum(sizes) == 24
+    drawn = calls(counted)
+    assert len(drawn) == 24 and len(set(drawn)) == 24  # every sample drawn exactly once
+    assert out["samples"] == 24 and out["cached_samples"] == 0
+    assert query(home, "SELECT count(DISTINCT (case_id, sample_index)) FROM samples WHERE run_id = ?",
+                 out["run_id"]) == [(24,)]

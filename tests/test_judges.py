@@ -377,3 +377,32 @@ def test_calibrate_command(home, tmp_path):
     labels.write_text('{"case_id": "c0", "output": "x", "label": "maybe"}\n')
     bad = CliRunner().invoke(app, ["judge", "calibrate", str(suite), "--labels", str(labels)])
     assert isinstance(bad.exception, InputError) and "line 1: label 'maybe'" in str(bad.exception)
+
+
+# --- hostile judges: what a judge does stays in its verdict ---------------------------------
+
+
+def test_a_judge_raising_keyboard_interrupt_is_an_error_draw(tmp_path):
+    judge = tmp_path / "interrupting.py"
+    judge.write_text("def judge(output, case, seed):\n    raise KeyboardInterrupt('judge')\n")
+    trace = {}
+    try:
+        verdict = grade("yes", judge_case(f"{judge}:judge", samples=2), trace)
+    except BaseException as exc:  # noqa: BLE001 - what used to end the run
+        pytest.fail(f"the judge's {type(exc).__name__} escaped the verdict")
+    assert verdict.status is Status.error and "KeyboardInterrupt: judge" in verdict.detail
+    assert trace["judge"]["errors"] == 2
+
+
+def test_openai_judge_errors_never_carry_the_key(endpoint, monkeypatch):
+    key = "sk-judge-" + "Q1w2E3r4" * 8
+    monkeypatch.setenv("EVALPIPE_OPENAI_MAX_ATTEMPTS", "1")
+    # A careless server: its error echoes the key after enough noise that the key straddles
+    # the point where the message is cut.
+    with endpoint(lambda body: (401, "." * 200 + body["_auth"])):
+        monkeypatch.setenv("OPENAI_API_KEY", key)
+        trace = {}
+        verdict = grade("yes", judge_case("openai:m", rubric=RUBRIC), trace)
+    assert verdict.status is Status.error and "HTTP 401" in verdict.detail
+    stored = verdict.detail + json.dumps(trace)
+    assert not [key[i : i + 8] for i in range(len(key) - 7) if key[i : i + 8] in stored]

@@ -16,15 +16,6 @@ from tasks.sandbox import Limits, SandboxError, run_command, run_python
 needs_bwrap = pytest.mark.skipif(not sandbox.bwrap_available(), reason="needs bubblewrap")
 
 
-@pytest.fixture(params=["auto", "rlimits"])
-def mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
-    """Each test runs with bubblewrap (where available) and with the forced fallback."""
-    monkeypatch.setenv(sandbox.MODE_ENV, request.param)
-    sandbox.bwrap_available.cache_clear()
-    yield "bwrap" if sandbox.bwrap_available() else "rlimits"
-    sandbox.bwrap_available.cache_clear()
-
-
 def _py(code: str, tmp_path: Path, **limits: float) -> sandbox.SandboxResult:
     return run_command(
         [sys.executable, "-I", "-c", code], workdir=tmp_path, limits=Limits(**limits)
@@ -173,10 +164,8 @@ def test_fallback_fork_server_still_contains_programs(mode: str) -> None:
         server.close()
 
 
-@needs_bwrap
-def test_an_interpreter_living_under_tmp_still_runs_in_the_sandbox(tmp_path: Path) -> None:
-    """A clone or venv under /tmp (CI checkouts often are) is hidden by the sandbox's
-    private /tmp unless it is bound back in; then every program would fail to start."""
+def tmp_venv(tmp_path: Path) -> Path:
+    """A venv under /tmp (as CI checkouts often are) that imports evalpipe and its packages."""
     import subprocess
     import sysconfig
 
@@ -187,6 +176,16 @@ def test_an_interpreter_living_under_tmp_still_runs_in_the_sandbox(tmp_path: Pat
     site = next(venv.glob("lib/python*/site-packages"))
     root = Path(sandbox.__file__).resolve().parent.parent
     (site / "evalpipe-here.pth").write_text(f"{sysconfig.get_paths()['purelib']}\n{root}\n")
+    return venv
+
+
+@needs_bwrap
+def test_an_interpreter_living_under_tmp_still_runs_in_the_sandbox(tmp_path: Path) -> None:
+    """A clone or venv under /tmp (CI checkouts often are) is hidden by the sandbox's
+    private /tmp unless it is bound back in; then every program would fail to start."""
+    import subprocess
+
+    venv = tmp_venv(tmp_path)
     (tmp_path / "secret").write_text("x")
     secret = str(tmp_path / "secret")
     code = (

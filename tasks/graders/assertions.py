@@ -1,4 +1,4 @@
-"""Assertion graders: exact, contains, regex, numeric, json (SPEC §4).
+"""Assertion graders: exact, contains, regex, numeric, json (docs/contract.md §4).
 
 Pure functions of (output, case). Parameters are checked when the suite loads
 (`tasks.params`); what depends on the reference (none given, a `fields` key missing from

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Literal
 
+from tasks.agents import PROMPT_FIELDS, AgentError, call_user_code
 from tasks.callables import load_callable
 from tasks.graders import register
 from tasks.models import EvalCase, InputError, Status, Verdict, canonical_json, sha256_hex
@@ -90,18 +91,21 @@ class Judge:
     def draw(self, output: str, case: EvalCase, seed: int) -> Draw:
         """One verdict; never raises (the judge failing is an error draw)."""
         try:
-            return draw_from_result(self._grade(output, case, seed), seed)
-        except (Exception, SystemExit) as exc:
-            return Draw(seed, None, error=redact(f"{self.spec}: {type(exc).__name__}: {exc}")[:500])
+            return draw_from_result(call_user_code(self._grade, output, case, seed), seed)
+        except AgentError as exc:
+            return Draw(seed, None, error=self._error(exc))
 
     def prefer(self, case: EvalCase, first: str, second: str, seed: int) -> Preference:
         """Which of two outputs shown in this order is better. Raises `JudgeError`."""
         try:
-            return preference_from_result(self._prefer(case, first, second, seed))
-        except JudgeError:
-            raise
-        except (Exception, SystemExit) as exc:
-            raise JudgeError(redact(f"{self.spec}: {type(exc).__name__}: {exc}")[:500]) from None
+            result = call_user_code(self._prefer, case, first, second, seed)
+        except AgentError as exc:
+            raise JudgeError(self._error(exc)) from None
+        return preference_from_result(result)
+
+    def _error(self, exc: AgentError) -> str:
+        # Masked before it is cut: a secret cut in half would escape the mask.
+        return redact(f"{self.spec}: {exc}")[:500]
 
 
 class JudgeError(Exception):
@@ -202,8 +206,6 @@ def render(template: str, case: EvalCase, **texts: str) -> str:
     One pass, known names only: other braces stay as written, and a placeholder inside
     an output is not expanded again (an output cannot rewrite the rubric).
     """
-    from tasks.agents import PROMPT_FIELDS
-
     prompt = next(
         (case.inputs[f] for f in PROMPT_FIELDS if isinstance(case.inputs.get(f), str)), None
     )

@@ -1,29 +1,53 @@
-"""`predicate`: a user's Python callable decides, `fn(output, case)`.
+"""`predicate`: a suite's Python callable decides, `fn(output, case)`.
 
 `function` is `module:function` or `path/to/file.py:function` (relative to the working
 directory). Truthy → passed, falsy → failed, a returned `Verdict` is used as is; raising,
 or returning something whose truth is undefined (a numpy array), → `status: error`.
 
-The predicate itself is the suite author's code and runs in the harness process. When it
-runs *candidate* code it should do so through the sandbox:
-`tasks.sandbox.run_python(source, limits=Limits(...))` returns a `SandboxResult`.
+A suite is not trusted (it may come from a git URL), so the callable it names is never
+imported into the harness: it is loaded and called in the sandbox, on a warm server per
+callable (`tasks.sandbox.call_in_sandbox`, `tasks.predicate_host`), which returns the
+verdict as JSON. `shutil:rmtree` runs there against a read-only file system. To run
+*candidate* code, a predicate calls `tasks.sandbox.run_python(source, limits=...)`.
 """
 
 from __future__ import annotations
 
-from tasks.callables import load_callable
+from collections.abc import Callable
+from pathlib import Path
+
+from tasks.callables import source_dirs
 from tasks.graders import error_verdict, register
-from tasks.models import EvalCase, Status, Verdict
+from tasks.models import EvalCase, InputError, Status, Verdict
+from tasks.sandbox import SandboxError, ServerDied, call_in_sandbox
+
+
+def _call(ref: str, request: dict) -> dict:
+    base = Path.cwd()
+    reply = call_in_sandbox(ref, base, source_dirs(ref, base), request)
+    if "load_error" in reply:
+        raise InputError(reply["load_error"])
+    return reply
 
 
 def _code_hash(case: EvalCase) -> str:
-    return load_callable(case.params.function).code_sha256
+    return _call(case.params.function, {"op": "hash"})["code_sha256"]
 
 
 @register("predicate", fingerprint=_code_hash)
 def predicate(output: str, case: EvalCase, trace: dict) -> Verdict:
     ref = case.params.function
-    fn = load_callable(ref).func
+    try:
+        reply = _call(ref, {"output": output, "case": case.model_dump(mode="json")})
+    except ServerDied as exc:
+        return Verdict.fail(Status.error, f"predicate {ref}: its sandbox died ({exc})")
+    except SandboxError as exc:
+        return Verdict.fail(Status.error, f"predicate {ref}: sandbox could not start: {exc}")
+    return Verdict.model_validate(reply["verdict"])
+
+
+def decide(ref: str, fn: Callable, output: str, case: EvalCase) -> Verdict:
+    """The verdict of `fn(output, case)`; runs in the sandbox (`tasks.predicate_host`)."""
     try:
         result = fn(output, case)
     except (Exception, SystemExit) as exc:

@@ -5,7 +5,8 @@ when the per-run completion nonce came back, which the child writes after the la
 statement (`check(...)`) returned: exit status 0, `sys.exit(0)`, `os._exit(0)` or
 printing "passed" never pass. Statuses: `passed`, `failed` (assertion, exception, wrong
 answer, exited early, killed its own server), `timeout`, `error` (no sandbox could be
-started), `empty` (blank output, not run).
+started, or bubblewrap is missing and the run did not allow running without it), `empty`
+(blank output, not run).
 """
 
 from __future__ import annotations

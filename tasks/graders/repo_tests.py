@@ -1,6 +1,6 @@
 """`repo_tests`: SWE-bench-style grading, a candidate patch judged by a repository's tests.
 
-The verdict follows SPEC §4 step by step, and each step fails closed:
+The verdict follows docs/contract.md §4 step by step, and each step fails closed:
 
 1. empty output → `empty`
 2. a clean tree at `base_commit` (`tasks.repos`) → `error` if it cannot be had
