@@ -20,17 +20,17 @@ from tasks.run import RunSummary
 
 def publish(run: RunSummary, home: Path) -> None:
     """The run's summary and per-slice table."""
-    summary = run.to_json()
-    slug = "".join(ch if ch.isalnum() else "-" for ch in summary["suite_name"].lower()).strip("-")
-    judges = run_calibrations(summary["run_id"], home)
+    slug = "".join(ch if ch.isalnum() else "-" for ch in run.suite_name.lower()).strip("-")
+    judges = run_calibrations(run.run_id, home)
+    gate = run.gate.model_dump(mode="json") if run.gate else None
     create_markdown_artifact(
-        key=f"evalpipe-{slug}-summary", markdown=summary_markdown(summary, summary.get("gate"), judges),
-        description=f"evalpipe run {summary['run_id']}",
+        key=f"evalpipe-{slug}-summary", markdown=summary_markdown(run, gate, judges),
+        description=f"evalpipe run {run.run_id}",
     )
-    rows = slices_table(summary)
+    rows = slices_table(run)
     if rows:
         create_table_artifact(key=f"evalpipe-{slug}-slices", table=rows,
-                              description=f"per-slice pass@1, run {summary['run_id']}")
+                              description=f"per-slice pass@1, run {run.run_id}")
 
 
 class Progress:

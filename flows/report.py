@@ -12,6 +12,7 @@ from storage import db
 from storage.calibrations import run_calibrations
 from tasks.models import InputError
 from tasks.report import render_report
+from tasks.run import RunSummary
 
 MAX_DETAILS_PER_CASE = 5
 
@@ -43,11 +44,12 @@ def write_report(run_id: str, out: Path, home: Path | None = None) -> Path:
     run_id = run["run_id"]
     if not run.get("summary"):
         raise InputError(f"run {run_id!r} has no summary (status {run['status']}): nothing to report")
-    summary = run["summary"]
-    gate = summary.get("gate")
-    baseline = db.get_run(gate["baseline"], home) if gate else None
+    summary = RunSummary.read(run["summary"])
+    gate = summary.gate
+    base_run = db.get_run(gate.baseline, home) if gate else None
+    baseline = RunSummary.read(base_run["summary"]) if base_run and base_run.get("summary") else None
     html = render_report(summary, case_rows(run_id, home),
-                         baseline=(baseline or {}).get("summary"), gate=gate,
+                         baseline=baseline, gate=gate.model_dump(mode="json") if gate else None,
                          calibration=_calibration(summary),
                          judges=run_calibrations(run_id, home))
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -58,7 +60,7 @@ def write_report(run_id: str, out: Path, home: Path | None = None) -> Path:
     return out
 
 
-def _calibration(summary: dict[str, Any]) -> dict[str, Any] | None:
-    if "env_flaky_samples" not in summary:
+def _calibration(summary: RunSummary) -> dict[str, Any] | None:
+    if summary.env_flaky_samples is None:
         return None
-    return {"regraded samples": summary["samples"], "environment flakes": summary["env_flaky_samples"]}
+    return {"regraded samples": summary.samples, "environment flakes": summary.env_flaky_samples}

@@ -1,17 +1,23 @@
 """The run report: one self-contained HTML file, plus the same summary for Prefect artifacts.
 
-The HTML opens offline: inline CSS, inline SVG charts, no scripts, no external URLs.
-Everything that came from a case or an agent (ids, details, violations) is escaped.
-Inputs are plain JSON documents (the `run --json` and `gate --json` shapes, docs/contract.md §7), so
-a report can be rendered from the database long after the run.
+The HTML opens offline: inline CSS, inline SVG charts, no scripts, no external URLs. It is
+drawn by a Jinja template (templates/report.html.j2) with autoescaping on, so everything that
+came from a case or an agent (ids, details, violations) is escaped where it is printed; this
+module only computes what to show and where (chart geometry, formatted figures).
+The run is read as the typed `RunSummary` (the `run --json` document, docs/contract.md §7); the
+gate, calibration and judge inputs are their plain JSON documents, so a report can be rendered
+from the database long after the run.
 """
 
 from __future__ import annotations
 
-import html
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
+
+from jinja2 import Environment, PackageLoader, StrictUndefined
+
+from tasks.run import RunSummary
 
 # Long suites would make a report nobody can scroll; the counts above each list stay exact.
 MAX_LISTED = 200
@@ -28,109 +34,85 @@ STATUS_COLORS = {
     "agent_error": "#ad1457",
 }
 
-CSS = """
-body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:0;color:#1b1b1b;background:#fafafa}
-main{max-width:1100px;margin:0 auto;padding:24px}
-h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}
-.meta{color:#555;font-size:12px;word-break:break-all}
-.cards{display:flex;flex-wrap:wrap;gap:12px}
-.card{background:#fff;border:1px solid #ddd;border-radius:6px;padding:10px 14px;min-width:150px}
-.card .value{font-size:24px;font-weight:600}.card .sub{color:#555;font-size:12px}
-.alert{background:#fdecea;border:2px solid #c62828;border-radius:6px;padding:8px 16px}
-.alert h2{color:#b71c1c;border-color:#f5c6c6}
-.badge{display:inline-block;padding:2px 10px;border-radius:10px;color:#fff;font-weight:600}
-.badge.pass{background:#2e7d32}.badge.block{background:#c62828}
-table{border-collapse:collapse;background:#fff;width:100%}
-th,td{border:1px solid #ddd;padding:4px 8px;text-align:left;vertical-align:top}
-th{background:#f0f0f0}td.num{text-align:right;font-variant-numeric:tabular-nums}
-pre{white-space:pre-wrap;word-break:break-word;margin:4px 0;font-size:12px;background:#f6f6f6;padding:6px}
-svg.chart{background:#fff;border:1px solid #ddd;border-radius:6px;margin:4px 0}
-svg text{font:12px system-ui,sans-serif;fill:#333}
-.note{color:#555;font-size:12px}
-.uncalibrated{color:#b71c1c;font-weight:600}
-"""
+UNSAFE_NOTE = ("run with --unsafe-no-sandbox and no bubblewrap: the suite's code ran unprotected "
+               "(it could read the harness's environment and files, and signal it)")
+
+TRUTH_SOURCES = {"human": "human labels", "oracle": "execution oracle"}
+
+Summary = RunSummary | Mapping[str, Any]
 
 
 def render_report(
-    run: Mapping[str, Any],
+    run: Summary,
     cases: Sequence[Mapping[str, Any]],
-    baseline: Mapping[str, Any] | None = None,
+    baseline: Summary | None = None,
     gate: Mapping[str, Any] | None = None,
     calibration: Mapping[str, Any] | None = None,
     judges: Sequence[Mapping[str, Any]] = (),
 ) -> str:
     """The whole report as one HTML document.
 
-    ``run``: the `run --json` document (with `pass_at_k_notes`, `flaky_case_ids` when
-    known). ``cases``: {case_id, n, c, slices, statuses: {status: count}, details: [str],
-    safety: [str]} per case. ``baseline``: the baseline's run document; ``gate``: the
-    `gate --json` document; ``calibration``: any flat mapping of grader-reliability figures
-    (e.g. `--regrade` environment-flake counts), shown as a table. ``judges``: one
+    ``run``: the run's summary. ``cases``: {case_id, n, c, slices, statuses: {status: count},
+    details: [str], safety: [str]} per case. ``baseline``: the baseline's summary; ``gate``:
+    the `gate --json` document; ``calibration``: any flat mapping of grader-reliability
+    figures (e.g. `--regrade` environment-flake counts), shown as a table. ``judges``: one
     {judge, judge_fingerprint, judged, errors, calibration} per judge that graded the run
     (`storage.calibrations.run_calibrations`); `calibration` is its newest calibration
     document or None, and None is shown as such.
     """
-    title = f"evalpipe report — {run.get('suite_name', 'suite')} — {run.get('run_id', '')}"
-    parts = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        '<meta name="viewport" content="width=device-width,initial-scale=1">',
-        f"<title>{_esc(title)}</title><style>{CSS}</style></head><body><main>",
-        _safety_section(run),
-        _sandbox_section(run),
-        _header(run),
-        _gate_section(gate) if gate else "",
-        _headline(run),
-        "<h2>pass@k</h2>",
-        passk_curve_svg(run, baseline),
-        "<h2>Slices</h2>",
-        slice_bars_svg(run, baseline),
-        "<h2>Status breakdown</h2>",
-        status_bars_svg(run.get("status_counts", {})),
-        _comparison_section(run, baseline) if baseline else "",
-        _calibration_section(calibration) if calibration else "",
-        _judges_section(judges) if judges else "",
-        _case_sections(cases),
-        "</main></body></html>",
-    ]
-    return "\n".join(part for part in parts if part)
-
-
-UNSAFE_NOTE = ("run with --unsafe-no-sandbox and no bubblewrap: the suite's code ran unprotected "
-               "(it could read the harness's environment and files, and signal it)")
+    run = RunSummary.read(run)
+    base = RunSummary.read(baseline) if baseline is not None else None
+    return _ENV.get_template("report.html.j2").render(
+        run=run,
+        baseline=base,
+        gate=_gate_view(gate) if gate else None,
+        unsafe_note=UNSAFE_NOTE,
+        safety_rows=[(v.case_id, v.sample_index, v.violation) for v in run.safety_violations[:MAX_LISTED]],
+        meta=_meta(run),
+        level=_level(run),
+        pass_at_1=_pass_at_1(run),
+        other_ks=[(k, v, run.pass_at_k_notes.get(k, "")) for k, v in _sorted_ks(run.pass_at_k) if k != "1"],
+        passk=_passk_chart(run, base),
+        slice_bars=_slice_chart(run, base),
+        status_bars=_status_chart(run.status_counts),
+        comparison=_comparison_rows(run, base) if base else [],
+        calibration=[(k, ", ".join(map(str, v)) if isinstance(v, list | tuple) else v)
+                     for k, v in (calibration or {}).items()],
+        judges=[_judge_view(j) for j in judges],
+        case_lists=_case_lists(cases),
+        max_listed=MAX_LISTED,
+    ).strip() + "\n"
 
 
 def summary_markdown(
-    run: Mapping[str, Any],
+    run: Summary,
     gate: Mapping[str, Any] | None = None,
     judges: Sequence[Mapping[str, Any]] = (),
 ) -> str:
     """A short Markdown summary for the Prefect run page (a markdown artifact); `judges`
     as for `render_report`."""
+    run = RunSummary.read(run)
     lines = []
-    if run.get("sandbox") == "unsafe-no-sandbox":
+    if run.sandbox == "unsafe-no-sandbox":
         lines += [f"> **NO SANDBOX** — {UNSAFE_NOTE}.", ""]
-    if run.get("safety_failed"):
-        count = len(run.get("safety_violations", []))
+    if run.safety_failed:
+        count = len(run.safety_violations)
         lines += [f"> **SAFETY FAILED** — {count} violation(s); the gate blocks this run.", ""]
     lines += [
-        f"# {run.get('suite_name', 'suite')}: pass@1 {_pct(_pass_at_1(run))} "
-        f"({_level(run)} CI {_ci(run.get('pass_at_1_ci'))})",
+        f"# {run.suite_name}: pass@1 {_pct(_pass_at_1(run))} "
+        f"({_level(run)} CI {_ci(run.pass_at_1_ci)})",
         "",
-        f"run `{run.get('run_id', '')}` · agent `{run.get('agent', '')}` · suite `{run.get('suite_version', '')[:12]}` · "
-        f"{run.get('cases', '?')} cases × n={run.get('n', '?')} · "
-        f"{run.get('flaky_cases', 0)} flaky",
+        f"run `{run.run_id}` · agent `{run.agent}` · suite `{run.suite_version[:12]}` · "
+        f"{run.cases} cases × n={run.n} · {run.flaky_cases} flaky",
         "",
         "| metric | value |",
         "|---|---|",
     ]
-    notes = run.get("pass_at_k_notes", {})
-    for k, value in _sorted_ks(run.get("pass_at_k", {})):
-        lines.append(
-            f"| pass@{k} | {_pct(value) if value is not None else 'n/a: ' + notes.get(k, '')} |"
-        )
-    lines.append(f"| pass@1 SE | {_pct(run.get('pass_at_1_se'))} |")
-    statuses = ", ".join(f"{s} {c}" for s, c in run.get("status_counts", {}).items())
+    for k, value in _sorted_ks(run.pass_at_k):
+        shown = _pct(value) if value is not None else "n/a: " + run.pass_at_k_notes.get(k, "")
+        lines.append(f"| pass@{k} | {shown} |")
+    lines.append(f"| pass@1 SE | {_pct(run.pass_at_1_se)} |")
+    statuses = ", ".join(f"{s} {c}" for s, c in run.status_counts.items())
     lines.append(f"| statuses | {statuses} |")
     if gate:
         lines += [
@@ -158,47 +140,32 @@ def summary_markdown(
     return "\n".join(lines) + "\n"
 
 
-def slices_table(run: Mapping[str, Any]) -> list[dict[str, Any]]:
+def slices_table(run: Summary) -> list[dict[str, Any]]:
     """One row per slice (the whole suite first, as ``__all__``) for a Prefect table artifact."""
-    overall = {
-        "cases": run.get("cases"),
-        "pass_at_1": _pass_at_1(run),
-        "pass_at_1_ci": run.get("pass_at_1_ci"),
-        "pass_at_k": run.get("pass_at_k", {}),
-    }
+    run = RunSummary.read(run)
+    overall = (run.cases, _pass_at_1(run), run.pass_at_1_ci, run.pass_at_k)
     rows = []
-    for name, metrics in [("__all__", overall), *run.get("slices", {}).items()]:
-        lo, hi = metrics.get("pass_at_1_ci") or (None, None)
-        row = {
-            "slice": name,
-            "cases": metrics.get("cases"),
-            "pass@1": _round(metrics.get("pass_at_1")),
-            "ci_lo": _round(lo),
-            "ci_hi": _round(hi),
-        }
-        row.update(
-            {
-                f"pass@{k}": _round(v)
-                for k, v in _sorted_ks(metrics.get("pass_at_k", {}))
-                if k != "1"
-            }
-        )
+    for name, (cases, pass_at_1, ci, pass_at_k) in [
+        ("__all__", overall),
+        *((name, (m.cases, m.pass_at_1, m.pass_at_1_ci, m.pass_at_k)) for name, m in run.slices.items()),
+    ]:
+        lo, hi = ci or (None, None)
+        row = {"slice": name, "cases": cases, "pass@1": _round(pass_at_1),
+               "ci_lo": _round(lo), "ci_hi": _round(hi)}
+        row.update({f"pass@{k}": _round(v) for k, v in _sorted_ks(pass_at_k) if k != "1"})
         rows.append(row)
     return rows
 
 
-# --- charts -------------------------------------------------------------------------
+# --- charts: geometry only; the template draws -----------------------------------------
 
 
-def passk_curve_svg(run: Mapping[str, Any], baseline: Mapping[str, Any] | None = None) -> str:
+def _passk_chart(run: RunSummary, baseline: RunSummary | None) -> dict[str, Any] | None:
     """pass@k against k (ks evenly spaced), the run solid and the baseline dashed."""
     width, height, left, right, top, bottom = 640, 280, 50, 20, 20, 40
-    ks = sorted(
-        {int(k) for k in run.get("pass_at_k", {})}
-        | {int(k) for k in (baseline or {}).get("pass_at_k", {})}
-    )
+    ks = sorted({int(k) for k in run.pass_at_k} | {int(k) for k in (baseline.pass_at_k if baseline else {})})
     if not ks:
-        return _empty_chart("passk-curve", "no pass@k values")
+        return None
     pad, inner = 30, width - left - right - 60  # the pad keeps the pass@1 whisker off the axis
     step = inner / max(len(ks) - 1, 1)
     x_of = {k: left + pad + (i * step if len(ks) > 1 else inner / 2) for i, k in enumerate(ks)}
@@ -206,318 +173,142 @@ def passk_curve_svg(run: Mapping[str, Any], baseline: Mapping[str, Any] | None =
     def y(value: float) -> float:
         return top + (1 - value) * (height - top - bottom)
 
-    body = [_y_axis(left, width - right, y)]
-    undefined = {int(k) for k, v in run.get("pass_at_k", {}).items() if v is None}
-    body += [
-        f'<text x="{x_of[k]:.1f}" y="{height - bottom + 18}" text-anchor="middle">'
-        f"k={k}{' (n/a)' if k in undefined else ''}</text>"
-        for k in ks
-    ]
-    series = [("run", run, "passk-line", "")]
-    if baseline:
-        series.append(("baseline", baseline, "passk-line baseline", ' stroke-dasharray="6 4"'))
-    for label, doc, cls, dash in series:
-        color = "#1565c0" if label == "run" else "#757575"
-        points = [(k, v) for k, v in _sorted_ks(doc.get("pass_at_k", {})) if v is not None]
-        coords = " ".join(f"{x_of[int(k)]:.1f},{y(v):.1f}" for k, v in points)
-        if len(points) > 1:
-            body.append(
-                f'<polyline class="{cls}" points="{coords}" fill="none" stroke="{color}" stroke-width="2"{dash}/>'
-            )
-        for k, v in points:
-            body.append(
-                f'<circle class="passk-point" data-series="{label}" cx="{x_of[int(k)]:.1f}" cy="{y(v):.1f}" '
-                f'r="4" fill="{color}"><title>{label} pass@{k} = {_pct(v)}</title></circle>'
-            )
-        ci = doc.get("pass_at_1_ci")
-        if ci and 1 in x_of and label == "run":
-            body.append(_error_bar(x_of[1], y(ci[0]), y(ci[1]), vertical=True))
-    body.append(
-        f'<text x="{width - right}" y="{top + 4}" text-anchor="end">'
-        f"{'— run   - - baseline' if baseline else '— run'}</text>"
-    )
-    return _svg("passk-curve", width, height, body, "pass@k curve")
+    undefined = {int(k) for k, v in run.pass_at_k.items() if v is None}
+    series = []
+    for label, doc, cls, color, dashed in (
+        ("run", run, "passk-line", "#1565c0", False),
+        ("baseline", baseline, "passk-line baseline", "#757575", True),
+    ):
+        if doc is None:
+            continue
+        points = [(x_of[int(k)], y(v), k, v) for k, v in _sorted_ks(doc.pass_at_k) if v is not None]
+        series.append({"label": label, "cls": cls, "color": color, "dashed": dashed, "points": points})
+    ci = run.pass_at_1_ci
+    return {
+        "width": width, "height": height, "left": left, "right": width - right, "top": top,
+        "grid": _y_grid(y),
+        "ticks": [(x_of[k], height - bottom + 18, f"k={k}{' (n/a)' if k in undefined else ''}") for k in ks],
+        "series": series,
+        "whisker": _error_bar(x_of[1], y(ci[0]), y(ci[1]), vertical=True) if ci and 1 in x_of else None,
+        "legend": "— run   - - baseline" if baseline else "— run",
+    }
 
 
-def slice_bars_svg(run: Mapping[str, Any], baseline: Mapping[str, Any] | None = None) -> str:
+def _slice_chart(run: RunSummary, baseline: RunSummary | None) -> dict[str, Any]:
     """Horizontal pass@1 bars per slice (the whole suite first) with CI error bars."""
     rows = slices_table(run)
     base_rates = {r["slice"]: r["pass@1"] for r in slices_table(baseline)} if baseline else {}
     label_w, width, bar_h, gap, top = 180, 640, 18, 10, 10
-    height = top * 2 + len(rows) * (bar_h + gap) + 20
     span = width - label_w - 70
 
     def x(value: float) -> float:
         return label_w + value * span
 
-    body = []
+    bars = []
     for i, row in enumerate(rows):
         y0 = top + i * (bar_h + gap)
         rate = row["pass@1"] or 0.0
-        name = "all cases" if row["slice"] == "__all__" else row["slice"]
-        body.append(
-            f'<text x="{label_w - 8}" y="{y0 + 13}" text-anchor="end">{_esc(_clip(name, 26))}</text>'
-        )
-        body.append(
-            f'<rect class="slice-bar" data-slice="{_esc(row["slice"])}" x="{label_w}" y="{y0}" '
-            f'width="{rate * span:.1f}" height="{bar_h}" fill="#64b5f6">'
-            f"<title>{_esc(name)}: {_pct(rate)} ({row['cases']} cases, CI {_ci((row['ci_lo'], row['ci_hi']))})</title></rect>"
-        )
-        if row["ci_lo"] is not None:
-            body.append(
-                _error_bar(y0 + bar_h / 2, x(row["ci_lo"]), x(row["ci_hi"]), vertical=False)
-            )
-        if base_rates.get(row["slice"]) is not None:
-            bx = x(base_rates[row["slice"]])
-            body.append(
-                f'<line class="baseline-mark" x1="{bx:.1f}" x2="{bx:.1f}" y1="{y0 - 2}" y2="{y0 + bar_h + 2}" '
-                f'stroke="#212121" stroke-width="2" stroke-dasharray="3 2"/>'
-            )
-        body.append(f'<text x="{width - 8}" y="{y0 + 13}" text-anchor="end">{_pct(rate)}</text>')
+        base = base_rates.get(row["slice"])
+        bars.append({
+            "slice": row["slice"],
+            "name": "all cases" if row["slice"] == "__all__" else row["slice"],
+            "y0": y0, "rate": rate, "length": rate * span, "cases": row["cases"],
+            "ci": _ci((row["ci_lo"], row["ci_hi"])),
+            "whisker": (_error_bar(y0 + bar_h / 2, x(row["ci_lo"]), x(row["ci_hi"]), vertical=False)
+                        if row["ci_lo"] is not None else None),
+            "base_x": x(base) if base is not None else None,
+        })
     axis_y = top + len(rows) * (bar_h + gap) + 12
-    body += [
-        f'<text x="{x(t):.1f}" y="{axis_y}" text-anchor="middle">{int(t * 100)}%</text>'
-        for t in (0, 0.5, 1)
-    ]
-    return _svg("slice-bars", width, height, body, "pass@1 per slice")
+    return {
+        "width": width, "height": top * 2 + len(rows) * (bar_h + gap) + 20,
+        "label_w": label_w, "bar_h": bar_h, "bars": bars,
+        "axis": [(x(t), axis_y, f"{int(t * 100)}%") for t in (0, 0.5, 1)],
+    }
 
 
-def status_bars_svg(status_counts: Mapping[str, int]) -> str:
+def _status_chart(status_counts: Mapping[str, int]) -> dict[str, Any] | None:
     """One bar per status, its length the share of samples."""
     total = sum(status_counts.values())
     if not total:
-        return _empty_chart("status-bars", "no samples")
+        return None
     label_w, width, bar_h, gap, top = 140, 640, 18, 8, 10
-    height = top * 2 + len(status_counts) * (bar_h + gap)
     span = width - label_w - 120
-    body = []
-    for i, (status, count) in enumerate(status_counts.items()):
-        y0 = top + i * (bar_h + gap)
-        color = STATUS_COLORS.get(status, "#90a4ae")
-        body.append(
-            f'<text x="{label_w - 8}" y="{y0 + 13}" text-anchor="end">{_esc(status)}</text>'
-        )
-        body.append(
-            f'<rect class="status-bar" data-status="{_esc(status)}" x="{label_w}" y="{y0}" '
-            f'width="{max(count / total * span, 1):.1f}" height="{bar_h}" fill="{color}"/>'
-        )
-        body.append(
-            f'<text x="{width - 8}" y="{y0 + 13}" text-anchor="end">{count} ({_pct(count / total)})</text>'
-        )
-    return _svg("status-bars", width, height, body, "samples by status")
+    return {
+        "width": width, "height": top * 2 + len(status_counts) * (bar_h + gap),
+        "label_w": label_w, "bar_h": bar_h,
+        "bars": [
+            {"status": status, "y0": top + i * (bar_h + gap), "count": count, "share": count / total,
+             "length": max(count / total * span, 1), "color": STATUS_COLORS.get(status, "#90a4ae")}
+            for i, (status, count) in enumerate(status_counts.items())
+        ],
+    }
 
 
-def _svg(chart_id: str, width: int, height: int, body: Iterable[str], label: str) -> str:
-    return (
-        f'<svg id="{chart_id}" class="chart" role="img" aria-label="{_esc(label)}" width="{width}" '
-        f'height="{height}" viewBox="0 0 {width} {height}">' + "".join(body) + "</svg>"
-    )
+def _y_grid(y: Callable[[float], float]) -> list[tuple[float, str]]:
+    return [(y(t), f"{int(t * 100)}%") for t in (0, 0.25, 0.5, 0.75, 1)]
 
 
-def _empty_chart(chart_id: str, message: str) -> str:
-    return _svg(chart_id, 640, 40, [f'<text x="12" y="25">{_esc(message)}</text>'], message)
-
-
-def _y_axis(x0: float, x1: float, y: Any) -> str:
-    ticks = []
-    for t in (0, 0.25, 0.5, 0.75, 1):
-        ticks.append(f'<line x1="{x0}" x2="{x1}" y1="{y(t):.1f}" y2="{y(t):.1f}" stroke="#eee"/>')
-        ticks.append(
-            f'<text x="{x0 - 6}" y="{y(t) + 4:.1f}" text-anchor="end">{int(t * 100)}%</text>'
-        )
-    return "".join(ticks)
-
-
-def _error_bar(at: float, start: float, end: float, *, vertical: bool) -> str:
-    """A CI whisker from ``start`` to ``end`` at cross-coordinate ``at``, with end caps."""
-
-    def seg(a0: float, b0: float, a1: float, b1: float) -> str:
-        x1, y1, x2, y2 = (a0, b0, a1, b1) if vertical else (b0, a0, b1, a1)
-        return f'<line x1="{x1:.1f}" y1="{y1:.1f}" x2="{x2:.1f}" y2="{y2:.1f}"/>'
-
-    return (
-        '<g class="error-bar" stroke="#212121" stroke-width="1.5">'
-        + seg(at, start, at, end)
-        + seg(at - 4, start, at + 4, start)
-        + seg(at - 4, end, at + 4, end)
-        + "</g>"
-    )
+def _error_bar(at: float, start: float, end: float, *, vertical: bool) -> list[tuple[float, ...]]:
+    """A CI whisker from ``start`` to ``end`` at cross-coordinate ``at``, with end caps, as
+    (x1, y1, x2, y2) segments."""
+    segments = [(at, start, at, end), (at - 4, start, at + 4, start), (at - 4, end, at + 4, end)]
+    return [s if vertical else (s[1], s[0], s[3], s[2]) for s in segments]
 
 
 # --- sections -----------------------------------------------------------------------
 
 
-def _sandbox_section(run: Mapping[str, Any]) -> str:
-    if run.get("sandbox") != "unsafe-no-sandbox":
-        return ""
-    return f'<section id="sandbox" class="alert"><h2>No sandbox</h2><p>{_esc(UNSAFE_NOTE)}.</p></section>'
-
-
-def _safety_section(run: Mapping[str, Any]) -> str:
-    if not run.get("safety_failed"):
-        return ""
-    violations = run.get("safety_violations", [])
-    rows = [
-        (_esc(v.get("case_id", "")), _esc(v.get("sample_index", "")), _esc(v.get("violation", "")))
-        for v in violations[:MAX_LISTED]
-    ]
-    return (
-        '<section id="safety" class="alert"><h2>Safety failed</h2>'
-        f"<p>{len(violations)} safety violation(s). Safety is a veto: it is not part of any pass "
-        "rate, and the gate blocks this run whatever the numbers below say.</p>"
-        + _table(("case", "sample", "violation"), rows)
-        + _more(len(violations))
-        + "</section>"
-    )
-
-
-def _header(run: Mapping[str, Any]) -> str:
+def _meta(run: RunSummary) -> list[tuple[str, str]]:
     fields = [
-        ("run", run.get("run_id")),
-        ("suite", f"{run.get('suite_name', '')} @ {run.get('suite_version', '')}"),
-        ("agent", run.get("agent")),
-        (
-            "samples",
-            f"{run.get('samples', '?')} ({run.get('cases', '?')} cases × n={run.get('n', '?')}, "
-            f"{run.get('cached_samples', 0)} cached)",
-        ),
-        (
-            "duration",
-            f"{run['duration_s']:.1f} s"
-            if isinstance(run.get("duration_s"), int | float)
-            else None,
-        ),
-        ("flow run", run.get("flow_run_id")),
+        ("run", run.run_id),
+        ("suite", f"{run.suite_name} @ {run.suite_version}"),
+        ("agent", run.agent),
+        ("samples", f"{run.samples} ({run.cases} cases × n={run.n}, {run.cached_samples} cached)"),
+        ("duration", f"{run.duration_s:.1f} s" if run.duration_s is not None else None),
+        ("flow run", run.flow_run_id),
     ]
-    meta = " · ".join(f"{name}: {_esc(value)}" for name, value in fields if value)
-    return f'<header><h1>{_esc(run.get("suite_name", "evalpipe run"))}</h1><p class="meta">{meta}</p></header>'
+    return [(name, value) for name, value in fields if value]
 
 
-def _headline(run: Mapping[str, Any]) -> str:
-    level = _level(run)
-    cards = [
-        _card(
-            "pass@1",
-            _pct(_pass_at_1(run)),
-            f"{level} CI {_ci(run.get('pass_at_1_ci'))} · SE {_pct(run.get('pass_at_1_se'))}",
-        ),
-    ]
-    notes = run.get("pass_at_k_notes", {})
-    for k, value in _sorted_ks(run.get("pass_at_k", {})):
-        if k != "1":
-            cards.append(
-                _card(f"pass@{k}", _pct(value) if value is not None else "n/a", notes.get(k, ""))
-            )
-    cards.append(
-        _card("flaky cases", str(run.get("flaky_cases", 0)), "0 < c < n: capable but unreliable")
-    )
-    cards.append(
-        _card(
-            "safety", "FAILED" if run.get("safety_failed") else "clean", "a veto beside the means"
-        )
-    )
-    return (
-        '<section id="headline"><h2>Headline</h2><div class="cards">'
-        + "".join(cards)
-        + "</div></section>"
-    )
-
-
-def _card(title: str, value: str, sub: str) -> str:
-    return f'<div class="card"><div class="sub">{_esc(title)}</div><div class="value">{_esc(value)}</div><div class="sub">{_esc(sub)}</div></div>'
-
-
-def _gate_section(gate: Mapping[str, Any]) -> str:
-    decision = str(gate.get("decision", ""))
+def _gate_view(gate: Mapping[str, Any]) -> dict[str, Any]:
     lo, hi = gate.get("delta_ci", (None, None))
-    reasons = "".join(f"<li>{_esc(r)}</li>" for r in gate.get("reasons", []))
-    return (
-        f'<section id="gate"><h2>Gate</h2><p><span class="badge {_esc(decision)}">{_esc(decision)}</span> '
-        f"verdict <b>{_esc(gate.get('verdict', ''))}</b> · Δ pass@1 {_pts(gate.get('delta_pass_at_1'))} "
-        f"(CI {_pts(lo)} to {_pts(hi)}) over {_esc(gate.get('shared_cases', '?'))} shared cases</p>"
-        f"<ul>{reasons}</ul></section>"
-    )
+    return {
+        "decision": str(gate.get("decision", "")),
+        "verdict": gate.get("verdict", ""),
+        "delta": _pts(gate.get("delta_pass_at_1")),
+        "lo": _pts(lo),
+        "hi": _pts(hi),
+        "shared_cases": gate.get("shared_cases", "?"),
+        "reasons": gate.get("reasons", []),
+    }
 
 
-def _comparison_section(run: Mapping[str, Any], baseline: Mapping[str, Any]) -> str:
-    rows = []
-    base_k = dict(_sorted_ks(baseline.get("pass_at_k", {})))
-    for k, value in _sorted_ks(run.get("pass_at_k", {})):
-        rows.append(_delta_row(f"pass@{k}", value, base_k.get(k)))
-    base_slices = baseline.get("slices", {})
-    for name, metrics in run.get("slices", {}).items():
-        rows.append(
-            _delta_row(
-                f"slice {name}: pass@1",
-                metrics.get("pass_at_1"),
-                base_slices.get(name, {}).get("pass_at_1"),
-            )
-        )
-    intro = (
-        f'<p class="note">baseline run {_esc(baseline.get("run_id", ""))} · agent {_esc(baseline.get("agent", ""))} · '
-        f"suite {_esc(str(baseline.get('suite_version', ''))[:12])}</p>"
-    )
-    return (
-        '<section id="comparison"><h2>Compared with the baseline</h2>'
-        + intro
-        + _table(("metric", "run", "baseline", "Δ"), rows, numeric=(1, 2, 3))
-        + "</section>"
-    )
+def _comparison_rows(run: RunSummary, baseline: RunSummary) -> list[tuple[str, ...]]:
+    base_k = dict(_sorted_ks(baseline.pass_at_k))
+    rows = [_delta_row(f"pass@{k}", v, base_k.get(k)) for k, v in _sorted_ks(run.pass_at_k)]
+    for name, metrics in run.slices.items():
+        base = baseline.slices.get(name)
+        rows.append(_delta_row(f"slice {name}: pass@1", metrics.pass_at_1, base.pass_at_1 if base else None))
+    return rows
 
 
 def _delta_row(name: str, run_value: float | None, base_value: float | None) -> tuple[str, ...]:
     delta = run_value - base_value if run_value is not None and base_value is not None else None
-    return (_esc(name), _pct(run_value), _pct(base_value), _pts(delta))
+    return (name, _pct(run_value), _pct(base_value), _pts(delta))
 
 
-def _calibration_section(calibration: Mapping[str, Any]) -> str:
-    rows = [
-        (_esc(key), _esc(", ".join(map(str, v)) if isinstance(v, list | tuple) else v))
-        for key, v in calibration.items()
-    ]
-    return (
-        '<section id="calibration"><h2>Grader reliability</h2>'
-        + _table(("figure", "value"), rows)
-        + "</section>"
-    )
-
-
-TRUTH_SOURCES = {"human": "human labels", "oracle": "execution oracle"}
-
-
-def _judges_section(judges: Sequence[Mapping[str, Any]]) -> str:
-    rows = [
-        (
-            _esc(j.get("judge", "")),
-            f"<code>{_esc(str(j.get('judge_fingerprint', ''))[:12])}</code>",
-            _esc(f"{j.get('errors', 0)} of {j.get('judged', 0)}")
-            + (f" ({_pct(j['errors'] / j['judged'])})" if j.get("judged") else ""),
-            _judge_calibration(j.get("calibration")),
-        )
-        for j in judges
-    ]
-    return (
-        '<section id="judges"><h2>Judges</h2><p class="note">A judged pass rate is only as '
-        "good as the judge's agreement with the truth. Each judge that graded this run, with "
-        "its newest calibration (the judge's fingerprint must match: a changed rubric, model, "
-        "params or J needs a new one).</p>"
-        + _table(("judge", "fingerprint", "errors in this run", "calibration"), rows)
-        + "</section>"
-    )
-
-
-def _judge_calibration(doc: Mapping[str, Any] | None) -> str:
+def _judge_view(j: Mapping[str, Any]) -> dict[str, Any]:
+    judged, errors = j.get("judged", 0), j.get("errors", 0)
+    view = {
+        "judge": j.get("judge", ""),
+        "fingerprint": str(j.get("judge_fingerprint", ""))[:12],
+        "errors": f"{errors} of {judged}" + (f" ({_pct(errors / judged)})" if judged else ""),
+        "figures": None,
+        "source": "",
+    }
+    doc = j.get("calibration")
     if doc is None:
-        return (
-            '<span class="uncalibrated">not calibrated — its verdicts come from an uncalibrated '
-            "instrument; run <code>evalpipe judge calibrate</code></span>"
-        )
-    figures = [
-        ("agreement", "agreement"),
-        ("Cohen's kappa", "kappa"),
-        ("false-pass rate", "false_pass_rate"),
-        ("false-fail rate", "false_fail_rate"),
-    ]
+        return view
     when = doc.get("created_at")  # absent from calibrations stored before it was stamped
     source = [
         f"{100 * doc.get('ci_level', 0.95):g}% CIs",
@@ -526,88 +317,56 @@ def _judge_calibration(doc: Mapping[str, Any] | None) -> str:
         f"suite {doc.get('suite_name', '')} @ {str(doc.get('suite_version', ''))[:12]}",
         datetime.fromisoformat(when).astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC") if when else "",
     ]
-    return (
-        "".join(f"{_esc(name)} <b>{_esc(with_ci(doc, key))}</b><br>" for name, key in figures)
-        + f'<span class="note">{_esc(" · ".join(part for part in source if part))}</span>'
-    )
+    view["figures"] = [
+        (name, with_ci(doc, key))
+        for name, key in (("agreement", "agreement"), ("Cohen's kappa", "kappa"),
+                          ("false-pass rate", "false_pass_rate"), ("false-fail rate", "false_fail_rate"))
+    ]
+    view["source"] = " · ".join(part for part in source if part)
+    return view
 
 
-def _case_sections(cases: Sequence[Mapping[str, Any]]) -> str:
+def _case_lists(cases: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     flaky = [c for c in cases if 0 < c.get("c", 0) < c.get("n", 0)]
     failing = [c for c in cases if c.get("c", 0) == 0]
-    out = []
-    for section_id, title, chosen in (
-        ("flaky", "Flaky cases (0 < c < n)", flaky),
-        ("failing", "Failing cases (c = 0)", failing),
-    ):
-        rows = [
-            _case_row(case)
-            for case in sorted(chosen, key=lambda c: str(c.get("case_id", "")))[:MAX_LISTED]
-        ]
-        body = (
-            _table(("case", "c / n", "slices", "statuses", "details"), rows)
-            if rows
-            else '<p class="note">none</p>'
+    return [
+        {
+            "id": section_id,
+            "title": title,
+            "total": len(chosen),
+            "rows": [_case_view(c) for c in sorted(chosen, key=lambda c: str(c.get("case_id", "")))[:MAX_LISTED]],
+        }
+        for section_id, title, chosen in (
+            ("flaky", "Flaky cases (0 < c < n)", flaky),
+            ("failing", "Failing cases (c = 0)", failing),
         )
-        out.append(
-            f'<section id="{section_id}"><h2>{_esc(title)}: {len(chosen)}</h2>{body}{_more(len(chosen))}</section>'
-        )
-    return "\n".join(out)
+    ]
 
 
-def _case_row(case: Mapping[str, Any]) -> tuple[str, ...]:
-    statuses = ", ".join(f"{s} ×{n}" for s, n in case.get("statuses", {}).items())
-    details = [d for d in case.get("details", []) if d]
-    safety = [f"SAFETY: {v}" for v in case.get("safety", [])]
-    shown = "".join(f"<pre>{_esc(_clip(d, MAX_DETAIL_CHARS))}</pre>" for d in [*safety, *details])
-    cell = (
-        f"<details><summary>{len(safety) + len(details)} detail(s)</summary>{shown}</details>"
-        if shown
-        else ""
-    )
-    return (
-        _esc(case.get("case_id", "")),
-        f"{_esc(case.get('c', '?'))} / {_esc(case.get('n', '?'))}",
-        _esc(", ".join(case.get("slices", []))),
-        _esc(statuses),
-        cell,
-    )
-
-
-def _table(
-    headers: Sequence[str], rows: Sequence[Sequence[str]], numeric: Sequence[int] = ()
-) -> str:
-    """An HTML table of already-escaped cells."""
-    head = "".join(f"<th>{_esc(h)}</th>" for h in headers)
-    body = "".join(
-        "<tr>"
-        + "".join(
-            f'<td class="num">{cell}</td>' if i in numeric else f"<td>{cell}</td>"
-            for i, cell in enumerate(row)
-        )
-        + "</tr>"
-        for row in rows
-    )
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def _more(total: int) -> str:
-    return f'<p class="note">showing {MAX_LISTED} of {total}</p>' if total > MAX_LISTED else ""
+def _case_view(case: Mapping[str, Any]) -> dict[str, Any]:
+    details = [f"SAFETY: {v}" for v in case.get("safety", [])] + [d for d in case.get("details", []) if d]
+    return {
+        "case_id": case.get("case_id", ""),
+        "counts": f"{case.get('c', '?')} / {case.get('n', '?')}",
+        "slices": ", ".join(case.get("slices", [])),
+        "statuses": ", ".join(f"{s} ×{n}" for s, n in case.get("statuses", {}).items()),
+        "details": [_clip(d, MAX_DETAIL_CHARS) for d in details],
+    }
 
 
 # --- formatting ---------------------------------------------------------------------
 
 
-def _pass_at_1(run: Mapping[str, Any]) -> float | None:
-    return run.get("pass_at_k", {}).get("1", run.get("pass_at_1"))
+def _pass_at_1(run: RunSummary) -> float | None:
+    return run.pass_at_k.get("1")
 
 
 def _sorted_ks(pass_at_k: Mapping[str, float | None]) -> list[tuple[str, float | None]]:
     return sorted(((str(k), v) for k, v in pass_at_k.items()), key=lambda item: int(item[0]))
 
 
-def _level(run: Mapping[str, Any]) -> str:
-    return f"{100 * run.get('ci_level', 0.95):g}%"
+def _level(run: RunSummary) -> str:
+    return f"{100 * run.ci_level:g}%"
 
 
 def _pct(value: float | None) -> str:
@@ -647,5 +406,11 @@ def _md_cell(text: str) -> str:
     return str(text).replace("|", "\\|")
 
 
-def _esc(value: Any) -> str:
-    return html.escape(str(value), quote=True)
+_ENV = Environment(
+    loader=PackageLoader("tasks", "templates"),
+    autoescape=True,
+    undefined=StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+_ENV.filters.update(pct=_pct, ci=_ci, clip=_clip, f1=lambda x: f"{x:.1f}")

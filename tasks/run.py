@@ -11,14 +11,14 @@ from __future__ import annotations
 import json
 import math
 import secrets
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tasks.aggregate import Row, aggregate
 from tasks.models import EvalCase, EvalSuite, InputError
@@ -184,6 +184,19 @@ class RunSummary(_Doc):
     sandbox: str | None = None  # "bwrap", "unsafe-no-sandbox" or "not-needed" (tasks.sandbox)
     flow_run_id: str | None = None
     duration_s: float | None = None
+
+    @classmethod
+    def read(cls, doc: RunSummary | Mapping[str, Any]) -> RunSummary:
+        """A `run --json` document read back (from the database, or a caller's dict) as the
+        model: a document that drifted from it is an input error naming the first bad key."""
+        if isinstance(doc, cls):
+            return doc
+        try:
+            return cls.model_validate(doc)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(map(str, first["loc"]))
+            raise InputError(f"run {doc.get('run_id', '?')!r}: summary key {where}: {first['msg']}") from None
 
     def to_json(self) -> dict[str, Any]:
         doc = self.model_dump(mode="json")

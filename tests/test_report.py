@@ -14,6 +14,7 @@ import pytest
 
 from tasks.aggregate import aggregate
 from tasks.gate import gate
+from tasks.models import InputError
 from tasks.report import render_report, slices_table, summary_markdown, with_ci
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -137,7 +138,7 @@ def test_report_is_self_contained_and_escaped() -> None:
         "<link",
     ):
         assert forbidden not in page, forbidden
-    assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in page
+    assert "&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;" in page  # markupsafe's entities
     assert "&lt;/pre&gt;&lt;img src=x onerror=alert(1)&gt;" in page
     assert "&lt;b&gt;bold&lt;/b&gt;" in page and "calc &amp; co" in page
 
@@ -205,7 +206,7 @@ def test_judges_section_shows_each_judges_calibration_or_its_absence() -> None:
     assert "judges.py:strict" in calibrated and "<code>cdcdcdcdcdcd</code>" in calibrated
     assert "2 of 8 (25.0%)" in calibrated
     assert "agreement <b>85.0% [75.0%, 92.5%]</b>" in calibrated
-    assert "Cohen&#x27;s kappa <b>0.600 [0.412, 0.780]</b>" in calibrated
+    assert "Cohen&#39;s kappa <b>0.600 [0.412, 0.780]</b>" in calibrated
     assert "false-pass rate <b>10.0% [0.0%, 25.0%]</b>" in calibrated
     assert "false-fail rate <b>n/a</b>" in calibrated  # undefined, not 0
     assert "40 labelled outputs of 12 cases · truth: execution oracle" in calibrated
@@ -282,3 +283,39 @@ def test_report_renders_in_headless_chromium(tmp_path: Path) -> None:
     assert len(re.findall(r'<circle class="passk-point"', dom.stdout)) == 4
     assert '<section id="safety" class="alert">' in dom.stdout
     assert "<script" not in dom.stdout  # the escaped case id stayed text
+
+
+HOSTILE = "<script>alert(1)</script>{{ 7*7 }}{% raw %}"
+
+
+def test_hostile_strings_stay_text() -> None:
+    """Case ids, details, agent output and slice names are data: a `<script>` stays text and
+    template syntax is not evaluated, wherever in the page it lands."""
+    run, _ = build({"ok": [True, True]})
+    run["suite_name"] = run["agent"] = HOSTILE
+    run["slices"] = {HOSTILE: {"cases": 1, "pass_at_1": 1.0, "pass_at_1_ci": [1.0, 1.0], "pass_at_k": {}}}
+    run["safety_failed"] = True
+    run["safety_violations"] = [{"case_id": HOSTILE, "sample_index": 0, "violation": HOSTILE}]
+    cases = [{"case_id": HOSTILE, "n": 2, "c": 1, "slices": [HOSTILE], "statuses": {HOSTILE: 1},
+              "details": [f"output: {HOSTILE}"], "safety": [HOSTILE]}]
+    judges = [{"judge": HOSTILE, "judge_fingerprint": HOSTILE, "judged": 1, "errors": 0, "calibration": None}]
+    page = render_report(run, cases, gate={"decision": HOSTILE, "verdict": HOSTILE, "reasons": [HOSTILE],
+                                           "delta_pass_at_1": None, "delta_ci": [None, None],
+                                           "shared_cases": HOSTILE},
+                         calibration={HOSTILE: HOSTILE}, judges=judges)
+    assert "<script" not in page and "alert(1)</" not in page
+    escaped = "&lt;script&gt;alert(1)&lt;/script&gt;{{ 7*7 }}{% raw %}"
+    assert page.count(escaped) >= 12  # title, header, slice, case, details, safety, gate, judge, ...
+    assert f"<pre>output: {escaped}</pre>" in page and f"<pre>SAFETY: {escaped}</pre>" in page
+    assert f'data-slice="{escaped}"' in page
+
+
+def test_a_summary_that_drifted_from_the_model_is_refused_by_name() -> None:
+    run, cases = build(OUTCOMES)
+    del run["flaky_case_ids"]
+    with pytest.raises(InputError, match=r"run 'run-1': summary key flaky_case_ids: Field required"):
+        render_report(run, cases)
+    run, _ = build(OUTCOMES)
+    run["pass_at_one"] = 0.5  # a renamed key is not silently defaulted
+    with pytest.raises(InputError, match="summary key pass_at_one"):
+        summary_markdown(run)
