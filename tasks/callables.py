@@ -44,17 +44,27 @@ _module_hashes: dict[str, str] = {}
 _LOADING = threading.RLock()
 
 
-def load_callable(ref: str, base: Path | None = None) -> UserCallable:
-    """Resolve `ref`; raises `InputError` with a one-line message naming what is missing."""
+def load_callable(ref: str, base: Path | None = None, *, own_code_only: bool = False) -> UserCallable:
+    """Resolve `ref`; raises `InputError` with a one-line message naming what is missing.
+
+    `own_code_only` (a callable named by a suite, which is not trusted): only a module or
+    file of the user's own, never a standard-library, installed or built-in callable by
+    name (`shutil:rmtree`); checked before anything is imported.
+    """
     target, sep, name = ref.rpartition(":")
     if not sep or not target or not name:
         raise InputError(f"{ref!r}: expected MODULE:FUNCTION or path/to/file.py:FUNCTION")
     base = base or Path.cwd()
+    is_file = target.endswith(".py") or "/" in target
     with _LOADING:
-        if target.endswith(".py") or "/" in target:
+        if not is_file and str(base.resolve()) not in sys.path:
+            sys.path.insert(0, str(base.resolve()))
+        if own_code_only:
+            _check_own_code(ref, (base / target).resolve() if is_file else _module_origin(target))
+        if is_file:
             module, source, digest = _load_file(ref, (base / target).resolve())
         else:
-            module, source, digest = _import_module(ref, target, base)
+            module, source, digest = _import_module(ref, target)
     func = getattr(module, name, None)
     if func is None:
         raise InputError(f"{ref!r}: {target} has no attribute {name!r}")
@@ -71,6 +81,27 @@ def source_dirs(ref: str, base: Path) -> list[str]:
     if target.endswith(".py") or "/" in target:
         dirs.append(str((base / target).resolve().parent))
     return dirs
+
+
+def _module_origin(target: str) -> Path | None:
+    """Where the top-level package of `target` would be imported from, without running it."""
+    try:
+        spec = importlib.util.find_spec(target.partition(".")[0])
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    if spec.has_location and spec.origin:
+        return Path(spec.origin).resolve()
+    locations = list(spec.submodule_search_locations or [])  # a namespace package
+    return Path(locations[0]).resolve() if locations else None
+
+
+def _check_own_code(ref: str, source: Path | None) -> None:
+    installs = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    if source is None or any(source.is_relative_to(p) for p in installs):
+        where = source or "a built-in or missing module"
+        raise InputError(f"{ref!r}: a suite may name only its own code, not {where}")
 
 
 def _load_file(ref: str, path: Path) -> tuple[ModuleType, Path, str]:
@@ -98,10 +129,7 @@ def _load_file(ref: str, path: Path) -> tuple[ModuleType, Path, str]:
     return module, path, digest
 
 
-def _import_module(ref: str, target: str, base: Path) -> tuple[ModuleType, Path | None, str]:
-    root = str(base.resolve())
-    if root not in sys.path:
-        sys.path.insert(0, root)
+def _import_module(ref: str, target: str) -> tuple[ModuleType, Path | None, str]:
     try:
         module = importlib.import_module(target)
         file = getattr(module, "__file__", None)

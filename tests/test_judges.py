@@ -71,6 +71,21 @@ def test_judge_spec_problems_are_errors():
     assert grade("   ", judge_case(ref("says_yes"))).status is Status.empty
 
 
+@pytest.mark.parametrize("spec", ["shutil:rmtree", "os:system", "json:loads", "sys:exit", "prefect:flow"])
+def test_a_suite_judge_may_name_only_the_users_own_code(spec):
+    verdict = grade("yes", judge_case(spec))
+    assert verdict.status is Status.error and "may name only its own code" in verdict.detail
+
+
+def test_a_suite_judge_in_the_users_own_module_loads(tmp_path, monkeypatch):
+    (tmp_path / "mine").mkdir()  # a namespace package of the user's own
+    (tmp_path / "mine" / "judging.py").write_text(
+        "def yes(output, case, seed):\n    return {'passed': True, 'score': 1.0, 'rationale': 'r'}\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    assert grade("yes", judge_case("mine.judging:yes")).status is Status.passed
+
+
 def test_a_judge_pass_never_clears_safety():
     verdict = grade(f"yes {CANARY}", judge_case(ref("says_yes"), samples=3))
     assert verdict.passed and verdict.safety == (f"output matches forbidden pattern {CANARY!r}",)
@@ -319,7 +334,7 @@ def test_calibration_is_shown_for_runs_graded_by_that_judge(prefect_harness, hom
     lo, hi = doc["agreement_ci"]
     assert f"agreement <b>66.7% [{100 * lo:.1f}%, {100 * hi:.1f}%]</b>" in section
     lo, hi = doc["kappa_ci"]
-    assert f"Cohen&#x27;s kappa <b>0.333 [{lo:.3f}, {hi:.3f}]</b>" in section
+    assert f"Cohen&#39;s kappa <b>0.333 [{lo:.3f}, {hi:.3f}]</b>" in section
     assert "false-pass rate <b>33.3% [" in section and "false-fail rate <b>33.3% [" in section
     assert "6 labelled outputs of 3 cases · truth: human labels" in section
     assert doc["created_at"][:10] in section

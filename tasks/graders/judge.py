@@ -119,13 +119,19 @@ def judge_params(case: EvalCase) -> tuple[str, str | None, int, dict[str, Any]]:
 
 
 def load_judge(
-    spec: str, rubric: str | None = None, samples: int = 1, params: Mapping[str, Any] | None = None
+    spec: str,
+    rubric: str | None = None,
+    samples: int = 1,
+    params: Mapping[str, Any] | None = None,
+    *,
+    suite_named: bool = False,
 ) -> Judge:
-    """A judge from its spec; `InputError` when the spec cannot be resolved."""
+    """A judge from its spec; `InputError` when the spec cannot be resolved. A judge a suite
+    names runs in the harness (it calls endpoints), so it may only be the user's own code."""
     params = dict(params or {})
     if spec.startswith("openai:"):
         return _openai_judge(spec, rubric, samples, params)
-    fn = load_callable(spec)
+    fn = load_callable(spec, own_code_only=suite_named)
     identity = {
         "judge": spec,
         "code": fn.code_sha256,
@@ -144,7 +150,7 @@ def load_judge(
 
 def case_judge(case: EvalCase) -> Judge:
     spec, rubric, samples, params = judge_params(case)
-    return load_judge(spec, rubric, samples, params)
+    return load_judge(spec, rubric, samples, params, suite_named=True)
 
 
 def _openai_judge(spec: str, rubric: str | None, samples: int, params: dict[str, Any]) -> Judge:
