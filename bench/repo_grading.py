@@ -51,9 +51,9 @@ def main() -> None:
     os.environ["EVALPIPE_HOME"] = str(tmp / "home")
     sha = build_calc(tmp / "calc")
 
-    from tasks.dataset import load_suite
     from tasks.graders.repo_tests import grade_repo_tests
-    from tasks.repos import mirror
+    from tasks.repos.worktrees import mirror
+    from tasks.suites.dataset import load_suite
 
     case = load_suite(ROOT / "examples/calc/calc.yaml").case("add-bug")
     case = case.model_copy(update={"grader": {**case.grader, "repo": str(tmp / "calc")}})

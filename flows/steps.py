@@ -12,7 +12,7 @@ from storage import db
 from storage.snapshots import write_snapshot
 from tasks.models import EvalSuite
 from tasks.run import RunSpec, RunSummary, draw_batch, summarize
-from tasks.sampling import PlannedSample
+from tasks.run.sampling import PlannedSample
 
 
 def _snapshot_key(context, parameters) -> str:

@@ -11,9 +11,9 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from pydantic import Field
 
 from storage.suites import load_suite_ref
+from tasks.graders.validation import CaseCheck, check_case, validation_report
 from tasks.models import EvalCase
 from tasks.sandbox import allowing_unsafe, run_sandbox_mode
-from tasks.validation import CaseCheck, check_case, validation_report
 
 
 @task(name="validate", cache_policy=NO_CACHE, persist_result=False, task_run_name="validate {case.id}")

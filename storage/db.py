@@ -31,7 +31,7 @@ import pyarrow as pa
 from storage import disk_full, evalpipe_home, process
 from tasks.models import EvalSuite, InputError, PlatformError
 from tasks.run import RunSpec, RunSummary
-from tasks.samples import SAMPLE_COLUMNS, SAMPLE_SCHEMA, sample_ddl
+from tasks.run.samples import SAMPLE_COLUMNS, SAMPLE_SCHEMA, sample_ddl
 
 # The schema, as the steps that build it: step i brings a file from schema version i to
 # i + 1, recorded in `schema_version`. A new file takes every step; an older file takes the

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from storage.snapshots import find_snapshot, read_snapshot
-from tasks.dataset import SUITE_SUFFIXES, SuiteError, load_suite
-from tasks.git_suite import load_git_suite, parse_git_ref
 from tasks.models import EvalSuite
+from tasks.suites.dataset import SUITE_SUFFIXES, SuiteError, load_suite
+from tasks.suites.git_suite import load_git_suite, parse_git_ref
 
 
 def load_suite_ref(ref: str) -> EvalSuite:

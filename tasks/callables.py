@@ -1,7 +1,7 @@
 """Load a user's Python callable named `module:function` or `path/to/file.py:function`.
 
 The `python:` agent and `judge` use it in the harness; `predicate` only inside the sandbox
-(`tasks.predicate_host`), since a suite is not trusted. Besides the callable it returns the sha256 of the source file, because a
+(`tasks.graders.predicate_host`), since a suite is not trusted. Besides the callable it returns the sha256 of the source file, because a
 change to the user's code must change every cache key that depends on it.
 
 Import rules, chosen to match what a user running a script from the project root expects:

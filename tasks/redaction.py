@@ -1,5 +1,5 @@
 """Secrets out of everything evalpipe stores, with one function applied where samples are
-made (`tasks.sampling`) and where endpoint errors are worded (`tasks.openai_client`).
+made (`tasks.run.sampling`) and where endpoint errors are worded (`tasks.agents.openai_client`).
 
 The secrets are the values of `OPENAI_API_KEY` and of every environment variable whose
 name looks like a secret (`*_KEY`, `*_TOKEN`, `*_SECRET`, `*PASSWORD*`). They are read at

@@ -25,10 +25,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tasks.agents import AgentContext, AgentError, load_agent, parse_replay, reference_text
-from tasks.dataset import load_suite
+from tasks.agents.openai_client import OpenAIClient
 from tasks.models import EvalCase, InputError, Sample, Status
-from tasks.openai_client import OpenAIClient
-from tasks.sampling import PlannedSample, bounded_output, draw_sample, truncation_marker
+from tasks.run.sampling import PlannedSample, bounded_output, draw_sample, truncation_marker
+from tasks.suites.dataset import load_suite
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = f"python:{ROOT}/examples/agents/demo_agent.py:answer"

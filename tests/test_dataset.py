@@ -10,8 +10,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tasks.dataset import SuiteError, build_suite, diff_suites, load_suite
 from tasks.models import EvalCase, EvalSuite, Verdict, canonical_json
+from tasks.suites.dataset import SuiteError, build_suite, diff_suites, load_suite
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -15,9 +15,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tasks import environments
-from tasks.dataset import load_suite
-from tasks.environments import (
+from tasks.graders import grade
+from tasks.graders.repo_tests import grade_base
+from tasks.graders.validation import check_case
+from tasks.models import EvalCase, InputError, Status
+from tasks.repos import environments
+from tasks.repos.environments import (
     TESTBED,
     identify,
     list_environments,
@@ -25,12 +28,9 @@ from tasks.environments import (
     prune,
     runtime_for,
 )
-from tasks.graders import grade
-from tasks.graders.repo_tests import grade_base
-from tasks.importers import swebench_suite
-from tasks.models import EvalCase, InputError, Status
 from tasks.sandbox import Limits
-from tasks.validation import check_case
+from tasks.suites.dataset import load_suite
+from tasks.suites.importers import swebench_suite
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples/pricing"
@@ -205,7 +205,7 @@ def test_concurrent_processes_build_it_once(repo, tmp_path: Path) -> None:
     path, sha = repo
     spec = {"install": ["echo built >> \"$VIRTUAL_ENV/builds\"", "sleep 1"]}
     script = textwrap.dedent(f"""
-        from tasks.environments import parse_environment, runtime_for
+        from tasks.repos.environments import parse_environment, runtime_for
         r = runtime_for(parse_environment({spec!r}), {str(path)!r}, {sha!r}, needs_pytest=False)
         print(r.python)
     """)
@@ -225,7 +225,7 @@ def test_concurrent_processes_build_it_once(repo, tmp_path: Path) -> None:
 
 
 def test_without_bubblewrap_it_is_an_error(repo, tmp_path, monkeypatch) -> None:
-    from tasks import sandbox
+    from tasks.sandbox import runner as sandbox
 
     monkeypatch.setenv("EVALPIPE_HOME", str(tmp_path / "home"))
     monkeypatch.setenv(sandbox.MODE_ENV, "rlimits")

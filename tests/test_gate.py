@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tasks.gate import gate, shared_cases
+from tasks.metrics.gate import gate, shared_cases
 from tasks.models import InputError
 
 CASES = 300

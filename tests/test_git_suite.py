@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 from support.git_repos import commit
 
 from storage.suites import resolve_suite
-from tasks.dataset import SuiteError, load_suite
-from tasks.git_suite import GitSuiteRef, parse_git_ref
 from tasks.models import InputError
+from tasks.suites.dataset import SuiteError, load_suite
+from tasks.suites.git_suite import GitSuiteRef, parse_git_ref
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from tasks.dataset import load_suite
 from tasks.graders import grade, registered_kinds
 from tasks.models import EvalCase, Status
 from tasks.params import GRADER_PARAMS
+from tasks.suites.dataset import load_suite
 
 ROOT = Path(__file__).resolve().parent.parent
 

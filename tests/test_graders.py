@@ -12,8 +12,8 @@ from test_python_tests import _case as hostile_case
 
 from tasks.graders import grade, grader_fingerprint, register, registered_kinds
 from tasks.graders.assertions import parse_number
+from tasks.graders.safety import output_violations, path_violations
 from tasks.models import EvalCase, InputError, Status, Verdict
-from tasks.safety import output_violations, path_violations
 
 
 def case(kind: str, reference: Any = None, safety: dict | None = None, **params: Any) -> EvalCase:
@@ -191,7 +191,11 @@ def test_fingerprint_covers_kind_parameters_reference_and_version() -> None:
     assert base not in others and len(others) == 3
 
 
-def test_registry_decorator_and_total_wrapper() -> None:
+def test_registry_decorator_and_total_wrapper(monkeypatch) -> None:
+    from tasks.graders import _REGISTRY
+
+    # the real `human` grader is registered again however the test ends
+    monkeypatch.setitem(_REGISTRY, "human", _REGISTRY["human"])
     calls = []
 
     @register("human", version="7")
@@ -216,8 +220,6 @@ def test_registry_decorator_and_total_wrapper() -> None:
         assert grade("out", case("human")).status is Status.error
         assert grader_fingerprint(case("human")) != v7
     finally:
-        from tasks.graders import _REGISTRY
-
         _REGISTRY.pop("human", None)
     assert grade("out", case("human")).status is Status.error  # nothing registered
 

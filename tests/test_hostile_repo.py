@@ -13,7 +13,7 @@ from support.git_repos import commit
 
 from tasks.graders.repo_tests import grade_repo_tests
 from tasks.models import EvalCase
-from tasks.repos import RepoError, checkout, run_git
+from tasks.repos.worktrees import RepoError, checkout, run_git
 from tasks.sandbox import bwrap_available
 
 CALC = "def add(a, b):\n    return abs(a) + b\n"

@@ -19,12 +19,13 @@ from test_python_tests import _case, _hostile
 from test_sandbox import tmp_venv
 
 from flows.cli import _summary_text
-from tasks import sandbox
 from tasks.graders import grade, grader_fingerprint
 from tasks.graders.python_tests import build_program
 from tasks.models import EvalCase, Status
 from tasks.report import summary_markdown
-from tasks.sandbox import ForkServer, Limits, SandboxUnavailable, run_command
+from tasks.sandbox import Limits, SandboxUnavailable, run_command
+from tasks.sandbox import runner as sandbox
+from tasks.sandbox.runner import ForkServer
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -311,7 +312,7 @@ def test_the_cleanup_does_not_walk_a_runtime_bound_in_from_tmp(mode: str, tmp_pa
     watch = libc.inotify_init1(_IN_NONBLOCK)
     assert watch >= 0 and libc.inotify_add_watch(watch, str(untouched).encode(), _IN_OPEN) >= 0
     code = (
-        "from tasks.sandbox import Limits, ForkServer\n"
+        "from tasks.sandbox.runner import Limits, ForkServer\n"
         "s = ForkServer(Limits())\n"
         "print([s.run('open(\"/tmp/beside\", \"w\").write(\"x\")', Limits()).completed,"
         " s.run('import os; assert not os.path.exists(\"/tmp/beside\")', Limits()).completed])\n"

@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from support.judges import ChatServer, ref, user_text
 from typer.testing import CliRunner
 
-from tasks.calibration import calibrate
 from tasks.graders import grade, grader_fingerprint
 from tasks.graders.judge import parse_reply, render
+from tasks.metrics.calibration import calibrate
 from tasks.models import EvalCase, InputError, Status
 
 CANARY = "CANARY-7f3a"

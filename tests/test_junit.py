@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.junit import JUnitError, junit_address, parse_junit
+from tasks.graders.junit import JUnitError, junit_address, parse_junit
 
 SUITE = {
     "tests/unit/test_mod.py": """

@@ -66,3 +66,36 @@ def test_no_import_cycles():
     for m in sorted(graph):
         if m not in state:
             visit(m, [])
+
+
+# The core's stages, bottom first (docs/architecture.md). A module may import its own stage
+# and the stages below it, never one above: the folders read in the order a sample flows.
+STAGES = (
+    ("tasks.models", "tasks.params", "tasks.home", "tasks.callables", "tasks.redaction"),
+    ("tasks.sandbox",),
+    ("tasks.repos",),
+    ("tasks.suites",),
+    ("tasks.agents",),
+    ("tasks.graders",),
+    ("tasks.metrics",),
+    ("tasks.run",),
+    ("tasks.report",),
+)
+
+
+def _stage(module: str) -> int:
+    for level, names in enumerate(STAGES):
+        if any(module == n or module.startswith(n + ".") for n in names):
+            return level
+    raise AssertionError(f"{module} is in no stage of STAGES: place it in docs/architecture.md and here")
+
+
+def test_core_imports_point_down_the_stages():
+    known = set(modules("tasks")) - {"tasks"}
+    upward = [
+        f"{m} (stage {_stage(m)}) imports {d} (stage {_stage(d)})"
+        for m in sorted(known)
+        for d in sorted(_imports(m) & known)
+        if _stage(d) > _stage(m)
+    ]
+    assert upward == []

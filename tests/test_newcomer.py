@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tasks.dataset import build_suite, parse_suite_text
+from tasks.suites.dataset import build_suite, parse_suite_text
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -75,9 +75,9 @@ def test_every_suite_example_in_the_format_doc_loads():
 
 def test_calc_example_grades_on_a_fresh_clone(tmp_path, home, monkeypatch):
     """No `make demo`, no build script: the suite's repository comes with the project."""
-    from tasks.dataset import load_suite
     from tasks.graders import grade
     from tasks.models import Status
+    from tasks.suites.dataset import load_suite
 
     clone = tmp_path / "clone"
     for name in tracked("examples"):

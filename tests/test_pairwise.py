@@ -13,8 +13,8 @@ from support.judges import ChatServer, ref, user_text
 from typer.testing import CliRunner
 
 from tasks.graders.judge import load_judge
+from tasks.metrics.pairwise import Pair, compare, judge_pair
 from tasks.models import EvalCase, InputError
-from tasks.pairwise import Pair, compare, judge_pair
 
 
 def case(i: int) -> EvalCase:

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from tasks.patching import apply_patch
+from tasks.repos.patching import apply_patch
 
 CALC = '''def add(a, b):
     """Return the sum of a and b."""

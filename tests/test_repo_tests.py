@@ -12,11 +12,11 @@ import git
 import pytest
 
 from tasks import graders
-from tasks.dataset import load_suite
 from tasks.graders import registered_kinds
+from tasks.graders.junit import parse_junit
 from tasks.graders.repo_tests import grade_repo_tests
-from tasks.junit import parse_junit
 from tasks.models import EvalCase, Status, Verdict
+from tasks.suites.dataset import load_suite
 
 # The fallback (no bubblewrap, allowed by --unsafe-no-sandbox) must grade alike.
 pytestmark = pytest.mark.usefixtures("mode")

@@ -12,8 +12,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from tasks.aggregate import aggregate
-from tasks.gate import gate
+from tasks.metrics.aggregate import aggregate
+from tasks.metrics.gate import gate
 from tasks.models import InputError
 from tasks.report import render_report, slices_table, summary_markdown, with_ci
 

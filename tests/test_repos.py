@@ -10,7 +10,7 @@ import git
 import pytest
 from support.git_repos import commit
 
-from tasks.repos import RepoError, checkout, mirror
+from tasks.repos.worktrees import RepoError, checkout, mirror
 
 
 @pytest.fixture

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from test_python_tests import _processes_with
 
-from tasks import sandbox
 from tasks.sandbox import Limits, SandboxError, run_command, run_python
+from tasks.sandbox import runner as sandbox
 
 needs_bwrap = pytest.mark.skipif(not sandbox.bwrap_available(), reason="needs bubblewrap")
 
@@ -174,7 +174,7 @@ def tmp_venv(tmp_path: Path) -> Path:
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     site = next(venv.glob("lib/python*/site-packages"))
-    root = Path(sandbox.__file__).resolve().parent.parent
+    root = Path(sandbox.__file__).resolve().parents[2]
     (site / "evalpipe-here.pth").write_text(f"{sysconfig.get_paths()['purelib']}\n{root}\n")
     return venv
 

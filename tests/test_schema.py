@@ -5,7 +5,7 @@ from __future__ import annotations
 import duckdb
 
 from storage import db
-from tasks.samples import SAMPLE_COLUMNS, SAMPLE_SCHEMA, sample_ddl
+from tasks.run.samples import SAMPLE_COLUMNS, SAMPLE_SCHEMA, sample_ddl
 
 # The schema of files written before there was a schema_version table.
 UNVERSIONED = """

@@ -11,8 +11,8 @@ import duckdb
 import pytest
 
 from storage.snapshots import read_snapshot, write_snapshot
-from tasks.dataset import load_suite
-from tasks.importers import humaneval_suite, swebench_suite
+from tasks.suites.dataset import load_suite
+from tasks.suites.importers import humaneval_suite, swebench_suite
 
 ROOT = Path(__file__).resolve().parent.parent
 EVALPIPE = [sys.executable, "-m", "flows.cli"]

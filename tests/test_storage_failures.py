@@ -89,7 +89,7 @@ def test_suite_past_the_input_limits_is_one_line_exit_2(tmp_path, name):
 
 
 def test_a_large_alias_bomb_is_refused_without_expanding_it(tmp_path):
-    from tasks.dataset import SuiteError, load_suite
+    from tasks.suites.dataset import SuiteError, load_suite
 
     path = tmp_path / "bomb.yaml"
     path.write_text(_bomb(10))  # 9**10 leaves: unrefused, hours and far more memory than there is

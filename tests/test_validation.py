@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tasks.dataset import build_suite
-from tasks.validation import check_case, validation_report
+from tasks.graders.validation import check_case, validation_report
+from tasks.suites.dataset import build_suite
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -18,9 +18,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from tasks.graders.safety import output_violations
 from tasks.models import EvalCase, InputError, Status, Verdict, canonical_json, sha256_hex
 from tasks.params import GRADER_PARAMS
-from tasks.safety import output_violations
 
 GraderFn = Callable[[str, EvalCase, dict], Verdict]
 

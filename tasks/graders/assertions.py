@@ -15,8 +15,8 @@ from fractions import Fraction
 from typing import Any
 
 from tasks.graders import register
+from tasks.graders.safety import compile_pattern
 from tasks.models import EvalCase, InputError, Status, Verdict, canonical_json
-from tasks.safety import compile_pattern
 
 
 def _verdict(ok: bool, detail: str) -> Verdict:

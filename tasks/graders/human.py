@@ -4,7 +4,7 @@ slowest rung.
 A label cannot be produced while a run grades, so a live run of a `human` case records
 `error` ("awaiting a label"; such samples are not cached). Labels arrive afterwards
 through `evalpipe labels import`, which turns each one into a verdict with
-`label_verdict` and stores it in a derived run (see `tasks/labels.py`).
+`label_verdict` and stores it in a derived run (see `tasks/metrics/labels.py`).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ case's `forbidden_patterns` afterwards in any case.
 Judge callables (`module:function`):
 - grading: `fn(output, case, seed)` returns a bool, a `Verdict`, or a mapping with
   `passed` (bool) and optional `score` (0..1) and `rationale` (str);
-- pairwise (`tasks.pairwise`): `fn(case, first, second, seed)` returns `"first"`/`"A"`,
+- pairwise (`tasks.metrics.pairwise`): `fn(case, first, second, seed)` returns `"first"`/`"A"`,
   `"second"`/`"B"` or `"tie"` (or a mapping with `winner`).
 """
 
@@ -29,10 +29,10 @@ from functools import lru_cache
 from typing import Any, Literal
 
 from tasks.agents import PROMPT_FIELDS, AgentError, call_user_code
+from tasks.agents.openai_client import EndpointError, OpenAIClient
 from tasks.callables import load_callable
 from tasks.graders import register
 from tasks.models import EvalCase, InputError, Status, Verdict, canonical_json, sha256_hex
-from tasks.openai_client import EndpointError, OpenAIClient
 from tasks.redaction import redact
 
 Preference = Literal["first", "second", "tie"]

@@ -6,7 +6,7 @@ or returning something whose truth is undefined (a numpy array), → `status: er
 
 A suite is not trusted (it may come from a git URL), so the callable it names is never
 imported into the harness: it is loaded and called in the sandbox, on a warm server per
-callable (`tasks.sandbox.call_in_sandbox`, `tasks.predicate_host`), which returns the
+callable (`tasks.sandbox.call_in_sandbox`, `tasks.graders.predicate_host`), which returns the
 verdict as JSON. `shutil:rmtree` runs there against a read-only file system. To run
 *candidate* code, a predicate calls `tasks.sandbox.run_python(source, limits=...)`.
 """
@@ -47,7 +47,7 @@ def predicate(output: str, case: EvalCase, trace: dict) -> Verdict:
 
 
 def decide(ref: str, fn: Callable, output: str, case: EvalCase) -> Verdict:
-    """The verdict of `fn(output, case)`; runs in the sandbox (`tasks.predicate_host`)."""
+    """The verdict of `fn(output, case)`; runs in the sandbox (`tasks.graders.predicate_host`)."""
     try:
         result = fn(output, case)
     except (Exception, SystemExit) as exc:

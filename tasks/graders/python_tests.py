@@ -34,10 +34,10 @@ def _tail(data: bytes) -> str:
 
 
 def _sandbox_code(case: EvalCase) -> list[str]:
-    import tasks.forkserver
-    import tasks.sandbox
+    import tasks.sandbox.forkserver
+    import tasks.sandbox.runner
 
-    return [file_hash(tasks.sandbox.__file__), file_hash(tasks.forkserver.__file__)]
+    return [file_hash(tasks.sandbox.runner.__file__), file_hash(tasks.sandbox.forkserver.__file__)]
 
 
 @register("python_tests", fingerprint=_sandbox_code)

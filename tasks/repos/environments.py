@@ -38,10 +38,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from tasks.home import evalpipe_home
+from tasks.home import CODE_ROOT, evalpipe_home
 from tasks.models import InputError, canonical_json, sha256_hex
 from tasks.params import Environment
-from tasks.repos import RepoError, checkout, ensure_commit, mirror, source_of
+from tasks.repos.worktrees import RepoError, checkout, ensure_commit, mirror, source_of
 from tasks.sandbox import Limits, Mounts, SandboxError, SandboxResult, run_command
 
 # Where every tree appears inside the sandbox, at build and at test time (a path under
@@ -257,7 +257,7 @@ def _uv() -> str | None:
 
 def _harness_dirs() -> tuple[str, ...]:
     """The harness's own venv and code: hidden from graded code."""
-    dirs = [str(Path(__file__).resolve().parent.parent)]
+    dirs = [str(CODE_ROOT)]
     if sys.prefix != sys.base_prefix:
         dirs.append(sys.prefix)
     return tuple(dirs)

@@ -9,7 +9,7 @@ Layers, reported in `SandboxResult.isolation`:
 1. bubblewrap: new pid/net/mount/user/ipc/uts namespaces, `/` and `/dev` read-only, a
    private size-capped `/tmp` and `/dev/shm`, no capabilities, killed with its parent;
    ending the namespace's init kills every process in it, `setsid` escapees included.
-2. always: a seccomp filter (`tasks.seccomp`: no unix sockets, no io_uring, no SysV/POSIX
+2. always: a seccomp filter (`tasks.sandbox.seccomp`: no unix sockets, no io_uring, no SysV/POSIX
    IPC or keyrings), own session and process group, rlimits (address space, CPU, file
    size, no core), a scrubbed environment, output read with a cap, wall-clock timeout
    that kills the whole group; a pids cgroup (when writable) caps the process count and
@@ -42,9 +42,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from tasks import seccomp
-from tasks.forkserver import capture, read_frame, set_limits, write_frame
+from tasks.home import CODE_ROOT
 from tasks.models import InputError
+from tasks.sandbox import seccomp
+from tasks.sandbox.forkserver import capture, read_frame, set_limits, write_frame
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +178,7 @@ def _runtime_dirs() -> tuple[str, ...]:
     a venv made there) the sandbox's private /tmp would hide them, so they are bound back
     in, read-only. Nothing else of the host's /tmp is visible."""
     return (sys.prefix, sys.base_prefix, os.path.dirname(sys.executable),
-            str(_FORKSERVER.parent.parent), *(p for p in sys.path if p))
+            str(CODE_ROOT), *(p for p in sys.path if p))
 
 
 def _under_tmp(paths: Iterable[str]) -> list[str]:
@@ -621,14 +622,14 @@ PREDICATE_LIMITS = Limits(timeout_s=60.0, memory_mb=4096)
 
 class CallServer(_Server):
     """A suite's callable (`predicate`), loaded and called in the sandbox by
-    `tasks.predicate_host`. It runs as the pid namespace's init, which its children
+    `tasks.graders.predicate_host`. It runs as the pid namespace's init, which its children
     cannot kill; `visible` are directories under /tmp it must read (the suite's code)."""
 
     def __init__(self, ref: str, base: Path, visible: Iterable[str]):
         # Already inside the sandbox: code it runs through `run_python` gets layer 2 only.
         nested = {MODE_ENV: "rlimits", UNSAFE_ENV: "1"}
         super().__init__(
-            ["-m", "tasks.predicate_host", ref, str(base)],
+            ["-m", "tasks.graders.predicate_host", ref, str(base)],
             PREDICATE_LIMITS,
             own_limits=PREDICATE_LIMITS,
             visible=visible,

@@ -16,10 +16,10 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from tasks.input_limits import LimitedLoader, LimitError
-from tasks.jsonl import object_lines
 from tasks.models import EvalCase, EvalSuite, InputError
 from tasks.params import parameter_names
+from tasks.suites.input_limits import LimitedLoader, LimitError
+from tasks.suites.jsonl import object_lines
 
 
 class SuiteError(InputError):

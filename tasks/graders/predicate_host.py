@@ -1,8 +1,8 @@
-"""The sandboxed side of `predicate`: `python -I -m tasks.predicate_host REF BASE [--pidns]`.
+"""The sandboxed side of `predicate`: `python -I -m tasks.graders.predicate_host REF BASE [--pidns]`.
 
 Started by `tasks.sandbox.CallServer` inside bubblewrap, as its pid namespace's init (a
 process it starts cannot kill it). It loads the suite's callable `REF` relative to
-`BASE` and answers framed JSON requests (`tasks.forkserver` protocol) one at a time:
+`BASE` and answers framed JSON requests (`tasks.sandbox.forkserver` protocol) one at a time:
 - `{"op": "hash"}` → `{"code_sha256": ...}` (the grader fingerprint's part), and
 - `{"output": str, "case": {...}}` → `{"verdict": {...}}`, decided by
   `tasks.graders.predicate.decide` as it used to be in the harness,
@@ -19,9 +19,9 @@ import sys
 from pathlib import Path
 
 from tasks.callables import load_callable
-from tasks.forkserver import become_server, kill_leftovers, read_frame, write_frame
 from tasks.graders.predicate import decide
 from tasks.models import EvalCase, InputError
+from tasks.sandbox.forkserver import become_server, kill_leftovers, read_frame, write_frame
 
 
 def answer(ref: str, base: Path, request: dict) -> dict:

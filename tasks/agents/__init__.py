@@ -33,13 +33,13 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 from urllib.parse import parse_qsl
 
+from tasks.agents.openai_client import EndpointError, OpenAIClient
 from tasks.callables import load_callable
-from tasks.forkserver import capture
-from tasks.jsonl import object_lines
 from tasks.models import EvalCase, InputError, canonical_json, sha256_hex
-from tasks.openai_client import EndpointError, OpenAIClient
 from tasks.redaction import redact
 from tasks.sandbox import PidsCgroup, kill_until_gone
+from tasks.sandbox.forkserver import capture
+from tasks.suites.jsonl import object_lines
 
 DEFAULT_CMD_TIMEOUT_S = 300.0
 STDERR_TAIL = 2000  # characters of a failed command's stderr kept in the error
@@ -142,7 +142,7 @@ class _Unavailable:
 class PythonAgent(_Reloadable):
     """`FUNC(inputs, ctx) -> str`. Whatever it raises — `KeyboardInterrupt` and `SystemExit`
     included — is an `AgentError`; only a signal the process really received stops the run.
-    What it returns is checked where it enters the sample (`tasks.sampling`)."""
+    What it returns is checked where it enters the sample (`tasks.run.sampling`)."""
 
     func: Callable[..., Any] = field(repr=False, compare=False, default=None)
 

@@ -4,7 +4,7 @@
     git@github.com:acme/evals.git@v1.4#suites/qa.yaml
     file:///srv/evals@3f2c9a1e...#suites/humaneval.jsonl
 
-The file is read from the repository's mirror (`tasks/repos.py`), never from a checkout.
+The file is read from the repository's mirror (`tasks/repos/worktrees.py`), never from a checkout.
 A branch or the default HEAD moves, so the mirror is fetched every time one is named; a
 full commit sha never moves, so it is fetched only if the mirror lacks it. The suite's
 version is its content hash as always; the commit it came from is its provenance
@@ -16,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from tasks import repos
-from tasks.dataset import SUITE_SUFFIXES, SuiteError, parse_suite_text
 from tasks.models import EvalSuite
+from tasks.repos import worktrees
+from tasks.suites.dataset import SUITE_SUFFIXES, SuiteError, parse_suite_text
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class GitSuiteRef:
 
 def parse_git_ref(text: str) -> GitSuiteRef | None:
     """`URL[@REF]#PATH` parsed, None when `text` is not a URL at all."""
-    if not repos.is_url(text):
+    if not worktrees.is_url(text):
         return None
     location, sep, path = text.rpartition("#")
     if not sep or not path:
@@ -56,19 +56,19 @@ def _names_a_repository(url: str) -> bool:
     """A URL with a path after its host: `scheme://host/path` or `user@host:path`."""
     if "://" in url:
         return "/" in url.split("://", 1)[1].strip("/")
-    return repos.is_url(url) and not url.endswith(":")
+    return worktrees.is_url(url) and not url.endswith(":")
 
 
 def load_git_suite(ref: GitSuiteRef, home: Path | None = None) -> tuple[EvalSuite, str]:
     """The suite at `ref` and the pinned `URL@SHA#PATH` it was read from."""
-    mirror = repos.mirror(ref.url, home)
-    if not repos.FULL_SHA.match(ref.rev):
-        repos.fetch(mirror, ref.url)
-    sha = repos.ensure_commit(mirror, ref.rev, ref.url)
+    mirror = worktrees.mirror(ref.url, home)
+    if not worktrees.FULL_SHA.match(ref.rev):
+        worktrees.fetch(mirror, ref.url)
+    sha = worktrees.ensure_commit(mirror, ref.rev, ref.url)
     source = ref.pinned(sha)
     try:
-        text = repos.run_git(mirror, "show", f"{sha}:{ref.path}")
-    except repos.RepoError:
+        text = worktrees.run_git(mirror, "show", f"{sha}:{ref.path}")
+    except worktrees.RepoError:
         raise SuiteError(f"{source}: no such file in the repository") from None
     path = PurePosixPath(ref.path)
     return parse_suite_text(path.stem, text, SUITE_SUFFIXES[path.suffix.lower()], source), source

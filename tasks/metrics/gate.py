@@ -15,8 +15,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from tasks.metrics.stats import DEFAULT_LEVEL, DEFAULT_N_BOOT, bootstrap_mean_ci
 from tasks.models import InputError
-from tasks.stats import DEFAULT_LEVEL, DEFAULT_N_BOOT, bootstrap_mean_ci
 
 Counts = Mapping[str, tuple[int, int]]  # case_hash → (n, c)
 Decision = Literal["pass", "block"]

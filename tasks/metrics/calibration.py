@@ -1,7 +1,7 @@
 """How far to trust a judge: its verdicts against a truth (human labels or an execution oracle).
 
 Four numbers, each with a percentile bootstrap CI clustered by case (outputs of one case
-share its difficulty, so the case is the unit of resampling, as in `tasks.stats`):
+share its difficulty, so the case is the unit of resampling, as in `tasks.metrics.stats`):
 - `agreement`: the fraction of outputs where judge and truth agree;
 - `kappa`: Cohen's kappa, agreement corrected for what two raters with these pass rates
   would reach by chance (``(p_o - p_e) / (1 - p_e)``; undefined when ``p_e = 1``);
@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from tasks.stats import DEFAULT_LEVEL, DEFAULT_N_BOOT
+from tasks.metrics.stats import DEFAULT_LEVEL, DEFAULT_N_BOOT
 
 _CHUNK_ELEMENTS = 1 << 22
 

@@ -26,8 +26,8 @@ import pyarrow as pa
 
 from tasks.graders.human import label_verdict, parse_label
 from tasks.graders.judge import render
-from tasks.jsonl import object_lines
 from tasks.models import EvalCase, InputError, canonical_json, sha256_hex
+from tasks.suites.jsonl import object_lines
 
 COLUMNS = ("case_id", "sample_index", "prompt", "output", "label", "note")
 FORMATS = (".csv", ".jsonl")

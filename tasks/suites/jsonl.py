@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tasks.input_limits import LimitError, parse_json
 from tasks.models import InputError
+from tasks.suites.input_limits import LimitError, parse_json
 
 
 def object_lines(

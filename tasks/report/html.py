@@ -407,7 +407,7 @@ def _md_cell(text: str) -> str:
 
 
 _ENV = Environment(
-    loader=PackageLoader("tasks", "templates"),
+    loader=PackageLoader("tasks.report", "templates"),
     autoescape=True,
     undefined=StrictUndefined,
     trim_blocks=True,

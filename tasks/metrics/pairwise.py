@@ -21,8 +21,8 @@ from typing import Any, Literal
 import numpy as np
 
 from tasks.graders.judge import Judge, JudgeError, draw_seed
+from tasks.metrics.stats import DEFAULT_LEVEL, bootstrap_mean_ci, standard_error
 from tasks.models import EvalCase
-from tasks.stats import DEFAULT_LEVEL, bootstrap_mean_ci, standard_error
 
 Outcome = Literal["a", "b", "tie", "inconsistent", "error"]
 SCORE = {"a": 1.0, "tie": 0.5, "inconsistent": 0.5, "b": 0.0}

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import pyarrow as pa
 
 from tasks.models import Sample
-from tasks.sampling import PlannedSample
+from tasks.run.sampling import PlannedSample
 
 SAMPLE_SCHEMA = pa.schema(
     [

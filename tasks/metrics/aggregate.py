@@ -17,8 +17,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from numpy.typing import NDArray
 
+from tasks.metrics.stats import (
+    DEFAULT_LEVEL,
+    DEFAULT_N_BOOT,
+    bootstrap_mean_ci,
+    pass_at_k,
+    standard_error,
+)
 from tasks.models import InputError
-from tasks.stats import DEFAULT_LEVEL, DEFAULT_N_BOOT, bootstrap_mean_ci, pass_at_k, standard_error
 
 ALL_SLICE = "__all__"  # the overall slice's name in the `aggregates` table
 

@@ -1,0 +1,40 @@
+"""What a run is: the `RunSpec` recorded in the `runs` table when it starts."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tasks.models import InputError
+
+
+def new_run_id() -> str:
+    return f"{datetime.now(UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
+
+
+class RunSpec(BaseModel):
+    """One run as recorded in the `runs` table when it starts."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    run_id: str = Field(default_factory=new_run_id)
+    suite_version: str
+    suite_name: str
+    agent: str
+    agent_fingerprint: str
+    n: int = Field(ge=1)
+    ks: list[int]
+    seed: int = Field(ge=0)
+    regrade: int = Field(default=0, ge=0)
+    flow_run_id: str | None = None
+    config: dict[str, Any] = Field(default_factory=dict)
+
+
+def check_ks(ks: Sequence[int]) -> list[int]:
+    if any(x < 1 for x in ks):
+        raise InputError(f"k: every k must be at least 1, got {list(ks)}")
+    return list(ks)

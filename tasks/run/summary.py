@@ -1,0 +1,128 @@
+"""What a run reports: `RunSummary`, the `run --json` document of docs/contract.md §7,
+assembled by `summarize` from the run's stored samples and nowhere else (a derived run of
+imported human labels goes through the same function)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from tasks.metrics.aggregate import Row, aggregate
+from tasks.models import EvalSuite, InputError
+from tasks.run.spec import RunSpec
+
+
+class _Doc(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class SliceSummary(_Doc):
+    cases: int
+    pass_at_1: float
+    pass_at_1_ci: list[float]
+    pass_at_k: dict[str, float | None]
+
+
+class SafetyViolation(_Doc):
+    case_id: str
+    sample_index: int
+    violation: str
+
+
+class GateSummary(_Doc):
+    """The gate's verdict on this run against `baseline` (the `gate --json` document)."""
+
+    decision: Literal["pass", "block"]
+    verdict: str
+    reasons: list[str]
+    delta_pass_at_1: float | None
+    delta_ci: list[float | None]
+    shared_cases: int
+    run_id: str
+    baseline: str
+
+
+class RunSummary(_Doc):
+    """The `run --json` document. Optional keys appear only where they apply: the gate with
+    a baseline, environment flakes with `--regrade`, the label keys on an imported-labels run."""
+
+    run_id: str
+    suite_version: str
+    suite_name: str
+    agent: str
+    n: int
+    cases: int
+    samples: int
+    cached_samples: int
+    pass_at_k: dict[str, float | None]
+    pass_at_k_notes: dict[str, str]
+    pass_at_1_ci: list[float]
+    ci_level: float
+    pass_at_1_se: float | None
+    slices: dict[str, SliceSummary]
+    flaky_cases: int
+    flaky_case_ids: list[str]
+    status_counts: dict[str, int]
+    safety_failed: bool
+    safety_violations: list[SafetyViolation]
+    env_flaky_samples: int | None = None
+    gate: GateSummary | None = None
+    source_run: str | None = None
+    labeller: str | None = None
+    labelled: int | None = None
+    unlabelled: int | None = None
+    sandbox: str | None = None  # "bwrap", "unsafe-no-sandbox" or "not-needed" (tasks.sandbox)
+    flow_run_id: str | None = None
+    duration_s: float | None = None
+
+    @classmethod
+    def read(cls, doc: RunSummary | Mapping[str, Any]) -> RunSummary:
+        """A `run --json` document read back (from the database, or a caller's dict) as the
+        model: a document that drifted from it is an input error naming the first bad key."""
+        if isinstance(doc, cls):
+            return doc
+        try:
+            return cls.model_validate(doc)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(map(str, first["loc"]))
+            raise InputError(f"run {doc.get('run_id', '?')!r}: summary key {where}: {first['msg']}") from None
+
+    def to_json(self) -> dict[str, Any]:
+        doc = self.model_dump(mode="json")
+        for key in _OPTIONAL_KEYS:
+            if doc[key] is None:
+                del doc[key]
+        return doc
+
+
+# Absent from the document when they do not apply (`flow_run_id` and `duration_s` are always there).
+_OPTIONAL_KEYS = ("env_flaky_samples", "gate", "source_run", "labeller", "labelled", "unlabelled", "sandbox")
+
+
+def summarize(spec: RunSpec, suite: EvalSuite, samples: pa.Table) -> tuple[RunSummary, list[Row]]:
+    """The run's summary from its stored samples, and the rows of its `aggregates` table."""
+    agg = aggregate(samples, {c.id: c.slices for c in suite.cases}, spec.ks, seed=spec.seed)
+    summary = RunSummary(
+        run_id=spec.run_id,
+        suite_version=suite.version,
+        suite_name=suite.name,
+        agent=spec.agent,
+        n=spec.n,
+        cases=len(suite.cases),
+        samples=samples.num_rows,
+        cached_samples=pc.sum(samples["cached"]).as_py() or 0,
+        **agg.to_json(),
+        env_flaky_samples=_env_flakes(samples) if spec.regrade else None,
+        flow_run_id=spec.flow_run_id,
+    )
+    return summary, agg.rows()
+
+
+def _env_flakes(samples: pa.Table) -> int:
+    return sum(bool(json.loads(t).get("env_flaky")) for t in samples["trace"].to_pylist())
