@@ -1,8 +1,8 @@
 """Judge calibrations in the DuckDB file, keyed by judge fingerprint.
 
 A calibration belongs to the instrument (judge code or model, rubric, params, J), not to
-a run: any run graded by a judge with that fingerprint can show it. The table is created
-here, beside the core schema, so the core tables stay as docs/contract.md §8 lists them.
+a run: any run graded by a judge with that fingerprint can show it. The table is a step of
+`storage.db.MIGRATIONS`, like every other.
 """
 
 from __future__ import annotations
@@ -13,12 +13,6 @@ from typing import Any
 
 from storage.db import connect, now
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS calibrations (
-    judge_fingerprint VARCHAR, judge VARCHAR, suite_version VARCHAR, truth VARCHAR,
-    created_at TIMESTAMPTZ, result JSON);
-"""
-
 
 def record_calibration(doc: dict[str, Any], home: Path | None = None) -> dict[str, Any]:
     """Store a calibration; returns it as stored, stamped with its `created_at` (so a
@@ -26,7 +20,6 @@ def record_calibration(doc: dict[str, Any], home: Path | None = None) -> dict[st
     created = now()
     stored = {**doc, "created_at": created.isoformat()}
     with connect(home) as con:
-        con.execute(SCHEMA)
         con.execute(
             "INSERT INTO calibrations VALUES (?, ?, ?, ?, ?, ?)",
             [
@@ -48,7 +41,6 @@ def latest_calibrations(
     if not fingerprints:
         return {}
     with connect(home) as con:
-        con.execute(SCHEMA)
         rows = con.execute(
             "SELECT judge_fingerprint, result FROM calibrations WHERE judge_fingerprint IN"
             f" ({', '.join('?' * len(fingerprints))})"

@@ -60,6 +60,13 @@ ALTER TABLE runs ADD COLUMN IF NOT EXISTS pid INTEGER;
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS host VARCHAR;
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS process_started VARCHAR;
 """,
+    # Judge calibrations (storage/calibrations.py), keyed by judge fingerprint. Files from
+    # before this step may already have the table, which `judge calibrate` created itself.
+    """
+CREATE TABLE IF NOT EXISTS calibrations (
+    judge_fingerprint VARCHAR, judge VARCHAR, suite_version VARCHAR, truth VARCHAR,
+    created_at TIMESTAMPTZ, result JSON);
+""",
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

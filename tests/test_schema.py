@@ -46,3 +46,25 @@ def test_a_current_file_takes_no_step_again(tmp_path):
     with db.connect(tmp_path) as con:
         assert db.migrate(con) == db.SCHEMA_VERSION
         assert con.execute("SELECT count(*) FROM schema_version").fetchone() == (1,)
+
+
+def test_a_file_whose_calibrations_table_predates_its_migration_keeps_its_rows(tmp_path):
+    """Before the calibrations table was a migration step, `judge calibrate` created it on
+    a version-2 file; taking step 3 leaves that table and its rows as they are."""
+    with db.connect(tmp_path) as con:
+        con.execute("DELETE FROM schema_version; INSERT INTO schema_version VALUES (2)")
+        con.execute("DROP TABLE calibrations")
+        con.execute("CREATE TABLE calibrations (judge_fingerprint VARCHAR, judge VARCHAR, suite_version VARCHAR,"
+                    " truth VARCHAR, created_at TIMESTAMPTZ, result JSON)")
+        con.execute("INSERT INTO calibrations VALUES ('fp', 'j', 'v', 'human', now(), '{\"kappa\": 0.5}')")
+    from storage.calibrations import latest_calibrations
+
+    assert latest_calibrations(["fp"], tmp_path) == {"fp": {"kappa": 0.5}}
+    with db.connect(tmp_path) as con:
+        assert con.execute("SELECT version FROM schema_version").fetchall() == [(db.SCHEMA_VERSION,)]
+
+
+def test_a_new_file_has_every_table_before_any_command_writes(tmp_path):
+    with db.connect(tmp_path) as con:
+        tables = {r[0] for r in con.execute("SHOW TABLES").fetchall()}
+    assert {"suites", "cases", "runs", "samples", "aggregates", "calibrations", "schema_version"} <= tables
