@@ -1,0 +1,87 @@
+"""Is a change no worse? Run one bench script on an earlier commit and on this tree, in
+turns, and print each of its figures side by side with the ratio after / before.
+
+The earlier commit is checked out in a temporary git worktree and run with this tree's
+interpreter (its pinned dependencies are the same unless pyproject.toml changed between the
+two; the script says so if it did). Runs alternate, before then after, `--rounds` times, and
+the best figure of each side is kept, so that a burst of load on a shared machine costs one
+round, not the comparison. A figure is every number followed by `s`, `ms` or `MB` on a
+line of the bench's output; lines are matched by their text with the numbers taken out.
+
+Usage: python bench/before_after.py REF bench/aggregate.py [--rounds 3] [-- ARGS FOR THE BENCH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FIGURE = re.compile(r"(\d[\d,]*\.?\d*)\s*(ms|s|MB)\b")
+
+
+def figures(output: str) -> dict[str, list[float]]:
+    """Each output line with figures, keyed by its text with the numbers taken out."""
+    found: dict[str, list[float]] = {}
+    for line in output.splitlines():
+        values = [float(v.replace(",", "")) for v, _ in FIGURE.findall(line)]
+        if values:
+            found[re.sub(r"\d[\d,]*\.?\d*", "#", line).strip()] = values
+    return found
+
+
+def run(tree: Path, script: str, args: list[str]) -> str:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    done = subprocess.run([sys.executable, str(tree / script), *args], cwd=tree, env=env,
+                          capture_output=True, text=True, check=False)
+    if done.returncode:
+        sys.exit(f"{script} failed in {tree}:\n{done.stderr[-2000:]}")
+    return done.stdout
+
+
+def best(a: dict[str, list[float]], b: dict[str, list[float]]) -> dict[str, list[float]]:
+    return {k: [min(x, y) for x, y in zip(a[k], b.get(k, a[k]), strict=False)] for k in a}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("ref", help="the earlier commit")
+    parser.add_argument("script", help="the bench script, relative to the repository")
+    parser.add_argument("--rounds", type=int, default=3)
+    argv = sys.argv[1:]
+    cut = argv.index("--") if "--" in argv else len(argv)
+    opts = parser.parse_args(argv[:cut])
+    opts.args = argv[cut + 1 :]
+    changed = subprocess.run(["git", "diff", "--quiet", opts.ref, "--", "pyproject.toml"], cwd=ROOT).returncode
+    if changed:
+        print(f"note: pyproject.toml differs from {opts.ref}; both sides run on this tree's dependencies")
+    with tempfile.TemporaryDirectory(prefix="evalpipe-before-") as tmp:
+        before_tree = Path(tmp) / "tree"
+        subprocess.run(["git", "worktree", "add", "--detach", "-q", str(before_tree), opts.ref], cwd=ROOT, check=True)
+        try:
+            before: dict[str, list[float]] = {}
+            after: dict[str, list[float]] = {}
+            for i in range(opts.rounds):
+                print(f"round {i + 1}/{opts.rounds}", file=sys.stderr, flush=True)
+                before = best(figures(run(before_tree, opts.script, opts.args)), before)
+                after = best(figures(run(ROOT, opts.script, opts.args)), after)
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(before_tree)], cwd=ROOT, check=False)
+    print(f"{opts.script}: best of {opts.rounds}, before = {opts.ref}, after = this tree")
+    for line, values in after.items():
+        old = before.get(line)
+        if old is None:
+            print(f"  {line}: after {values} (no such line before)")
+            continue
+        pairs = ", ".join(f"{b:g} -> {a:g} ({a / b:.2f}x)" if b else f"{b:g} -> {a:g}"
+                          for b, a in zip(old, values, strict=False))
+        print(f"  {line}: {pairs}")
+
+
+if __name__ == "__main__":
+    main()
