@@ -786,10 +786,10 @@ def _gone(pid: int) -> bool:
 def test_cmd_agent_leaves_nothing_behind_and_is_not_held_by_a_grandchild(
     cwd: Path, monkeypatch: pytest.MonkeyPatch, cgroup: bool
 ) -> None:
-    from tasks import agents
+    from tasks.agents import cmd
 
     if not cgroup:  # a machine without a writable pids cgroup
-        monkeypatch.setattr(agents.PidsCgroup, "create", classmethod(lambda cls, n: None))
+        monkeypatch.setattr(cmd.PidsCgroup, "create", classmethod(lambda cls, n: None))
     (cwd / "daemon.py").write_text(DAEMON_PY)
     monkeypatch.setenv("EVALPIPE_AGENT_TIMEOUT_S", "20")
     output = load_agent(f"cmd:{sys.executable} daemon.py").generate(case(), ctx())

@@ -1,0 +1,105 @@
+"""What every agent kind shares: the `Agent` protocol and its `AgentContext`, `AgentError`,
+pickling as a spec (`Reloadable`), the fingerprint, and the settings read from the
+environment (the output cap, `EVALPIPE_MAX_OUTPUT_BYTES`)."""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, Self, TypeVar
+
+from tasks.models import EvalCase, InputError, canonical_json, sha256_hex
+
+MAX_OUTPUT_ENV = "EVALPIPE_MAX_OUTPUT_BYTES"
+DEFAULT_MAX_OUTPUT_BYTES = 4 << 20
+
+_N = TypeVar("_N", int, float)
+
+
+@dataclass(frozen=True)
+class AgentContext:
+    case_id: str
+    index: int
+    seed: int
+    n: int
+
+
+class AgentError(Exception):
+    """The agent failed on one sample; the message is the reason."""
+
+
+class Agent(Protocol):
+    spec: str
+    fingerprint: str
+
+    def generate(self, case: EvalCase, ctx: AgentContext) -> str: ...
+
+
+def max_output_bytes() -> int:
+    """The cap on an agent's output: `EVALPIPE_MAX_OUTPUT_BYTES`, default 4 MB."""
+    return env_positive(MAX_OUTPUT_ENV, DEFAULT_MAX_OUTPUT_BYTES, int, "a whole number of bytes")
+
+
+def env_positive(name: str, default: _N, kind: Callable[[str], _N], what: str) -> _N:
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    try:
+        value = kind(raw)
+    except ValueError:
+        raise InputError(f"{name}={raw!r} is not {what}") from None
+    if value <= 0:
+        raise InputError(f"{name}={raw!r} must be positive")
+    return value
+
+
+def spec_fingerprint(spec: str, code: Any) -> str:
+    """A fingerprint of the spec and what it reads (code, files, a recording): every kind
+    but `openai:`, whose identity is its endpoint and settings."""
+    return sha256_hex(canonical_json({"spec": spec, "code": code}))
+
+
+@dataclass(frozen=True)
+class Reloadable(ABC):
+    """An agent that pickles as its kind, spec, working directory and fingerprint, and is
+    loaded anew where it is unpickled (see `tasks.agents`)."""
+
+    spec: str
+    fingerprint: str
+    base: Path
+
+    @classmethod
+    @abstractmethod
+    def load(cls, spec: str, rest: str, base: Path) -> Self:
+        """The agent `spec` names (`rest`: what follows its scheme), with relative paths
+        resolved against `base`; `InputError` when it cannot be loaded."""
+
+    def __reduce__(self) -> tuple[Callable[..., Agent], tuple[Any, ...]]:
+        # The kind, not the `--agent` dispatch in `tasks.agents`: that sits above every
+        # kind, and this module below them.
+        return _restore, (type(self), self.spec, str(self.base), self.fingerprint)
+
+
+def _restore(kind: type[Reloadable], spec: str, base: str, fingerprint: str) -> Agent:
+    try:
+        agent = kind.load(spec, spec.partition(":")[2], Path(base))
+    except InputError as exc:
+        return _Unavailable(spec, fingerprint, f"cannot re-create the agent here: {exc}")
+    if agent.fingerprint != fingerprint:
+        return _Unavailable(
+            spec, fingerprint, "the agent's code or settings changed since the run started"
+        )
+    return agent
+
+
+@dataclass(frozen=True)
+class _Unavailable:
+    spec: str
+    fingerprint: str
+    reason: str
+
+    def generate(self, case: EvalCase, ctx: AgentContext) -> str:
+        raise AgentError(self.reason)

@@ -1,0 +1,209 @@
+"""The `cmd:` agent: a command run once per sample, the case as JSON on its stdin and its
+output read from stdout, with everything it starts killed when it exits."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shlex
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tasks.agents.base import (
+    DEFAULT_MAX_OUTPUT_BYTES,
+    AgentContext,
+    AgentError,
+    Reloadable,
+    env_positive,
+    max_output_bytes,
+    spec_fingerprint,
+)
+from tasks.models import EvalCase, InputError, sha256_hex
+from tasks.redaction import redact
+from tasks.sandbox import PidsCgroup, kill_until_gone
+from tasks.sandbox.forkserver import capture
+
+DEFAULT_CMD_TIMEOUT_S = 300.0
+STDERR_TAIL = 2000  # characters of a failed command's stderr kept in the error
+# The pids cgroup of a `cmd:` agent is there to find every process it leaves, not to
+# confine trusted code: a cap no honest agent meets.
+CMD_MAX_PROCS = 32768
+
+
+@dataclass(frozen=True)
+class CmdAgent(Reloadable):
+    """A process per sample, no shell: the case JSON on stdin, the output on stdout.
+
+    It runs in the directory `load_agent` was called from, in its own session and process
+    group. The moment it exits, everything it started is killed (see `_Descendants`), so
+    a leftover holding its stdout cannot make it wait out its timeout, and nothing stays
+    behind. Its output is read as it comes with a cap: past `max_output_bytes` it is read
+    and dropped, never held.
+    """
+
+    argv: tuple[str, ...] = ()
+    timeout_s: float = DEFAULT_CMD_TIMEOUT_S
+    max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
+
+    @classmethod
+    def load(cls, spec: str, rest: str, base: Path) -> CmdAgent:
+        try:
+            argv = tuple(shlex.split(rest))
+        except ValueError as exc:
+            raise InputError(f"agent {spec!r}: cannot split the command: {exc}") from None
+        if not argv:
+            raise InputError(f"agent {spec!r}: empty command")
+        program = argv[0]
+        if "/" in program:
+            if not (base / program).is_file() or not os.access(base / program, os.X_OK):
+                raise InputError(f"agent {spec!r}: {program} is not an executable file")
+        elif shutil.which(program) is None:
+            raise InputError(f"agent {spec!r}: command {program!r} not found on PATH")
+        timeout_s = env_positive(
+            "EVALPIPE_AGENT_TIMEOUT_S", DEFAULT_CMD_TIMEOUT_S, float, "a number of seconds"
+        )
+        fingerprint = spec_fingerprint(spec, _tree_files(argv, base))
+        return cls(spec, fingerprint, base, argv, timeout_s, max_output_bytes())
+
+    def generate(self, case: EvalCase, ctx: AgentContext) -> str:
+        payload = {
+            "id": case.id,
+            "inputs": case.inputs,
+            "index": ctx.index,
+            "seed": ctx.seed,
+            "n": ctx.n,
+        }
+        descendants = _Descendants()
+        try:
+            # From a file, not a pipe: no writer to deadlock with the reader of stdout.
+            with tempfile.TemporaryFile() as stdin:
+                stdin.write(json.dumps(payload).encode())
+                stdin.seek(0)
+                try:
+                    proc = subprocess.Popen(
+                        self.argv,
+                        stdin=stdin,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE,
+                        cwd=self.base,
+                        env=descendants.env(),
+                        start_new_session=True,
+                        preexec_fn=descendants.join,  # noqa: PLW1509 - before the agent runs
+                    )
+                except (OSError, subprocess.SubprocessError) as exc:
+                    reason = getattr(exc, "strerror", None) or exc
+                    raise AgentError(f"cannot start {self.argv[0]!r}: {reason}") from None
+            # One byte over the cap tells the sampler to truncate (and say so).
+            out, err, timed_out = _collect(
+                proc, descendants, self.max_output_bytes + 1, self.timeout_s
+            )
+        finally:
+            descendants.close()
+        if timed_out:
+            raise AgentError(f"timed out after {self.timeout_s:g} s")
+        if proc.returncode != 0:
+            how = (
+                f"killed by signal {-proc.returncode}"
+                if proc.returncode < 0
+                else f"exited with status {proc.returncode}"
+            )
+            # Masked before it is cut: a secret cut in half would escape the mask.
+            tail = redact(err.decode("utf-8", errors="replace")).strip()[-STDERR_TAIL:]
+            raise AgentError(f"{how}: {tail}" if tail else how)
+        return out.decode("utf-8", errors="replace")
+
+
+class _Descendants:
+    """Every process one `cmd:` agent starts, however it detaches itself, found to be
+    killed: through a pids cgroup of its own where the machine has a writable one, else by
+    a mark in the environment they inherit (only a process that clears its environment
+    escapes that). The process group is killed in any case."""
+
+    MARK = "EVALPIPE_AGENT_RUN"
+
+    def __init__(self) -> None:
+        self.cgroup = PidsCgroup.create(CMD_MAX_PROCS)
+        self.mark = secrets.token_hex(8)
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, self.MARK: self.mark}
+
+    def join(self) -> None:
+        """In the new process, before it runs the agent."""
+        if self.cgroup is not None:
+            self.cgroup.join_self()
+
+    def kill(self, pgid: int) -> None:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if self.cgroup is not None:
+            self.cgroup.kill_all()
+            return
+        needle = f"{self.MARK}={self.mark}".encode()
+        kill_until_gone(lambda: [pid for pid in _pids() if needle in _environ(pid)], rounds=100)
+
+    def close(self) -> None:
+        if self.cgroup is not None:
+            self.cgroup.destroy()
+
+
+def _pids() -> list[int]:
+    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
+
+
+def _environ(pid: int) -> list[bytes]:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            return fh.read().split(b"\0")
+    except OSError:  # gone, or not ours to read
+        return []
+
+
+def _collect(
+    proc: subprocess.Popen[bytes], descendants: _Descendants, cap: int, timeout_s: float
+) -> tuple[bytes, bytes, bool]:
+    """(stdout, stderr, timed out), each stream's first `cap` bytes; whatever the process
+    leaves is killed when it exits, and everything on the way out."""
+    pidfd = os.pidfd_open(proc.pid)
+
+    def on_exit() -> None:
+        proc.wait()
+        descendants.kill(proc.pid)
+
+    try:
+        data, _, timed_out = capture(
+            {"stdout": (proc.stdout.fileno(), cap), "stderr": (proc.stderr.fileno(), cap)},
+            time.monotonic() + timeout_s,
+            pidfd,
+            on_exit,
+        )
+    finally:
+        descendants.kill(proc.pid)
+        proc.wait()
+        os.close(pidfd)
+        proc.stdout.close()
+        proc.stderr.close()
+    return data["stdout"], data["stderr"], timed_out
+
+
+def _tree_files(argv: tuple[str, ...], base: Path) -> dict[str, str]:
+    """sha256 of every word that names a file under `base` (the script, its config...).
+
+    Files outside the tree (the Python interpreter, system tools) are the environment, not
+    the agent's code, and hashing them would cost more than the run.
+    """
+    root = base.resolve()
+    hashes: dict[str, str] = {}
+    for word in argv:
+        path = (base / word).resolve()
+        if path.is_relative_to(root) and path.is_file():
+            hashes[word] = sha256_hex(path.read_bytes())
+    return hashes

@@ -1,0 +1,86 @@
+"""The `python:` agent: a user's function called in the harness, and `call_user_code`,
+which judges use too: what user code raises is its failure, a real signal stops the run."""
+
+from __future__ import annotations
+
+import copy
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tasks.agents.base import AgentContext, AgentError, Reloadable, spec_fingerprint
+from tasks.callables import load_callable
+from tasks.models import EvalCase, InputError
+
+
+@dataclass(frozen=True)
+class PythonAgent(Reloadable):
+    """`FUNC(inputs, ctx) -> str`. Whatever it raises — `KeyboardInterrupt` and `SystemExit`
+    included — is an `AgentError`; only a signal the process really received stops the run.
+    What it returns is checked where it enters the sample (`tasks.run.sampling`)."""
+
+    func: Callable[..., Any] = field(repr=False, compare=False, default=None)
+
+    @classmethod
+    def load(cls, spec: str, rest: str, base: Path) -> PythonAgent:
+        try:
+            loaded = load_callable(rest, base)
+        except InputError as exc:
+            raise InputError(f"agent {spec!r}: {exc}") from None
+        return cls(spec, spec_fingerprint(spec, loaded.code_sha256), base, loaded.func)
+
+    def generate(self, case: EvalCase, ctx: AgentContext) -> Any:
+        # A copy: the case is a frozen value shared by every sample.
+        return call_user_code(self.func, copy.deepcopy(case.inputs), ctx)
+
+
+def call_user_code(func: Callable[..., Any], *args: Any) -> Any:
+    """`func(*args)`; whatever it raises is an `AgentError` ("Type: message") — unless the
+    process really received SIGINT/SIGTERM meanwhile, which goes on stopping the run."""
+    with _real_signals() as received:
+        try:
+            return func(*args)
+        except BaseException as exc:
+            if received:
+                raise  # the user pressed Ctrl-C (or the run was terminated)
+            raise AgentError(f"{type(exc).__name__}: {exc}") from exc
+
+
+_RELAYED = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextmanager
+def _real_signals() -> Iterator[list[int]]:
+    """A list of the SIGINT/SIGTERM the process receives while the block runs; each is
+    still handled as before. Python runs signal handlers in the main thread only, so in
+    any other thread an exception like `KeyboardInterrupt` can come from user code alone."""
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+    previous: dict[int, Any] = {}
+
+    def relay(signum: int, frame: Any) -> None:
+        received.append(signum)
+        handler = previous[signum]
+        if callable(handler):
+            handler(signum, frame)
+        elif handler == signal.SIG_DFL:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+    for signum in _RELAYED:
+        handler = signal.getsignal(signum)
+        if handler is not None:  # None: installed outside Python, cannot be put back
+            previous[signum] = handler
+            signal.signal(signum, relay)
+    try:
+        yield received
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
