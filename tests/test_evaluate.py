@@ -270,7 +270,7 @@ def test_the_issue_case_is_bounded():
 def test_a_task_cut_short_by_its_budget_has_the_rest_drawn_once(prefect_harness, home, tmp_path, counted,
                                                                 monkeypatch):
     from flows.evaluate import evaluate
-    from tasks.run import plan
+    from tasks.run import steps
 
     sizes: list[int] = []
 
@@ -279,9 +279,9 @@ def test_a_task_cut_short_by_its_budget_has_the_rest_drawn_once(prefect_harness,
         sizes.append(len(drawn))
         return drawn
 
-    run_batch = plan.run_batch
-    monkeypatch.setattr(plan, "run_batch", recorded_run_batch)
-    monkeypatch.setattr(plan, "BATCH_BUDGET_S", 0.2)
+    run_batch = steps.run_batch
+    monkeypatch.setattr(steps, "run_batch", recorded_run_batch)
+    monkeypatch.setattr(steps, "BATCH_BUDGET_S", 0.2)
     monkeypatch.setenv("EVALPIPE_TEST_SLEEP", "0.05")
     suite = write_suite(tmp_path / "toy.yaml", 12)
     out = evaluate(suite=str(suite), agent=agent("slow"), n=2, k=[1], workers=2, batch_size=6)

@@ -1,11 +1,12 @@
 """The run layer, the top of the core: what a run is (`RunSpec`), the plain steps of a run
-(plan, pending, batches, draw a batch: `tasks.run.plan`, over `tasks.run.sampling`), the
+(plan, pending, batches, draw a batch: `tasks.run.steps`, over `tasks.run.sampling`), the
 sample rows it stores (`tasks.run.samples`) and what it reports (`RunSummary`).
 
 Flows call these and add only orchestration (task runners, artifacts) and storage.
 """
 
-from tasks.run.plan import (
+from tasks.run.spec import RunSpec, check_ks, new_run_id
+from tasks.run.steps import (
     MAX_BATCH,
     TASKS_PER_WORKER,
     batch_label,
@@ -15,7 +16,6 @@ from tasks.run.plan import (
     plan,
     samples_per_task,
 )
-from tasks.run.spec import RunSpec, check_ks, new_run_id
 from tasks.run.summary import GateSummary, RunSummary, summarize
 
 __all__ = [
