@@ -32,7 +32,15 @@ from tasks.agents import PROMPT_FIELDS, AgentError, call_user_code
 from tasks.agents.openai_client import EndpointError, OpenAIClient
 from tasks.callables import load_callable
 from tasks.graders import register
-from tasks.models import EvalCase, InputError, Status, Verdict, canonical_json, sha256_hex
+from tasks.models import (
+    EvalCase,
+    InputError,
+    Status,
+    Verdict,
+    canonical_json,
+    content_seed,
+    sha256_hex,
+)
 from tasks.redaction import redact
 
 Preference = Literal["first", "second", "tie"]
@@ -317,12 +325,6 @@ def preference_from_result(result: Any) -> Preference:
     return choice
 
 
-def draw_seed(*content: Any) -> int:
-    """A 63-bit seed from what is judged (e.g. case hash, output, draw index): the same
-    output is judged alike on every run, and the cache can key on it."""
-    return int(sha256_hex(canonical_json(list(content)))[:16], 16) >> 1
-
-
 def majority(draws: list[Draw], spec: str) -> tuple[Verdict, dict[str, Any]]:
     """The J draws folded into one verdict, and what the trace records about them."""
     safety = tuple(v for d in draws for v in d.safety)
@@ -363,7 +365,7 @@ def judge(output: str, case: EvalCase, trace: dict) -> Verdict:
     if not output.strip():
         return Verdict.fail(Status.empty, "empty output: nothing to judge")
     draws = [
-        j.draw(output, case, draw_seed("judge", case.case_hash, output, i))
+        j.draw(output, case, content_seed("judge", case.case_hash, output, i))
         for i in range(j.samples)
     ]
     verdict, record = majority(draws, j.spec)
