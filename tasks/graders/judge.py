@@ -31,6 +31,7 @@ from typing import Any, Literal
 from tasks.agents import PROMPT_FIELDS, AgentError, call_user_code
 from tasks.agents.openai_client import EndpointError, OpenAIClient
 from tasks.callables import load_callable
+from tasks.fences import strip_fence_ends
 from tasks.graders import register
 from tasks.models import (
     EvalCase,
@@ -239,13 +240,10 @@ def render(template: str, case: EvalCase, **texts: str) -> str:
     return _PLACEHOLDER.sub(lambda m: values.get(m[1], m[0]), template)
 
 
-_FENCE = re.compile(r"^```\w*\s*|\s*```$")
-
-
 def parse_reply(text: str) -> Any:
     """A judge model's reply as data: a JSON object (fenced or embedded in prose), else a
     leading verdict word (PASS/FAIL, A/B/TIE). `JudgeError` when it is neither."""
-    body = _FENCE.sub("", text.strip())
+    body = strip_fence_ends(text.strip())
     for candidate in (body, *re.findall(r"\{.*\}", body, flags=re.DOTALL)):
         try:
             value = json.loads(candidate)
