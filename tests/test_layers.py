@@ -78,6 +78,7 @@ STAGES = (
         "tasks.callables",
         "tasks.redaction",
         "tasks.fences",
+        "tasks.files",
     ),
     ("tasks.sandbox",),
     ("tasks.repos",),

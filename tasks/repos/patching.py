@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from tasks.fences import is_fence_line, unwrap_fenced_lines
+from tasks.files import atomic_write
 
 SEARCH, DIVIDER, REPLACE = "<<<<<<< SEARCH", "=======", ">>>>>>> REPLACE"
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
@@ -368,23 +369,14 @@ def _commit(tree: _Tree) -> None:
             before = path.read_bytes() if path.exists() else None
             mode = path.stat().st_mode & 0o7777 if before is not None else None
             undo.append((path, before, mode))
-            _write(path, data, 0o644 if mode is None else mode)
+            atomic_write(path, data, 0o644 if mode is None else mode)
     except OSError as exc:
         for path, before, mode in reversed(undo):
             if before is None:
                 path.unlink(missing_ok=True)
             else:
-                _write(path, before, mode or 0o644)
+                atomic_write(path, before, mode or 0o644)
         raise PatchError(f"cannot write the patch: {exc}") from None
-
-
-def _write(path: Path, data: bytes, mode: int) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.evalpipe-tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
 
 
 # git as `git apply` sees it here: no user or system configuration (an
