@@ -15,6 +15,7 @@ from typing import Annotated, Any
 import typer
 
 from flows.output import json_doc
+from tasks.metrics.percent import percent
 from tasks.models import InputError
 from tasks.report import with_ci
 
@@ -167,7 +168,7 @@ def calibrate_judge(
 
 
 def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{100 * x:.1f}%"
+    return percent(x, none="n/a")  # the CLI's word for a figure that is undefined
 
 
 @judge_app.command("calibrate")

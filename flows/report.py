@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
 from storage import db
 from storage.calibrations import run_calibrations
+from tasks.files import atomic_write
 from tasks.models import InputError
 from tasks.report import render_report
 from tasks.run import RunSummary
@@ -52,11 +51,7 @@ def write_report(run_id: str, out: Path, home: Path | None = None) -> Path:
                          baseline=baseline, gate=gate.model_dump(mode="json") if gate else None,
                          calibration=_calibration(summary),
                          judges=run_calibrations(run_id, home))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(html)
-    os.replace(tmp, out)
+    atomic_write(out, html)
     return out
 
 

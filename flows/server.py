@@ -33,6 +33,7 @@ from typing import IO, Any
 
 from flows.reaper import guard
 from storage import evalpipe_home
+from tasks.files import atomic_write
 from tasks.models import InputError, PlatformError
 
 HOST = "127.0.0.1"
@@ -279,9 +280,7 @@ def start_managed(port: int | None = None, home: Path | None = None) -> tuple[Ma
             except PlatformError as exc:
                 raise PlatformError(f"{exc}; its log: {log}") from None
         managed = Managed(server.process.pid, port, directory)
-        tmp = _state_file(directory).with_suffix(".tmp")
-        tmp.write_text(json.dumps({"pid": managed.pid, "port": managed.port}))
-        tmp.replace(_state_file(directory))
+        atomic_write(_state_file(directory), json.dumps({"pid": managed.pid, "port": managed.port}))
         return managed, True
 
 

@@ -8,14 +8,13 @@ tags are lists of strings.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from storage import DISK_FULL_ERRNOS, disk_full, evalpipe_home
+from tasks.files import atomic_path
 from tasks.models import EvalCase, EvalSuite, canonical_json
 
 SCHEMA = pa.schema(
@@ -49,7 +48,6 @@ def write_snapshot(suite: EvalSuite, home: Path | None = None) -> Path:
     path = snapshot_path(suite.version, home)
     if path.exists():
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
     cases = sorted(suite.cases, key=lambda c: c.id)
     table = pa.table(
         {
@@ -64,14 +62,11 @@ def write_snapshot(suite: EvalSuite, home: Path | None = None) -> Path:
         },
         schema=SCHEMA.with_metadata({"evalpipe.suite_name": suite.name, "evalpipe.version": suite.version}),
     )
-    fd, tmp = tempfile.mkstemp(prefix=f".{suite.version}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
     try:
-        pq.write_table(table, tmp)
-        os.replace(tmp, path)  # atomic: a reader sees no file or the whole file
-    except BaseException as exc:
-        Path(tmp).unlink(missing_ok=True)
-        if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:
+        with atomic_path(path) as tmp:
+            pq.write_table(table, str(tmp))
+    except OSError as exc:
+        if exc.errno in DISK_FULL_ERRNOS:
             raise disk_full(path) from None
         raise
     return path

@@ -72,6 +72,13 @@ def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def content_seed(*content: Any) -> int:
+    """A 63-bit seed from content (e.g. suite version, case id, index, run seed): the same
+    content draws alike on every run. Seeds enter cache keys, so changing this derivation
+    would orphan every stored sample (tests/test_seeds.py pins known values)."""
+    return int(sha256_hex(canonical_json(list(content)))[:16], 16) >> 1
+
+
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=False)
 

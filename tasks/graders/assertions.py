@@ -14,6 +14,7 @@ import re
 from fractions import Fraction
 from typing import Any
 
+from tasks.fences import fenced_body
 from tasks.graders import register
 from tasks.graders.safety import compile_pattern
 from tasks.models import EvalCase, InputError, Status, Verdict, canonical_json
@@ -127,9 +128,6 @@ def numeric(output: str, case: EvalCase, trace: dict) -> Verdict:
     )
 
 
-_FENCE = re.compile(r"```[\w-]*[ \t]*\n(.*?)\n?```", re.DOTALL)
-
-
 def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
@@ -138,9 +136,9 @@ def parse_json(output: str) -> Any:
     """Parse the output as strict JSON (no NaN/Infinity); one surrounding markdown code
     fence is allowed. Raises ValueError on anything else."""
     text = output.strip()
-    fenced = _FENCE.fullmatch(text)
-    if fenced:
-        text = fenced.group(1)
+    fenced = fenced_body(text)
+    if fenced is not None:
+        text = fenced
     try:
         return json.loads(text, parse_constant=_refuse_constant)
     except RecursionError:

@@ -31,8 +31,17 @@ from typing import Any, Literal
 from tasks.agents import PROMPT_FIELDS, AgentError, call_user_code
 from tasks.agents.openai_client import EndpointError, OpenAIClient
 from tasks.callables import load_callable
+from tasks.fences import strip_fence_ends
 from tasks.graders import register
-from tasks.models import EvalCase, InputError, Status, Verdict, canonical_json, sha256_hex
+from tasks.models import (
+    EvalCase,
+    InputError,
+    Status,
+    Verdict,
+    canonical_json,
+    content_seed,
+    sha256_hex,
+)
 from tasks.redaction import redact
 
 Preference = Literal["first", "second", "tie"]
@@ -231,13 +240,10 @@ def render(template: str, case: EvalCase, **texts: str) -> str:
     return _PLACEHOLDER.sub(lambda m: values.get(m[1], m[0]), template)
 
 
-_FENCE = re.compile(r"^```\w*\s*|\s*```$")
-
-
 def parse_reply(text: str) -> Any:
     """A judge model's reply as data: a JSON object (fenced or embedded in prose), else a
     leading verdict word (PASS/FAIL, A/B/TIE). `JudgeError` when it is neither."""
-    body = _FENCE.sub("", text.strip())
+    body = strip_fence_ends(text.strip())
     for candidate in (body, *re.findall(r"\{.*\}", body, flags=re.DOTALL)):
         try:
             value = json.loads(candidate)
@@ -317,12 +323,6 @@ def preference_from_result(result: Any) -> Preference:
     return choice
 
 
-def draw_seed(*content: Any) -> int:
-    """A 63-bit seed from what is judged (e.g. case hash, output, draw index): the same
-    output is judged alike on every run, and the cache can key on it."""
-    return int(sha256_hex(canonical_json(list(content)))[:16], 16) >> 1
-
-
 def majority(draws: list[Draw], spec: str) -> tuple[Verdict, dict[str, Any]]:
     """The J draws folded into one verdict, and what the trace records about them."""
     safety = tuple(v for d in draws for v in d.safety)
@@ -363,7 +363,7 @@ def judge(output: str, case: EvalCase, trace: dict) -> Verdict:
     if not output.strip():
         return Verdict.fail(Status.empty, "empty output: nothing to judge")
     draws = [
-        j.draw(output, case, draw_seed("judge", case.case_hash, output, i))
+        j.draw(output, case, content_seed("judge", case.case_hash, output, i))
         for i in range(j.samples)
     ]
     verdict, record = majority(draws, j.spec)

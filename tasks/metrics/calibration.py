@@ -19,9 +19,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from tasks.metrics.stats import DEFAULT_LEVEL, DEFAULT_N_BOOT
-
-_CHUNK_ELEMENTS = 1 << 22
+from tasks.metrics.stats import DEFAULT_LEVEL, DEFAULT_N_BOOT, resampled_sums
 
 METRICS = ("agreement", "kappa", "false_pass_rate", "false_fail_rate")
 
@@ -66,20 +64,6 @@ def _metrics(counts: NDArray[np.float64]) -> dict[str, NDArray[np.float64]]:
         }
 
 
-def _resampled_totals(
-    per_case: NDArray[np.float64], rng: np.random.Generator, n_boot: int
-) -> NDArray[np.float64]:
-    """Confusion totals of `n_boot` resamples of the cases, drawn in chunks so a large
-    labelled set never needs an (n_boot × cases × 4) array at once."""
-    m = per_case.shape[0]
-    rows = max(1, _CHUNK_ELEMENTS // (4 * m))
-    chunks = [
-        per_case[rng.integers(0, m, size=(min(rows, n_boot - start), m))].sum(axis=1)
-        for start in range(0, n_boot, rows)
-    ]
-    return np.concatenate(chunks)
-
-
 def calibrate(
     judge: Sequence[bool],
     truth: Sequence[bool],
@@ -102,7 +86,7 @@ def calibrate(
     total = per_case.sum(axis=0)
 
     m = per_case.shape[0]
-    boot = _metrics(_resampled_totals(per_case, np.random.default_rng(seed), n_boot))
+    boot = _metrics(resampled_sums(per_case, np.random.default_rng(seed), n_boot))
     point = _metrics(total)
     alpha = (1 - level) / 2
     values: dict[str, float | None] = {}

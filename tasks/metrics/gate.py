@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from tasks.metrics.percent import percent, signed_points
 from tasks.metrics.stats import DEFAULT_LEVEL, DEFAULT_N_BOOT, bootstrap_mean_ci
 from tasks.models import InputError
 
@@ -117,16 +118,16 @@ def gate(
         )
     if min_pass_at_1 is not None and pass_at_1 < min_pass_at_1:
         blocks.append(
-            f"threshold: pass@1 {_pct(pass_at_1)} is below the required {_pct(min_pass_at_1)}"
+            f"threshold: pass@1 {percent(pass_at_1)} is below the required {percent(min_pass_at_1)}"
         )
     if hi < -max_drop:
         blocks.append(
-            f"regression: the whole {_pct(level, 0)} CI of the change lies below "
-            f"-{_pct(max_drop)} (allowed drop)"
+            f"regression: the whole {percent(level, 0)} CI of the change lies below "
+            f"-{percent(max_drop)} (allowed drop)"
         )
     summary = (
-        f"{verdict}: pass@1 changed by {_signed_pts(delta)} "
-        f"({_pct(level, 0)} CI {_signed_pts(lo)} to {_signed_pts(hi)}) over {len(shared.hashes)} shared cases"
+        f"{verdict}: pass@1 changed by {signed_points(delta)} "
+        f"({percent(level, 0)} CI {signed_points(lo)} to {signed_points(hi)}) over {len(shared.hashes)} shared cases"
     )
     notes = []
     if shared.dropped:
@@ -151,11 +152,3 @@ def _rates(counts: tuple[tuple[int, int], ...]) -> np.ndarray:
     if (arr[:, 0] < 1).any() or ((arr[:, 1] < 0) | (arr[:, 1] > arr[:, 0])).any():
         raise InputError("gate: every case needs n >= 1 and 0 <= c <= n")
     return arr[:, 1] / arr[:, 0]
-
-
-def _pct(value: float, digits: int = 1) -> str:
-    return f"{100 * value:.{digits}f}%"
-
-
-def _signed_pts(value: float) -> str:
-    return f"{100 * value:+.1f} pts"

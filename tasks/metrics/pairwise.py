@@ -20,9 +20,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from tasks.graders.judge import Judge, JudgeError, draw_seed
+from tasks.graders.judge import Judge, JudgeError
 from tasks.metrics.stats import DEFAULT_LEVEL, bootstrap_mean_ci, standard_error
-from tasks.models import EvalCase
+from tasks.models import EvalCase, content_seed
 
 Outcome = Literal["a", "b", "tie", "inconsistent", "error"]
 SCORE = {"a": 1.0, "tie": 0.5, "inconsistent": 0.5, "b": 0.0}
@@ -60,8 +60,8 @@ def judge_pair(judge: Judge, pair: Pair) -> PairResult:
     """Ask in both orders, each with a seed derived from the shown content."""
     case, a, b = pair.case, pair.output_a, pair.output_b
     try:
-        ab = judge.prefer(case, a, b, draw_seed("pairwise", case.case_hash, a, b))
-        ba = judge.prefer(case, b, a, draw_seed("pairwise", case.case_hash, b, a))
+        ab = judge.prefer(case, a, b, content_seed("pairwise", case.case_hash, a, b))
+        ba = judge.prefer(case, b, a, content_seed("pairwise", case.case_hash, b, a))
     except JudgeError as exc:
         return PairResult(case.id, pair.sample_index, "", "", "error", str(exc))
     # In run terms: A-first "first" is A; B-first "first" is B.

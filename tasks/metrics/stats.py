@@ -15,8 +15,8 @@ from numpy.typing import ArrayLike, NDArray
 DEFAULT_N_BOOT = 2000
 DEFAULT_LEVEL = 0.95
 
-# Above this many array elements per chunk the index bootstrap works in slices of the
-# resamples, so a 100,000-case suite does not need a 2,000 × 100,000 matrix at once.
+# Above this many array elements per chunk a bootstrap works in slices of the resamples,
+# so a 100,000-case suite does not need a 2,000 × 100,000 matrix at once.
 _CHUNK_ELEMENTS = 1 << 22
 
 
@@ -97,7 +97,7 @@ def bootstrap_mean_ci(
         draws = rng.multinomial(m, counts / m, size=n_boot)
         means = draws @ levels / m
     else:
-        means = _index_bootstrap_means(x, rng, n_boot)
+        means = resampled_sums(x, rng, n_boot) / m
     alpha = (1.0 - level) / 2.0
     lo, hi = np.quantile(means, [alpha, 1.0 - alpha])
     # Rounding in the mean can put a degenerate interval a hair off the point estimate.
@@ -105,15 +105,18 @@ def bootstrap_mean_ci(
     return min(float(lo), point), max(float(hi), point)
 
 
-def _index_bootstrap_means(
-    x: NDArray[np.float64], rng: np.random.Generator, n_boot: int
+def resampled_sums(
+    per_case: NDArray[np.float64], rng: np.random.Generator, n_boot: int
 ) -> NDArray[np.float64]:
-    m = x.size
-    rows = max(1, _CHUNK_ELEMENTS // m)
-    chunks = []
-    for start in range(0, n_boot, rows):
-        size = min(rows, n_boot - start)
-        chunks.append(x[rng.integers(0, m, size=(size, m))].mean(axis=1))
+    """The sum over the cases of each of `n_boot` resamples (as many cases as there are,
+    drawn with replacement); `per_case` holds one value, or one row of values, per case.
+    Drawn in chunks of resamples, so a large set never needs an n_boot × cases array."""
+    m = per_case.shape[0]
+    rows = max(1, _CHUNK_ELEMENTS // per_case.size)
+    chunks = [
+        per_case[rng.integers(0, m, size=(min(rows, n_boot - start), m))].sum(axis=1)
+        for start in range(0, n_boot, rows)
+    ]
     return np.concatenate(chunks)
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
+from tasks.metrics.percent import percent, signed_points
 from tasks.run import RunSummary
 
 # Long suites would make a report nobody can scroll; the counts above each list stay exact.
@@ -99,7 +100,7 @@ def summary_markdown(
         count = len(run.safety_violations)
         lines += [f"> **SAFETY FAILED** — {count} violation(s); the gate blocks this run.", ""]
     lines += [
-        f"# {run.suite_name}: pass@1 {_pct(_pass_at_1(run))} "
+        f"# {run.suite_name}: pass@1 {percent(_pass_at_1(run))} "
         f"({_level(run)} CI {_ci(run.pass_at_1_ci)})",
         "",
         f"run `{run.run_id}` · agent `{run.agent}` · suite `{run.suite_version[:12]}` · "
@@ -109,17 +110,17 @@ def summary_markdown(
         "|---|---|",
     ]
     for k, value in _sorted_ks(run.pass_at_k):
-        shown = _pct(value) if value is not None else "n/a: " + run.pass_at_k_notes.get(k, "")
+        shown = percent(value) if value is not None else "n/a: " + run.pass_at_k_notes.get(k, "")
         lines.append(f"| pass@{k} | {shown} |")
-    lines.append(f"| pass@1 SE | {_pct(run.pass_at_1_se)} |")
+    lines.append(f"| pass@1 SE | {percent(run.pass_at_1_se)} |")
     statuses = ", ".join(f"{s} {c}" for s, c in run.status_counts.items())
     lines.append(f"| statuses | {statuses} |")
     if gate:
         lines += [
             "",
             f"**Gate: {gate['decision']}** ({gate['verdict']}): Δ pass@1 "
-            f"{_pts(gate['delta_pass_at_1'])} (CI {_pts(gate['delta_ci'][0])} to "
-            f"{_pts(gate['delta_ci'][1])}) over {gate['shared_cases']} shared cases",
+            f"{signed_points(gate['delta_pass_at_1'])} (CI {signed_points(gate['delta_ci'][0])} to "
+            f"{signed_points(gate['delta_ci'][1])}) over {gate['shared_cases']} shared cases",
         ]
         lines += [f"- {reason}" for reason in gate.get("reasons", [])]
     for j in judges:
@@ -134,7 +135,7 @@ def summary_markdown(
     if rows:
         lines += ["", "| slice | cases | pass@1 | CI |", "|---|---|---|---|"]
         lines += [
-            f"| {_md_cell(r['slice'])} | {r['cases']} | {_pct(r['pass@1'])} | {_ci((r['ci_lo'], r['ci_hi']))} |"
+            f"| {_md_cell(r['slice'])} | {r['cases']} | {percent(r['pass@1'])} | {_ci((r['ci_lo'], r['ci_hi']))} |"
             for r in rows
         ]
     return "\n".join(lines) + "\n"
@@ -222,7 +223,7 @@ def _slice_chart(run: RunSummary, baseline: RunSummary | None) -> dict[str, Any]
     return {
         "width": width, "height": top * 2 + len(rows) * (bar_h + gap) + 20,
         "label_w": label_w, "bar_h": bar_h, "bars": bars,
-        "axis": [(x(t), axis_y, f"{int(t * 100)}%") for t in (0, 0.5, 1)],
+        "axis": [(x(t), axis_y, percent(t, 0)) for t in (0, 0.5, 1)],
     }
 
 
@@ -245,7 +246,7 @@ def _status_chart(status_counts: Mapping[str, int]) -> dict[str, Any] | None:
 
 
 def _y_grid(y: Callable[[float], float]) -> list[tuple[float, str]]:
-    return [(y(t), f"{int(t * 100)}%") for t in (0, 0.25, 0.5, 0.75, 1)]
+    return [(y(t), percent(t, 0)) for t in (0, 0.25, 0.5, 0.75, 1)]
 
 
 def _error_bar(at: float, start: float, end: float, *, vertical: bool) -> list[tuple[float, ...]]:
@@ -275,9 +276,9 @@ def _gate_view(gate: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "decision": str(gate.get("decision", "")),
         "verdict": gate.get("verdict", ""),
-        "delta": _pts(gate.get("delta_pass_at_1")),
-        "lo": _pts(lo),
-        "hi": _pts(hi),
+        "delta": signed_points(gate.get("delta_pass_at_1")),
+        "lo": signed_points(lo),
+        "hi": signed_points(hi),
         "shared_cases": gate.get("shared_cases", "?"),
         "reasons": gate.get("reasons", []),
     }
@@ -294,7 +295,7 @@ def _comparison_rows(run: RunSummary, baseline: RunSummary) -> list[tuple[str, .
 
 def _delta_row(name: str, run_value: float | None, base_value: float | None) -> tuple[str, ...]:
     delta = run_value - base_value if run_value is not None and base_value is not None else None
-    return (name, _pct(run_value), _pct(base_value), _pts(delta))
+    return (name, percent(run_value), percent(base_value), signed_points(delta))
 
 
 def _judge_view(j: Mapping[str, Any]) -> dict[str, Any]:
@@ -302,7 +303,7 @@ def _judge_view(j: Mapping[str, Any]) -> dict[str, Any]:
     view = {
         "judge": j.get("judge", ""),
         "fingerprint": str(j.get("judge_fingerprint", ""))[:12],
-        "errors": f"{errors} of {judged}" + (f" ({_pct(errors / judged)})" if judged else ""),
+        "errors": f"{errors} of {judged}" + (f" ({percent(errors / judged)})" if judged else ""),
         "figures": None,
         "source": "",
     }
@@ -369,10 +370,6 @@ def _level(run: RunSummary) -> str:
     return f"{100 * run.ci_level:g}%"
 
 
-def _pct(value: float | None) -> str:
-    return "—" if value is None else f"{100 * value:.1f}%"
-
-
 def with_ci(doc: Mapping[str, Any], key: str) -> str:
     """A calibration figure with its CI (`key`, `key_ci` in the document): kappa as a
     coefficient, the rates as percentages; "n/a" when undefined (its condition never
@@ -380,18 +377,14 @@ def with_ci(doc: Mapping[str, Any], key: str) -> str:
     value, ci = doc.get(key), doc.get(f"{key}_ci")
     if value is None:
         return "n/a"
-    fmt = (lambda x: f"{x:.3f}") if key == "kappa" else _pct
+    fmt = (lambda x: f"{x:.3f}") if key == "kappa" else percent
     return fmt(value) + (f" [{fmt(ci[0])}, {fmt(ci[1])}]" if ci else "")
-
-
-def _pts(value: float | None) -> str:
-    return "—" if value is None else f"{100 * value:+.1f} pts"
 
 
 def _ci(ci: Sequence[float | None] | None) -> str:
     if not ci or ci[0] is None or ci[1] is None:
         return "—"
-    return f"[{_pct(ci[0])}, {_pct(ci[1])}]"
+    return f"[{percent(ci[0])}, {percent(ci[1])}]"
 
 
 def _round(value: float | None) -> float | None:
@@ -413,4 +406,4 @@ _ENV = Environment(
     trim_blocks=True,
     lstrip_blocks=True,
 )
-_ENV.filters.update(pct=_pct, ci=_ci, clip=_clip, f1=lambda x: f"{x:.1f}")
+_ENV.filters.update(pct=percent, ci=_ci, clip=_clip, f1=lambda x: f"{x:.1f}")

@@ -38,6 +38,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from tasks.files import atomic_write
 from tasks.home import CODE_ROOT, evalpipe_home
 from tasks.models import InputError, canonical_json, sha256_hex
 from tasks.params import Environment
@@ -352,9 +353,7 @@ def _build(ident: Identity, spec: Environment, path: Path) -> dict:
         "pytest": pytest, "built_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "build_s": round(time.monotonic() - start, 3),
     }
-    tmp = path / ".env.json.tmp"
-    tmp.write_text(json.dumps(meta, indent=1))
-    os.replace(tmp, path / "env.json")
+    atomic_write(path / "env.json", json.dumps(meta, indent=1))
     _say(f"built {ident.name} in {meta['build_s']:.1f}s")
     return meta
 

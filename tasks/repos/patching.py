@@ -20,9 +20,11 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from tasks.fences import is_fence_line, unwrap_fenced_lines
+from tasks.files import atomic_write
+
 SEARCH, DIVIDER, REPLACE = "<<<<<<< SEARCH", "=======", ">>>>>>> REPLACE"
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
-_FENCE = re.compile(r"^\s*(```|~~~)")
 
 
 class PatchError(Exception):
@@ -232,7 +234,7 @@ def _parse_blocks(text: str) -> list[_FilePatch]:
     while i < len(lines):
         stripped = lines[i].strip()
         if stripped != SEARCH:
-            if stripped and not _FENCE.match(lines[i]):
+            if stripped and not is_fence_line(lines[i]):
                 path = stripped.strip("`*").strip()
             i += 1
             continue
@@ -259,17 +261,9 @@ def _block_part(lines: list[str], i: int, end: str, number: int, path: str) -> t
     return "".join(lines[start:i]), i + 1
 
 
-def _strip_fences(text: str) -> str:
-    """An answer wrapped in one markdown code fence is the patch inside it."""
-    lines = text.strip("\n").split("\n")
-    if len(lines) >= 2 and _FENCE.match(lines[0]) and _FENCE.match(lines[-1]):
-        return "\n".join(lines[1:-1]) + "\n"
-    return text
-
-
 def parse_patch(patch: str) -> list[_FilePatch]:
     """The file edits a patch describes. Raises `PatchError` when it is neither format."""
-    text = _strip_fences(patch)
+    text = unwrap_fenced_lines(patch)  # an answer wrapped in a fence is the patch inside
     if any(line.strip() == SEARCH for line in text.split("\n")):
         patches = _parse_blocks(text)
     else:
@@ -375,23 +369,14 @@ def _commit(tree: _Tree) -> None:
             before = path.read_bytes() if path.exists() else None
             mode = path.stat().st_mode & 0o7777 if before is not None else None
             undo.append((path, before, mode))
-            _write(path, data, 0o644 if mode is None else mode)
+            atomic_write(path, data, 0o644 if mode is None else mode)
     except OSError as exc:
         for path, before, mode in reversed(undo):
             if before is None:
                 path.unlink(missing_ok=True)
             else:
-                _write(path, before, mode or 0o644)
+                atomic_write(path, before, mode or 0o644)
         raise PatchError(f"cannot write the patch: {exc}") from None
-
-
-def _write(path: Path, data: bytes, mode: int) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.evalpipe-tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
 
 
 # git as `git apply` sees it here: no user or system configuration (an
@@ -454,7 +439,7 @@ def _git_apply_error(stderr: str, patches: list[_FilePatch]) -> str:
 
 def apply_patch(root: Path, patch: str) -> PatchResult:
     """Apply `patch` under `root` exactly and atomically (see the module docstring)."""
-    text = _strip_fences(patch)
+    text = unwrap_fenced_lines(patch)
     if not text.strip():
         return PatchResult(applied=False, empty=True, detail="empty patch")
     try:

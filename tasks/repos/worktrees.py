@@ -27,6 +27,7 @@ from pathlib import Path
 
 import git
 
+from tasks.files import atomic_path
 from tasks.home import evalpipe_home
 from tasks.models import InputError, sha256_hex
 
@@ -104,14 +105,11 @@ def mirror(repo: str, home: Path | None = None) -> Path:
         return dest
     with _flock(base / f"{_key(source)}.lock"):
         if not (dest / "HEAD").exists():
-            tmp = base / f".{dest.name}.{os.getpid()}.tmp"
-            shutil.rmtree(tmp, ignore_errors=True)
-            try:
-                run_git(None, "clone", "--mirror", "--quiet", "--", source, str(tmp))
-            except RepoError as exc:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise RepoError(f"{repo}: cannot mirror: {exc}") from None
-            os.replace(tmp, dest)
+            with atomic_path(dest) as tmp:
+                try:
+                    run_git(None, "clone", "--mirror", "--quiet", "--", source, str(tmp))
+                except RepoError as exc:
+                    raise RepoError(f"{repo}: cannot mirror: {exc}") from None
     return dest
 
 

@@ -20,14 +20,17 @@ from typing import Any
 
 from tasks.agents import Agent, AgentContext, AgentError, max_output_bytes
 from tasks.graders import grade, grader_fingerprint
-from tasks.models import EvalCase, EvalSuite, Sample, Status, Verdict, canonical_json, sha256_hex
+from tasks.models import (
+    EvalCase,
+    EvalSuite,
+    Sample,
+    Status,
+    Verdict,
+    canonical_json,
+    content_seed,
+    sha256_hex,
+)
 from tasks.redaction import MASK, redact
-
-
-def sample_seed(suite_version: str, case_id: str, index: int, run_seed: int) -> int:
-    """A 63-bit seed from (suite version, case id, sample index, run seed)."""
-    digest = sha256_hex(canonical_json([suite_version, case_id, index, run_seed]))
-    return int(digest[:16], 16) >> 1
 
 
 def cache_key(case_hash: str, agent_fingerprint: str, index: int, seed: int, grader_fp: str) -> str:
@@ -51,7 +54,7 @@ def plan_samples(suite: EvalSuite, agent_fingerprint: str, n: int, run_seed: int
     for case in suite.cases:
         grader_fp = grader_fingerprint(case)
         for index in range(n):
-            seed = sample_seed(suite.version, case.id, index, run_seed)
+            seed = content_seed(suite.version, case.id, index, run_seed)
             key = cache_key(case.case_hash, agent_fingerprint, index, seed, grader_fp)
             planned.append(PlannedSample(case.id, index, seed, key, case.case_hash))
     return planned

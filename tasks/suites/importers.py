@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from tasks.files import atomic_write
 from tasks.models import EvalSuite
 from tasks.repos.environments import Environment, load_environment_map
 from tasks.suites.dataset import SuiteError, build_suite
@@ -131,8 +130,4 @@ def write_suite_file(suite: EvalSuite, out: Path) -> None:
         text = yaml.safe_dump({"name": suite.name, "cases": cases}, sort_keys=False, allow_unicode=True)
     else:
         raise SuiteError(f"{out}: unknown suite format {suffix!r} (expected .yaml, .yml or .jsonl)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.replace(tmp, out)
+    atomic_write(out, text)

@@ -1,0 +1,40 @@
+"""Markdown code fences around what a model writes: a patch, a JSON answer, a judge's reply.
+
+Each reader is as lenient as its format needs, so there are three readings, side by side:
+a patch is read line by line (any fence line, ``` or ~~~, indented or with an info
+string); a JSON answer must be exactly one ``` block; a judge's reply is JSON or a verdict
+word, often in prose, so a fence at either end is simply dropped.
+"""
+
+from __future__ import annotations
+
+import re
+
+_FENCE_LINE = re.compile(r"^\s*(```|~~~)")
+_FENCED_BLOCK = re.compile(r"```[\w-]*[ \t]*\n(.*?)\n?```", re.DOTALL)
+_FENCE_AT_ENDS = re.compile(r"^```\w*\s*|\s*```$")
+
+
+def is_fence_line(line: str) -> bool:
+    """A line that opens or closes a fence: ``` or ~~~, maybe indented, maybe with more after."""
+    return _FENCE_LINE.match(line) is not None
+
+
+def unwrap_fenced_lines(text: str) -> str:
+    """The lines between the first and the last when both are fence lines, else `text`."""
+    lines = text.strip("\n").split("\n")
+    if len(lines) >= 2 and is_fence_line(lines[0]) and is_fence_line(lines[-1]):
+        return "\n".join(lines[1:-1]) + "\n"
+    return text
+
+
+def fenced_body(text: str) -> str | None:
+    """The body when `text` is exactly one ``` block (an optional language tag), else None."""
+    match = _FENCED_BLOCK.fullmatch(text)
+    return match.group(1) if match else None
+
+
+def strip_fence_ends(text: str) -> str:
+    """`text` without an opening fence at its start or a closing fence at its end (each
+    dropped on its own, with the white space beside it)."""
+    return _FENCE_AT_ENDS.sub("", text)
