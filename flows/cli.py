@@ -227,7 +227,8 @@ def run(
     from flows.prefect_api import prefect_api
 
     with prefect_api(as_json) as watch, _progress(suite_obj.name, as_json) as hook:
-        from flows.evaluate import evaluate, progress_hook
+        from flows.artifacts import progress_hook
+        from flows.evaluate import evaluate
 
         token = progress_hook.set(hook)
         try:

@@ -1,15 +1,19 @@
-"""The Prefect task runner a run's sampling tasks are mapped over."""
+"""The Prefect task runner a run's sampling tasks are mapped over, and the mapping."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import queue
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Literal
+from typing import Any, Generic, Literal, TypeVar
 
+from prefect import Task
+from prefect.futures import PrefectWrappedFuture
 from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner, ThreadPoolTaskRunner
 
 Runner = Literal["threads", "processes", "dask"]
+Item = TypeVar("Item")
 
 
 @contextmanager
@@ -49,3 +53,31 @@ def _api_for_workers(runner: Runner) -> Iterator[None]:
         yield
     finally:
         os.environ.pop("PREFECT_API_URL", None)
+
+
+class Mapped(Generic[Item]):
+    """`task` mapped over a started task runner: one task run per item, submitted whenever,
+    taken as they finish (`finished`)."""
+
+    def __init__(self, runner: TaskRunner, task: Task[..., Any], params: Callable[[Item], dict[str, Any]]) -> None:
+        self._runner, self._task, self._params = runner, task, params
+        self._running: set[PrefectWrappedFuture] = set()
+        self._finished: queue.SimpleQueue[tuple[Item, PrefectWrappedFuture]] = queue.SimpleQueue()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._running)
+
+    def submit(self, item: Item) -> None:
+        future = self._runner.submit(self._task, self._params(item))
+        self._running.add(future)
+        future.add_done_callback(lambda f: self._finished.put((item, f)))
+
+    def finished(self) -> list[tuple[Item, Any]]:
+        """Wait for a task run to finish: the item and result of each one finished by then
+        (a failed one raises its exception)."""
+        ready = [self._finished.get()]
+        while not self._finished.empty():
+            ready.append(self._finished.get())
+        self._running.difference_update(future for _, future in ready)
+        return [(item, future.result()) for item, future in ready]
