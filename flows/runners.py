@@ -6,6 +6,7 @@ import os
 import queue
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from types import TracebackType
 from typing import Any, Generic, Literal, TypeVar
 
 from prefect import Task
@@ -57,7 +58,15 @@ def _api_for_workers(runner: Runner) -> Iterator[None]:
 
 class Mapped(Generic[Item]):
     """`task` mapped over a started task runner: one task run per item, submitted whenever,
-    taken as they finish (`finished`)."""
+    taken as they finish (`finished`).
+
+    Leaving the block on an exception (a task run that failed, or the caller's own) winds the
+    task runs down before the runner is stopped: those not started are cancelled, so they
+    never run and leave no record, and the started ones end as they would have. Left in
+    flight, the runner's own stop would cancel them all, and one that a worker was just
+    picking up would be recorded, and logged, as crashed: a consequence of the failure
+    reported, not news of its own.
+    """
 
     def __init__(self, runner: TaskRunner, task: Task[..., Any], params: Callable[[Item], dict[str, Any]]) -> None:
         self._runner, self._task, self._params = runner, task, params
@@ -81,3 +90,16 @@ class Mapped(Generic[Item]):
             ready.append(self._finished.get())
         self._running.difference_update(future for _, future in ready)
         return [(item, future.result()) for item, future in ready]
+
+    def __enter__(self) -> Mapped[Item]:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        if exc_type is None:
+            return
+        # cancel() is False for a task run already started (a Dask future's is None: waiting
+        # on it returns at once once it is cancelled).
+        started = [f for f in self._running if not f.wrapped_future.cancel()]
+        for future in started:
+            future.wait()

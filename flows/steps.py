@@ -90,8 +90,7 @@ def draw_missing(spec: RunSpec, suite: EvalSuite, agent: Any, missing: list[Plan
         return {"agent": agent, "cases": run.batch_cases(cases, chunk), "planned": chunk, "spec": spec,
                 "label": run.batch_label(chunk)}
 
-    with task_runner(runner, workers, dask_address) as started:
-        mapped = Mapped(started, sample_batch, params)
+    with task_runner(runner, workers, dask_address) as started, Mapped(started, sample_batch, params) as mapped:
         for chunk in run.batches(missing, spec.n, batch_size, workers):
             mapped.submit(chunk)
         while mapped.in_flight:
