@@ -5,8 +5,8 @@ The earlier commit is checked out in a temporary git worktree and run with this 
 interpreter (its pinned dependencies are the same unless pyproject.toml changed between the
 two; the script says so if it did). Runs alternate, before then after, `--rounds` times, and
 the best figure of each side is kept, so that a burst of load on a shared machine costs one
-round, not the comparison. A figure is every number followed by `s`, `ms` or `MB` on a
-line of the bench's output; lines are matched by their text with the numbers taken out.
+round, not the comparison. A figure is every number followed by `s`, `ms`, `µs` or `MB` on a
+line of the bench's output; lines are matched by their text with the figures and ratios taken out.
 
 Usage: python bench/before_after.py REF bench/aggregate.py [--rounds 3] [-- ARGS FOR THE BENCH]
 """
@@ -22,7 +22,8 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-FIGURE = re.compile(r"(\d[\d,]*\.?\d*)\s*(ms|s|MB)\b")
+FIGURE = re.compile(r"(\d[\d,]*\.?\d*)\s*(µs|ms|s|MB)\b")
+RATIO = re.compile(r"\d+\.?\d*x\b")
 
 
 def figures(output: str) -> dict[str, list[float]]:
@@ -30,8 +31,9 @@ def figures(output: str) -> dict[str, list[float]]:
     found: dict[str, list[float]] = {}
     for line in output.splitlines():
         values = [float(v.replace(",", "")) for v, _ in FIGURE.findall(line)]
-        if values:
-            found[re.sub(r"\d[\d,]*\.?\d*", "#", line).strip()] = values
+        if values:  # the key keeps the line's other numbers (J=1, J=5) but not its results
+            key = RATIO.sub("#x", FIGURE.sub(lambda m: "#" + m.group(2), line))
+            found[" ".join(key.split())] = values
     return found
 
 

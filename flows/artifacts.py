@@ -1,9 +1,11 @@
-"""A finished run as artifacts on its Prefect flow-run page."""
+"""A run on its Prefect flow-run page: its progress while it runs (and the CLI's progress
+hook), then its summary, as artifacts."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from pathlib import Path
 
 from prefect.artifacts import (
@@ -16,6 +18,9 @@ from prefect.artifacts import (
 from storage.calibrations import run_calibrations
 from tasks.report import slices_table, summary_markdown
 from tasks.run import RunSummary
+
+# Set by the CLI to draw a progress bar: called with (samples done, samples total).
+progress_hook: ContextVar[Callable[[int, int], None] | None] = ContextVar("progress_hook", default=None)
 
 
 def publish(run: RunSummary, home: Path) -> None:

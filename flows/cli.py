@@ -227,7 +227,8 @@ def run(
     from flows.prefect_api import prefect_api
 
     with prefect_api(as_json) as watch, _progress(suite_obj.name, as_json) as hook:
-        from flows.evaluate import evaluate, progress_hook
+        from flows.artifacts import progress_hook
+        from flows.evaluate import evaluate
 
         token = progress_hook.set(hook)
         try:
@@ -532,16 +533,29 @@ def _platform_error(exc: BaseException) -> PlatformError | None:
 
 
 class _DropReportedFailures(logging.Filter):
-    """Prefect logs a failing task or flow run with its traceback; when the failure is one
-    that `main` reports as its one line, the console gets that line only."""
+    """Prefect logs a failed task or flow run with its exception and traceback, then closes
+    the run with a line naming its final state. When the failure is one `main` reports as its
+    one line, neither record passes: the first is known by its exception (`exc_info`), the
+    closing one by the run id the first carried, never by their text.
+
+    Sibling task runs of a failed run are not logged at all: the mapping winds them down
+    before the runner stops (`flows.runners.Mapped`). A filter remains because Prefect's task
+    engine logs a failed task run at ERROR however the task ends (raising, or returning a
+    Failed state)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reported: set[str] = set()  # the runs whose failure `main` reports
 
     def filter(self, record: logging.LogRecord) -> bool:
+        run_id = str(getattr(record, "task_run_id", None) or getattr(record, "flow_run_id", None) or "")
         if record.exc_info and _platform_error(record.exc_info[1]) is not None:
+            self.reported.add(run_id)
             return False
-        # Sibling tasks the runner cancels while a failed run winds down are a consequence
-        # of the failure reported, not news of their own.
-        message = record.getMessage()
-        return not any(text in message for text in (PlatformError.__name__, "cancelled by the task runner"))
+        return not run_id or run_id not in self.reported
+
+
+_DROP_REPORTED_FAILURES = _DropReportedFailures()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -549,7 +563,7 @@ def main(argv: list[str] | None = None) -> int:
     # code surfaces as InputError, a failure of the machine as PlatformError (or a full
     # disk's OSError), each becoming the one-line message.
     for name in ("prefect.flow_runs", "prefect.task_runs"):
-        logging.getLogger(name).addFilter(_DropReportedFailures())
+        logging.getLogger(name).addFilter(_DROP_REPORTED_FAILURES)
     try:
         app(args=argv)
     except InputError as exc:

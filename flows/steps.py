@@ -1,18 +1,27 @@
-"""The Prefect tasks of an evaluate run: snapshot, sample (mapped), aggregate."""
+"""The steps of an evaluate run: its Prefect tasks (snapshot, sample mapped over the task
+runner, aggregate) and the storage each step reads or writes around them."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 from prefect import task
 from prefect.cache_policies import NO_CACHE
+from prefect.states import Completed, State
 
+from flows.artifacts import Progress, progress_hook
+from flows.runners import Mapped, Runner, task_runner
 from storage import db
-from storage.snapshots import write_snapshot
+from storage.snapshots import snapshot_path, write_snapshot
+from tasks import run
 from tasks.models import EvalSuite
 from tasks.run import RunSpec, RunSummary, draw_batch, summarize
 from tasks.run.sampling import PlannedSample
+
+# `baseline="previous"`: gate against the newest completed run of the same suite and agent.
+PREVIOUS = "previous"
 
 
 def _snapshot_key(context, parameters) -> str:
@@ -38,3 +47,67 @@ def reduce_run(spec: RunSpec, suite: EvalSuite, home: str) -> RunSummary:
     summary, rows = summarize(spec, suite, db.run_samples(spec.run_id, Path(home)))
     db.write_aggregates(spec.run_id, rows, Path(home))
     return summary
+
+
+def find_baseline(baseline: str | None, suite: EvalSuite, agent_fingerprint: str, home: Path) -> str | None:
+    """The run id to gate against: `previous` is the newest completed run of the same suite
+    version and agent (none yet: no gate); anything else, a stored run (id or prefix),
+    found before any agent call is paid for."""
+    if baseline == PREVIOUS:
+        return db.latest_completed_run(suite.version, agent_fingerprint, home)
+    return db.find_run(baseline, home)["run_id"] if baseline else None
+
+
+def snapshot_once(suite: EvalSuite, home: Path) -> None:
+    """The `snapshot` task, cached per suite version, run again when its file is gone."""
+    fresh = not snapshot_path(suite.version, home).exists()
+    snapshot.with_options(refresh_cache=fresh)(suite, str(home))
+
+
+def reuse_cached(spec: RunSpec, planned: list[PlannedSample], home: Path) -> list[PlannedSample]:
+    """Store the samples found in the cache as this run's; the planned samples left to draw."""
+    reused, missing = run.pending(spec, planned, db.cached_samples([p.cache_key for p in planned], home))
+    db.insert_samples(reused, home)
+    return missing
+
+
+def draw_missing(spec: RunSpec, suite: EvalSuite, agent: Any, missing: list[PlannedSample], total: int,
+                 home: Path, *, batch_size: int | None, runner: Runner, workers: int,
+                 dask_address: str | None) -> None:
+    """Map the missing samples over the task runner, `sample_batch` a batch; store the drawn
+    ones as they finish. A batch stopped by its time budget drew a prefix: the rest is
+    submitted again. Whatever finished meanwhile is stored together, as one database
+    write: opening the DuckDB file costs more than a small batch's rows."""
+    hook = progress_hook.get()
+    if hook:
+        hook(total - len(missing), total)
+    if not missing:
+        return
+    cases = {c.id: c for c in suite.cases}
+    progress = Progress(total - len(missing), total, hook)
+
+    def params(chunk: list[PlannedSample]) -> dict[str, Any]:
+        return {"agent": agent, "cases": run.batch_cases(cases, chunk), "planned": chunk, "spec": spec,
+                "label": run.batch_label(chunk)}
+
+    with task_runner(runner, workers, dask_address) as started, Mapped(started, sample_batch, params) as mapped:
+        for chunk in run.batches(missing, spec.n, batch_size, workers):
+            mapped.submit(chunk)
+        while mapped.in_flight:
+            finished = mapped.finished()
+            for chunk, rows in finished:
+                if rest := run.undrawn(chunk, rows):
+                    mapped.submit(rest)
+            drawn = pa.concat_tables([rows for _, rows in finished])
+            db.insert_samples(drawn, home)
+            progress.advance(drawn.num_rows)
+
+
+def final_state(summary: RunSummary) -> dict[str, Any] | State:
+    """The flow's return: the `run --json` document. When the gate blocked, still Completed
+    (the run and its numbers are sound), but named so that the UI's run list, filters and
+    automations can tell a blocked release at a glance."""
+    if summary.gate and summary.gate.decision == "block":
+        return Completed(data=summary.to_json(), name="Blocked",
+                         message="gate blocked: " + "; ".join(summary.gate.reasons))
+    return summary.to_json()

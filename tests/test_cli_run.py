@@ -186,3 +186,27 @@ def evalpipe(capsys, *args: str) -> tuple[int, str, str]:
         code = exc.code or 0
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def test_a_reported_failure_is_known_by_its_exception_and_run_not_by_its_text():
+    """What Prefect logs of a failed run whose failure `main` reports as one line: the record
+    with the exception, then the run's closing line. Neither reaches the console."""
+    import logging
+
+    from flows.cli import _DropReportedFailures
+    from tasks.models import PlatformError
+
+    def record(message: str, run_id: str, exc: BaseException | None = None) -> logging.LogRecord:
+        rec = logging.LogRecord("prefect.task_runs", logging.ERROR, __file__, 1, message, None,
+                                (type(exc), exc, None) if exc else None)
+        rec.task_run_id = run_id
+        return rec
+
+    drop = _DropReportedFailures()
+    assert not drop.filter(record("Task run failed with exception", "t1", PlatformError("locked")))
+    assert not drop.filter(record("Finished in state Failed('...')", "t1"))
+    assert not drop.filter(record("Task run failed", "t2", OSError(28, "No space left on device")))
+    # Another run's records stay, whatever their text; so does a bug's traceback.
+    assert drop.filter(record("Finished in state Failed('... PlatformError: cancelled by the task runner')", "t3"))
+    assert drop.filter(record("Task run failed with exception", "t4", ValueError("a bug")))
+    assert drop.filter(record("Finished in state Failed('...')", "t4"))

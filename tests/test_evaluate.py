@@ -267,6 +267,22 @@ def test_the_issue_case_is_bounded():
     assert samples_per_task(2000 * 10, 2) == 64  # was 625: a kill threw away 2 x 625 draws
 
 
+def test_a_batch_draws_from_its_own_cases_and_a_cut_one_leaves_its_tail(tmp_path):
+    import pyarrow as pa
+
+    from tasks.run import batch_cases, run_title, undrawn
+    from tasks.run.sampling import plan_samples
+    from tasks.suites.dataset import load_suite
+
+    suite = load_suite(write_suite(tmp_path / "toy.yaml", 4))
+    cases = {c.id: c for c in suite.cases}
+    chunk = plan_samples(suite, "fingerprint", 2, 0)[1:6]  # q000#1 .. q002#0
+    assert [c.id for c in batch_cases(cases, chunk)] == ["q000", "q001", "q002"]
+    assert undrawn(chunk, pa.table({"drawn": [1, 2]})) == chunk[2:]
+    assert undrawn(chunk, pa.table({"drawn": [1, 2, 3, 4, 5]})) == []
+    assert run_title("suites/toy.yaml", "reference", 3) == "toy · reference · n=3"
+
+
 def test_a_task_cut_short_by_its_budget_has_the_rest_drawn_once(prefect_harness, home, tmp_path, counted,
                                                                 monkeypatch):
     from flows.evaluate import evaluate

@@ -5,6 +5,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from pathlib import PurePath
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -32,6 +33,11 @@ class RunSpec(BaseModel):
     regrade: int = Field(default=0, ge=0)
     flow_run_id: str | None = None
     config: dict[str, Any] = Field(default_factory=dict)
+
+
+def run_title(suite_ref: str, agent: str | None, n: int) -> str:
+    """A run's name in the Prefect UI: the suite file's stem, the agent, n."""
+    return f"{PurePath(suite_ref).stem} · {agent} · n={n}"
 
 
 def check_ks(ks: Sequence[int]) -> list[int]:

@@ -4,7 +4,7 @@ still to draw, cut it into sampling tasks, draw and grade a batch."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -23,8 +23,6 @@ from tasks.run.spec import RunSpec
 MAX_BATCH = 64
 BATCH_BUDGET_S = 2.0
 TASKS_PER_WORKER = 16
-
-
 
 
 def plan(suite: EvalSuite, spec: RunSpec) -> list[PlannedSample]:
@@ -71,6 +69,16 @@ def batches(missing: Sequence[PlannedSample], n: int, batch_size: int | None, wo
 def batch_label(chunk: Sequence[PlannedSample]) -> str:
     ids = sorted({p.case_id for p in chunk})
     return ids[0] if len(ids) == 1 else f"{ids[0]}…{ids[-1]} ({len(chunk)})"
+
+
+def batch_cases(cases: Mapping[str, EvalCase], chunk: Sequence[PlannedSample]) -> list[EvalCase]:
+    """The cases a batch draws from (`cases` by id), in id order."""
+    return [cases[case_id] for case_id in sorted({p.case_id for p in chunk})]
+
+
+def undrawn(chunk: Sequence[PlannedSample], drawn: pa.Table) -> list[PlannedSample]:
+    """What a batch left to draw: `draw_batch` stopped by its time budget drew a prefix of it."""
+    return list(chunk[drawn.num_rows :])
 
 
 def draw_batch(agent: Any, cases: Sequence[EvalCase], planned: Sequence[PlannedSample], spec: RunSpec) -> pa.Table:
