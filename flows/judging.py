@@ -2,7 +2,8 @@
 
 Each command is a typer wrapper over a plain function of the same purpose
 (`calibrate_judge`, `compare_runs`, `export_labels`, `import_labels`), which tests and
-other flows call directly. The lead mounts the apps in `flows/cli.py`.
+other flows call directly. The lead mounts the apps in `flows/cli.py`; as there, the storage
+and core imports are inside the commands, so `evalpipe --help` loads neither DuckDB nor Arrow.
 """
 
 from __future__ import annotations
