@@ -23,7 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 FIGURE = re.compile(r"(\d[\d,]*\.?\d*)\s*(µs|ms|s|MB)\b")
-RATIO = re.compile(r"\d+\.?\d*x\b")
+RATIO = re.compile(r"\d+\.?\d*\s?x\b")
 
 
 def figures(output: str) -> dict[str, list[float]]:

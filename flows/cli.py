@@ -19,7 +19,7 @@ import typer
 
 from flows.output import json_doc
 from tasks.models import InputError, PlatformError
-from tasks.report import UNSAFE_NOTE
+from tasks.sandbox import UNSAFE_NOTE
 
 app = typer.Typer(
     no_args_is_help=True,

@@ -16,9 +16,8 @@ from typing import Annotated, Any
 import typer
 
 from flows.output import json_doc
-from tasks.metrics.percent import percent
+from tasks.metrics.percent import percent, with_ci
 from tasks.models import InputError
-from tasks.report import with_ci
 
 judge_app = typer.Typer(
     no_args_is_help=True, help="Model judges: calibrate them before trusting them."

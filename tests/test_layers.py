@@ -107,3 +107,13 @@ def test_core_imports_point_down_the_stages():
         if _stage(d) > _stage(m)
     ]
     assert upward == []
+
+
+def test_the_command_line_loads_no_heavy_library_before_a_command_needs_it():
+    """`evalpipe --help`, `suite hash` and a bad-input exit 2 stay fast: Prefect, DuckDB,
+    Arrow, NumPy, Jinja and the openai SDK are imported inside the commands that use them."""
+    heavy = ("prefect", "duckdb", "pyarrow", "numpy", "jinja2", "openai")
+    probe = f"import json, sys, flows.cli; print(json.dumps([m for m in {heavy!r} if m in sys.modules]))"
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == []

@@ -14,8 +14,9 @@ import pytest
 
 from tasks.metrics.aggregate import aggregate
 from tasks.metrics.gate import gate
+from tasks.metrics.percent import with_ci
 from tasks.models import InputError
-from tasks.report import render_report, slices_table, summary_markdown, with_ci
+from tasks.report import render_report, slices_table, summary_markdown
 
 CHROMIUM = Path("/usr/bin/chromium")
 EVIL = '<script>alert("x")</script>'

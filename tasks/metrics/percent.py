@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 
 def percent(value: float | None, digits: int = 1, none: str = "—") -> str:
     """A fraction as a percentage with `digits` decimals; `none` stands for a missing value."""
@@ -11,3 +14,14 @@ def percent(value: float | None, digits: int = 1, none: str = "—") -> str:
 def signed_points(value: float | None, none: str = "—") -> str:
     """A difference of two fractions in percentage points, always signed: -0.02 is "-2.0 pts"."""
     return none if value is None else f"{100 * value:+.1f} pts"
+
+
+def with_ci(doc: Mapping[str, Any], key: str) -> str:
+    """A calibration figure with its CI (`key`, `key_ci` in the document): kappa as a
+    coefficient, the rates as percentages; "n/a" when undefined (its condition never
+    occurred), which is not 0."""
+    value, ci = doc.get(key), doc.get(f"{key}_ci")
+    if value is None:
+        return "n/a"
+    fmt = (lambda x: f"{x:.3f}") if key == "kappa" else percent
+    return fmt(value) + (f" [{fmt(ci[0])}, {fmt(ci[1])}]" if ci else "")

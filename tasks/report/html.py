@@ -17,8 +17,9 @@ from typing import Any
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
-from tasks.metrics.percent import percent, signed_points
+from tasks.metrics.percent import percent, signed_points, with_ci
 from tasks.run import RunSummary
+from tasks.sandbox import UNSAFE_NOTE
 
 # Long suites would make a report nobody can scroll; the counts above each list stay exact.
 MAX_LISTED = 200
@@ -34,9 +35,6 @@ STATUS_COLORS = {
     "error": "#455a64",
     "agent_error": "#ad1457",
 }
-
-UNSAFE_NOTE = ("run with --unsafe-no-sandbox and no bubblewrap: the suite's code ran unprotected "
-               "(it could read the harness's environment and files, and signal it)")
 
 TRUTH_SOURCES = {"human": "human labels", "oracle": "execution oracle"}
 
@@ -368,17 +366,6 @@ def _sorted_ks(pass_at_k: Mapping[str, float | None]) -> list[tuple[str, float |
 
 def _level(run: RunSummary) -> str:
     return f"{100 * run.ci_level:g}%"
-
-
-def with_ci(doc: Mapping[str, Any], key: str) -> str:
-    """A calibration figure with its CI (`key`, `key_ci` in the document): kappa as a
-    coefficient, the rates as percentages; "n/a" when undefined (its condition never
-    occurred), which is not 0."""
-    value, ci = doc.get(key), doc.get(f"{key}_ci")
-    if value is None:
-        return "n/a"
-    fmt = (lambda x: f"{x:.3f}") if key == "kappa" else percent
-    return fmt(value) + (f" [{fmt(ci[0])}, {fmt(ci[1])}]" if ci else "")
 
 
 def _ci(ci: Sequence[float | None] | None) -> str:

@@ -7,6 +7,7 @@ protocol (`tasks.sandbox.forkserver`) and the seccomp filter (`tasks.sandbox.sec
 
 from tasks.sandbox.runner import (
     CODE_KINDS,
+    UNSAFE_NOTE,
     Limits,
     Mounts,
     PidsCgroup,
@@ -27,6 +28,6 @@ from tasks.sandbox.runner import (
 
 __all__ = [
     "CODE_KINDS", "Limits", "Mounts", "PidsCgroup", "SandboxError", "SandboxResult", "SandboxUnavailable",
-    "ServerDied", "allowing_unsafe", "bwrap_available", "call_in_sandbox", "kill_until_gone", "run_command",
+    "ServerDied", "UNSAFE_NOTE", "allowing_unsafe", "bwrap_available", "call_in_sandbox", "kill_until_gone", "run_command",
     "run_python", "run_python_program", "run_sandbox_mode", "shutdown",
 ]

@@ -57,6 +57,10 @@ MODE_ENV = "EVALPIPE_SANDBOX"
 UNSAFE_ENV = "EVALPIPE_UNSAFE_NO_SANDBOX"
 # Grader kinds that run code a run does not trust: a suite with one needs the sandbox.
 CODE_KINDS = frozenset({"python_tests", "repo_tests", "predicate"})
+# What every summary, report and artifact of such a run says about it.
+UNSAFE_NOTE = ("run with --unsafe-no-sandbox and no bubblewrap: the suite's code ran unprotected "
+               "(it could read the harness's environment and files, and signal it)")
+
 _FORKSERVER = Path(__file__).with_name("forkserver.py")
 _PASSED_ENV = ("PATH", "LANG", "LC_ALL", "TZ")
 
