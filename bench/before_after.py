@@ -1,9 +1,10 @@
 """Is a change no worse? Run one bench script on an earlier commit and on this tree, in
 turns, and print each of its figures side by side with the ratio after / before.
 
-The earlier commit is checked out in a temporary git worktree and run with this tree's
-interpreter (its pinned dependencies are the same unless pyproject.toml changed between the
-two; the script says so if it did). Runs alternate, before then after, `--rounds` times, and
+The earlier commit is checked out in a temporary git worktree with a copy of this tree's venv
+pointed at it (the pinned dependencies are the same unless pyproject.toml changed between
+the two; the script says so if it did). A copy, not PYTHONPATH: the sandbox starts its
+servers with a scrubbed environment, and they must import the earlier commit's code too. Runs alternate, before then after, `--rounds` times, and
 the best figure of each side is kept, so that a burst of load on a shared machine costs one
 round, not the comparison. A figure is every number followed by `s`, `ms`, `µs` or `MB` on a
 line of the bench's output; lines are matched by their text with the figures and ratios taken out.
@@ -37,9 +38,22 @@ def figures(output: str) -> dict[str, list[float]]:
     return found
 
 
-def run(tree: Path, script: str, args: list[str]) -> str:
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-    done = subprocess.run([sys.executable, str(tree / script), *args], cwd=tree, env=env,
+def venv_for(tree: Path) -> Path:
+    """A copy of this tree's venv whose editable install, scripts and records name `tree`."""
+    venv = tree / ".venv"
+    subprocess.run(["cp", "-a", str(ROOT / ".venv"), str(venv)], check=True)
+    site = next(venv.glob("lib/python*/site-packages"))
+    for path in [*(venv / "bin").iterdir(), *site.glob("__editable__*.pth"), *site.glob("evalpipe-*/*")]:
+        if path.is_file() and not path.is_symlink():
+            data = path.read_bytes()
+            if str(ROOT).encode() in data:
+                path.write_bytes(data.replace(str(ROOT).encode(), str(tree).encode()))
+    return venv / "bin" / "python"
+
+
+def run(python: Path, tree: Path, script: str, args: list[str]) -> str:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([str(python), str(tree / script), *args], cwd=tree, env=env,
                           capture_output=True, text=True, check=False)
     if done.returncode:
         sys.exit(f"{script} failed in {tree}:\n{done.stderr[-2000:]}")
@@ -66,12 +80,13 @@ def main() -> None:
         before_tree = Path(tmp) / "tree"
         subprocess.run(["git", "worktree", "add", "--detach", "-q", str(before_tree), opts.ref], cwd=ROOT, check=True)
         try:
+            before_python = venv_for(before_tree)
             before: dict[str, list[float]] = {}
             after: dict[str, list[float]] = {}
             for i in range(opts.rounds):
                 print(f"round {i + 1}/{opts.rounds}", file=sys.stderr, flush=True)
-                before = best(figures(run(before_tree, opts.script, opts.args)), before)
-                after = best(figures(run(ROOT, opts.script, opts.args)), after)
+                before = best(figures(run(before_python, before_tree, opts.script, opts.args)), before)
+                after = best(figures(run(Path(sys.executable), ROOT, opts.script, opts.args)), after)
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(before_tree)], cwd=ROOT, check=False)
     print(f"{opts.script}: best of {opts.rounds}, before = {opts.ref}, after = this tree")
