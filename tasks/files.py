@@ -14,15 +14,16 @@ from pathlib import Path
 
 
 @contextmanager
-def atomic_path(path: Path) -> Iterator[Path]:
+def atomic_path(path: Path, *, durable: bool = True) -> Iterator[Path]:
     """A fresh path beside `path` for the caller to build the new file (or directory) at:
-    renamed onto `path` when the block ends, removed when it raises."""
+    renamed onto `path` when the block ends, removed when it raises. `durable=False` skips
+    the fsync, for scratch trees where only readers, not crashes, matter."""
     path.parent.mkdir(parents=True, exist_ok=True)
     # Unpredictable, so a name planted in the directory (a symlink) cannot be written through.
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     try:
         yield tmp
-        if tmp.is_file():
+        if durable and tmp.is_file():
             _fsync(tmp)  # the data reaches the disk before the name points at it
         os.replace(tmp, path)
     except BaseException:
@@ -33,10 +34,10 @@ def atomic_path(path: Path) -> Iterator[Path]:
         raise
 
 
-def atomic_write(path: Path, data: bytes | str, mode: int | None = None) -> None:
+def atomic_write(path: Path, data: bytes | str, mode: int | None = None, *, durable: bool = True) -> None:
     """Replace `path` with `data` (a str as UTF-8); `mode` sets its permission bits, else
     the umask does."""
-    with atomic_path(path) as tmp:
+    with atomic_path(path, durable=durable) as tmp:
         with open(tmp, "xb") as fh:
             fh.write(data.encode("utf-8") if isinstance(data, str) else data)
         if mode is not None:

@@ -369,13 +369,13 @@ def _commit(tree: _Tree) -> None:
             before = path.read_bytes() if path.exists() else None
             mode = path.stat().st_mode & 0o7777 if before is not None else None
             undo.append((path, before, mode))
-            atomic_write(path, data, 0o644 if mode is None else mode)
+            atomic_write(path, data, 0o644 if mode is None else mode, durable=False)  # a scratch tree
     except OSError as exc:
         for path, before, mode in reversed(undo):
             if before is None:
                 path.unlink(missing_ok=True)
             else:
-                atomic_write(path, before, mode or 0o644)
+                atomic_write(path, before, mode or 0o644, durable=False)
         raise PatchError(f"cannot write the patch: {exc}") from None
 
 
