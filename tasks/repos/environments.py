@@ -7,10 +7,12 @@ Layout under `EVALPIPE_HOME/envs/`:
     <name>/build.log    the output of every build command
     <name>/env.json     written last: present means built; its mtime is the last use
     .locks/<name>       flock: exclusive while building or pruning, shared while in use
-    .cache/             uv's and pip's download caches (unless UV_CACHE_DIR / PIP_CACHE_DIR)
+    <name>/.cache/      the build's own download caches (uv, pip), removed when it ends
 
 A build runs in the sandbox with network, a tree of the repository at the environment's
-commit mounted at TESTBED, and only that tree, the env dir and the caches writable. Tests
+commit mounted at TESTBED, and only that tree and its own env dir writable. Its download
+cache is its own: install commands come from suites and `setup.py` files (untrusted), and a
+shared cache would let one build change what every later build installs. Tests
 run in the sandbox without network, the sample's worktree mounted at the same TESTBED (so
 an editable install made at build time imports the sample's code), the env read-only and
 the harness's own venv and code hidden.
@@ -42,6 +44,7 @@ from tasks.files import atomic_write
 from tasks.home import CODE_ROOT, evalpipe_home
 from tasks.models import InputError, canonical_json, sha256_hex
 from tasks.params import Environment
+from tasks.redaction import MIN_SECRET_CHARS, redact
 from tasks.repos.worktrees import RepoError, checkout, ensure_commit, mirror, source_of
 from tasks.sandbox import Limits, Mounts, SandboxError, SandboxResult, run_command
 
@@ -55,9 +58,17 @@ BUILD_FILE_SIZE_MB = 4096  # wheels of big packages are larger than the tests' c
 # A failed build is not retried by the same process for this long (a run with many
 # samples of one environment reports the failure once per sample instead of rebuilding).
 FAILURE_MEMO_S = 300.0
-# Host settings a build may need to reach a package index (never passed to tests).
-_INDEX_ENV = re.compile(r"^(PIP_|UV_)|^(SSL_CERT_FILE|SSL_CERT_DIR|REQUESTS_CA_BUNDLE)$|_PROXY$",
-                        re.IGNORECASE)
+# The host settings a build may need to reach a package index (never passed to tests):
+# these names, in any case, and the ones a user lists in BUILD_PASS_ENV. Everything else of
+# the host's environment (publish tokens, cache and config locations) stays out.
+_INDEX_VARS = frozenset({
+    "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_TRUSTED_HOST", "PIP_CERT",
+    "PIP_CLIENT_CERT", "UV_INDEX", "UV_DEFAULT_INDEX", "UV_INDEX_URL", "UV_EXTRA_INDEX_URL",
+    "UV_FIND_LINKS", "UV_INSECURE_HOST", "UV_NATIVE_TLS", "UV_INDEX_STRATEGY",
+    "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE",
+    "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY",
+})
+BUILD_PASS_ENV = "EVALPIPE_BUILD_PASS_ENV"
 # What an interpreter is: run in the sandbox for a named python, in-process for our own.
 _DESCRIBE = (
     "def describe():\n"
@@ -317,9 +328,9 @@ def _build(ident: Identity, spec: Environment, path: Path) -> dict:
     shutil.rmtree(path, ignore_errors=True)  # what an interrupted or failed build left
     path.mkdir(parents=True)
     venv = path / "venv"
-    env, caches = _build_env(ident, path, venv)
-    mounts = Mounts(workdir_at=TESTBED, rw=(str(path), *caches),
-                    ro=_under_tmp(ident.interpreter.prefix))
+    env = _build_env(ident, path, venv)
+    mounts = Mounts(workdir_at=TESTBED, rw=(str(path),), ro=_under_tmp(ident.interpreter.prefix))
+    passed = _passed_values(env)
     steps = [*_venv_steps(ident, venv), *((cmd, ["/bin/sh", "-ec", cmd]) for cmd in spec.install)]
     start = time.monotonic()
     _say(f"building {ident.describe()}: {len(spec.install)} install command(s)")
@@ -332,12 +343,12 @@ def _build(ident: Identity, spec: Environment, path: Path) -> dict:
                     if remaining <= 0:
                         raise EnvironmentFailed(f"{ident.describe()}: the build timed out "
                                                 f"after {spec.timeout_s:g}s, before {label!r}")
-                    result = _run_step(argv, tree, remaining, env, mounts, log, label)
+                    result = _run_step(argv, tree, remaining, env, mounts, log, label, passed)
                     if result.timed_out:
                         raise EnvironmentFailed(f"{ident.describe()}: {label!r} timed out (the "
                                                 f"build's timeout_s is {spec.timeout_s:g}s)")
                     if result.returncode != 0:
-                        tail = _tail(result.stdout + result.stderr, 800).strip()
+                        tail = redact(_tail(result.stdout + result.stderr, 800).strip(), passed)
                         raise EnvironmentFailed(f"{ident.describe()}: {label!r} exited "
                                                 f"{result.returncode}: {tail}")
                 pytest = _pytest_version(venv, tree, mounts)
@@ -346,6 +357,8 @@ def _build(ident: Identity, spec: Environment, path: Path) -> dict:
             if isinstance(exc, EnvironmentFailed):
                 raise
             raise EnvironmentFailed(f"{ident.describe()}: build failed: {exc}") from None
+        finally:
+            shutil.rmtree(path / ".cache", ignore_errors=True)
     meta = {
         "name": ident.name, "key": ident.key, "repo": ident.repo, "commit": ident.commit,
         "python": ident.interpreter.executable, "python_version": ident.interpreter.version,
@@ -376,8 +389,9 @@ def _venv_steps(ident: Identity, venv: Path) -> list[tuple[str, list[str]]]:
     ]
 
 
-def _build_env(ident: Identity, path: Path, venv: Path) -> tuple[dict[str, str], list[str]]:
-    """The activated venv, the caches, and the host's package-index settings."""
+def _build_env(ident: Identity, path: Path, venv: Path) -> dict[str, str]:
+    """The activated venv, the build's own caches, and the host's package-index settings
+    (which can never move the caches: ours are set last)."""
     bin_dirs = [str(venv / "bin")]
     if ident.installer != "pip":
         # `pip` in an install command is uv's pip (`python -m pip` stays pip).
@@ -387,32 +401,47 @@ def _build_env(ident: Identity, path: Path, venv: Path) -> tuple[dict[str, str],
             (shim / name).write_text(f'#!/bin/sh\nexec {shlex.quote(ident.installer)} pip "$@"\n')
             (shim / name).chmod(0o755)
         bin_dirs.insert(0, str(shim))
-    cache = path.parent / ".cache"
+    cache = path / ".cache"
     env = {
+        **build_pass_env(),
         "UV_CACHE_DIR": str(cache / "uv"),
         "PIP_CACHE_DIR": str(cache / "pip"),
         "UV_SYSTEM_CERTS": "1",  # a TLS-inspecting proxy's CA is in the system store
         "UV_PYTHON_DOWNLOADS": "never",
         "UV_NO_PROGRESS": "1",
         "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+        "PIP_CONFIG_FILE": os.devnull,  # the host's pip.conf may name its own cache or index
+        "UV_NO_CONFIG": "1",
         "PYTHONNOUSERSITE": "1",
-        **{k: v for k, v in os.environ.items() if _INDEX_ENV.search(k)},
         "VIRTUAL_ENV": str(venv),
         "PATH": ":".join([*bin_dirs, _host_path()]),
     }
-    caches = [env["UV_CACHE_DIR"], env["PIP_CACHE_DIR"]]
-    for directory in caches:
+    for directory in (env["UV_CACHE_DIR"], env["PIP_CACHE_DIR"]):
         Path(directory).mkdir(parents=True, exist_ok=True)
-    return env, caches
+    return env
+
+
+def build_pass_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The host variables a build receives: the package-index settings (`_INDEX_VARS`) and
+    those named, comma-separated, in EVALPIPE_BUILD_PASS_ENV."""
+    environ = os.environ if environ is None else environ
+    extra = {n.strip().upper() for n in environ.get(BUILD_PASS_ENV, "").split(",") if n.strip()}
+    return {k: v for k, v in environ.items() if k.upper() in _INDEX_VARS | extra}
+
+
+def _passed_values(env: Mapping[str, str]) -> tuple[str, ...]:
+    """What a build log must not show: the values of every host variable passed in (an index
+    URL may carry a password)."""
+    return tuple(v for k, v in build_pass_env().items() if len(v) >= MIN_SECRET_CHARS and env.get(k) == v)
 
 
 def _run_step(argv: list[str], tree: Path, timeout_s: float, env: Mapping[str, str],
-              mounts: Mounts, log: Any, label: str) -> SandboxResult:
+              mounts: Mounts, log: Any, label: str, secrets: Sequence[str]) -> SandboxResult:
     limits = Limits(timeout_s=timeout_s, memory_mb=BUILD_MEMORY_MB,
                     file_size_mb=BUILD_FILE_SIZE_MB, max_procs=512)
     result = run_command(argv, workdir=tree, limits=limits, env=env, network=True, mounts=mounts)
-    log.write(f"$ {label}\n".encode() + result.stdout + result.stderr
-              + f"[exit {result.returncode}, {result.duration_s:.1f}s]\n".encode())
+    text = (result.stdout + result.stderr).decode("utf-8", "replace")
+    log.write(redact(f"$ {label}\n{text}[exit {result.returncode}, {result.duration_s:.1f}s]\n", secrets).encode())
     log.flush()
     return result
 
