@@ -12,7 +12,6 @@ import re
 
 _FENCE_LINE = re.compile(r"^\s*(```|~~~)")
 _FENCED_BLOCK = re.compile(r"```[\w-]*[ \t]*\n(.*?)\n?```", re.DOTALL)
-_FENCE_AT_ENDS = re.compile(r"^```\w*\s*|\s*```$")
 
 
 def is_fence_line(line: str) -> bool:
@@ -36,5 +35,13 @@ def fenced_body(text: str) -> str | None:
 
 def strip_fence_ends(text: str) -> str:
     """`text` without an opening fence at its start or a closing fence at its end (each
-    dropped on its own, with the white space beside it)."""
-    return _FENCE_AT_ENDS.sub("", text)
+    dropped on its own, with the white space beside it). Linear in `text`: a reply is the
+    judge's, but it may quote a candidate's text of any shape."""
+    if text.startswith("```"):
+        tag = 3
+        while tag < len(text) and (text[tag].isalnum() or text[tag] == "_"):
+            tag += 1
+        text = text[tag:].lstrip()
+    if text.endswith("```"):
+        text = text[:-3].rstrip()
+    return text

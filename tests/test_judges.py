@@ -13,7 +13,7 @@ from support.judges import ChatServer, ref, user_text
 from typer.testing import CliRunner
 
 from tasks.graders import grade, grader_fingerprint
-from tasks.graders.judge import parse_reply, render
+from tasks.graders.judge import delimit, parse_reply, render
 from tasks.metrics.calibration import calibrate
 from tasks.models import EvalCase, InputError, Status
 
@@ -137,7 +137,7 @@ RUBRIC = "Question: {prompt}\nReference: {reference}\nAnswer: {output}\nIs the a
 
 def test_openai_judge_grades_through_the_endpoint(endpoint):
     def reply(body):
-        ok = "Answer: yes" in user_text(body)
+        ok = f"Answer: {delimit('yes')}\n" in user_text(body)
         return 200, json.dumps({"passed": ok, "score": 0.9 if ok else 0.2, "rationale": "checked"})
 
     with endpoint(reply) as server:
@@ -152,9 +152,10 @@ def test_openai_judge_grades_through_the_endpoint(endpoint):
     assert body["model"] == "judge-model" and body["temperature"] == 0.7
     assert body["seed"] == trace["judge"]["seeds"][0] and body["_auth"] == "Bearer sk-test-judge"
     assert user_text(body) == (
-        "Question: Is the sky blue?\nReference: yes\nAnswer: yes\nIs the answer right?"
+        f"Question: Is the sky blue?\nReference: yes\nAnswer: {delimit('yes')}\nIs the answer right?"
     )
     assert body["messages"][0]["role"] == "system"
+    assert body["response_format"] == {"type": "json_object"}
 
 
 @pytest.mark.parametrize(
@@ -176,7 +177,7 @@ def test_openai_judge_needs_a_rubric(endpoint):
 
 def test_parse_reply_forms():
     assert parse_reply('```json\n{"passed": true}\n```') == {"passed": True}
-    assert parse_reply('Sure. {"passed": false, "score": 0} Done.') == {"passed": False, "score": 0}
+    assert parse_reply('{"passed": false, "score": 0}') == {"passed": False, "score": 0}
     assert parse_reply("PASS - it is right") == "PASS"
 
 
