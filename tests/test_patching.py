@@ -399,3 +399,29 @@ def test_binary_patches_are_refused(repo: Path) -> None:
     result = apply_patch(repo, patch)
     assert not result.applied and result.detail == "b.bin: binary patches are not supported"
     assert not (repo / "b.bin").exists()
+
+
+# Headers our parser and git may read differently: git's own reading is what is checked.
+DESYNC = {
+    "mode-after-plus": ("diff --git a/ln b/ln\n--- /dev/null\n+++ b/ln\nnew file mode 120000\n"
+                        "@@ -0,0 +1 @@\n+/etc/passwd\n\\ No newline at end of file\n",
+                        "symbolic links in patches are not supported"),
+    "rename-out": ("diff --git a/f.py b/f.py\nsimilarity index 100%\nrename from f.py\n"
+                   "rename to ../outside.py\n", "escapes the repository"),
+    "rename-into-git": ("diff --git a/f.py b/.git/hooks/post-checkout\nsimilarity index 100%\n"
+                        "rename from f.py\nrename to .git/hooks/post-checkout\n", "touches .git"),
+    "rename-then-edit": ("diff --git a/f.py b/../g.py\nsimilarity index 90%\nrename from f.py\n"
+                         "rename to ../g.py\n--- a/f.py\n+++ b/../g.py\n@@ -1 +1 @@\n-x = 1\n+x = 2\n",
+                         "escapes the repository"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DESYNC))
+def test_headers_git_reads_otherwise_are_refused(repo: Path, name: str) -> None:
+    (repo / "f.py").write_text("x = 1\n")
+    patch, detail = DESYNC[name]
+    before = snapshot(repo)
+    result = apply_patch(repo, patch)
+    assert not result.applied and detail in result.detail, result.detail
+    assert snapshot(repo) == before
+    assert not (repo.parent / "outside.py").exists() and not (repo.parent / "g.py").exists()

@@ -6,7 +6,9 @@ renamed files) and search/replace blocks (a `path` line, `<<<<<<< SEARCH`, old t
 is not allowed (paths out of the tree or through a symlink, binary patches, symlinks,
 copies) before anything is written.
 
-Diffs are then applied by `git apply`, which checks every hunk before writing any: a
+Diffs are then read by `git apply --numstat --summary` and every path and mode git found
+is checked again (a crafted header can read differently to git and to this parser), then
+applied by `git apply`, which checks every hunk before writing any: a
 hunk's context and removed lines must equal the file's lines (no fuzz; a hunk may sit at
 a different line than its header says). Search/replace blocks are computed in memory and
 written only when every block matched exactly once, starting at a line start.
@@ -405,9 +407,17 @@ def _git_apply(root: Path, text: str, patches: list[_FilePatch]) -> None:
                 raise PatchError(f"{rel}: is a directory")
     if len({fp.prefixed for fp in patches}) > 1:
         raise PatchError("the diff mixes a/ b/ prefixed and bare paths")
+    strip = f"-p{1 if patches[0].prefixed else 0}"
+    # What git itself reads in the patch, checked before it writes anything: our parser
+    # and git's may disagree on a crafted header (a mode line after `+++`, a rename).
+    _check_git_reading(root, _run_git_apply(root, text, [strip, "--numstat", "--summary", "-z"], patches))
+    _run_git_apply(root, text, [strip, "--whitespace=nowarn"], patches)
+
+
+def _run_git_apply(root: Path, text: str, options: list[str], patches: list[_FilePatch]) -> str:
     try:
         done = subprocess.run(
-            ["git", "apply", f"-p{1 if patches[0].prefixed else 0}", "--whitespace=nowarn", "-"],
+            ["git", "apply", *options, "-"],
             cwd=root,
             input=_encode(text),
             capture_output=True,
@@ -418,6 +428,26 @@ def _git_apply(root: Path, text: str, patches: list[_FilePatch]) -> None:
         raise PatchError(f"git apply failed to run: {exc}") from None
     if done.returncode != 0:
         raise PatchError(_git_apply_error(_decode(done.stderr), patches))
+    return _decode(done.stdout)
+
+
+_SPECIAL_MODE = re.compile(r"\b(120|160)\d{3}\b")
+
+
+def _check_git_reading(root: Path, preview: str) -> None:
+    """Refuse what `git apply --numstat --summary -z` says the patch would do beyond plain
+    files inside the tree: a path outside it (or through a symlink, or into .git), a
+    symbolic link or submodule created or changed into, a copy."""
+    *records, summary = preview.split("\0")
+    for record in records:
+        rel = record.split("\t", 2)[-1] if record.count("\t") >= 2 else record
+        if rel:  # a rename's record is empty; its two paths follow as records of their own
+            safe_path(root, rel)
+    for line in summary.splitlines():
+        if line.lstrip().startswith("copy "):
+            raise PatchError("copies are not supported")
+        if _SPECIAL_MODE.search(line):
+            _refuse_special(_SPECIAL_MODE.search(line).group(0))
 
 
 def _git_apply_error(stderr: str, patches: list[_FilePatch]) -> str:
