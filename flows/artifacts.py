@@ -25,7 +25,7 @@ progress_hook: ContextVar[Callable[[int, int], None] | None] = ContextVar("progr
 
 def publish(run: RunSummary, home: Path) -> None:
     """The run's summary and per-slice table."""
-    slug = "".join(ch if ch.isalnum() else "-" for ch in run.suite_name.lower()).strip("-")
+    slug = artifact_slug(run.suite_name, run.suite_version)
     judges = run_calibrations(run.run_id, home)
     gate = run.gate.model_dump(mode="json") if run.gate else None
     create_markdown_artifact(
@@ -36,6 +36,13 @@ def publish(run: RunSummary, home: Path) -> None:
     if rows:
         create_table_artifact(key=f"evalpipe-{slug}-slices", table=rows,
                               description=f"per-slice pass@1, run {run.run_id}")
+
+
+def artifact_slug(name: str, version: str) -> str:
+    """A suite's name as Prefect takes it in an artifact key (lowercase ASCII letters,
+    digits and dashes): `Café` is `caf`, and a name with none of those is its version's prefix."""
+    slug = "-".join("".join(ch if ch.isascii() and ch.isalnum() else " " for ch in name.lower()).split())
+    return slug or version[:12]
 
 
 class Progress:

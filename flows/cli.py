@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
+from typer._click.exceptions import UsageError  # typer's own click: not exported by name
 
 from flows.output import json_doc
-from tasks.models import InputError, PlatformError
+from tasks.home import evalpipe_home
+from tasks.models import MAX_N, MAX_REGRADE, MAX_WORKERS, InputError, PlatformError
 from tasks.sandbox import UNSAFE_NOTE
 
 app = typer.Typer(
@@ -175,14 +177,14 @@ def _parse_ks(text: str) -> list[int]:
 def run(
     suite: SuiteArg,
     agent: Annotated[str, typer.Option("--agent", help="Agent spec (python:, cmd:, replay:, reference, openai:).")],
-    n: Annotated[int, typer.Option("-n", min=1, help="Samples per case.")] = 1,
+    n: Annotated[int, typer.Option("-n", min=1, max=MAX_N, help="Samples per case.")] = 1,
     k: Annotated[str, typer.Option("-k", help="Comma-separated k values for pass@k.")] = "1",
     seed: Annotated[int, typer.Option("--seed", min=0)] = 0,
-    workers: Annotated[int | None, typer.Option("--workers", min=1)] = None,
+    workers: Annotated[int | None, typer.Option("--workers", min=1, max=MAX_WORKERS)] = None,
     runner: Annotated[str, typer.Option("--runner", help="threads, processes or dask.")] = "threads",
     dask_address: Annotated[str | None, typer.Option("--dask-address")] = None,
     batch_size: Annotated[int | None, typer.Option("--batch-size", min=1)] = None,
-    regrade: Annotated[int, typer.Option("--regrade", min=0, help="Re-grade each output R times.")] = 0,
+    regrade: Annotated[int, typer.Option("--regrade", min=0, max=MAX_REGRADE, help="Re-grade each output R times.")] = 0,
     baseline: Annotated[str | None, typer.Option(
         "--baseline", help="Gate against this run (id, unambiguous prefix, or 'previous').")] = None,
     min_pass_at_1: MinPassOpt = None,
@@ -191,6 +193,10 @@ def run(
         "--max-agent-errors", min=0.0, max=1.0, metavar="FRACTION",
         help="Exit 4 when more than this share of samples are agent_error: the agent is broken,"
              " so the numbers say nothing about the model.")] = 0.1,
+    max_grader_errors: Annotated[float, typer.Option(
+        "--max-grader-errors", min=0.0, max=1.0, metavar="FRACTION",
+        help="Exit 5 when more than this share of samples are error: the grader could not run,"
+             " so the numbers measure nothing.")] = 0.1,
     unsafe_no_sandbox: UnsafeFlag = False,
     max_output_bytes: Annotated[int | None, typer.Option(
         "--max-output-bytes", min=1, help="Cap on each agent output (default 4 MB).")] = None,
@@ -245,6 +251,10 @@ def run(
         # Exit 4 wins over a blocked gate: the numbers of a broken agent say nothing about the model.
         typer.echo(f"evalpipe: warning: {broken}", err=True)
         raise typer.Exit(4)
+    broken = _broken_grader(summary, max_grader_errors)
+    if broken:
+        typer.echo(f"evalpipe: error: {broken}", err=True)
+        raise typer.Exit(5)
     if summary.get("gate", {}).get("decision") == "block":
         raise typer.Exit(1)
 
@@ -256,6 +266,20 @@ def _broken_agent(summary: dict[str, Any], max_share: float) -> str | None:
     return (f"{errors} of {samples} samples ({errors / samples:.0%}) are agent_error, over"
             f" --max-agent-errors {max_share:g}: the agent is broken, so these numbers say nothing"
             " about the model (exit 4)")
+
+
+def _broken_grader(summary: dict[str, Any], max_share: float) -> str | None:
+    """The one line that says a run measured nothing because its grader could not run (a
+    missing predicate file, a repository that is not there): never a silent pass@1 of 0."""
+    from storage import db
+
+    errors, samples = summary["status_counts"].get("error", 0), summary["samples"]
+    if not samples or errors / samples <= max_share:
+        return None
+    detail, _ = db.commonest_detail(summary["run_id"], "error") or ("", 0)
+    return (f"{errors} of {samples} samples ({errors / samples:.0%}) are error, over --max-grader-errors"
+            f" {max_share:g}: the grader could not run, so these numbers measure nothing (exit 5): "
+            f"{detail.splitlines()[0] if detail else 'no detail'}")
 
 
 @contextmanager
@@ -357,6 +381,9 @@ def runs_list(as_json: JsonFlag = False, limit: Annotated[int, typer.Option("--l
     if as_json:
         typer.echo(json_doc(brief))
         return
+    home = evalpipe_home()
+    if home.parent != Path.cwd():  # found above the working directory, or set elsewhere
+        typer.echo(f"evalpipe: reading {home}", err=True)
     for r in brief:
         typer.echo(f"{r['run_id']}  {r['status']:<9}  {r['suite_name']:<14} {r['suite_version'][:12]}"
                    f"  n={r['n']:<3} pass@1 {_fmt(r['pass_at_1'])}  {r['agent']}")
@@ -565,7 +592,14 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("prefect.flow_runs", "prefect.task_runs"):
         logging.getLogger(name).addFilter(_DROP_REPORTED_FAILURES)
     try:
-        app(args=argv)
+        code = app(args=argv, prog_name="evalpipe", standalone_mode=False) or 0
+    except UsageError as exc:
+        # A bad flag or value is bad input like any other: one line, exit 2 (click's own
+        # form is a usage block and a boxed message).
+        if exc.message:  # empty: no arguments, and the help was printed
+            command = exc.ctx.command_path.partition(" ")[2] if exc.ctx else ""
+            typer.echo(f"evalpipe: {command + ': ' if command else ''}{exc.format_message()}", err=True)
+        return 2
     except InputError as exc:
         typer.echo(f"evalpipe: {exc}", err=True)
         return 2
@@ -575,7 +609,14 @@ def main(argv: list[str] | None = None) -> int:
             raise
         typer.echo(f"evalpipe: {failure}", err=True)
         return 3
-    return 0
+    if code == INTERRUPTED:
+        typer.echo("evalpipe: interrupted; run the same command again to resume (finished samples "
+                   "are kept)", err=True)
+    return code
+
+
+INTERRUPTED = 130  # typer's exit status for Ctrl-C (KeyboardInterrupt), as a shell's
+
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from storage import db, evalpipe_home
 from storage.suites import resolve_suite
 from tasks import run
 from tasks.agents import load_agent
+from tasks.models import MAX_N, MAX_REGRADE, MAX_WORKERS
 from tasks.sandbox import allowing_unsafe, run_sandbox_mode
 
 
@@ -37,17 +38,17 @@ def _run_name() -> str:
 def evaluate(
     suite: str,
     agent: str,
-    n: Annotated[int, Field(ge=1, le=10_000)] = 1,
+    n: Annotated[int, Field(ge=1, le=MAX_N)] = 1,
     k: Annotated[list[int], Field(min_length=1)] = [1],  # noqa: B006 - Prefect parameter default
     seed: Annotated[int, Field(ge=0)] = 0,
     baseline: str | None = None,
     min_pass_at_1: Annotated[float | None, Field(ge=0, le=1)] = None,
     max_drop: Annotated[float, Field(ge=0, le=1)] = 0.0,
     runner: Runner = "threads",
-    workers: Annotated[int | None, Field(ge=1, le=256)] = None,
+    workers: Annotated[int | None, Field(ge=1, le=MAX_WORKERS)] = None,
     dask_address: str | None = None,
     batch_size: Annotated[int | None, Field(ge=1)] = None,
-    regrade: Annotated[int, Field(ge=0, le=100)] = 0,
+    regrade: Annotated[int, Field(ge=0, le=MAX_REGRADE)] = 0,
     unsafe_no_sandbox: bool = False,
 ) -> dict[str, Any]:
     """Sample `n` outputs per case from `agent`, grade them, store and aggregate the run.

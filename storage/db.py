@@ -235,13 +235,18 @@ def finish_run(run_id: str, status: str, summary: RunSummary | None, home: Path 
 
 @contextmanager
 def recorded_run(spec: RunSpec, home: Path | None = None) -> Iterator[None]:
-    """The run's row from start to end: `running` now, `failed` if the body raises (the body
-    records `completed` itself, with the summary)."""
+    """The run's row from start to end: `running` now, `failed` if the body raises an error,
+    `interrupted` if it is stopped (Ctrl-C, a termination signal: anything that is not an
+    `Exception`), which the same command resumes. The body records `completed` itself, with
+    the summary."""
     start_run(spec, home)
     try:
         yield
-    except BaseException:
+    except Exception:
         finish_run(spec.run_id, "failed", None, home)
+        raise
+    except BaseException:
+        finish_run(spec.run_id, "interrupted", None, home)
         raise
 
 
@@ -352,6 +357,14 @@ def case_counts(run_id: str, home: Path | None = None) -> dict[str, tuple[int, i
             " WHERE run_id = ? GROUP BY case_hash", [run_id]
         ).fetchall()
     return {h: (int(n), int(c)) for h, n, c in rows}
+
+
+def commonest_detail(run_id: str, status: str, home: Path | None = None) -> tuple[str, int] | None:
+    """The detail most samples of the run with `status` share, and how many share it."""
+    with connect(home, read_only=True) as con:
+        return con.execute(
+            "SELECT detail, count(*) AS n FROM samples WHERE run_id = ? AND status = ? "
+            "GROUP BY detail ORDER BY n DESC, detail LIMIT 1", [run_id, status]).fetchone()
 
 
 def safety_failed(run_id: str, home: Path | None = None) -> bool:

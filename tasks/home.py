@@ -11,6 +11,17 @@ from pathlib import Path
 CODE_ROOT = Path(__file__).resolve().parent.parent
 
 
+HOME_DIR = ".evalpipe"
+
+
 def evalpipe_home() -> Path:
-    """`EVALPIPE_HOME`, default `.evalpipe/` in the working directory."""
-    return Path(os.environ.get("EVALPIPE_HOME") or ".evalpipe").absolute()
+    """`EVALPIPE_HOME`; else the nearest `.evalpipe/` in the working directory or one above it
+    (found the way git finds its repository, so a command run from a project's
+    subdirectory reads the project's runs); else `.evalpipe/` in the working directory."""
+    if os.environ.get("EVALPIPE_HOME"):
+        return Path(os.environ["EVALPIPE_HOME"]).absolute()
+    cwd = Path.cwd()
+    for directory in (cwd, *cwd.parents):
+        if (directory / HOME_DIR).is_dir():
+            return directory / HOME_DIR
+    return cwd / HOME_DIR

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
@@ -79,6 +80,13 @@ def content_seed(*content: Any) -> int:
     return int(sha256_hex(canonical_json(list(content)))[:16], 16) >> 1
 
 
+# The bounds of a run's options: one source for the CLI (exit 2, one line) and the flow's
+# parameter schema (the Prefect UI form, deployments).
+MAX_N = 10_000
+MAX_WORKERS = 256
+MAX_REGRADE = 100
+
+
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=False)
 
@@ -93,6 +101,10 @@ class EvalCase(_Frozen):
     safety: dict[str, Any] | None = None
     # Computed once at construction, so equal cases carry equal hashes.
     _case_hash: str = PrivateAttr(default="")
+    # Where the case's relative paths (a local `repo`, a `path.py:function`) resolve: its
+    # suite file's directory, set by the loader. Not content: the same case read from
+    # another place is the same case, with the same hash.
+    _base_dir: str | None = PrivateAttr(default=None)
 
     def model_post_init(self, context: Any) -> None:
         self._case_hash = sha256_hex(canonical_json(self.content()))
@@ -137,6 +149,30 @@ class EvalCase(_Frozen):
     @property
     def case_hash(self) -> str:
         return self._case_hash
+
+    def __eq__(self, other: object) -> bool:
+        # What a case is, not where its file was read: the base directory is left out.
+        if not isinstance(other, EvalCase):
+            return NotImplemented
+        return self.__dict__ == other.__dict__
+
+    def __hash__(self) -> int:
+        return hash(self._case_hash)
+
+    def located_at(self, base_dir: Path) -> EvalCase:
+        """This case, its relative paths resolving against `base_dir`."""
+        self._base_dir = str(base_dir.resolve())
+        return self
+
+    def local_path(self, path: str) -> Path:
+        """A path a suite wrote, resolved against its suite file's directory. A path that
+        exists only relative to the working directory (where evalpipe before 0.4 looked)
+        still resolves there, so older suites keep working."""
+        written = Path(path).expanduser()
+        if self._base_dir is None or written.is_absolute():
+            return written.resolve()
+        beside = Path(self._base_dir) / written
+        return beside if beside.exists() or not written.exists() else written.resolve()
 
 
 class EvalSuite(_Frozen):

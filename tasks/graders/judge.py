@@ -26,6 +26,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
+from pathlib import Path
 from typing import Any, Literal
 
 from tasks.agents import PROMPT_FIELDS, AgentError, call_user_code
@@ -149,13 +150,14 @@ def load_judge(
     params: Mapping[str, Any] | None = None,
     *,
     suite_named: bool = False,
+    base: Path | None = None,
 ) -> Judge:
     """A judge from its spec; `InputError` when the spec cannot be resolved. A judge a suite
     names runs in the harness (it calls endpoints), so it may only be the user's own code."""
     params = dict(params or {})
     if spec.startswith("openai:"):
         return _openai_judge(spec, rubric, samples, params)
-    fn = load_callable(spec, own_code_only=suite_named)
+    fn = load_callable(spec, base, own_code_only=suite_named)
     identity = {
         "judge": spec,
         "code": fn.code_sha256,
@@ -174,7 +176,7 @@ def load_judge(
 
 def case_judge(case: EvalCase) -> Judge:
     spec, rubric, samples, params = judge_params(case)
-    return load_judge(spec, rubric, samples, params, suite_named=True)
+    return load_judge(spec, rubric, samples, params, suite_named=True, base=case.local_path("."))
 
 
 def _openai_judge(spec: str, rubric: str | None, samples: int, params: dict[str, Any]) -> Judge:

@@ -14,7 +14,6 @@ verdict as JSON. `shutil:rmtree` runs there against a read-only file system. To 
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
 from tasks.callables import source_dirs
 from tasks.graders import error_verdict, register
@@ -22,8 +21,8 @@ from tasks.models import EvalCase, InputError, Status, Verdict
 from tasks.sandbox import SandboxError, ServerDied, call_in_sandbox
 
 
-def _call(ref: str, request: dict) -> dict:
-    base = Path.cwd()
+def _call(case: EvalCase, request: dict) -> dict:
+    ref, base = case.params.function, case.local_path(".")
     reply = call_in_sandbox(ref, base, source_dirs(ref, base), request)
     if "load_error" in reply:
         raise InputError(reply["load_error"])
@@ -31,14 +30,14 @@ def _call(ref: str, request: dict) -> dict:
 
 
 def _code_hash(case: EvalCase) -> str:
-    return _call(case.params.function, {"op": "hash"})["code_sha256"]
+    return _call(case, {"op": "hash"})["code_sha256"]
 
 
 @register("predicate", fingerprint=_code_hash)
 def predicate(output: str, case: EvalCase, trace: dict) -> Verdict:
     ref = case.params.function
     try:
-        reply = _call(ref, {"output": output, "case": case.model_dump(mode="json")})
+        reply = _call(case, {"output": output, "case": case.model_dump(mode="json")})
     except ServerDied as exc:
         return Verdict.fail(Status.error, f"predicate {ref}: its sandbox died ({exc})")
     except SandboxError as exc:

@@ -56,7 +56,10 @@ def load_suite(path: str | Path) -> EvalSuite:
     fmt = SUITE_SUFFIXES.get(path.suffix.lower())
     if fmt is None:
         raise SuiteError(f"{path}: unknown suite format {path.suffix.lower()!r} (expected .yaml, .yml or .jsonl)")
-    return parse_suite_text(path.stem, text, fmt, str(path))
+    suite = parse_suite_text(path.stem, text, fmt, str(path))
+    for case in suite.cases:
+        case.located_at(path.parent)
+    return suite
 
 
 def parse_suite_text(name: str, text: str, fmt: str, source: str) -> EvalSuite:
@@ -144,6 +147,9 @@ def _build_case(raw: Any, defaults: dict[str, Any], where: str) -> EvalCase:
     except ValidationError as exc:
         err = exc.errors()[0]
         field = ".".join(str(p) for p in err["loc"]) or "case"
+        if err["type"] == "extra_forbidden" and len(err["loc"]) == 1:
+            # Worded as a misspelled grader parameter is: what is wrong and what would be right.
+            raise SuiteError(f"{where}: {field}: not a case field (known: {', '.join(EvalCase.model_fields)})") from None
         msg = err["msg"].removeprefix("Value error, ")
         # Grader parameter messages name their own field (grader.KEY).
         raise SuiteError(f"{where}: {msg}" if msg.startswith(f"{field}.") else f"{where}: {field}: {msg}") from None
