@@ -179,7 +179,7 @@ def runtime_for(spec: Environment | None, repo: str, base_commit: str, *, needs_
     return Runtime(
         python=str(venv / "bin" / "python"),
         env={"VIRTUAL_ENV": str(venv), "PATH": f"{venv}/bin:{_host_path()}"},
-        mounts=Mounts(workdir_at=TESTBED, ro=(str(path), *_under_tmp(ident.interpreter.prefix)),
+        mounts=Mounts(workdir_at=TESTBED, ro=(str(path), ident.interpreter.prefix),
                       hide=_harness_dirs()),
         lock=_lock_path(path),
         ready=path / "env.json",
@@ -275,11 +275,6 @@ def _harness_dirs() -> tuple[str, ...]:
     return tuple(dirs)
 
 
-def _under_tmp(path: str) -> tuple[str, ...]:
-    # The sandbox's /tmp is private: an interpreter living there is bound back in.
-    return (path,) if path.startswith("/tmp/") else ()
-
-
 def _host_path() -> str:
     return os.environ.get("PATH") or "/usr/local/bin:/usr/bin:/bin"
 
@@ -329,7 +324,7 @@ def _build(ident: Identity, spec: Environment, path: Path) -> dict:
     path.mkdir(parents=True)
     venv = path / "venv"
     env = _build_env(ident, path, venv)
-    mounts = Mounts(workdir_at=TESTBED, rw=(str(path),), ro=_under_tmp(ident.interpreter.prefix))
+    mounts = Mounts(workdir_at=TESTBED, rw=(str(path),), ro=(ident.interpreter.prefix,))
     passed = _passed_values(env)
     steps = [*_venv_steps(ident, venv), *((cmd, ["/bin/sh", "-ec", cmd]) for cmd in spec.install)]
     start = time.monotonic()

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from tasks.home import CODE_ROOT
+from tasks.home import CODE_ROOT, evalpipe_home
 from tasks.models import InputError
 from tasks.sandbox import seccomp
 from tasks.sandbox.forkserver import capture, read_frame, set_limits, write_frame
@@ -148,18 +148,19 @@ def _bwrap_argv(
     if network:
         argv.append("--share-net")
     size = str(limits.file_size_mb << 20)
-    argv += ["--ro-bind", "/", "/", "--size", size, "--tmpfs", "/tmp"]
-    for path in _under_tmp((*_runtime_dirs(), *visible)):
+    argv += [*_system_argv(), "--size", size, "--tmpfs", "/tmp"]
+    for path in _outermost((*_runtime_dirs(), *visible)):
         argv += ["--ro-bind", path, path]
     mounts = mounts or Mounts()
-    hidden = [p for p in mounts.hide if os.path.isdir(p)]
+    # EVALPIPE_HOME (the database, mirrors, other samples' trees) is hidden even where a
+    # bound directory holds it (a project's .evalpipe beside our code); the mounts below
+    # bring back exactly the parts of it a command needs.
+    hidden = [p for p in (*mounts.hide, str(evalpipe_home())) if os.path.isdir(p)]
     for path in hidden:
         argv += ["--tmpfs", path]
     for flag, paths in (("--ro-bind", mounts.ro), ("--bind", mounts.rw)):
         for path in paths:
             argv += [flag, path, path]
-    for path in hidden:
-        argv += ["--remount-ro", path]
     # /dev's own tmpfs has no size cap: read-only, with a capped /dev/shm on top.
     argv += ["--dev", "/dev", "--remount-ro", "/dev", "--size", size, "--tmpfs", "/dev/shm"]
     argv += ["--proc", "/proc"]
@@ -173,23 +174,57 @@ def _bwrap_argv(
         argv += ["--bind", str(workdir), inside]
     if workdir is not None:
         argv += ["--chdir", inside]
-    return argv + ["--"]
+    # Read-only once every mount point in them is made: the hidden directories' empty
+    # tmpfs, and the root itself (bubblewrap's own tmpfs).
+    for path in hidden:
+        argv += ["--remount-ro", path]
+    return argv + ["--remount-ro", "/", "--"]
+
+
+# What of the host the sandbox shows besides the runtimes: the system's programs, libraries
+# and configuration, read-only. Not home directories (SSH keys, cloud credentials), not
+# EVALPIPE_HOME, not other projects, nor /etc's password hashes and host keys.
+_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+_SYSTEM_SECRETS = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/sudoers")
+_SYSTEM_SECRET_DIRS = ("/etc/ssh", "/etc/sudoers.d", "/etc/ssl/private")
+
+
+@lru_cache(maxsize=1)
+def _system_argv() -> tuple[str, ...]:
+    argv: list[str] = []
+    for path in _SYSTEM_DIRS:
+        if os.path.islink(path):  # merged /usr: /bin -> usr/bin
+            argv += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            argv += ["--ro-bind", path, path]
+    resolv = os.path.realpath("/etc/resolv.conf")  # may point into /run (systemd-resolved)
+    if not resolv.startswith("/etc/") and os.path.isfile(resolv):
+        argv += ["--ro-bind", resolv, resolv]
+    for path in _SYSTEM_SECRETS:
+        if os.path.isfile(path):
+            argv += ["--ro-bind", "/dev/null", path]
+    for path in _SYSTEM_SECRET_DIRS:
+        if os.path.isdir(path):
+            argv += ["--tmpfs", path, "--remount-ro", path]
+    return tuple(argv)
 
 
 @lru_cache(maxsize=1)
 def _runtime_dirs() -> tuple[str, ...]:
-    """The interpreter, its packages and our code: where they live under /tmp (a clone or
-    a venv made there) the sandbox's private /tmp would hide them, so they are bound back
-    in, read-only. Nothing else of the host's /tmp is visible."""
+    """The interpreter, its packages and our code, bound in read-only wherever they live (a
+    pyenv Python under /root, a venv under /tmp)."""
     return (sys.prefix, sys.base_prefix, os.path.dirname(sys.executable),
-            str(CODE_ROOT), *(p for p in sys.path if p))
+            os.path.dirname(os.path.realpath(sys.executable)), str(CODE_ROOT),
+            *(p for p in sys.path if p))
 
 
-def _under_tmp(paths: Iterable[str]) -> list[str]:
-    """The existing directories among `paths` under /tmp, without ones inside another."""
+def _outermost(paths: Iterable[str]) -> list[str]:
+    """The existing directories among `paths` not already shown (by `_SYSTEM_DIRS` or
+    another of them)."""
+    shown = [os.path.realpath(d) + "/" for d in _SYSTEM_DIRS if os.path.isdir(d)]
     found: list[str] = []
     for path in sorted({os.path.abspath(p) for p in paths}):
-        if path.startswith("/tmp/") and os.path.isdir(path) and not any(
+        if os.path.isdir(path) and not any(f"{path}/".startswith(top) for top in shown) and not any(
             path.startswith(f"{top}/") for top in found
         ):
             found.append(path)
