@@ -76,6 +76,7 @@ def evaluate(
             repo_tests, predicate) unprotected instead of refusing. Stated in the summary.
     """
     started = time.perf_counter()
+    steps.check_deployment_allows(agent, unsafe_no_sandbox)
     home = evalpipe_home()
     suite_obj, suite_source = resolve_suite(suite)
     sandbox = run_sandbox_mode((c.kind for c in suite_obj.cases), unsafe_no_sandbox)

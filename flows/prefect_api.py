@@ -58,6 +58,7 @@ def prefect_api(json_mode: bool = False) -> Iterator[Callable[[Any], Any]]:
         api_url = managed.api_url
         # Worker processes (runner=processes, dask) read the environment.
         os.environ["PREFECT_API_URL"] = api_url
+        os.environ["PREFECT_API_AUTH_STRING"] = managed.auth
     elif api_url:
         _check_reachable(api_url)
     else:
@@ -67,9 +68,10 @@ def prefect_api(json_mode: bool = False) -> Iterator[Callable[[Any], Any]]:
 
     import httpx
     from prefect.exceptions import PrefectHTTPStatusError
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
 
-    settings = temporary_settings(updates={PREFECT_API_URL: api_url}) if managed else nullcontext()
+    settings = (temporary_settings(updates={PREFECT_API_URL: api_url, PREFECT_API_AUTH_STRING: managed.auth})
+                if managed else nullcontext())
     try:
         with settings:
             yield (lambda flow: flow) if json_mode else _announcing
@@ -86,6 +88,7 @@ def prefect_api(json_mode: bool = False) -> Iterator[Callable[[Any], Any]]:
     finally:
         if managed is not None:
             os.environ.pop("PREFECT_API_URL", None)
+            os.environ.pop("PREFECT_API_AUTH_STRING", None)
         # Work done: what Prefect's background services log while they drain at interpreter
         # exit (events flushed to a server that is stopping) is not the user's business.
         logging.disable(logging.CRITICAL)

@@ -10,6 +10,11 @@ Flow-running commands use it while it is up (flows/prefect_api.py).
 
 The UI asks the API at `PREFECT_UI_API_URL`, which must name the chosen port whenever it
 is not Prefect's default 4200, so it is always set in the server's environment.
+
+The managed server requires credentials (Prefect's `PREFECT_SERVER_API_AUTH_STRING`): a
+deployment's run form runs code, so anyone who can reach the port must not be able to
+start a run. They are generated once into EVALPIPE_HOME/server/credentials (mode 0600);
+evalpipe's commands send them, the UI asks for them. CORS is limited to the UI's own origin.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import fcntl
 import json
 import math
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -85,17 +91,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def server_env(port: int, prefect_home: Path | None = None, base: dict[str, str] | None = None) -> dict[str, str]:
-    """The server's environment: its API and UI on `port`, no telemetry, no stray client URL."""
+def server_env(port: int, prefect_home: Path | None = None, base: dict[str, str] | None = None,
+               auth: str | None = None) -> dict[str, str]:
+    """The server's environment: its API and UI on `port`, no telemetry, no stray client URL,
+    CORS for the UI's own origin only; with `auth` ("user:password"), credentials required."""
     env = dict(os.environ if base is None else base)
-    env.pop("PREFECT_API_URL", None)  # the server must not try to be a client of another one
+    # The server must not try to be a client of another one, nor take a client's credentials.
+    for name in ("PREFECT_API_URL", "PREFECT_API_AUTH_STRING", "PREFECT_SERVER_API_AUTH_STRING"):
+        env.pop(name, None)
     env |= {
         "PREFECT_SERVER_API_HOST": HOST,
         "PREFECT_SERVER_API_PORT": str(port),
         "PREFECT_UI_API_URL": f"http://{HOST}:{port}/api",
+        "PREFECT_SERVER_API_CORS_ALLOWED_ORIGINS": f"http://{HOST}:{port}",
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_SERVER_UI_SHOW_PROMOTIONAL_CONTENT": "false",
     }
+    if auth is not None:
+        env["PREFECT_SERVER_API_AUTH_STRING"] = auth
     if prefect_home is not None:
         env["PREFECT_HOME"] = str(prefect_home)
     return env
@@ -129,16 +142,18 @@ def start_server(
     prefect_home: Path | None = None,
     log: IO | None = None,
     timeout_s: float | None = None,
+    auth: str | None = None,
 ) -> Server:
     """Start `prefect server start` in its own process group and wait until it is healthy.
-    Output goes to `log` (default: discarded), so a caller's terminal or CI log stays clean."""
+    Output goes to `log` (default: discarded), so a caller's terminal or CI log stays clean.
+    `auth`: the credentials its API requires (see `server_env`)."""
     port = port or free_port()
     if _port_taken(port):
         raise InputError(f"--port {port}: something is already listening on {HOST}:{port}")
     prefect = Path(sys.executable).with_name("prefect")
     process = subprocess.Popen(
         [str(prefect), "server", "start", "--host", HOST, "--port", str(port)],
-        env=server_env(port, prefect_home), stdin=subprocess.DEVNULL,
+        env=server_env(port, prefect_home, auth=auth), stdin=subprocess.DEVNULL,
         stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True,
     )
     server = Server(process, f"http://{HOST}:{port}")
@@ -202,9 +217,15 @@ class Managed:
     def api_url(self) -> str:
         return f"{self.url}/api"
 
+    @property
+    def auth(self) -> str:
+        """The credentials its API requires (`user:password`)."""
+        return credentials(self.directory)
+
     def to_json(self) -> dict[str, Any]:
         return {"pid": self.pid, "port": self.port, "url": self.url, "api_url": self.api_url,
-                "log": str(log_path(self.directory)), "prefect_home": str(self.directory / "prefect")}
+                "log": str(log_path(self.directory)), "prefect_home": str(self.directory / "prefect"),
+                "credentials": str(credentials_path(self.directory))}
 
 
 def state_dir(home: Path | None = None) -> Path:
@@ -213,6 +234,29 @@ def state_dir(home: Path | None = None) -> Path:
 
 def log_path(directory: Path) -> Path:
     return directory / "server.log"
+
+
+def credentials_path(directory: Path) -> Path:
+    return directory / "credentials"
+
+
+def credentials(directory: Path) -> str:
+    """The managed server's credentials, `evalpipe:<random>`, made once (mode 0600: only
+    this user may start runs through it)."""
+    path = credentials_path(directory)
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        pass
+    directory.mkdir(parents=True, exist_ok=True)
+    auth = f"evalpipe:{secrets.token_urlsafe(32)}"
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:  # made meanwhile by another command
+        return path.read_text().strip()
+    with os.fdopen(fd, "w") as fh:
+        fh.write(auth + "\n")
+    return auth
 
 
 def _state_file(directory: Path) -> Path:
@@ -276,7 +320,8 @@ def start_managed(port: int | None = None, home: Path | None = None) -> tuple[Ma
         log = log_path(directory)
         with open(log, "ab") as out:
             try:
-                server = start_server(port, prefect_home=directory / "prefect", log=out)
+                server = start_server(port, prefect_home=directory / "prefect", log=out,
+                                      auth=credentials(directory))
             except PlatformError as exc:
                 raise PlatformError(f"{exc}; its log: {log}") from None
         managed = Managed(server.process.pid, port, directory)

@@ -3,6 +3,7 @@ runner, aggregate) and the storage each step reads or writes around them."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,8 @@ from flows.runners import Mapped, Runner, task_runner
 from storage import db
 from storage.snapshots import snapshot_path, write_snapshot
 from tasks import run
-from tasks.models import EvalSuite
+from tasks.agents.trust import ALLOW_ENV, deployment_refusal
+from tasks.models import EvalSuite, InputError
 from tasks.run import RunSpec, RunSummary, draw_batch, summarize
 from tasks.run.sampling import PlannedSample
 
@@ -47,6 +49,19 @@ def reduce_run(spec: RunSpec, suite: EvalSuite, home: str) -> RunSummary:
     summary, rows = summarize(spec, suite, db.run_samples(spec.run_id, Path(home)))
     db.write_aggregates(spec.run_id, rows, Path(home))
     return summary
+
+
+def check_deployment_allows(agent: str, unsafe_no_sandbox: bool) -> None:
+    """A flow run of a deployment runs code agents and the unsafe flag only as its own
+    configuration allows (tasks.agents.trust); a run from the CLI or a notebook is the user's."""
+    from prefect.runtime import deployment
+
+    if deployment.id is None:
+        return
+    refusal = deployment_refusal(agent, unsafe_no_sandbox, deployment.parameters or {},
+                                 os.environ.get(ALLOW_ENV, ""))
+    if refusal:
+        raise InputError(refusal)
 
 
 def find_baseline(baseline: str | None, suite: EvalSuite, agent_fingerprint: str, home: Path) -> str | None:

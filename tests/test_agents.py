@@ -933,3 +933,16 @@ def test_demo_agent_covers_every_calc_patch_kind(calc_repo: tuple[Path, str]) ->
     assert unsafe.startswith(fix) and search(unsafe, "secrets.py") in secrets
     later = _demo_outputs(suite.cases[0], range(40))[4:]
     assert set(later) <= set(outputs) and len(set(later)) > 1
+
+
+def test_a_deployment_runs_code_agents_only_as_configured() -> None:
+    from tasks.agents.trust import deployment_refusal
+
+    nightly = {"agent": "python:examples/agents/demo_agent.py:answer"}
+    assert deployment_refusal(nightly["agent"], False, nightly, "") is None
+    assert "EVALPIPE_DEPLOYMENT_ALLOWS=python" in deployment_refusal("python:os:system", False, nightly, "")
+    assert "EVALPIPE_DEPLOYMENT_ALLOWS=cmd" in deployment_refusal("cmd:sh -c id", False, {}, "python")
+    assert deployment_refusal("cmd:sh -c id", False, {}, "python, cmd") is None
+    assert deployment_refusal("openai:gpt-x", False, {}, "") is None
+    assert "unsafe-no-sandbox" in deployment_refusal("reference", True, {}, "python,cmd")
+    assert deployment_refusal("reference", True, {}, "unsafe-no-sandbox") is None

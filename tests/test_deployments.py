@@ -226,6 +226,20 @@ def test_form_rejects_bad_parameters(stack: Stack, params: dict, message: str) -
     assert message in resp.json()["detail"]
 
 
+@pytest.mark.parametrize("params", [
+    {"agent": "cmd:touch {marker}"},
+    {"agent": DEMO_AGENT, "unsafe_no_sandbox": True},
+], ids=["cmd-agent", "unsafe"])
+def test_the_run_form_cannot_run_code_the_deployment_does_not_allow(stack: Stack, tmp_path: Path, params) -> None:
+    marker = tmp_path / "ran"
+    params = {"suite": "examples/qa.yaml", **{k: v.format(marker=marker) if isinstance(v, str) else v
+                                              for k, v in params.items()}}
+    run = stack.wait_final(stack.trigger("on-demand", params))
+    assert run["state"]["type"] == "FAILED"
+    assert "EVALPIPE_DEPLOYMENT_ALLOWS" in run["state"]["message"], run["state"]
+    assert not marker.exists()
+
+
 def test_form_fields_have_descriptions(stack: Stack) -> None:
     schema = stack.deployment("on-demand")["parameter_openapi_schema"]
     assert schema["required"] == ["suite", "agent"]

@@ -120,6 +120,29 @@ def test_start_reports_where_the_server_is(managed: tuple[dict, dict[str, str]])
     assert ui_settings["api_url"] == doc["api_url"]
 
 
+def basic_auth(doc: dict) -> tuple[str, str]:
+    user, _, password = Path(doc["credentials"]).read_text().strip().partition(":")
+    return user, password
+
+
+def test_the_managed_server_wants_its_credentials(managed: tuple[dict, dict[str, str]]) -> None:
+    doc, env = managed
+    credentials = Path(doc["credentials"])
+    assert credentials.parent == Path(env["EVALPIPE_HOME"]) / "server"
+    assert credentials.stat().st_mode & 0o777 == 0o600
+    url = f"{doc['api_url']}/deployments/filter"
+    # One unauthenticated POST used to be enough to start a run of any code.
+    assert httpx.post(url, json={}, timeout=30).status_code == 401
+    assert httpx.post(url, json={}, auth=("evalpipe", "guess"), timeout=30).status_code == 401
+    assert httpx.post(url, json={}, auth=basic_auth(doc), timeout=30).status_code == 200
+    assert httpx.get(f"{doc['api_url']}/health", timeout=30).status_code == 200  # probes stay open
+    # The UI knows to ask for them; another origin's page gets no CORS grant.
+    assert httpx.get(f"{doc['url']}/ui-settings", timeout=30).json()["auth"] == "BASIC"
+    preflight = httpx.options(url, headers={"Origin": "http://attacker.example",
+                                            "Access-Control-Request-Method": "POST"}, timeout=30)
+    assert preflight.headers.get("access-control-allow-origin") in (None, doc["url"])
+
+
 def test_second_start_says_so_and_exits_0(managed: tuple[dict, dict[str, str]]) -> None:
     doc, env = managed
     again = evalpipe("server", "start", env=env)
@@ -138,13 +161,14 @@ def test_a_run_reports_to_the_managed_server(managed: tuple[dict, dict[str, str]
     lines = [line for line in proc.stderr.splitlines() if " samples graded " not in line]
     assert len(lines) == 1 and lines[0].startswith(f"evalpipe: flow run {doc['url']}/runs/flow-run/"), proc.stderr
     flow_run_id = lines[0].rsplit("/", 1)[1]
-    flow_run = httpx.get(f"{doc['api_url']}/flow_runs/{flow_run_id}", timeout=30).json()
+    flow_run = httpx.get(f"{doc['api_url']}/flow_runs/{flow_run_id}", auth=basic_auth(doc), timeout=30).json()
     assert flow_run["state"]["type"] == "COMPLETED"
 
     as_json = evalpipe(*run_args(work, "--json"), env=env)
     assert as_json.returncode == 0 and as_json.stderr == ""
     summary = json.loads(as_json.stdout)
-    assert httpx.get(f"{doc['api_url']}/flow_runs/{summary['flow_run_id']}", timeout=30).status_code == 200
+    flow_run = f"{doc['api_url']}/flow_runs/{summary['flow_run_id']}"
+    assert httpx.get(flow_run, auth=basic_auth(doc), timeout=30).status_code == 200
 
 
 def test_stop_stops_it(managed: tuple[dict, dict[str, str]]) -> None:
