@@ -54,12 +54,15 @@ def reduce_run(spec: RunSpec, suite: EvalSuite, home: str) -> RunSummary:
 def check_deployment_allows(agent: str, unsafe_no_sandbox: bool) -> None:
     """A flow run of a deployment runs code agents and the unsafe flag only as its own
     configuration allows (tasks.agents.trust); a run from the CLI or a notebook is the user's."""
+    from prefect.client.orchestration import get_client
     from prefect.runtime import deployment
 
     if deployment.id is None:
         return
-    refusal = deployment_refusal(agent, unsafe_no_sandbox, deployment.parameters or {},
-                                 os.environ.get(ALLOW_ENV, ""))
+    # Its own parameters, as deployed (`prefect.runtime.deployment.parameters` are the run's).
+    with get_client(sync_client=True) as client:
+        configured = client.read_deployment(deployment.id).parameters or {}
+    refusal = deployment_refusal(agent, unsafe_no_sandbox, configured, os.environ.get(ALLOW_ENV, ""))
     if refusal:
         raise InputError(refusal)
 
