@@ -1,9 +1,12 @@
-"""`python_tests` (HumanEval style): program = prompt + output + test + `check(entry_point)`.
+"""`python_tests` (HumanEval style): the candidate's code is prompt + output; the oracle is
+the prompt's own definitions + test + `check(entry_point)`.
 
-The program runs on a warm fork server in the sandbox (`tasks.sandbox`). It passes only
-when the per-run completion nonce came back, which the child writes after the last
-statement (`check(...)`) returned: exit status 0, `sys.exit(0)`, `os._exit(0)` or
-printing "passed" never pass. Statuses: `passed`, `failed` (assertion, exception, wrong
+They run on a warm fork server in the sandbox (`tasks.sandbox`), in two processes: the
+oracle calls the candidate's functions across a boundary that carries plain values only,
+so no object, patched builtin or forged nonce of the candidate's reaches the check (see
+`tasks/sandbox/forkserver.py`). A program passes only when the per-run completion nonce
+came back, which the oracle writes after `check(...)` returned: exit status 0,
+`sys.exit(0)`, `os._exit(0)` or printing "passed" never pass. Statuses: `passed`, `failed` (assertion, exception, wrong
 answer, exited early, killed its own server), `timeout`, `error` (no sandbox could be
 started, or bubblewrap is missing and the run did not allow running without it), `empty`
 (blank output, not run).
@@ -13,7 +16,7 @@ from __future__ import annotations
 
 from tasks.graders import file_hash, register
 from tasks.models import EvalCase, InputError, Status, Verdict
-from tasks.sandbox import Limits, SandboxError, ServerDied, run_python_program
+from tasks.sandbox import Limits, SandboxError, ServerDied, SplitProgram, run_python_program
 
 _TAIL = 2000
 
@@ -22,11 +25,13 @@ def _limits(case: EvalCase) -> Limits:
     return Limits(timeout_s=case.params.timeout_s, memory_mb=case.params.memory_mb)
 
 
-def build_program(output: str, case: EvalCase) -> str:
+def build_program(output: str, case: EvalCase) -> SplitProgram:
     prompt = case.inputs.get("prompt", "")
     if not isinstance(prompt, str):
         raise InputError(f"case {case.id!r}: inputs.prompt must be a string")
-    return f"{prompt}{output}\n\n{case.params.test}\n\ncheck({case.params.entry_point})\n"
+    entry = case.params.entry_point
+    return SplitProgram(candidate=f"{prompt}{output}\n", prelude=prompt,
+                        oracle=f"{case.params.test}\n\ncheck({entry})\n", entry_point=entry)
 
 
 def _tail(data: bytes) -> str:

@@ -15,6 +15,7 @@ from tasks.sandbox.runner import (
     SandboxResult,
     SandboxUnavailable,
     ServerDied,
+    SplitProgram,
     allowing_unsafe,
     bwrap_available,
     call_in_sandbox,
@@ -28,6 +29,6 @@ from tasks.sandbox.runner import (
 
 __all__ = [
     "CODE_KINDS", "Limits", "Mounts", "PidsCgroup", "SandboxError", "SandboxResult", "SandboxUnavailable",
-    "ServerDied", "UNSAFE_NOTE", "allowing_unsafe", "bwrap_available", "call_in_sandbox", "kill_until_gone", "run_command",
+    "ServerDied", "SplitProgram", "UNSAFE_NOTE", "allowing_unsafe", "bwrap_available", "call_in_sandbox", "kill_until_gone", "run_command",
     "run_python", "run_python_program", "run_sandbox_mode", "shutdown",
 ]

@@ -14,6 +14,15 @@ namespace, wipes its private `/tmp` and `/dev/shm` except the runtime bound in t
 The program proves it ran to the end by copying a per-run nonce from fd 4 to fd 3 after
 the last statement returned; stdout cannot forge that.
 
+A split program (`split` in the request: the candidate's code, and the oracle's tests)
+runs in two processes: the forked child is the oracle (the tests, `check`, the nonce) and
+forks the candidate, which closes the nonce's fds before any of its code runs. The oracle
+calls the candidate's functions across a pipe that carries plain values only (numbers,
+strings, bytes, None, lists, tuples, dicts, sets), decoded by the oracle into objects of
+its own: no candidate object (an `__eq__` that is always true), patched `builtins` or
+written nonce can reach the check. Both are not dumpable, so neither can read the other's
+memory or fds.
+
 Standard library only: it runs as a script (`python -I forkserver.py`) and `capture` is
 also imported by `tasks.sandbox`. Protocol on fds 0/1: frames of an 8-byte big-endian
 length and a JSON object (bytes as base64).
@@ -179,8 +188,11 @@ def _child(req: Mapping, workdir: str, fds: Mapping[int, int]) -> None:
 
         random.seed()
         set_limits(req["memory_mb"], req["cpu_s"], req["file_size_mb"])
-        program = compile(req["program"], "<program>", "exec")
-        exec(program, {"__name__": "__main__", "__builtins__": __builtins__})  # noqa: S102
+        if req.get("split"):
+            _run_oracle(req["split"])
+        else:
+            program = compile(req["program"], "<program>", "exec")
+            exec(program, {"__name__": "__main__", "__builtins__": __builtins__})  # noqa: S102
         os.write(RESULT_FD, os.read(NONCE_FD, 256))
         code = 0
     except BaseException as exc:  # the program's own failure, reported on its stderr
@@ -197,6 +209,150 @@ def _child(req: Mapping, workdir: str, fds: Mapping[int, int]) -> None:
         except BaseException:  # noqa: S110 - the program may have closed its own output
             pass
     os._exit(code)
+
+
+# --- a split program: the oracle and the candidate in two processes -------------------------
+
+_MAX_DEPTH = 200
+
+
+def encode_plain(value: object, depth: int = 0) -> object:
+    """`value` as JSON data, if it is made of plain values only (subclasses of them are
+    taken as their base type); `TypeError` otherwise."""
+    if depth > _MAX_DEPTH:
+        raise TypeError("a value nested too deeply to pass between the tests and the candidate")
+    if value is None or isinstance(value, bool):
+        return value
+    for base in (int, float, str):
+        if isinstance(value, base):
+            return base(value)
+    if isinstance(value, bytes):
+        return {"b": base64.b64encode(bytes(value)).decode()}
+    if isinstance(value, complex):
+        return {"c": [value.real, value.imag]}
+    if isinstance(value, list):
+        return [encode_plain(v, depth + 1) for v in list(value)]
+    if isinstance(value, dict):
+        return {"d": [[encode_plain(k, depth + 1), encode_plain(v, depth + 1)] for k, v in dict(value).items()]}
+    for tag, base in (("t", tuple), ("s", set), ("f", frozenset)):
+        if isinstance(value, base):
+            return {tag: [encode_plain(v, depth + 1) for v in base(value)]}
+    raise TypeError(f"{type(value).__name__} is not a plain value (numbers, strings, bytes, None, "
+                    "lists, tuples, dicts, sets)")
+
+
+def decode_plain(doc: object) -> object:
+    """The value `encode_plain` made, built of this process's own plain objects."""
+    if isinstance(doc, list):
+        return [decode_plain(v) for v in doc]
+    if not isinstance(doc, dict):
+        return doc  # JSON scalars are plain already
+    (tag, body), = doc.items()
+    if tag == "b":
+        return base64.b64decode(body)
+    if tag == "c":
+        return complex(float(body[0]), float(body[1]))
+    if tag == "d":
+        return {decode_plain(k): decode_plain(v) for k, v in body}
+    return {"t": tuple, "s": set, "f": frozenset}[tag](decode_plain(v) for v in body)
+
+
+def _raised(kind: str, message: str) -> BaseException:
+    """The candidate's exception as the oracle raises it: a built-in exception of the same
+    name (tests may expect a `ValueError`), else a RuntimeError naming it."""
+    import builtins
+
+    cls = getattr(builtins, kind, None)
+    if isinstance(cls, type) and issubclass(cls, Exception):
+        try:
+            return cls(message)
+        except Exception:  # noqa: S110 - an exception class with other arguments
+            pass
+    return RuntimeError(f"{kind}: {message}")
+
+
+def _run_oracle(split: Mapping) -> None:
+    """Runs in the program's process: fork the candidate, then run the tests with its
+    functions as proxies. Returns when the tests passed; raises otherwise."""
+    calls_r, calls_w = os.pipe()
+    replies_r, replies_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        for fd in (calls_w, replies_r, RESULT_FD, NONCE_FD):
+            os.close(fd)
+        _serve_candidate(split["candidate"], calls_r, replies_w)
+    os.close(calls_r)
+    os.close(replies_w)
+    hello = read_frame(replies_r)
+    if not hello or "names" not in hello:
+        raise RuntimeError("the candidate's code did not load (its error is above)")
+
+    def proxy(name: str) -> Callable:
+        def call(*args: object, **kwargs: object) -> object:
+            write_frame(calls_w, {"call": name, "args": encode_plain(list(args)),
+                                  "kwargs": encode_plain(dict(kwargs))})
+            reply = read_frame(replies_r)
+            if reply is None:
+                raise RuntimeError(f"the candidate's process ended during {name}()")
+            if "raise" in reply:
+                raise _raised(str(reply["raise"][0]), str(reply["raise"][1]))
+            return decode_plain(reply["value"])
+
+        call.__name__ = call.__qualname__ = name
+        return call
+
+    namespace = {"__name__": "__main__", "__builtins__": __builtins__}
+    try:  # what the prompt defines (HumanEval/38's encode_cyclic) is the oracle's own
+        prelude = compile(split["prelude"], "<prompt>", "exec")
+    except SyntaxError:  # a prompt that is not code on its own
+        prelude = None
+    if prelude is not None:
+        exec(prelude, namespace)  # noqa: S102 - the suite's own text, as trusted as its tests
+    for name in hello["names"]:
+        if name == split["entry_point"] or name not in namespace:
+            namespace[name] = proxy(str(name))
+    exec(compile(split["oracle"], "<tests>", "exec"), namespace)  # noqa: S102
+
+
+def _serve_candidate(source: str, calls: int, replies: int) -> None:
+    """Runs in the candidate's process; never returns. Loads the candidate's code, names
+    its callables, then answers calls until the oracle is done."""
+    code = 1
+    try:
+        namespace = {"__name__": "__main__", "__builtins__": __builtins__}
+        try:
+            exec(compile(source, "<program>", "exec"), namespace)  # noqa: S102
+        except BaseException as exc:
+            import traceback
+
+            traceback.print_exception(type(exc), exc, exc.__traceback__, limit=-8)
+            write_frame(replies, {"load_error": True})
+            raise
+        write_frame(replies, {"names": [n for n, v in namespace.items()
+                                        if callable(v) and isinstance(n, str) and not n.startswith("__")]})
+        while (request := read_frame(calls)) is not None:
+            try:
+                value = namespace[request["call"]](*decode_plain(request["args"]), **decode_plain(request["kwargs"]))
+                reply = {"value": encode_plain(value)}
+            except BaseException as exc:  # the candidate's failure is the call's, not ours
+                reply = {"raise": [type(exc).__name__, _message(exc)]}
+            write_frame(replies, reply)
+        code = 0
+    except BaseException:  # noqa: S110 - reported above, or the oracle is gone
+        pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:  # noqa: S110 - the program may have closed its own output
+            pass
+    os._exit(code)
+
+
+def _message(exc: BaseException) -> str:
+    try:
+        return str(exc)[:1000]
+    except BaseException:
+        return "(unprintable)"
 
 
 def run_one(req: Mapping, pidns: bool) -> dict:

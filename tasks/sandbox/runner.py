@@ -223,7 +223,7 @@ def _outermost(paths: Iterable[str]) -> list[str]:
     another of them)."""
     shown = [os.path.realpath(d) + "/" for d in _SYSTEM_DIRS if os.path.isdir(d)]
     found: list[str] = []
-    for path in sorted({os.path.abspath(p) for p in paths}):
+    for path in sorted({os.path.abspath(p) for p in paths} - {"/", "/tmp"}):  # /tmp is the private one
         if os.path.isdir(path) and not any(f"{path}/".startswith(top) for top in shown) and not any(
             path.startswith(f"{top}/") for top in found
         ):
@@ -532,6 +532,22 @@ def run_python(source: str, *, limits: Limits | None = None) -> SandboxResult:
 
 
 @dataclass(frozen=True)
+class SplitProgram:
+    """A program whose tests the candidate cannot touch (forkserver: "a split program"): the
+    candidate's code runs in a process of its own; `prelude` (the prompt) and `oracle` (the
+    tests and `check`) in another, calling the candidate's `entry_point` with plain values."""
+
+    candidate: str
+    prelude: str
+    oracle: str
+    entry_point: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"candidate": self.candidate, "prelude": self.prelude, "oracle": self.oracle,
+                "entry_point": self.entry_point}
+
+
+@dataclass(frozen=True)
 class ProgramResult:
     """A fork-server run: the sandbox result and whether the completion nonce came back."""
 
@@ -621,15 +637,17 @@ class ForkServer(_Server):
         super().__init__([str(_FORKSERVER)], limits)
 
     def run(
-        self, program: str, limits: Limits, env: Mapping[str, str] | None = None
+        self, program: str | SplitProgram, limits: Limits, env: Mapping[str, str] | None = None
     ) -> ProgramResult:
         """Run one program. Raises `ServerDied` if the server dies or stops answering."""
+        split = program.to_json() if isinstance(program, SplitProgram) else None
         nonce = secrets.token_hex(16)
         if self.cgroup is not None and limits.max_procs != self.max_procs:
             self.cgroup.set_max(limits.max_procs + 3)
             self.max_procs = limits.max_procs
         request = {
-            "program": program,
+            "program": "" if split else program,
+            "split": split,
             "nonce": nonce,
             "timeout_s": limits.timeout_s,
             "cpu_s": limits.cpu_limit_s,
@@ -731,7 +749,7 @@ def _current_pool() -> _Pool:
 
 
 def run_python_program(
-    program: str, limits: Limits, env: Mapping[str, str] | None = None
+    program: str | SplitProgram, limits: Limits, env: Mapping[str, str] | None = None
 ) -> ProgramResult:
     """Run a Python program on a warm fork server from the pool (started on demand).
 
