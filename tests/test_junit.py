@@ -127,3 +127,22 @@ def test_collection_error_and_duplicates_keep_the_worst() -> None:
 def test_non_junit_is_refused(text: str) -> None:
     with pytest.raises(JUnitError):
         parse_junit(text)
+
+
+def test_a_deeply_nested_report_is_refused_without_building_it() -> None:
+    """5 M nested elements used to build a 1.5 GB tree; the stream stops at the depth bound."""
+    depth = 200_000
+    xml = b"<testsuites><testsuite>" + b"<x>" * depth + b"</x>" * depth + b"</testsuite></testsuites>"
+    with pytest.raises(JUnitError, match="nested deeper"):
+        parse_junit(xml)
+
+
+def test_a_report_is_read_in_a_stream_whatever_its_size(tmp_path) -> None:
+    failure = '<failure message="no">trace</failure>'
+    cases = "".join(f'<testcase classname="test_a" name="test_{i}" file="test_a.py">'
+                    f'{failure if i % 2 else ""}</testcase>' for i in range(20_000))
+    path = tmp_path / "r.xml"
+    path.write_text(f"<testsuites><testsuite>{cases}</testsuite></testsuites>")
+    report = parse_junit(path)
+    assert report.tests == 20_000
+    assert report.outcome("test_a.py::test_0") == "passed" and report.outcome("test_a.py::test_1") == "failed"

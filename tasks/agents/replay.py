@@ -4,13 +4,15 @@ predictions), read from a JSONL file, gzipped or not."""
 from __future__ import annotations
 
 import gzip
-from collections.abc import Mapping
+import hashlib
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, BinaryIO
 
 from tasks.agents.base import AgentContext, AgentError, Reloadable, spec_fingerprint
-from tasks.models import EvalCase, InputError, sha256_hex
-from tasks.suites.jsonl import object_lines
+from tasks.models import EvalCase, InputError
+from tasks.suites.jsonl import iter_object_lines
 
 # (id field, output field) of the recorded formats, in the order they are recognised.
 REPLAY_FORMATS = (
@@ -29,13 +31,17 @@ class ReplayAgent(Reloadable):
     @classmethod
     def load(cls, spec: str, rest: str, base: Path) -> ReplayAgent:
         path = base / rest
-        try:
-            raw = path.read_bytes()
-            text = (gzip.decompress(raw) if path.suffix == ".gz" else raw).decode("utf-8")
+        digest = hashlib.sha256()
+        try:  # line by line: the file is never held whole beside the outputs kept from it
+            with path.open("rb") as raw:
+                hashed = _Hashing(raw, digest)
+                stream = gzip.open(hashed) if path.suffix == ".gz" else hashed
+                outputs = parse_replay((line.decode("utf-8") for line in stream), str(path))
+                while hashed.read(1 << 16):  # the fingerprint covers every stored byte, as before
+                    pass
         except (OSError, EOFError, gzip.BadGzipFile, UnicodeDecodeError) as exc:
             raise InputError(f"agent {spec!r}: cannot read {path}: {exc}") from None
-        outputs = parse_replay(text, str(path))
-        return cls(spec, spec_fingerprint(spec, sha256_hex(raw)), base, outputs)
+        return cls(spec, spec_fingerprint(spec, digest.hexdigest()), base, outputs)
 
     def generate(self, case: EvalCase, ctx: AgentContext) -> str:
         recorded = self.outputs.get(case.id, ())
@@ -44,10 +50,29 @@ class ReplayAgent(Reloadable):
         return recorded[ctx.index]
 
 
-def parse_replay(text: str, where: str) -> dict[str, tuple[str, ...]]:
-    """Recorded outputs per case id, in file order. `InputError` names the bad line."""
+class _Hashing:
+    """A binary file read through, its bytes (as stored, before any gunzip) hashed."""
+
+    def __init__(self, raw: BinaryIO, digest: Any) -> None:
+        self.raw, self.digest = raw, digest
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.raw.read(size)
+        self.digest.update(data)
+        return data
+
+    def __iter__(self) -> Iterator[bytes]:
+        for line in self.raw:
+            self.digest.update(line)
+            yield line
+
+
+def parse_replay(lines: str | Iterable[str], where: str) -> dict[str, tuple[str, ...]]:
+    """Recorded outputs per case id, in file order (`lines`: the text, or its lines as
+    read). `InputError` names the bad line."""
     outputs: dict[str, list[str]] = {}
-    for lineno, record in object_lines(text, where):
+    lines = lines.splitlines() if isinstance(lines, str) else lines
+    for lineno, record in iter_object_lines(lines, where):
         fields = next(((i, o) for i, o in REPLAY_FORMATS if i in record and o in record), None)
         if fields is None:
             known = ", ".join(f"{i}+{o}" for i, o in REPLAY_FORMATS)

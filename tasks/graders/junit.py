@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,8 +46,7 @@ def junit_address(node_id: str) -> tuple[str, str]:
     return ".".join(names[:-1]), names[-1]
 
 
-def _outcome(case: ET.Element) -> str:
-    tags = {child.tag for child in case}
+def _outcome(tags: set[str]) -> str:
     if "error" in tags:
         return ERROR
     if "failure" in tags:
@@ -72,21 +72,63 @@ def _keep_worst(index: dict, key: object, result: str) -> None:
         index[key] = result
 
 
+# pytest writes testsuites > testsuite > testcase > failure: anything much deeper is not its
+# report, and a tree of millions of nested elements is how a test makes the parser eat
+# gigabytes. Read as a stream: each element is dropped once read.
+MAX_DEPTH = 32
+_CHUNK = 1 << 16
+
+
 def parse_junit(xml: str | bytes | Path) -> Report:
-    """Read pytest's JUnit XML (text or a file). Raises `JUnitError` if it is not that."""
-    try:
-        root = ET.parse(xml).getroot() if isinstance(xml, Path) else ET.fromstring(xml)
-    except (ET.ParseError, OSError) as exc:
-        raise JUnitError(f"unreadable JUnit XML: {exc}") from None
-    if root.tag not in ("testsuites", "testsuite"):
-        raise JUnitError(f"not JUnit XML: root element <{root.tag}>")
+    """Read pytest's JUnit XML (text or a file), streaming, in memory bounded by its depth.
+    Raises `JUnitError` if it is not that."""
+    parser = ET.XMLPullParser(events=("start", "end"))
     outcomes: dict[str, str] = {}
     by_address: dict[tuple[str, str], str] = {}
-    for case in root.iter("testcase"):
-        classname, name = case.get("classname", ""), case.get("name", "")
-        result = _outcome(case)
-        _keep_worst(by_address, (classname, name), result)
-        node_id = _node_id(classname, name, case.get("file"))
-        if node_id is not None:
-            _keep_worst(outcomes, node_id, result)
+    stack: list[ET.Element] = []
+    children: set[str] = set()  # the tags inside the open testcase
+    try:
+        for chunk in _chunks(xml):
+            parser.feed(chunk)
+            for event, elem in parser.read_events():
+                if event == "start":
+                    if not stack and elem.tag not in ("testsuites", "testsuite"):
+                        raise JUnitError(f"not JUnit XML: root element <{elem.tag}>")
+                    if stack and stack[-1].tag == "testcase":
+                        children.add(elem.tag)
+                    stack.append(elem)
+                    if len(stack) > MAX_DEPTH:
+                        raise JUnitError(f"not JUnit XML: elements nested deeper than {MAX_DEPTH}")
+                    continue
+                stack.pop()
+                if elem.tag == "testcase":
+                    _record(elem, children, outcomes, by_address)
+                    children = set()
+                if stack:
+                    del stack[-1][-1]  # the element just closed is its parent's last child
+        parser.close()
+    except (ET.ParseError, OSError) as exc:
+        raise JUnitError(f"unreadable JUnit XML: {exc}") from None
     return Report(outcomes=outcomes, by_address=by_address, tests=len(by_address))
+
+
+def _chunks(xml: str | bytes | Path) -> Iterator[bytes]:
+    if isinstance(xml, Path):
+        with xml.open("rb") as fh:
+            while chunk := fh.read(_CHUNK):
+                yield chunk
+        return
+    data = xml.encode() if isinstance(xml, str) else xml
+    if not data.strip():
+        raise JUnitError("unreadable JUnit XML: empty")
+    for start in range(0, len(data), _CHUNK):
+        yield data[start : start + _CHUNK]
+
+
+def _record(case: ET.Element, tags: set[str], outcomes: dict, by_address: dict) -> None:
+    classname, name = case.get("classname", ""), case.get("name", "")
+    result = _outcome(tags)
+    _keep_worst(by_address, (classname, name), result)
+    node_id = _node_id(classname, name, case.get("file"))
+    if node_id is not None:
+        _keep_worst(outcomes, node_id, result)

@@ -312,6 +312,8 @@ def _run_oracle(split: Mapping) -> None:
         if name == split["entry_point"] or name not in namespace:
             namespace[name] = proxy(str(name))
     exec(compile(split["oracle"], "<tests>", "exec"), namespace)  # noqa: S102
+    os.close(calls_w)  # the candidate reads the end and exits: nothing left to kill
+    os.waitpid(pid, 0)
 
 
 def _serve_candidate(source: str, calls: int, replies: int) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from tasks.models import InputError
@@ -14,8 +15,14 @@ def object_lines(
 ) -> list[tuple[int, dict[str, Any]]]:
     """(line number, object) for each non-blank line; `error` naming `where` and the line
     when a line is not JSON, not an object, or past the input limits."""
-    records = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    return list(iter_object_lines(text.splitlines(), where, error))
+
+
+def iter_object_lines(
+    lines: Iterable[str], where: str, error: type[InputError] = InputError
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """`object_lines` over lines as they are read (a large file is never held whole)."""
+    for lineno, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
@@ -26,5 +33,4 @@ def object_lines(
             raise error(f"{where}: line {lineno}: {exc}") from None
         if not isinstance(record, dict):
             raise error(f"{where}: line {lineno}: expected a JSON object")
-        records.append((lineno, record))
-    return records
+        yield lineno, record
