@@ -18,7 +18,7 @@ MAX_DETAILS_PER_CASE = 5
 
 def case_rows(run_id: str, home: Path | None = None) -> list[dict[str, Any]]:
     """Per-case counts, statuses, failure details and safety hits, from the samples table."""
-    samples = db.run_samples(run_id, home).select(["case_id", "passed", "status", "detail", "safety"])
+    samples = db.run_samples(run_id, home, ["case_id", "passed", "status", "detail", "safety"])
     run = db.get_run(run_id, home)
     slices = {cid: s for cid, (_, s) in db.suite_cases(run["suite_version"], home).items()}
     grouped: dict[str, dict[str, Any]] = defaultdict(

@@ -46,7 +46,7 @@ def sample_batch(agent: Any, cases: list, planned: list[PlannedSample], spec: Ru
 @task(name="aggregate", cache_policy=NO_CACHE, persist_result=False)
 def reduce_run(spec: RunSpec, suite: EvalSuite, home: str) -> RunSummary:
     """The one reduction: read the run's samples back, summarize, store the aggregates."""
-    summary, rows = summarize(spec, suite, db.run_samples(spec.run_id, Path(home)))
+    summary, rows = summarize(spec, suite, db.run_samples(spec.run_id, Path(home), run.summary_columns(spec)))
     db.write_aggregates(spec.run_id, rows, Path(home))
     return summary
 

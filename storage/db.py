@@ -282,10 +282,16 @@ def write_aggregates(run_id: str, rows: Sequence[tuple], home: Path | None = Non
         )
 
 
-def run_samples(run_id: str, home: Path | None = None) -> pa.Table:
+def run_samples(run_id: str, home: Path | None = None, columns: Sequence[str] | None = None) -> pa.Table:
+    """The run's samples in (case, index) order: every column, or only `columns` (the
+    outputs and traces of thousands of samples are gigabytes a summary never reads)."""
+    wanted = list(SAMPLE_COLUMNS if columns is None else columns)
+    unknown = set(wanted) - set(SAMPLE_COLUMNS)
+    if unknown:
+        raise ValueError(f"not sample columns: {sorted(unknown)}")
     with connect(home, read_only=True) as con:
         return con.sql(
-            f"SELECT {', '.join(SAMPLE_COLUMNS)} FROM samples WHERE run_id = ? ORDER BY case_id, sample_index",
+            f"SELECT {', '.join(wanted)} FROM samples WHERE run_id = ? ORDER BY case_id, sample_index",
             params=[run_id],
         ).to_arrow_table()
 

@@ -18,10 +18,10 @@ from tasks.run.steps import (
     samples_per_task,
     undrawn,
 )
-from tasks.run.summary import GateSummary, RunSummary, summarize
+from tasks.run.summary import GateSummary, RunSummary, summarize, summary_columns
 
 __all__ = [
     "MAX_BATCH", "TASKS_PER_WORKER", "GateSummary", "RunSpec", "RunSummary", "batch_cases", "batch_label",
     "batches", "check_ks", "draw_batch", "new_run_id", "pending", "plan", "run_title", "samples_per_task",
-    "summarize", "undrawn",
+    "summarize", "summary_columns", "undrawn",
 ]

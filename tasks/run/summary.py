@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from tasks.metrics.aggregate import Row, aggregate
+from tasks.metrics.aggregate import REQUIRED_COLUMNS, Row, aggregate
 from tasks.models import EvalSuite, InputError
 from tasks.run.spec import RunSpec
 
@@ -103,6 +103,12 @@ class RunSummary(_Doc):
 
 # Absent from the document when they do not apply (`flow_run_id` and `duration_s` are always there).
 _OPTIONAL_KEYS = ("env_flaky_samples", "gate", "source_run", "labeller", "labelled", "unlabelled", "sandbox")
+
+
+def summary_columns(spec: RunSpec) -> tuple[str, ...]:
+    """The sample columns `summarize` reads (never the outputs; the traces only to count
+    environment flakes)."""
+    return (*REQUIRED_COLUMNS, "cached", *(("trace",) if spec.regrade else ()))
 
 
 def summarize(spec: RunSpec, suite: EvalSuite, samples: pa.Table) -> tuple[RunSummary, list[Row]]:
