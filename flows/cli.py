@@ -306,6 +306,10 @@ def _fmt(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.3f}"
 
 
+def _ci_text(ci: list[float] | None) -> str:
+    return "[no CI: one case]" if ci is None else f"[{_fmt(ci[0])}, {_fmt(ci[1])}]"
+
+
 def _summary_text(s: dict[str, Any]) -> str:
     lo, hi = s["pass_at_1_ci"]
     lines = [
@@ -318,12 +322,16 @@ def _summary_text(s: dict[str, Any]) -> str:
     others = [f"pass@{k} {_fmt(v)}" for k, v in s["pass_at_k"].items() if k != "1"]
     if others:
         lines.append("  ".join(others))
+    hats = [f"pass^{k} {_fmt(v)}" for k, v in (s.get("pass_hat_k") or {}).items() if k != "1"]
+    if hats:
+        lines.append("  ".join(hats) + "  (all k of k samples pass)")
+    if s.get("mean_score") is not None and s["mean_score"] != s["pass_at_k"].get("1"):
+        lines.append(f"mean score {_fmt(s['mean_score'])}  {_ci_text(s.get('mean_score_ci'))}")
     for k, note in s.get("pass_at_k_notes", {}).items():
         lines.append(f"pass@{k}: null ({note})")
     for name, sl in s.get("slices", {}).items():
-        slo, shi = sl["pass_at_1_ci"]
         lines.append(f"  slice {name:<16} {sl['cases']:>5} cases  pass@1 {_fmt(sl['pass_at_1'])}"
-                     f"  [{_fmt(slo)}, {_fmt(shi)}]")
+                     f"  {_ci_text(sl['pass_at_1_ci'])}")
     lines.append(f"flaky cases {s['flaky_cases']}  statuses "
                  + ", ".join(f"{k} {v}" for k, v in sorted(s["status_counts"].items())))
     if "env_flaky_samples" in s:

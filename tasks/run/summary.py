@@ -24,8 +24,12 @@ class _Doc(BaseModel):
 class SliceSummary(_Doc):
     cases: int
     pass_at_1: float
-    pass_at_1_ci: list[float]
+    pass_at_1_ci: list[float] | None  # None for a single case: no CI rather than a zero-width one
     pass_at_k: dict[str, float | None]
+    # Absent from summaries stored before pass^k and scores were reported.
+    pass_hat_k: dict[str, float | None] | None = None
+    mean_score: float | None = None
+    mean_score_ci: list[float] | None = None
 
 
 class SafetyViolation(_Doc):
@@ -64,6 +68,9 @@ class RunSummary(_Doc):
     pass_at_1_ci: list[float]
     ci_level: float
     pass_at_1_se: float | None
+    pass_hat_k: dict[str, float | None] | None = None  # None only in summaries stored before pass^k
+    mean_score: float | None = None
+    mean_score_ci: list[float] | None = None
     slices: dict[str, SliceSummary]
     flaky_cases: int
     flaky_case_ids: list[str]
