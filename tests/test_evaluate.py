@@ -188,14 +188,28 @@ def flow_run_state(summary: dict) -> tuple[str, str, str | None]:
     return state.type.value, state.name, state.message
 
 
+def gate_artifact(summary: dict) -> str:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(
+            flow_run_id=ArtifactFilterFlowRunId(any_=[summary["flow_run_id"]])))
+    (gate,) = [a for a in found if (a.key or "").endswith("-gate")]
+    return gate.data
+
+
 def test_flow_gates_against_a_baseline(prefect_harness, home, tmp_path):
     from flows.evaluate import evaluate
 
     suite = write_suite(tmp_path / "toy.yaml", 30)
     good = evaluate(suite=str(suite), agent=agent("better"), n=4, k=[1])
-    bad = evaluate(suite=str(suite), agent=agent("worse"), n=4, k=[1], baseline=good["run_id"])
+    state = evaluate(suite=str(suite), agent=agent("worse"), n=4, k=[1], baseline=good["run_id"], return_state=True)
+    bad = state.result(raise_on_failure=False)  # the Failed state still carries the run's document
     assert bad["gate"]["decision"] == "block" and bad["gate"]["verdict"] == "regressed"
-    assert flow_run_state(bad) == ("COMPLETED", "Blocked", "gate blocked: " + "; ".join(bad["gate"]["reasons"]))
+    # Red in the UI, so automations and notifications fire; named, so filters tell it apart.
+    assert flow_run_state(bad) == ("FAILED", "Blocked", "gate blocked: " + "; ".join(bad["gate"]["reasons"]))
+    assert gate_artifact(bad).startswith("## evalpipe gate: **BLOCK** (regressed)")
     assert flow_run_state(good)[:2] == ("COMPLETED", "Completed")
     better = evaluate(suite=str(suite), agent=agent("better"), n=4, k=[1], baseline=bad["run_id"])
     assert better["gate"]["decision"] == "pass" and better["gate"]["verdict"] == "improved"

@@ -49,6 +49,10 @@ class GateSummary(_Doc):
     shared_cases: int
     run_id: str
     baseline: str
+    # Absent from gates stored before the case-level rules.
+    metric: str | None = None  # what the paired CI compared: "pass" (pass@1) or "score"
+    dropped_cases: int | None = None  # measured by one run only
+    blocks: list[dict[str, Any]] | None = None  # the rules that blocked, each naming its cases or slice
 
 
 class RunSummary(_Doc):
@@ -79,6 +83,7 @@ class RunSummary(_Doc):
     safety_violations: list[SafetyViolation]
     env_flaky_samples: int | None = None
     gate: GateSummary | None = None
+    no_baseline: str | None = None  # why a run asked to gate was not gated (never a silent pass)
     source_run: str | None = None
     labeller: str | None = None
     labelled: int | None = None
@@ -109,7 +114,7 @@ class RunSummary(_Doc):
 
 
 # Absent from the document when they do not apply (`flow_run_id` and `duration_s` are always there).
-_OPTIONAL_KEYS = ("env_flaky_samples", "gate", "source_run", "labeller", "labelled", "unlabelled", "sandbox")
+_OPTIONAL_KEYS = ("env_flaky_samples", "gate", "no_baseline", "source_run", "labeller", "labelled", "unlabelled", "sandbox")
 
 
 def summarize(spec: RunSpec, suite: EvalSuite, samples: pa.Table) -> tuple[RunSummary, list[Row]]:
