@@ -387,11 +387,22 @@ def runs_list(as_json: JsonFlag = False, limit: Annotated[int, typer.Option("--l
 
 
 @runs_app.command("show")
-def runs_show(run_id: RunArg, as_json: JsonFlag = False) -> None:
-    """One run's summary (the same document `run --json` printed)."""
+def runs_show(
+    run_id: RunArg,
+    case: Annotated[str | None, typer.Option("--case", help="Show this case's samples: output, verdict, timing.")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """One run's summary (the same document `run --json` printed), or with --case what the
+    agent answered on one case and how each answer was graded."""
     from storage import db
 
     row = db.find_run(run_id)
+    if case is not None:
+        from flows.samples_view import case_doc, case_text
+
+        doc = case_doc(row["run_id"], case, db.case_samples(row["run_id"], case))
+        typer.echo(json_doc(doc) if as_json else case_text(doc))
+        return
     if as_json:
         typer.echo(json_doc(row.get("summary") or row))
     elif row.get("summary"):

@@ -391,3 +391,13 @@ def latest_completed_run_of_suite(suite_version: str, home: Path | None = None, 
             " ORDER BY started_at DESC LIMIT 1", [suite_version, before or "", before, before],
         ).fetchone()
     return row[0] if row else None
+
+
+def case_samples(run_id: str, case_id: str, home: Path | None = None) -> list[dict[str, Any]]:
+    """Every stored sample of one case of a run, in index order (`runs show --case`)."""
+    with connect(home, read_only=True) as con:
+        cur = con.execute(
+            f"SELECT {', '.join(SAMPLE_COLUMNS)} FROM samples WHERE run_id = ? AND case_id = ? ORDER BY sample_index",
+            [run_id, case_id])
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]

@@ -80,7 +80,7 @@ def _cases_table(title: str, cases: Sequence[CaseChange], limit: int, metric: st
     shown = f"the {limit} largest of {len(cases)}" if len(cases) > limit else str(len(cases))
     lines = ["", f"### {title} ({shown})", "", "| case | before | after | change |", "|---|---|---|---|"]
     for c in cases[:limit]:
-        lines.append(f"| `{_code(_clip(c.case_id, MAX_CELL))}` | {_side(c.before, metric)} | {_side(c.after, metric)}"
+        lines.append(f"| {_text(_clip(c.case_id, MAX_CELL))} | {_side(c.before, metric)} | {_side(c.after, metric)}"
                      f" | {signed_points(c.change)} |")
     return lines
 
@@ -109,10 +109,13 @@ def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+_MARKDOWN_SPECIALS = str.maketrans({ch: "\\" + ch for ch in "\\`*_[]|"})
+
+
 def _text(text: str) -> str:
-    """Suite text as inert Markdown: no table breaks, no HTML, no line breaks."""
-    return (str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-            .replace("|", "\\|").replace("\r", " ").replace("\n", " "))
+    """Suite text as inert Markdown: no table breaks, no HTML, no emphasis or links, one line."""
+    text = str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return text.translate(_MARKDOWN_SPECIALS).replace("\r", " ").replace("\n", " ")
 
 
 def _code(text: str) -> str:
