@@ -417,6 +417,29 @@ MinSliceOpt = Annotated[list[str] | None, typer.Option(
     "--min-slice", metavar="SLICE=X", help="Block when the slice's pass@1 (or mean score) is below X; repeatable.")]
 
 
+@runs_app.command("export")
+def runs_export(run_id: RunArg, out: Annotated[Path, typer.Option("--out", help="The file to write.")],
+                as_json: JsonFlag = False) -> None:
+    """Write a finished run (its row, summary, samples and suite snapshot) to one file, a
+    baseline another EVALPIPE_HOME can import (a CI job's artifact)."""
+    from storage.export import export_run
+
+    doc = export_run(run_id, out)
+    emit(doc, as_json, f"exported run {doc['run_id']} ({doc['samples']} samples, {_size(doc['bytes'])}) to {out}")
+
+
+@runs_app.command("import")
+def runs_import(path: Annotated[Path, typer.Argument(help="A file written by `evalpipe runs export`.")],
+                as_json: JsonFlag = False) -> None:
+    """Bring an exported run into this EVALPIPE_HOME (again: nothing changes); then gate,
+    diff and --baseline work against it."""
+    from storage.export import import_run
+
+    doc = import_run(path)
+    verb = "imported" if doc["imported"] else "already here:"
+    emit(doc, as_json, f"{verb} run {doc['run_id']} ({doc['samples']} samples, suite {doc['suite_version'][:12]})")
+
+
 @app.command("gate")
 def gate_cmd(
     run_id: RunArg,

@@ -107,3 +107,38 @@ def test_the_story_blocks_on_the_broken_case_and_diff_names_every_flip(env, home
     # `gate --baseline previous` with nothing before the run says so and does not pass.
     lonely = cli(["gate", v2m["run_id"], "--baseline", "previous", "--json"], env)
     assert lonely.returncode == 1 and json.loads(lonely.stdout)["no_baseline"].startswith("no baseline")
+
+
+def test_an_exported_baseline_gates_the_same_in_a_fresh_home(env, home, tmp_path):
+    suite = write_story(tmp_path / "story.yaml")
+    v1, v2 = run(suite, "v1", env)["run_id"], run(suite, "v2", env)["run_id"]
+    gate = ["gate", v2, "--baseline", v1, "--max-new-failures", "0", "--json"]
+    here = cli(gate, env)
+    for run_id in (v1, v2):
+        assert cli(["runs", "export", run_id[:-1], "--out", str(tmp_path / f"{run_id}.tar")], env).returncode == 0
+
+    fresh = {**env, "EVALPIPE_HOME": str(tmp_path / "ci-home")}
+    damaged = tmp_path / "damaged.tar"
+    data = bytearray((tmp_path / f"{v1}.tar").read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one byte in a member's content
+    damaged.write_bytes(bytes(data))
+    refused = cli(["runs", "import", str(damaged)], fresh)
+    assert refused.returncode == 2 and "damaged evalpipe export" in refused.stderr
+    foreign = tmp_path / "foreign.tar"
+    foreign.write_text("name: not a run\n")
+    assert cli(["runs", "import", str(foreign)], fresh).returncode == 2
+    assert json.loads(cli(["runs", "list", "--json"], fresh).stdout) == []  # nothing half-written
+
+    first = json.loads(cli(["runs", "import", str(tmp_path / f"{v1}.tar"), "--json"], fresh).stdout)
+    again = json.loads(cli(["runs", "import", str(tmp_path / f"{v1}.tar"), "--json"], fresh).stdout)
+    assert (first["imported"], again["imported"]) == (True, False) and first["samples"] == again["samples"] == 40
+    assert cli(["runs", "import", str(tmp_path / f"{v2}.tar")], fresh).returncode == 0
+    there = cli(gate, fresh)
+    assert (there.returncode, json.loads(there.stdout)) == (here.returncode, json.loads(here.stdout)) == (
+        1, json.loads(here.stdout))
+    assert json.loads(there.stdout)["blocks"][0]["cases"] == ["c3"]
+    assert cli(["diff", v2, v1, "--json"], fresh).stdout == cli(["diff", v2, v1, "--json"], env).stdout
+
+    # The CI loop: a fresh run of the changed agent, gated against the imported baseline.
+    ci = run(suite, "v2", fresh, "--baseline", v1, "--max-new-failures", "0")
+    assert ci["gate"]["decision"] == "block" and ci["gate"]["blocks"][0]["cases"] == ["c3"]
