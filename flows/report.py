@@ -14,15 +14,16 @@ from tasks.report import render_report
 from tasks.run import RunSummary
 
 MAX_DETAILS_PER_CASE = 5
+MAX_OUTPUTS_PER_CASE = 2
 
 
 def case_rows(run_id: str, home: Path | None = None) -> list[dict[str, Any]]:
     """Per-case counts, statuses, failure details and safety hits, from the samples table."""
-    samples = db.run_samples(run_id, home).select(["case_id", "passed", "status", "detail", "safety"])
+    samples = db.run_samples(run_id, home).select(["case_id", "passed", "status", "detail", "safety", "output"])
     run = db.get_run(run_id, home)
     slices = {cid: s for cid, (_, s) in db.suite_cases(run["suite_version"], home).items()}
     grouped: dict[str, dict[str, Any]] = defaultdict(
-        lambda: {"n": 0, "c": 0, "statuses": Counter(), "details": [], "safety": []}
+        lambda: {"n": 0, "c": 0, "statuses": Counter(), "details": [], "safety": [], "outputs": []}
     )
     for row in samples.to_pylist():
         case = grouped[row["case_id"]]
@@ -31,6 +32,8 @@ def case_rows(run_id: str, home: Path | None = None) -> list[dict[str, Any]]:
         case["statuses"][row["status"]] += 1
         if not row["passed"] and row["detail"] and len(case["details"]) < MAX_DETAILS_PER_CASE:
             case["details"].append(row["detail"])
+        if not row["passed"] and len(case["outputs"]) < MAX_OUTPUTS_PER_CASE:  # what the agent said
+            case["outputs"].append(row["output"] or "")
         case["safety"].extend(row["safety"] or [])
     return [
         {"case_id": cid, "slices": slices.get(cid, []), **{**v, "statuses": dict(v["statuses"])}}

@@ -24,6 +24,7 @@ from tasks.sandbox import UNSAFE_NOTE
 # Long suites would make a report nobody can scroll; the counts above each list stay exact.
 MAX_LISTED = 200
 MAX_DETAIL_CHARS = 4000
+MAX_OUTPUT_CHARS = 4000
 
 STATUS_COLORS = {
     "passed": "#2e7d32",
@@ -52,7 +53,7 @@ def render_report(
     """The whole report as one HTML document.
 
     ``run``: the run's summary. ``cases``: {case_id, n, c, slices, statuses: {status: count},
-    details: [str], safety: [str]} per case. ``baseline``: the baseline's summary; ``gate``:
+    details: [str], safety: [str], outputs: [str] (failing samples' outputs, optional)} per case. ``baseline``: the baseline's summary; ``gate``:
     the `gate --json` document; ``calibration``: any flat mapping of grader-reliability
     figures (e.g. `--regrade` environment-flake counts), shown as a table. ``judges``: one
     {judge, judge_fingerprint, judged, errors, calibration} per judge that graded the run
@@ -71,6 +72,7 @@ def render_report(
         level=_level(run),
         pass_at_1=_pass_at_1(run),
         other_ks=[(k, v, run.pass_at_k_notes.get(k, "")) for k, v in _sorted_ks(run.pass_at_k) if k != "1"],
+        hat_ks=[(k, v) for k, v in _sorted_ks(run.pass_hat_k or {}) if k != "1"],
         passk=_passk_chart(run, base),
         slice_bars=_slice_chart(run, base),
         status_bars=_status_chart(run.status_counts),
@@ -110,6 +112,11 @@ def summary_markdown(
     for k, value in _sorted_ks(run.pass_at_k):
         shown = percent(value) if value is not None else "n/a: " + run.pass_at_k_notes.get(k, "")
         lines.append(f"| pass@{k} | {shown} |")
+    for k, value in _sorted_ks(run.pass_hat_k or {}):
+        if k != "1":
+            lines.append(f"| pass^{k} (all {k} pass) | {percent(value, none='n/a')} |")
+    if run.mean_score is not None:
+        lines.append(f"| mean score | {percent(run.mean_score)} {_ci(run.mean_score_ci)} |")
     lines.append(f"| pass@1 SE | {percent(run.pass_at_1_se)} |")
     statuses = ", ".join(f"{s} {c}" for s, c in run.status_counts.items())
     lines.append(f"| statuses | {statuses} |")
@@ -350,6 +357,7 @@ def _case_view(case: Mapping[str, Any]) -> dict[str, Any]:
         "slices": ", ".join(case.get("slices", [])),
         "statuses": ", ".join(f"{s} ×{n}" for s, n in case.get("statuses", {}).items()),
         "details": [_clip(d, MAX_DETAIL_CHARS) for d in details],
+        "outputs": [_clip(o, MAX_OUTPUT_CHARS) for o in case.get("outputs", [])],
     }
 
 
