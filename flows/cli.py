@@ -551,11 +551,17 @@ def _not_running(stale_pid: int | None) -> str:
 
 
 @app.command("report")
-def report_cmd(run_id: RunArg, out: Annotated[Path, typer.Option("--out", help="HTML file to write.")]) -> None:
-    """Write a self-contained HTML report of a stored run."""
-    from flows.report import write_report
+def report_cmd(
+    run_id: RunArg,
+    out: Annotated[Path, typer.Option("--out", help="HTML file to write.")],
+    baseline: Annotated[str | None, typer.Option(
+        "--baseline", help="Write the diff against this run instead: the gate, then the changed cases side by side.")] = None,
+    metric: Annotated[str, typer.Option("--metric", help="With --baseline: pass (pass@1) or score.")] = "pass",
+) -> None:
+    """Write a self-contained HTML report of a stored run (or of what changed against a baseline)."""
+    from flows.report import write_diff_report, write_report
 
-    typer.echo(f"wrote {write_report(run_id, out)}")
+    typer.echo(f"wrote {write_diff_report(run_id, baseline, out, metric=metric) if baseline else write_report(run_id, out)}")
 
 
 env_app = typer.Typer(no_args_is_help=True, help="Repository environments under EVALPIPE_HOME/envs/.")

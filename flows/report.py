@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,47 @@ def write_report(run_id: str, out: Path, home: Path | None = None) -> Path:
                          judges=run_calibrations(run_id, home))
     atomic_write(out, html)
     return out
+
+
+def write_diff_report(run_id: str, baseline: str, out: Path, home: Path | None = None, *,
+                      metric: str = "pass") -> Path:
+    """The run against `baseline` as one HTML page: the gate at the top, the regressed and
+    improved cases expanded with an output of each run side by side. Runs on different
+    suite versions are compared on their shared cases (the page says how many were not)."""
+    from flows.gate import compare_runs, gate_comparison
+    from storage.snapshots import case_contents
+    from tasks.report.diff_html import expanded, render_diff_report
+
+    comparison = compare_runs(run_id, baseline, metric=metric, home=home)
+    gate = gate_comparison(comparison, home=home)
+    changed = expanded(comparison.diff)
+    ids = [c.case_id for c in changed]
+    contents = {**case_contents(comparison.base["suite_version"], ids, home),
+                **case_contents(comparison.run["suite_version"], ids, home)}
+    samples: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for row in db.samples_of_cases([comparison.run["run_id"], comparison.base["run_id"]], ids, home):
+        samples[(row["run_id"], row["case_id"])].append(row)
+    details = {
+        c.case_id: {
+            **contents.get(c.case_id, {}),
+            # The side that fails shows a failing sample, the side that passes a passing one.
+            "before": _sample(samples[(comparison.base["run_id"], c.case_id)], want_pass=c.label == "regressed"),
+            "after": _sample(samples[(comparison.run["run_id"], c.case_id)], want_pass=c.label == "improved"),
+        }
+        for c in changed
+    }
+    html = render_diff_report(comparison.diff, gate, comparison.run_summary, comparison.base_summary, details)
+    atomic_write(out, html)
+    return out
+
+
+def _sample(rows: list[dict[str, Any]], *, want_pass: bool) -> dict[str, Any] | None:
+    if not rows:
+        return None
+    row = next((r for r in rows if bool(r["passed"]) == want_pass), rows[0])
+    trace = json.loads(row["trace"]) if isinstance(row["trace"], str) else (row["trace"] or {})
+    return {"index": row["sample_index"], "status": row["status"], "output": row["output"],
+            "detail": row["detail"], "trajectory": trace.get("trajectory")}
 
 
 def _calibration(summary: RunSummary) -> dict[str, Any] | None:

@@ -401,3 +401,17 @@ def case_samples(run_id: str, case_id: str, home: Path | None = None) -> list[di
             [run_id, case_id])
         names = [d[0] for d in cur.description]
         return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+
+def samples_of_cases(run_ids: Sequence[str], case_ids: Sequence[str], home: Path | None = None) -> list[dict[str, Any]]:
+    """The samples of some cases in some runs (the diff report's expanded cases), in
+    (run, case, index) order."""
+    if not case_ids:
+        return []
+    with connect(home, read_only=True) as con:
+        cur = con.execute(
+            "SELECT run_id, case_id, sample_index, output, passed, status, detail, trace FROM samples"
+            " WHERE list_contains(?, run_id) AND list_contains(?, case_id) ORDER BY run_id, case_id, sample_index",
+            [list(run_ids), list(case_ids)])
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]

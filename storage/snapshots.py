@@ -115,6 +115,17 @@ def must_pass_cases(version: str, home: Path | None = None) -> frozenset[str] | 
                                                strict=True) if flag)
 
 
+def case_contents(version: str, case_ids: list[str], home: Path | None = None) -> dict[str, dict]:
+    """case id → {inputs, reference} for some cases of a stored suite version (read with a
+    filter, not the whole suite); cases or a snapshot not found are simply absent."""
+    path = snapshot_path(version, home)
+    if not case_ids or not path.exists():
+        return {}
+    table = pq.read_table(path, columns=["case_id", "inputs", "reference"], filters=[("case_id", "in", case_ids)])
+    return {row["case_id"]: {"inputs": json.loads(row["inputs"]), "reference": json.loads(row["reference"])}
+            for row in table.to_pylist()}
+
+
 def find_snapshot(prefix: str, home: Path | None = None) -> Path | None:
     """The snapshot whose version starts with `prefix` (a full or abbreviated version)."""
     if len(prefix) < 6 or any(ch not in "0123456789abcdef" for ch in prefix):

@@ -89,6 +89,14 @@ def test_the_story_blocks_on_the_broken_case_and_diff_names_every_flip(env, home
     assert markdown.returncode == 1 and markdown.stdout.startswith("## evalpipe gate: **BLOCK**")
     assert "| c3 | 5/5 | 0/5 | -100.0 pts |" in markdown.stdout
 
+    # The reviewer's page: the gate on top, the broken case with each run's output side by side.
+    page = tmp_path / "diff.html"
+    assert cli(["report", v2["run_id"], "--baseline", v1, "--out", str(page)], env).returncode == 0
+    html = page.read_text()
+    regressed = html[html.index('<section id="regressed"'):html.index('<section id="improved"')]
+    assert "<b>c3</b>" in regressed and "5/5 → 0/5" in regressed
+    assert "baseline: sample 0, passed" in regressed and "run: sample 0, failed" in regressed
+
     # What the agent said on the broken case.
     case = cli(["runs", "show", v2["run_id"], "--case", "c3"], env)
     assert case.returncode == 0 and case.stdout.count("output: 'no'") == 5 and "failed" in case.stdout

@@ -120,3 +120,45 @@ def test_markdown_stays_under_a_github_comment_whatever_the_suite_size() -> None
     text = comparison_markdown(diff, gate)
     assert len(text) < GITHUB_COMMENT_LIMIT
     assert f"regressed **{big}**" in text and "the 25 largest of 20000" in text
+
+
+HOSTILE = "<script>alert(1)</script>{{ 7*7 }}"
+
+
+def test_diff_report_is_self_contained_escapes_outputs_and_shows_both_sides() -> None:
+    from tasks.report.diff_html import render_diff_report
+
+    before = [result(HOSTILE, 5, 5), result("b", 5, 0)]
+    after = [result(HOSTILE, 5, 0), result("b", 5, 5)]
+    diff = diff_runs(after, before, run_id="r2", baseline_id="r1")
+    sample = {"index": 3, "status": "failed", "output": HOSTILE + "y" * 20_000, "detail": f"expected {HOSTILE}",
+              "trajectory": [{"tool": "shell", "input": HOSTILE}]}
+    details = {HOSTILE: {"inputs": {"q": HOSTILE}, "reference": HOSTILE, "before": {**sample, "status": "passed"},
+                         "after": sample},
+               "b": {"inputs": {}, "reference": None, "before": None, "after": None}}
+    gate = {"decision": "block", "verdict": "inconclusive", "reasons": [f"must-pass: {HOSTILE}"]}
+    page = render_diff_report(diff, gate, None, None, details)
+    for forbidden in ("<script", "http://", "https://", 'src="', 'href="', "<link", "url("):
+        assert forbidden not in page, forbidden
+    assert page.index('id="gate"') < page.index('id="regressed"') < page.index('id="improved"')
+    escaped = "&lt;script&gt;alert(1)&lt;/script&gt;{{ 7*7 }}"
+    assert page.count(escaped) >= 6  # id, input, reference, both outputs, detail, trajectory, reason
+    assert "y" * 8000 not in page  # outputs are capped
+    assert "baseline: sample 3, passed" in page and "run: sample 3, failed" in page and "no sample" in page
+
+
+def test_a_5000_case_diff_expands_only_a_bounded_number_of_changed_cases() -> None:
+    from tasks.report.diff_html import MAX_EXPANDED, expanded, render_diff_report
+
+    before = [result(f"q{i:04d}", 4, 4 if i % 2 else 0, slices=(f"s{i % 50}",)) for i in range(5000)]
+    after = [result(f"q{i:04d}", 4, 0 if i % 2 else 4, slices=(f"s{i % 50}",)) for i in range(5000)]
+    diff = diff_runs(after, before, n_boot=200)
+    chosen = expanded(diff)
+    assert len(chosen) == 2 * MAX_EXPANDED  # the page's cost, and the samples read, do not grow with the suite
+    details = {c.case_id: {"inputs": {"q": "x" * 100}, "reference": "r",
+                           "before": {"index": 0, "status": "passed", "output": "o" * 500, "detail": ""},
+                           "after": {"index": 0, "status": "failed", "output": "p" * 500, "detail": "d"}}
+               for c in chosen}
+    page = render_diff_report(diff, {"decision": "block", "verdict": "regressed", "reasons": []}, None, None, details)
+    assert page.count('<div class="case ') == 2 * MAX_EXPANDED
+    assert "lists all 2500" in page and len(page) < 2_000_000
