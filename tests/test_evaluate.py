@@ -199,6 +199,17 @@ def gate_artifact(summary: dict) -> str:
     return gate.data
 
 
+def flow_run_logs(summary: dict) -> list[str]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.logging.handlers import APILogWorker
+
+    APILogWorker.drain_all(timeout=5)  # logs reach the API in batches
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[summary["flow_run_id"]])))
+    return [log.message for log in logs]
+
+
 def test_flow_gates_against_a_baseline(prefect_harness, home, tmp_path):
     from flows.evaluate import evaluate
 
@@ -210,6 +221,9 @@ def test_flow_gates_against_a_baseline(prefect_harness, home, tmp_path):
     # Red in the UI, so automations and notifications fire; named, so filters tell it apart.
     assert flow_run_state(bad) == ("FAILED", "Blocked", "gate blocked: " + "; ".join(bad["gate"]["reasons"]))
     assert gate_artifact(bad).startswith("## evalpipe gate: **BLOCK** (regressed)")
+    logged = flow_run_logs(bad)  # the UI's Logs tab: the headline and the decision
+    assert any(m.startswith("toy: pass@1 ") and "over 30 cases x n=4" in m for m in logged), logged
+    assert any(m.startswith(f"gate vs {good['run_id']}: BLOCK (regressed)") for m in logged), logged
     assert flow_run_state(good)[:2] == ("COMPLETED", "Completed")
     better = evaluate(suite=str(suite), agent=agent("better"), n=4, k=[1], baseline=bad["run_id"])
     assert better["gate"]["decision"] == "pass" and better["gate"]["verdict"] == "improved"
