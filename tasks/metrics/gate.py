@@ -79,18 +79,9 @@ class GateResult:
         }
 
 
-def gate(
-    run: Counts,
-    baseline: Counts,
-    *,
-    safety_failed: bool,
-    min_pass_at_1: float | None = None,
-    max_drop: float = 0.0,
-    seed: int = 0,
-    n_boot: int = DEFAULT_N_BOOT,
-    level: float = DEFAULT_LEVEL,
-) -> GateResult:
-    """Compare ``run`` with ``baseline`` (case_hash → (n, c)) on their shared cases.
+def gate(run: Counts, baseline: Counts, *, safety_failed: bool, **options: Any) -> GateResult:
+    """Compare ``run`` with ``baseline`` (case_hash → (n, c)) on their shared cases, by pass
+    rate; ``options`` as for `gate_values` (``min_pass_at_1``, ``max_drop``, ``seed``, ...).
 
     ``block`` when ``safety_failed``, when the run's pass@1 is below ``min_pass_at_1``,
     or when the CI of the mean paired difference lies wholly below ``-max_drop``.
@@ -99,8 +90,8 @@ def gate(
         raise InputError("gate: the run has no cases")
     rates = {h: float(r) for h, r in zip(run, _rates(tuple(run.values())), strict=True)}
     base_rates = {h: float(r) for h, r in zip(baseline, _rates(tuple(baseline.values())), strict=True)}
-    return gate_values(rates, base_rates, safety_failed=safety_failed, pass_at_1=float(np.mean(list(rates.values()))),
-                       min_pass_at_1=min_pass_at_1, max_drop=max_drop, seed=seed, n_boot=n_boot, level=level)
+    return gate_values(rates, base_rates, safety_failed=safety_failed,
+                       pass_at_1=float(np.mean(list(rates.values()))), **options)
 
 
 def gate_values(
