@@ -23,13 +23,13 @@ def case_doc(run_id: str, case_id: str, samples: list[dict[str, Any]]) -> dict[s
         if isinstance(row["trace"], str):
             row["trace"] = json.loads(row["trace"])
         rows.append(row)
-    return {"run_id": run_id, "case_id": case_id, "samples": len(rows),
-            "passed": sum(bool(r["passed"]) for r in rows), "sample_rows": rows}
+    return {"run_id": run_id, "case_id": case_id, "n": len(rows), "c": sum(bool(r["passed"]) for r in rows),
+            "samples": rows}
 
 
 def case_text(doc: dict[str, Any]) -> str:
-    lines = [f"run {doc['run_id']}  case {doc['case_id']}: {doc['passed']}/{doc['samples']} samples passed"]
-    for s in doc["sample_rows"]:
+    lines = [f"run {doc['run_id']}  case {doc['case_id']}: {doc['c']}/{doc['n']} samples passed"]
+    for s in doc["samples"]:
         timing = f"{s['duration_s']:.3f}s" if s["duration_s"] is not None else "?"
         score = "?" if s["score"] is None else f"{s['score']:g}"
         lines.append(f"#{s['sample_index']} {s['status']}  score {score}  {timing}"

@@ -100,6 +100,16 @@ def test_the_story_blocks_on_the_broken_case_and_diff_names_every_flip(env, home
     # What the agent said on the broken case.
     case = cli(["runs", "show", v2["run_id"], "--case", "c3"], env)
     assert case.returncode == 0 and case.stdout.count("output: 'no'") == 5 and "failed" in case.stdout
+    doc = json.loads(cli(["runs", "show", v2["run_id"], "--case", "c3", "--json"], env).stdout)
+    assert (doc["n"], doc["c"]) == (5, 0) and [s["output"] for s in doc["samples"]] == ["no"] * 5
+    assert doc["samples"][0]["detail"] and doc["samples"][0]["duration_s"] is not None
+    missing = cli(["runs", "show", v2["run_id"], "--case", "nope"], env)
+    assert missing.returncode == 2 and "no case 'nope'" in missing.stderr
+
+    # Scores: pass/fail graders score 1 or 0, so the score gate agrees with the pass@1 one.
+    scored = json.loads(cli(["gate", v2["run_id"], "--baseline", v1, "--metric", "score", "--json"], env).stdout)
+    assert scored["metric"] == "score" and scored["delta_pass_at_1"] == pytest.approx(0.125)
+    assert scored["reasons"][-1].startswith("inconclusive: mean score changed by +12.5 pts")
 
     # Marking c3 must-pass changes the suite's version but not the case's hash: the runs
     # before and after the marking still pair on every case, and the must-pass case blocks.

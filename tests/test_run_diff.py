@@ -162,3 +162,25 @@ def test_a_5000_case_diff_expands_only_a_bounded_number_of_changed_cases() -> No
     page = render_diff_report(diff, {"decision": "block", "verdict": "regressed", "reasons": []}, None, None, details)
     assert page.count('<div class="case ') == 2 * MAX_EXPANDED
     assert "lists all 2500" in page and len(page) < 2_000_000
+
+
+def test_must_pass_is_in_the_suite_version_not_in_the_case_hash(home) -> None:
+    from storage.snapshots import must_pass_cases, read_snapshot, write_snapshot
+    from tasks.models import EvalCase, EvalSuite
+
+    def suite(must: bool) -> EvalSuite:
+        extra = {"must_pass": True} if must else {}
+        return EvalSuite(name="s", cases=(EvalCase(id="a", grader={"kind": "exact"}, reference="x", **extra),
+                                          EvalCase(id="b", grader={"kind": "exact"}, reference="y")))
+
+    plain, marked = suite(False), suite(True)
+    assert plain.version != marked.version  # the gate policy is part of what a run was measured on
+    assert [c.case_hash for c in plain.cases] == [c.case_hash for c in marked.cases]  # what is measured is not
+    assert "must_pass" not in plain.cases[0].content()  # unmarked cases hash as before the field existed
+    assert EvalSuite(name="s", cases=(EvalCase(id="a", grader={"kind": "exact"}, reference="x", must_pass=False),
+                                      plain.cases[1])).version == plain.version
+    write_snapshot(marked, home)
+    assert read_snapshot(marked.version, home).version == marked.version
+    assert must_pass_cases(marked.version, home) == {"a"} and must_pass_cases(plain.version, home) is None
+    write_snapshot(plain, home)
+    assert must_pass_cases(plain.version, home) == frozenset()
