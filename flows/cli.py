@@ -228,6 +228,10 @@ def run(
     # The flow gets the suite pinned (a git branch as the commit read here), so it runs
     # exactly the suite that was checked, even if the branch moves meanwhile.
     suite_obj, pinned = resolve_suite(suite)
+    if slice_min:
+        from tasks.metrics.rules import check_slices
+
+        check_slices(slice_min, (name for c in suite_obj.cases for name in c.slices))
     run_sandbox_mode((c.kind for c in suite_obj.cases), unsafe_no_sandbox)
     load_agent(agent)
     from storage import db

@@ -25,7 +25,7 @@ from storage import db, evalpipe_home
 from storage.suites import resolve_suite
 from tasks import run
 from tasks.agents import load_agent
-from tasks.metrics.rules import GateRules
+from tasks.metrics.rules import GateRules, check_slices
 from tasks.sandbox import allowing_unsafe, run_sandbox_mode
 
 
@@ -92,6 +92,7 @@ def evaluate(
     asked_baseline = baseline
     baseline = steps.find_baseline(baseline, suite_obj, home)
     rules = GateRules(max_new_failures=max_new_failures, slice_min=min_slice or {})
+    check_slices(rules.slice_min, (name for c in suite_obj.cases for name in c.slices))
     steps.snapshot_once(suite_obj, home)
 
     spec = run.RunSpec(

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tasks.metrics.diff import LABELS, CaseResult, diff_runs
-from tasks.metrics.rules import GateRules, parse_slice_thresholds, rule_blocks
+from tasks.metrics.rules import GateRules, check_slices, parse_slice_thresholds, rule_blocks
 from tasks.models import InputError
 from tasks.report.markdown import GITHUB_COMMENT_LIMIT, comparison_markdown
 
@@ -94,6 +94,9 @@ def test_bad_slice_thresholds_are_refused(spec: str) -> None:
     with pytest.raises(InputError, match="--min-slice"):
         parse_slice_thresholds([spec])
     assert parse_slice_thresholds(["a=b=0.5", "hard=0"]) == {"a=b": 0.5, "hard": 0.0}
+    check_slices({"hard": 0.5}, ["easy", "hard"])
+    with pytest.raises(InputError, match="no slice 'hrad' \\(its slices: easy, hard\\)"):
+        check_slices({"hrad": 0.5}, ["easy", "hard", "easy"])
 
 
 def test_markdown_names_the_worst_regressions_and_escapes_suite_text() -> None:

@@ -57,6 +57,14 @@ def parse_slice_thresholds(specs: Iterable[str]) -> dict[str, float]:
     return out
 
 
+def check_slices(slice_min: Mapping[str, float], suite_slices: Iterable[str]) -> None:
+    """Refuse a threshold on a slice the suite does not have, before any sample is drawn."""
+    known = set(suite_slices)
+    unknown = sorted(set(slice_min) - known)
+    if unknown:
+        raise InputError(f"--min-slice: the suite has no slice {unknown[0]!r} (its slices: {', '.join(sorted(known)) or 'none'})")
+
+
 def rule_blocks(
     rules: GateRules,
     run: Sequence[CaseResult],
