@@ -65,7 +65,8 @@ def diff_text(doc: dict[str, Any], limit: int = TEXT_ROWS) -> str:
     changed = [c for c in doc["cases"] if c["label"] != "unchanged"]
     width = min(max((len(c["case_id"]) for c in changed[:limit]), default=4), 40)
     for c in changed[:limit]:
-        lines.append(f"  {c['label']:<9}  {_clip(c['case_id'], 40):<{width}}  {_side(c['before'])} -> {_side(c['after'])}"
+        lines.append(f"  {c['label']:<9}  {_clip(c['case_id'], 40):<{width}}"
+                     f"  {_side(c['before'], doc['metric'])} -> {_side(c['after'], doc['metric'])}"
                      + (f"  {signed_points(c['change'])}" if c["change"] is not None else ""))
     if len(changed) > limit:
         lines.append(f"  ... and {len(changed) - limit} more changed case(s) (--json lists every case)")
@@ -78,10 +79,11 @@ def diff_text(doc: dict[str, Any], limit: int = TEXT_ROWS) -> str:
     return "\n".join(lines)
 
 
-def _side(side: dict[str, Any] | None) -> str:
+def _side(side: dict[str, Any] | None, metric: str) -> str:
     if side is None:
         return "-"
-    return f"{side['passes']}/{side['samples']}"
+    counts = f"{side['passes']}/{side['samples']}"
+    return counts if metric == "pass" else f"score {side['score']:.2f} ({counts})"
 
 
 def _clip(text: str, limit: int) -> str:

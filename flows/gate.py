@@ -8,7 +8,7 @@ from typing import Any
 
 from storage import db
 from storage.snapshots import must_pass_cases
-from tasks.metrics.diff import Metric, RunDiff, check_metric, diff_runs
+from tasks.metrics.diff import CaseResult, Metric, RunDiff, check_metric, diff_runs
 from tasks.metrics.gate import gate_values
 from tasks.metrics.rules import GateRules, rule_blocks
 from tasks.models import InputError
@@ -24,6 +24,7 @@ class Comparison:
     run: dict[str, Any]  # the `runs` rows
     base: dict[str, Any]
     diff: RunDiff
+    results: list[CaseResult]  # the run's cases, all of them
 
     @property
     def run_summary(self) -> RunSummary | None:
@@ -46,10 +47,11 @@ def compare_runs(run_id: str, baseline: str, *, metric: str = "pass", home: Path
             f"{base['suite_version'][:12]}: different suite versions (pass --shared-only to "
             "compare the cases they share)"
         )
-    diff = diff_runs(db.case_results(run["run_id"], home), db.case_results(base["run_id"], home),
+    results = db.case_results(run["run_id"], home)
+    diff = diff_runs(results, db.case_results(base["run_id"], home),
                      run_id=run["run_id"], baseline_id=base["run_id"], metric=check_metric(metric),
                      seed=run["seed"])
-    return Comparison(run, base, diff)
+    return Comparison(run, base, diff, results)
 
 
 def gate_runs(
@@ -90,7 +92,7 @@ def gate_comparison(
     run, base, diff = comparison.run, comparison.base, comparison.diff
     run_id, baseline = run["run_id"], base["run_id"]
     metric: Metric = diff.metric
-    results = db.case_results(run_id, home)
+    results = comparison.results
     values = {r.case_hash: r.value(metric) for r in results}
     base_values = {c.before.case_hash: c.before.value(metric) for c in diff.cases if c.before is not None}
     failed = db.safety_failed(run_id, home) if safety_failed is None else safety_failed
