@@ -21,7 +21,6 @@ import argparse
 import time
 
 import numpy as np
-
 import pyarrow as pa
 
 from tasks.metrics.aggregate import aggregate

@@ -33,10 +33,10 @@ def publish(run: RunSummary, home: Path) -> None:
         description=f"evalpipe run {run.run_id}",
     )
     if run.gate:  # the pull-request comment's Markdown, on the flow run's page
-        from flows.gate import compare_runs
+        from flows.gate import pair_runs
         from tasks.report.markdown import comparison_markdown
 
-        comparison = compare_runs(run.run_id, run.gate.baseline, metric=run.gate.metric or "pass", home=home)
+        comparison = pair_runs(run.run_id, run.gate.baseline, metric=run.gate.metric or "pass", home=home)
         create_markdown_artifact(
             key=f"evalpipe-{slug}-gate",
             markdown=comparison_markdown(comparison.diff, gate, comparison.run_summary, comparison.base_summary),

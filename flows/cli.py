@@ -460,7 +460,7 @@ def gate_cmd(
 ) -> None:
     """Decide pass/block for RUN_ID against a baseline run; exit 1 when blocked."""
     from flows.diffing import output_format
-    from flows.gate import compare_runs, gate_comparison
+    from flows.gate import gate_comparison, pair_runs
     from storage import db
     from tasks.metrics.rules import GateRules, parse_slice_thresholds
     from tasks.report.markdown import comparison_markdown
@@ -473,7 +473,7 @@ def gate_cmd(
         if found is None:
             _no_baseline(run, fmt)
         baseline = found
-    comparison = compare_runs(run["run_id"], baseline, metric=metric, require_same_suite=not shared_only)
+    comparison = pair_runs(run["run_id"], baseline, metric=metric, require_same_suite=not shared_only)
     result = gate_comparison(comparison, min_pass_at_1=min_pass_at_1, max_drop=max_drop, rules=rules)
     if fmt == "json":
         typer.echo(json_doc(result))

@@ -36,11 +36,11 @@ def diff(
 ) -> None:
     """Which cases regressed, improved, are new or removed between BASELINE and RUN_ID,
     paired by case as the gate pairs them; per slice, the change with its paired CI."""
-    from flows.gate import compare_runs
+    from flows.gate import pair_runs
     from tasks.report.markdown import comparison_markdown
 
     fmt = output_format(fmt, as_json)
-    comparison = compare_runs(run_id, baseline, metric=metric)
+    comparison = pair_runs(run_id, baseline, metric=metric)
     if fmt == "json":
         typer.echo(json_doc(comparison.diff.to_json()))
     elif fmt == "markdown":
@@ -53,7 +53,10 @@ def diff(
 def diff_text(doc: dict[str, Any], limit: int = TEXT_ROWS) -> str:
     """The `diff --json` document for a terminal: counts, the overall change, the changed
     cases (regressions first, largest first), the slices."""
-    metric = "pass@1" if doc["metric"] == "pass" else "mean score"
+    from tasks.metrics.diff import METRIC_NAMES
+    from tasks.report.html import clip
+
+    metric = METRIC_NAMES[doc["metric"]]
     level = f"{100 * doc['ci_level']:g}%"
     lines = [f"diff {doc['run_id']} against {doc['baseline']}: {metric} on {doc['shared_cases']} shared cases"
              + (f" ({doc['dropped_cases']} measured by one run only: new or removed)" if doc["dropped_cases"] else "")]
@@ -65,7 +68,7 @@ def diff_text(doc: dict[str, Any], limit: int = TEXT_ROWS) -> str:
     changed = [c for c in doc["cases"] if c["label"] != "unchanged"]
     width = min(max((len(c["case_id"]) for c in changed[:limit]), default=4), 40)
     for c in changed[:limit]:
-        lines.append(f"  {c['label']:<9}  {_clip(c['case_id'], 40):<{width}}"
+        lines.append(f"  {c['label']:<9}  {clip(c['case_id'], 40):<{width}}"
                      f"  {_side(c['before'], doc['metric'])} -> {_side(c['after'], doc['metric'])}"
                      + (f"  {signed_points(c['change'])}" if c["change"] is not None else ""))
     if len(changed) > limit:
@@ -75,7 +78,7 @@ def diff_text(doc: dict[str, Any], limit: int = TEXT_ROWS) -> str:
         for name, s in doc["slices"].items():
             ci = s["delta_ci"]
             shown = f"[{signed_points(ci[0])}, {signed_points(ci[1])}]" if ci else "(no CI: one case)"
-            lines.append(f"  {_clip(name, 30):<16} {s['cases']:>5} shared  Δ {signed_points(s['delta'])}  {shown}")
+            lines.append(f"  {clip(name, 30):<16} {s['cases']:>5} shared  Δ {signed_points(s['delta'])}  {shown}")
     return "\n".join(lines)
 
 
@@ -84,8 +87,3 @@ def _side(side: dict[str, Any] | None, metric: str) -> str:
         return "-"
     counts = f"{side['passes']}/{side['samples']}"
     return counts if metric == "pass" else f"score {side['score']:.2f} ({counts})"
-
-
-def _clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-

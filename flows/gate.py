@@ -8,13 +8,11 @@ from typing import Any
 
 from storage import db
 from storage.snapshots import must_pass_cases
-from tasks.metrics.diff import CaseResult, Metric, RunDiff, check_metric, diff_runs
+from tasks.metrics.diff import METRIC_NAMES, CaseResult, Metric, RunDiff, check_metric, diff_runs
 from tasks.metrics.gate import gate_values
 from tasks.metrics.rules import GateRules, rule_blocks
 from tasks.models import InputError
 from tasks.run import RunSummary
-
-METRIC_NAMES = {"pass": "pass@1", "score": "mean score"}
 
 
 @dataclass(frozen=True)
@@ -35,7 +33,7 @@ class Comparison:
         return RunSummary.read(self.base["summary"]) if self.base.get("summary") else None
 
 
-def compare_runs(run_id: str, baseline: str, *, metric: str = "pass", home: Path | None = None,
+def pair_runs(run_id: str, baseline: str, *, metric: str = "pass", home: Path | None = None,
                  require_same_suite: bool = False) -> Comparison:
     """Pair two stored runs case by case. With `require_same_suite`, runs on different suite
     versions are refused (the gate's default); otherwise they are compared on their shared
@@ -73,7 +71,7 @@ def gate_runs(
     `rules`: the team's rules (max new failures, per-slice thresholds); the run suite's
     must-pass cases always apply. `metric`: what the paired CI compares, `pass` or `score`.
     `summary`: the run's summary when the caller has it (a flow gating before storing it)."""
-    comparison = compare_runs(run_id, baseline, metric=metric, home=home, require_same_suite=not shared_only)
+    comparison = pair_runs(run_id, baseline, metric=metric, home=home, require_same_suite=not shared_only)
     return gate_comparison(comparison, min_pass_at_1=min_pass_at_1, max_drop=max_drop, home=home,
                            safety_failed=safety_failed, rules=rules, summary=summary)
 

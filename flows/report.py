@@ -64,11 +64,11 @@ def write_diff_report(run_id: str, baseline: str, out: Path, home: Path | None =
     """The run against `baseline` as one HTML page: the gate at the top, the regressed and
     improved cases expanded with an output of each run side by side. Runs on different
     suite versions are compared on their shared cases (the page says how many were not)."""
-    from flows.gate import compare_runs, gate_comparison
+    from flows.gate import gate_comparison, pair_runs
     from storage.snapshots import case_contents
     from tasks.report.diff_html import expanded, render_diff_report
 
-    comparison = compare_runs(run_id, baseline, metric=metric, home=home)
+    comparison = pair_runs(run_id, baseline, metric=metric, home=home)
     gate = gate_comparison(comparison, home=home)
     changed = expanded(comparison.diff)
     ids = [c.case_id for c in changed]

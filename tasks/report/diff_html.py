@@ -16,15 +16,15 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from tasks.metrics.diff import CaseChange, RunDiff
+from tasks.metrics.diff import METRIC_NAMES, CaseChange, RunDiff
 from tasks.metrics.percent import percent, signed_points
-from tasks.report.html import _ENV, _clip
+from tasks.report.html import TEMPLATES, clip
+from tasks.report.markdown import headline
 from tasks.run import RunSummary
 
 MAX_EXPANDED = 100  # regressed cases expanded, and as many improved ones
 MAX_IDS = 500
 MAX_TEXT_CHARS = 8000
-METRIC_NAMES = {"pass": "pass@1", "score": "mean score"}
 
 
 def expanded(diff: RunDiff) -> list[CaseChange]:
@@ -51,15 +51,15 @@ def render_diff_report(
                    for c in diff.labelled(label) if c.case_id in shown][:MAX_EXPANDED]}
         for label, title in (("regressed", "Regressed"), ("improved", "Improved"))
     ]
-    return _ENV.get_template("diff.html.j2").render(
+    return TEMPLATES.get_template("diff.html.j2").render(
         diff=diff,
         suite_name=(run or baseline).suite_name if (run or baseline) else "",
         run_agent=run.agent if run else "?",
         base_agent=baseline.agent if baseline else "?",
         metric=metric,
         gate={"decision": gate.get("decision"), "verdict": gate.get("verdict"), "reasons": gate.get("reasons", [])},
-        before=percent(_headline(baseline, diff.metric)),
-        after=percent(_headline(run, diff.metric)),
+        before=percent(headline(baseline, diff.metric)),
+        after=percent(headline(run, diff.metric)),
         delta=signed_points(overall.delta if overall else None),
         ci=f"{signed_points(overall.ci[0])} to {signed_points(overall.ci[1])}" if overall and overall.ci else "",
         level=f"{100 * diff.ci_level:g}%",
@@ -75,12 +75,6 @@ def render_diff_report(
     ).strip() + "\n"
 
 
-def _headline(summary: RunSummary | None, metric: str) -> float | None:
-    if summary is None:
-        return None
-    return summary.mean_score if metric == "score" else summary.pass_at_k.get("1")
-
-
 def _case_view(case: CaseChange, detail: Mapping[str, Any], metric: str) -> dict[str, Any]:
     def counts(r) -> str:
         return "—" if r is None else f"{r.c}/{r.n}" + (f" (score {r.score:.2f})" if metric == "score" else "")
@@ -88,8 +82,8 @@ def _case_view(case: CaseChange, detail: Mapping[str, Any], metric: str) -> dict
     return {
         "case_id": case.case_id, "label": case.label, "change": signed_points(case.change),
         "before_counts": counts(case.before), "after_counts": counts(case.after), "slices": ", ".join(case.slices),
-        "inputs": _clip(_pretty(detail.get("inputs")), MAX_TEXT_CHARS),
-        "reference": _clip(_pretty(detail.get("reference")), MAX_TEXT_CHARS),
+        "inputs": clip(_pretty(detail.get("inputs")), MAX_TEXT_CHARS),
+        "reference": clip(_pretty(detail.get("reference")), MAX_TEXT_CHARS),
         "before": _sample_view(detail.get("before")), "after": _sample_view(detail.get("after")),
     }
 
@@ -100,9 +94,9 @@ def _sample_view(sample: Mapping[str, Any] | None) -> dict[str, Any] | None:
     trajectory = sample.get("trajectory")
     return {
         "index": sample.get("index"), "status": sample.get("status"),
-        "output": _clip(sample.get("output") or "", MAX_TEXT_CHARS),
-        "detail": _clip(sample.get("detail") or "", MAX_TEXT_CHARS),
-        "trajectory": _clip(_pretty(trajectory), MAX_TEXT_CHARS) if trajectory else "",
+        "output": clip(sample.get("output") or "", MAX_TEXT_CHARS),
+        "detail": clip(sample.get("detail") or "", MAX_TEXT_CHARS),
+        "trajectory": clip(_pretty(trajectory), MAX_TEXT_CHARS) if trajectory else "",
     }
 
 

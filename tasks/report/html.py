@@ -62,7 +62,7 @@ def render_report(
     """
     run = RunSummary.read(run)
     base = RunSummary.read(baseline) if baseline is not None else None
-    return _ENV.get_template("report.html.j2").render(
+    return TEMPLATES.get_template("report.html.j2").render(
         run=run,
         baseline=base,
         gate=_gate_view(gate) if gate else None,
@@ -356,8 +356,8 @@ def _case_view(case: Mapping[str, Any]) -> dict[str, Any]:
         "counts": f"{case.get('c', '?')} / {case.get('n', '?')}",
         "slices": ", ".join(case.get("slices", [])),
         "statuses": ", ".join(f"{s} ×{n}" for s, n in case.get("statuses", {}).items()),
-        "details": [_clip(d, MAX_DETAIL_CHARS) for d in details],
-        "outputs": [_clip(o, MAX_OUTPUT_CHARS) for o in case.get("outputs", [])],
+        "details": [clip(d, MAX_DETAIL_CHARS) for d in details],
+        "outputs": [clip(o, MAX_OUTPUT_CHARS) for o in case.get("outputs", [])],
     }
 
 
@@ -386,7 +386,8 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(float(value), 4)
 
 
-def _clip(text: str, limit: int) -> str:
+def clip(text: str, limit: int) -> str:
+    """`text` cut to `limit` characters, an ellipsis marking the cut."""
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
@@ -394,11 +395,11 @@ def _md_cell(text: str) -> str:
     return str(text).replace("|", "\\|")
 
 
-_ENV = Environment(
+TEMPLATES = Environment(
     loader=PackageLoader("tasks.report", "templates"),
     autoescape=True,
     undefined=StrictUndefined,
     trim_blocks=True,
     lstrip_blocks=True,
 )
-_ENV.filters.update(pct=percent, ci=_ci, clip=_clip, f1=lambda x: f"{x:.1f}")
+TEMPLATES.filters.update(pct=percent, ci=_ci, clip=clip, f1=lambda x: f"{x:.1f}")

@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tasks.metrics.diff import CaseChange, RunDiff
+from tasks.metrics.diff import METRIC_NAMES, CaseChange, RunDiff
 from tasks.metrics.percent import percent, signed_points
+from tasks.report.html import clip
 from tasks.run import RunSummary
 
 GITHUB_COMMENT_LIMIT = 65_536
@@ -23,7 +24,6 @@ MAX_SLICES = 20
 MAX_REASONS = 12
 MAX_CELL = 80
 MAX_REASON = 400
-METRIC_NAMES = {"pass": "pass@1", "score": "mean score"}
 
 
 def comparison_markdown(
@@ -42,7 +42,7 @@ def comparison_markdown(
     else:
         lines.append("## evalpipe diff")
     lines += ["", f"run `{_code(diff.run_id)}` against baseline `{_code(diff.baseline)}`", ""]
-    before, after = _headline(baseline, diff.metric), _headline(run, diff.metric)
+    before, after = headline(baseline, diff.metric), headline(run, diff.metric)
     delta = diff.overall
     shift = (f"Δ {signed_points(delta.delta)}"
              + (f", {level} CI {signed_points(delta.ci[0])} to {signed_points(delta.ci[1])}" if delta.ci else "")
@@ -55,7 +55,7 @@ def comparison_markdown(
                      " every paired figure.")
     if gate and gate.get("reasons"):
         reasons = list(gate["reasons"])
-        lines += [""] + [f"- {_text(_clip(r, MAX_REASON))}" for r in reasons[:MAX_REASONS]]
+        lines += [""] + [f"- {_text(clip(r, MAX_REASON))}" for r in reasons[:MAX_REASONS]]
         if len(reasons) > MAX_REASONS:
             lines.append(f"- … and {len(reasons) - MAX_REASONS} more")
     lines += _cases_table("Worst regressions", diff.labelled("regressed"), MAX_REGRESSIONS, diff.metric)
@@ -68,7 +68,8 @@ def comparison_markdown(
     return text
 
 
-def _headline(summary: RunSummary | None, metric: str) -> float | None:
+def headline(summary: RunSummary | None, metric: str) -> float | None:
+    """A run's overall value of the compared metric: pass@1, or the mean score."""
     if summary is None:
         return None
     return summary.mean_score if metric == "score" else summary.pass_at_k.get("1")
@@ -80,7 +81,7 @@ def _cases_table(title: str, cases: Sequence[CaseChange], limit: int, metric: st
     shown = f"the {limit} largest of {len(cases)}" if len(cases) > limit else str(len(cases))
     lines = ["", f"### {title} ({shown})", "", "| case | before | after | change |", "|---|---|---|---|"]
     for c in cases[:limit]:
-        lines.append(f"| {_text(_clip(c.case_id, MAX_CELL))} | {_side(c.before, metric)} | {_side(c.after, metric)}"
+        lines.append(f"| {_text(clip(c.case_id, MAX_CELL))} | {_side(c.before, metric)} | {_side(c.after, metric)}"
                      f" | {signed_points(c.change)} |")
     return lines
 
@@ -100,13 +101,8 @@ def _slices_table(diff: RunDiff, level: str) -> list[str]:
     chosen = sorted(moved, key=lambda item: -abs(item[1].delta))[:MAX_SLICES]
     for name, s in sorted(chosen, key=lambda item: (item[1].delta, item[0])):
         ci = f"{signed_points(s.ci[0])} to {signed_points(s.ci[1])}" if s.ci else "— (one case)"
-        lines.append(f"| {_text(_clip(name, MAX_CELL))} | {s.cases} | {signed_points(s.delta)} | {ci} |")
+        lines.append(f"| {_text(clip(name, MAX_CELL))} | {s.cases} | {signed_points(s.delta)} | {ci} |")
     return lines
-
-
-def _clip(text: str, limit: int) -> str:
-    text = str(text)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 _MARKDOWN_SPECIALS = str.maketrans({ch: "\\" + ch for ch in "\\`*_[]|"})
