@@ -122,6 +122,19 @@ def test_the_story_blocks_on_the_broken_case_and_diff_names_every_flip(env, home
     refused = cli(["gate", v2m["run_id"], "--baseline", v1], env)
     assert refused.returncode == 2 and "different suite versions" in refused.stderr
 
+    # An edited suite: c8 dropped, c9 added, c7's reference changed (a new case hash). The diff
+    # pairs the shared cases only and says what it left out.
+    edited = tmp_path / "edited.yaml"
+    edited.write_text(suite.read_text().replace("  - {id: c8,", "  - {id: c9,").replace(
+        "{v1: 'no', v2: 'no'}, reference: 'yes'", "{v1: 'no', v2: 'no'}, reference: 'no'"))
+    v2e = run(edited, "v2", env)
+    doc = json.loads(cli(["diff", v2e["run_id"], v1, "--json"], env).stdout)
+    labels = {(c["case_id"], c["label"]) for c in doc["cases"]}
+    assert {("c9", "new"), ("c8", "removed"), ("c7", "new"), ("c7", "removed")} <= labels
+    assert doc["counts"] == {"regressed": 1, "improved": 2, "new": 2, "removed": 2, "unchanged": 3}
+    assert (doc["shared_cases"], doc["dropped_cases"]) == (6, 4)
+    assert "(4 measured by one run only: new or removed)" in cli(["diff", v2e["run_id"], v1], env).stdout
+
     # `gate --baseline previous` with nothing before the run says so and does not pass.
     lonely = cli(["gate", v2m["run_id"], "--baseline", "previous", "--json"], env)
     assert lonely.returncode == 1 and json.loads(lonely.stdout)["no_baseline"].startswith("no baseline")
