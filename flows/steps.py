@@ -127,11 +127,20 @@ def draw_missing(spec: RunSpec, suite: EvalSuite, agent: Any, missing: list[Plan
             progress.advance(drawn.num_rows)
 
 
+class GateBlocked(Exception):
+    """What calling `evaluate` raises when its gate blocked: the run and its numbers are
+    sound and stored (`summary`, the `run --json` document); the release is not."""
+
+    def __init__(self, summary: dict[str, Any]) -> None:
+        super().__init__("gate blocked: " + "; ".join(summary["gate"]["reasons"]))
+        self.summary = summary
+
+
 def flow_result(state: State) -> dict[str, Any]:
     """The `run --json` document from the flow run's final state, a Blocked run's included
     (its Failed state carries it); any other failure is raised as it is."""
     if state.is_failed() and state.name == "Blocked":
-        return state.result(raise_on_failure=False)
+        return state.result(raise_on_failure=False).summary
     return state.result()
 
 
@@ -140,6 +149,6 @@ def final_state(summary: RunSummary) -> dict[str, Any] | State:
     named Blocked (red in the UI, so automations and notifications fire) that still carries
     the document: the run and its numbers are sound and stored; the release is not."""
     if summary.gate and summary.gate.decision == "block":
-        return Failed(data=summary.to_json(), name="Blocked",
-                      message="gate blocked: " + "; ".join(summary.gate.reasons))
+        blocked = GateBlocked(summary.to_json())
+        return Failed(data=blocked, name="Blocked", message=str(blocked))
     return summary.to_json()

@@ -215,8 +215,11 @@ def test_flow_gates_against_a_baseline(prefect_harness, home, tmp_path):
 
     suite = write_suite(tmp_path / "toy.yaml", 30)
     good = evaluate(suite=str(suite), agent=agent("better"), n=4, k=[1])
-    state = evaluate(suite=str(suite), agent=agent("worse"), n=4, k=[1], baseline=good["run_id"], return_state=True)
-    bad = state.result(raise_on_failure=False)  # the Failed state still carries the run's document
+    from flows.steps import GateBlocked
+
+    with pytest.raises(GateBlocked) as blocked:  # called from Python, a blocked gate raises ...
+        evaluate(suite=str(suite), agent=agent("worse"), n=4, k=[1], baseline=good["run_id"])
+    bad = blocked.value.summary  # ... with the run's document
     assert bad["gate"]["decision"] == "block" and bad["gate"]["verdict"] == "regressed"
     # Red in the UI, so automations and notifications fire; named, so filters tell it apart.
     assert flow_run_state(bad) == ("FAILED", "Blocked", "gate blocked: " + "; ".join(bad["gate"]["reasons"]))
