@@ -66,9 +66,9 @@ def diff_text(doc: dict[str, Any], limit: int = TEXT_ROWS) -> str:
         lines.append(f"Δ {metric} {signed_points(doc['delta'])}"
                      + (f" ({level} CI {signed_points(ci[0])} to {signed_points(ci[1])})" if ci else " (no CI: one case)"))
     changed = [c for c in doc["cases"] if c["label"] != "unchanged"]
-    width = min(max((len(c["case_id"]) for c in changed[:limit]), default=4), 40)
+    width = min(max((len(_plain(c["case_id"])) for c in changed[:limit]), default=4), 40)
     for c in changed[:limit]:
-        lines.append(f"  {c['label']:<9}  {clip(c['case_id'], 40):<{width}}"
+        lines.append(f"  {c['label']:<9}  {clip(_plain(c['case_id']), 40):<{width}}"
                      f"  {_side(c['before'], doc['metric'])} -> {_side(c['after'], doc['metric'])}"
                      + (f"  {signed_points(c['change'])}" if c["change"] is not None else ""))
     if len(changed) > limit:
@@ -78,7 +78,7 @@ def diff_text(doc: dict[str, Any], limit: int = TEXT_ROWS) -> str:
         for name, s in doc["slices"].items():
             ci = s["delta_ci"]
             shown = f"[{signed_points(ci[0])}, {signed_points(ci[1])}]" if ci else "(no CI: one case)"
-            lines.append(f"  {clip(name, 30):<16} {s['cases']:>5} shared  Δ {signed_points(s['delta'])}  {shown}")
+            lines.append(f"  {clip(_plain(name), 30):<16} {s['cases']:>5} shared  Δ {signed_points(s['delta'])}  {shown}")
     return "\n".join(lines)
 
 
@@ -87,3 +87,9 @@ def _side(side: dict[str, Any] | None, metric: str) -> str:
         return "-"
     counts = f"{side['passes']}/{side['samples']}"
     return counts if metric == "pass" else f"score {side['score']:.2f} ({counts})"
+
+
+def _plain(text: str) -> str:
+    """Suite text for a terminal: a control character (an escape sequence, a newline) shows
+    as U+FFFD instead of acting."""
+    return "".join(ch if ch.isprintable() else "\ufffd" for ch in text)

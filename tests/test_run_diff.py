@@ -187,3 +187,13 @@ def test_must_pass_is_in_the_suite_version_not_in_the_case_hash(home) -> None:
     assert must_pass_cases(marked.version, home) == {"a"} and must_pass_cases(plain.version, home) is None
     write_snapshot(plain, home)
     assert must_pass_cases(plain.version, home) == frozenset()
+
+
+def test_diff_text_shows_control_characters_in_ids_inert() -> None:
+    from flows.diffing import diff_text
+
+    evil = "a\x1b[2Jb\nc"
+    doc = diff_runs([result(evil, 2, 0, slices=("s\x07",))], [result(evil, 2, 2, slices=("s\x07",))]).to_json()
+    text = diff_text(doc)
+    assert "\x1b" not in text and "\x07" not in text and "a\ufffd[2Jb\ufffdc" in text
+    assert text.splitlines()[3].split()[:2] == ["regressed", "a\ufffd[2Jb\ufffdc"]
