@@ -90,7 +90,8 @@ def import_run(path: Path, home: Path | None = None) -> dict[str, Any]:
     with db.connect(home) as con:
         con.execute("BEGIN")
         new = not con.execute("SELECT 1 FROM runs WHERE run_id = ?", [run["run_id"]]).fetchone()
-        for table, rows in (("suites", doc["suite"]), ("cases", doc["cases"]), ("runs", [_run_row(run)])):
+        suites = [{**row, "snapshot_path": str(snapshot_path(version, home))} for row in doc["suite"]]  # here, not there
+        for table, rows in (("suites", suites), ("cases", doc["cases"]), ("runs", [_run_row(run)])):
             _insert(con, table, rows)
         if new:  # aggregates have no key: written with the run, once
             _insert(con, "aggregates", doc["aggregates"], keyed=False)

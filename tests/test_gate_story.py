@@ -163,6 +163,11 @@ def test_an_exported_baseline_gates_the_same_in_a_fresh_home(env, home, tmp_path
     first = json.loads(cli(["runs", "import", str(tmp_path / f"{v1}.tar"), "--json"], fresh).stdout)
     again = json.loads(cli(["runs", "import", str(tmp_path / f"{v1}.tar"), "--json"], fresh).stdout)
     assert (first["imported"], again["imported"]) == (True, False) and first["samples"] == again["samples"] == 40
+    import duckdb
+
+    with duckdb.connect(str(tmp_path / "ci-home/evalpipe.duckdb"), read_only=True) as con:
+        (snapshot,) = con.execute("SELECT snapshot_path FROM suites").fetchone()
+    assert Path(snapshot).is_file() and Path(snapshot).is_relative_to(tmp_path / "ci-home")
     assert cli(["runs", "import", str(tmp_path / f"{v2}.tar")], fresh).returncode == 0
     there = cli(gate, fresh)
     assert (there.returncode, json.loads(there.stdout)) == (here.returncode, json.loads(here.stdout)) == (
