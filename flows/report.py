@@ -96,8 +96,10 @@ def _sample(rows: list[dict[str, Any]], *, want_pass: bool) -> dict[str, Any] | 
         return None
     row = next((r for r in rows if bool(r["passed"]) == want_pass), rows[0])
     trace = json.loads(row["trace"]) if isinstance(row["trace"], str) else (row["trace"] or {})
+    # A trajectory stored beside the sample (its own column) or inside its trace.
+    trajectory = row.get("trajectory") or trace.get("trajectory")
     return {"index": row["sample_index"], "status": row["status"], "output": row["output"],
-            "detail": row["detail"], "trajectory": trace.get("trajectory")}
+            "detail": row["detail"], "trajectory": trajectory}
 
 
 def _calibration(summary: RunSummary) -> dict[str, Any] | None:

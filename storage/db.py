@@ -410,8 +410,7 @@ def samples_of_cases(run_ids: Sequence[str], case_ids: Sequence[str], home: Path
         return []
     with connect(home, read_only=True) as con:
         cur = con.execute(
-            "SELECT run_id, case_id, sample_index, output, passed, status, detail, trace FROM samples"
-            " WHERE list_contains(?, run_id) AND list_contains(?, case_id) ORDER BY run_id, case_id, sample_index",
+            "SELECT * FROM samples WHERE list_contains(?, run_id) AND list_contains(?, case_id) ORDER BY run_id, case_id, sample_index",
             [list(run_ids), list(case_ids)])
         names = [d[0] for d in cur.description]
         return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
