@@ -32,6 +32,16 @@ def publish(run: RunSummary, home: Path) -> None:
         key=f"evalpipe-{slug}-summary", markdown=summary_markdown(run, gate, judges),
         description=f"evalpipe run {run.run_id}",
     )
+    if run.gate:  # the pull-request comment's Markdown, on the flow run's page
+        from flows.gate import pair_runs
+        from tasks.report.markdown import comparison_markdown
+
+        comparison = pair_runs(run.run_id, run.gate.baseline, metric=run.gate.metric or "pass", home=home)
+        create_markdown_artifact(
+            key=f"evalpipe-{slug}-gate",
+            markdown=comparison_markdown(comparison.diff, gate, comparison.run_summary, comparison.base_summary),
+            description=f"evalpipe gate {run.gate.decision}: run {run.run_id} against {run.gate.baseline}",
+        )
     rows = slices_table(run)
     if rows:
         create_table_artifact(key=f"evalpipe-{slug}-slices", table=rows,

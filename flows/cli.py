@@ -189,6 +189,11 @@ def run(
         "--baseline", help="Gate against this run (id, unambiguous prefix, or 'previous').")] = None,
     min_pass_at_1: MinPassOpt = None,
     max_drop: MaxDropOpt = 0.0,
+    max_new_failures: Annotated[int | None, typer.Option(
+        "--max-new-failures", min=0, help="Gate rule: block when more than N always-passing cases now fail.")] = None,
+    min_slice: Annotated[list[str] | None, typer.Option(
+        "--min-slice", metavar="SLICE=X", help="Gate rule: block when the slice is below X; repeatable.")] = None,
+    metric: Annotated[str, typer.Option("--metric", help="Gate on pass (pass@1) or score (mean score).")] = "pass",
     max_agent_errors: Annotated[float, typer.Option(
         "--max-agent-errors", min=0.0, max=1.0, metavar="FRACTION",
         help="Exit 4 when more than this share of samples are agent_error: the agent is broken,"
@@ -217,12 +222,22 @@ def run(
         bad_input(f"--runner: expected threads, processes or dask, got {runner!r}")
     if dask_address and runner != "dask":
         bad_input("--dask-address goes with --runner dask")
-    if not baseline and (min_pass_at_1 is not None or max_drop):
-        bad_input("--min-pass-at-1 and --max-drop are gate thresholds: they go with --baseline")
+    if not baseline and (min_pass_at_1 is not None or max_drop or max_new_failures is not None or min_slice):
+        bad_input("--min-pass-at-1, --max-drop, --max-new-failures and --min-slice are gate rules: they go with"
+                  " --baseline")
+    from tasks.metrics.diff import check_metric
+    from tasks.metrics.rules import parse_slice_thresholds
+
+    slice_min = parse_slice_thresholds(min_slice or ()) or None
+    metric = check_metric(metric)
     # Refuse bad input here, before Prefect starts: a one-line message, not a failed flow run.
     # The flow gets the suite pinned (a git branch as the commit read here), so it runs
     # exactly the suite that was checked, even if the branch moves meanwhile.
     suite_obj, pinned = resolve_suite(suite)
+    if slice_min:
+        from tasks.metrics.rules import check_slices
+
+        check_slices(slice_min, (name for c in suite_obj.cases for name in c.slices))
     run_sandbox_mode((c.kind for c in suite_obj.cases), unsafe_no_sandbox)
     load_agent(agent)
     from storage import db
@@ -235,14 +250,17 @@ def run(
     with prefect_api(as_json) as watch, _progress(suite_obj.name, as_json) as hook:
         from flows.artifacts import progress_hook
         from flows.evaluate import evaluate
+        from flows.steps import flow_result
 
         token = progress_hook.set(hook)
         try:
-            summary = watch(evaluate)(suite=pinned, agent=agent, n=n, k=ks, seed=seed, baseline=baseline,
-                                      min_pass_at_1=min_pass_at_1, max_drop=max_drop,
-                                      runner=runner, workers=workers, dask_address=dask_address,
-                                      batch_size=batch_size, regrade=regrade,
-                                      unsafe_no_sandbox=unsafe_no_sandbox)
+            state = watch(evaluate)(suite=pinned, agent=agent, n=n, k=ks, seed=seed, baseline=baseline,
+                                    min_pass_at_1=min_pass_at_1, max_drop=max_drop,
+                                    max_new_failures=max_new_failures, min_slice=slice_min, metric=metric,
+                                    runner=runner, workers=workers, dask_address=dask_address,
+                                    batch_size=batch_size, regrade=regrade,
+                                    unsafe_no_sandbox=unsafe_no_sandbox, return_state=True)
+            summary = flow_result(state)
         finally:
             progress_hook.reset(token)
     typer.echo(json_doc(summary) if as_json else _summary_text(summary))
@@ -330,6 +348,10 @@ def _fmt(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.3f}"
 
 
+def _ci_text(ci: list[float] | None) -> str:
+    return "[no CI: one case]" if ci is None else f"[{_fmt(ci[0])}, {_fmt(ci[1])}]"
+
+
 def _summary_text(s: dict[str, Any]) -> str:
     lo, hi = s["pass_at_1_ci"]
     lines = [
@@ -342,12 +364,16 @@ def _summary_text(s: dict[str, Any]) -> str:
     others = [f"pass@{k} {_fmt(v)}" for k, v in s["pass_at_k"].items() if k != "1"]
     if others:
         lines.append("  ".join(others))
+    hats = [f"pass^{k} {_fmt(v)}" for k, v in (s.get("pass_hat_k") or {}).items() if k != "1"]
+    if hats:
+        lines.append("  ".join(hats) + "  (all k of k samples pass)")
+    if s.get("mean_score") is not None and s["mean_score"] != s["pass_at_k"].get("1"):
+        lines.append(f"mean score {_fmt(s['mean_score'])}  {_ci_text(s.get('mean_score_ci'))}")
     for k, note in s.get("pass_at_k_notes", {}).items():
         lines.append(f"pass@{k}: null ({note})")
     for name, sl in s.get("slices", {}).items():
-        slo, shi = sl["pass_at_1_ci"]
         lines.append(f"  slice {name:<16} {sl['cases']:>5} cases  pass@1 {_fmt(sl['pass_at_1'])}"
-                     f"  [{_fmt(slo)}, {_fmt(shi)}]")
+                     f"  {_ci_text(sl['pass_at_1_ci'])}")
     lines.append(f"flaky cases {s['flaky_cases']}  statuses "
                  + ", ".join(f"{k} {v}" for k, v in sorted(s["status_counts"].items())))
     if "env_flaky_samples" in s:
@@ -358,6 +384,8 @@ def _summary_text(s: dict[str, Any]) -> str:
         lines.append(f"SAFETY FAILED: {len(s['safety_violations'])} violation(s)")
         for v in s["safety_violations"][:10]:
             lines.append(f"  {v['case_id']}#{v['sample_index']}: {v['violation']}")
+    if s.get("no_baseline"):
+        lines.append(f"gate: {s['no_baseline']}")
     gate = s.get("gate")
     if gate:
         lines.append(f"gate vs {gate['baseline']}: {gate['decision'].upper()} ({gate['verdict']})")
@@ -390,11 +418,22 @@ def runs_list(as_json: JsonFlag = False, limit: Annotated[int, typer.Option("--l
 
 
 @runs_app.command("show")
-def runs_show(run_id: RunArg, as_json: JsonFlag = False) -> None:
-    """One run's summary (the same document `run --json` printed)."""
+def runs_show(
+    run_id: RunArg,
+    case: Annotated[str | None, typer.Option("--case", help="Show this case's samples: output, verdict, timing.")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """One run's summary (the same document `run --json` printed), or with --case what the
+    agent answered on one case and how each answer was graded."""
     from storage import db
 
     row = db.find_run(run_id)
+    if case is not None:
+        from flows.samples_view import case_doc, case_text
+
+        doc = case_doc(row["run_id"], case, db.case_samples(row["run_id"], case))
+        typer.echo(json_doc(doc) if as_json else case_text(doc))
+        return
     if as_json:
         typer.echo(json_doc(row.get("summary") or row))
     elif row.get("summary"):
@@ -403,27 +442,87 @@ def runs_show(run_id: RunArg, as_json: JsonFlag = False) -> None:
         typer.echo(f"run {row['run_id']}: status {row['status']}, started {row['started_at']}, no summary")
 
 
+MaxNewFailuresOpt = Annotated[int | None, typer.Option(
+    "--max-new-failures", min=0, help="Block when more than N cases that always passed in the baseline now fail.")]
+MinSliceOpt = Annotated[list[str] | None, typer.Option(
+    "--min-slice", metavar="SLICE=X", help="Block when the slice's pass@1 (or mean score) is below X; repeatable.")]
+
+
+@runs_app.command("export")
+def runs_export(run_id: RunArg, out: Annotated[Path, typer.Option("--out", help="The file to write.")],
+                as_json: JsonFlag = False) -> None:
+    """Write a finished run (its row, summary, samples and suite snapshot) to one file, a
+    baseline another EVALPIPE_HOME can import (a CI job's artifact)."""
+    from storage.export import export_run
+
+    doc = export_run(run_id, out)
+    emit(doc, as_json, f"exported run {doc['run_id']} ({doc['samples']} samples, {_size(doc['bytes'])}) to {out}")
+
+
+@runs_app.command("import")
+def runs_import(path: Annotated[Path, typer.Argument(help="A file written by `evalpipe runs export`.")],
+                as_json: JsonFlag = False) -> None:
+    """Bring an exported run into this EVALPIPE_HOME (again: nothing changes); then gate,
+    diff and --baseline work against it."""
+    from storage.export import import_run
+
+    doc = import_run(path)
+    verb = "imported" if doc["imported"] else "already here:"
+    emit(doc, as_json, f"{verb} run {doc['run_id']} ({doc['samples']} samples, suite {doc['suite_version'][:12]})")
+
+
 @app.command("gate")
 def gate_cmd(
     run_id: RunArg,
-    baseline: Annotated[str, typer.Option("--baseline", help="The run to compare with (id or unambiguous prefix).")],
+    baseline: Annotated[str, typer.Option(
+        "--baseline", help="The run to compare with (id, unambiguous prefix, or 'previous').")],
     min_pass_at_1: MinPassOpt = None,
     max_drop: MaxDropOpt = 0.0,
+    max_new_failures: MaxNewFailuresOpt = None,
+    min_slice: MinSliceOpt = None,
+    metric: Annotated[str, typer.Option("--metric", help="Compare on pass (pass@1) or score (mean score).")] = "pass",
     shared_only: Annotated[bool, typer.Option("--shared-only", help="Compare only shared case hashes.")] = False,
+    fmt: Annotated[str, typer.Option("--format", help="text, json or markdown (a pull-request comment).")] = "text",
     as_json: JsonFlag = False,
 ) -> None:
     """Decide pass/block for RUN_ID against a baseline run; exit 1 when blocked."""
-    from flows.gate import gate_runs
+    from flows.diffing import output_format
+    from flows.gate import gate_comparison, pair_runs
+    from storage import db
+    from tasks.metrics.rules import GateRules, parse_slice_thresholds
+    from tasks.report.markdown import comparison_markdown
 
-    result = gate_runs(run_id, baseline, min_pass_at_1=min_pass_at_1, max_drop=max_drop,
-                       shared_only=shared_only)
-    if as_json:
+    fmt = output_format(fmt, as_json)
+    rules = GateRules(max_new_failures=max_new_failures, slice_min=parse_slice_thresholds(min_slice or ()))
+    run = db.find_run(run_id)
+    if baseline == "previous":
+        found = db.latest_completed_run_of_suite(run["suite_version"], before=run["run_id"])
+        if found is None:
+            _no_baseline(run, fmt)
+        baseline = found
+    comparison = pair_runs(run["run_id"], baseline, metric=metric, require_same_suite=not shared_only)
+    result = gate_comparison(comparison, min_pass_at_1=min_pass_at_1, max_drop=max_drop, rules=rules)
+    if fmt == "json":
         typer.echo(json_doc(result))
+    elif fmt == "markdown":
+        typer.echo(comparison_markdown(comparison.diff, result, comparison.run_summary, comparison.base_summary),
+                   nl=False)
     else:
         typer.echo(f"{result['decision'].upper()} ({result['verdict']})")
         typer.echo("\n".join(f"  - {r}" for r in result["reasons"]))
     if result["decision"] == "block":
         raise typer.Exit(1)
+
+
+def _no_baseline(run: dict[str, Any], fmt: str) -> NoReturn:
+    """`gate --baseline previous` with nothing before the run: said, never a silent pass (exit 1)."""
+    message = (f"no baseline: no completed run of suite {run['suite_version'][:12]} before {run['run_id']};"
+               " nothing was gated")
+    if fmt == "json":
+        typer.echo(json_doc({"decision": None, "run_id": run["run_id"], "baseline": None, "no_baseline": message}))
+    else:
+        typer.echo(f"evalpipe: {message}", err=fmt == "text")
+    raise typer.Exit(1)
 
 
 server_app = typer.Typer()
@@ -483,11 +582,17 @@ def _not_running(stale_pid: int | None) -> str:
 
 
 @app.command("report")
-def report_cmd(run_id: RunArg, out: Annotated[Path, typer.Option("--out", help="HTML file to write.")]) -> None:
-    """Write a self-contained HTML report of a stored run."""
-    from flows.report import write_report
+def report_cmd(
+    run_id: RunArg,
+    out: Annotated[Path, typer.Option("--out", help="HTML file to write.")],
+    baseline: Annotated[str | None, typer.Option(
+        "--baseline", help="Write the diff against this run instead: the gate, then the changed cases side by side.")] = None,
+    metric: Annotated[str, typer.Option("--metric", help="With --baseline: pass (pass@1) or score.")] = "pass",
+) -> None:
+    """Write a self-contained HTML report of a stored run (or of what changed against a baseline)."""
+    from flows.report import write_diff_report, write_report
 
-    typer.echo(f"wrote {write_report(run_id, out)}")
+    typer.echo(f"wrote {write_diff_report(run_id, baseline, out, metric=metric) if baseline else write_report(run_id, out)}")
 
 
 env_app = typer.Typer(no_args_is_help=True, help="Repository environments under EVALPIPE_HOME/envs/.")
@@ -544,6 +649,15 @@ def _mount_judging() -> None:
     app.add_typer(judge_app, name="judge")
     app.add_typer(labels_app, name="labels")
     app.command("compare")(compare)
+
+
+def _mount_diff() -> None:
+    from flows.diffing import diff
+
+    app.command("diff")(diff)
+
+
+_mount_diff()
 
 
 _mount_judging()

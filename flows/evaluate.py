@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from prefect import flow
 from prefect.runtime import flow_run
@@ -26,6 +26,7 @@ from storage.suites import resolve_suite
 from tasks import run
 from tasks.agents import load_agent
 from tasks.models import MAX_N, MAX_REGRADE, MAX_WORKERS
+from tasks.metrics.rules import GateRules, check_slices
 from tasks.sandbox import allowing_unsafe, run_sandbox_mode
 
 
@@ -44,6 +45,9 @@ def evaluate(
     baseline: str | None = None,
     min_pass_at_1: Annotated[float | None, Field(ge=0, le=1)] = None,
     max_drop: Annotated[float, Field(ge=0, le=1)] = 0.0,
+    max_new_failures: Annotated[int | None, Field(ge=0)] = None,
+    min_slice: dict[str, Annotated[float, Field(ge=0, le=1)]] | None = None,
+    metric: Literal["pass", "score"] = "pass",
     runner: Runner = "threads",
     workers: Annotated[int | None, Field(ge=1, le=MAX_WORKERS)] = None,
     dask_address: str | None = None,
@@ -63,10 +67,15 @@ def evaluate(
         k: The k of each pass@k to report.
         seed: Run seed; with a deterministic agent, the same seed gives the same run.
         baseline: A run id to gate against at the end, or 'previous': the latest completed
-            run of the same suite version and agent (none yet: no gate).
+            run of the same suite version, whatever its agent (none yet: no gate, and the
+            summary says so).
         min_pass_at_1: Gate threshold: block when pass@1 is below this.
         max_drop: Gate threshold: block only when the drop in pass@1 against the baseline
             is surely (its whole CI) larger than this.
+        max_new_failures: Gate rule: block when more than this many cases that always
+            passed in the baseline fail in some sample now.
+        min_slice: Gate rule: slice name -> the lowest pass@1 (or mean score) it may have.
+        metric: What the gate's paired CI compares: pass (pass@1) or score (mean score).
         runner: Task runner for sampling: threads, processes or dask.
         workers: Parallel workers (default: CPU count).
         dask_address: Address of an existing Dask scheduler (runner=dask).
@@ -82,7 +91,10 @@ def evaluate(
     sandbox = run_sandbox_mode((c.kind for c in suite_obj.cases), unsafe_no_sandbox)
     agent_obj = load_agent(agent)
     workers = workers or os.cpu_count() or 1
-    baseline = steps.find_baseline(baseline, suite_obj, agent_obj.fingerprint, home)
+    asked_baseline = baseline
+    baseline = steps.find_baseline(baseline, suite_obj, home)
+    rules = GateRules(max_new_failures=max_new_failures, slice_min=min_slice or {})
+    check_slices(rules.slice_min, (name for c in suite_obj.cases for name in c.slices))
     steps.snapshot_once(suite_obj, home)
 
     spec = run.RunSpec(
@@ -91,6 +103,7 @@ def evaluate(
         flow_run_id=str(flow_run.id) if flow_run.id else None,
         config={"runner": runner, "workers": workers, "batch_size": batch_size, "regrade": regrade,
                 "baseline": baseline, "min_pass_at_1": min_pass_at_1, "max_drop": max_drop,
+                "max_new_failures": max_new_failures, "min_slice": min_slice, "metric": metric,
                 "suite_ref": suite, "suite_source": suite_source, "sandbox": sandbox},
     )
     with db.recorded_run(spec, home):
@@ -102,9 +115,13 @@ def evaluate(
         summary = steps.reduce_run(spec, suite_obj, str(home))
         if baseline:
             summary.gate = gate_runs(spec.run_id, baseline, min_pass_at_1=min_pass_at_1, max_drop=max_drop,
-                                     home=home, safety_failed=summary.safety_failed)
+                                     home=home, safety_failed=summary.safety_failed, rules=rules,
+                                     metric=metric, summary=summary)
+        elif asked_baseline:
+            summary.no_baseline = steps.no_baseline_note(suite_obj)
         summary.sandbox = sandbox
         summary.duration_s = round(time.perf_counter() - started, 3)
         db.finish_run(spec.run_id, "completed", summary, home)
     publish(summary, home)
+    steps.log_headline(summary)
     return steps.final_state(summary)

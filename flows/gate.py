@@ -2,12 +2,54 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from storage import db
-from tasks.metrics.gate import gate as gate_counts
+from storage.snapshots import must_pass_cases
+from tasks.metrics.diff import METRIC_NAMES, CaseResult, Metric, RunDiff, check_metric, diff_runs
+from tasks.metrics.gate import gate_values
+from tasks.metrics.rules import GateRules, rule_blocks
 from tasks.models import InputError
+from tasks.run import RunSummary
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A run against its baseline: the case-by-case diff, and the summaries it came from."""
+
+    run: dict[str, Any]  # the `runs` rows
+    base: dict[str, Any]
+    diff: RunDiff
+    results: list[CaseResult]  # the run's cases, all of them
+
+    @property
+    def run_summary(self) -> RunSummary | None:
+        return RunSummary.read(self.run["summary"]) if self.run.get("summary") else None
+
+    @property
+    def base_summary(self) -> RunSummary | None:
+        return RunSummary.read(self.base["summary"]) if self.base.get("summary") else None
+
+
+def pair_runs(run_id: str, baseline: str, *, metric: str = "pass", home: Path | None = None,
+                 require_same_suite: bool = False) -> Comparison:
+    """Pair two stored runs case by case. With `require_same_suite`, runs on different suite
+    versions are refused (the gate's default); otherwise they are compared on their shared
+    cases and the diff counts the rest."""
+    run, base = db.find_run(run_id, home), db.find_run(baseline, home)
+    if require_same_suite and run["suite_version"] != base["suite_version"]:
+        raise InputError(
+            f"run {run['run_id']} is on suite {run['suite_version'][:12]} and baseline {base['run_id']} on "
+            f"{base['suite_version'][:12]}: different suite versions (pass --shared-only to "
+            "compare the cases they share)"
+        )
+    results = db.case_results(run["run_id"], home)
+    diff = diff_runs(results, db.case_results(base["run_id"], home),
+                     run_id=run["run_id"], baseline_id=base["run_id"], metric=check_metric(metric),
+                     seed=run["seed"])
+    return Comparison(run, base, diff, results)
 
 
 def gate_runs(
@@ -19,22 +61,65 @@ def gate_runs(
     shared_only: bool = False,
     home: Path | None = None,
     safety_failed: bool | None = None,
+    rules: GateRules | None = None,
+    metric: str = "pass",
+    summary: RunSummary | None = None,
 ) -> dict[str, Any]:
     """Gate `run_id` against `baseline`. Runs on different suite versions are refused
     unless `shared_only`, which compares the case hashes they share and says so.
-    `safety_failed`: the run's safety verdict when the caller has it (else read back)."""
-    run, base = db.find_run(run_id, home), db.find_run(baseline, home)
+    `safety_failed`: the run's safety verdict when the caller has it (else read back).
+    `rules`: the team's rules (max new failures, per-slice thresholds); the run suite's
+    must-pass cases always apply. `metric`: what the paired CI compares, `pass` or `score`.
+    `summary`: the run's summary when the caller has it (a flow gating before storing it)."""
+    comparison = pair_runs(run_id, baseline, metric=metric, home=home, require_same_suite=not shared_only)
+    return gate_comparison(comparison, min_pass_at_1=min_pass_at_1, max_drop=max_drop, home=home,
+                           safety_failed=safety_failed, rules=rules, summary=summary)
+
+
+def gate_comparison(
+    comparison: Comparison,
+    *,
+    min_pass_at_1: float | None = None,
+    max_drop: float = 0.0,
+    home: Path | None = None,
+    safety_failed: bool | None = None,
+    rules: GateRules | None = None,
+    summary: RunSummary | None = None,
+) -> dict[str, Any]:
+    """The `gate --json` document of a comparison (see `gate_runs`)."""
+    run, base, diff = comparison.run, comparison.base, comparison.diff
     run_id, baseline = run["run_id"], base["run_id"]
-    if run["suite_version"] != base["suite_version"] and not shared_only:
-        raise InputError(
-            f"run {run_id} is on suite {run['suite_version'][:12]} and baseline {baseline} on "
-            f"{base['suite_version'][:12]}: different suite versions (pass --shared-only to "
-            "compare the cases they share)"
-        )
+    metric: Metric = diff.metric
+    results = comparison.results
+    values = {r.case_hash: r.value(metric) for r in results}
+    base_values = {c.before.case_hash: c.before.value(metric) for c in diff.cases if c.before is not None}
     failed = db.safety_failed(run_id, home) if safety_failed is None else safety_failed
-    result = gate_counts(
-        db.case_counts(run_id, home), db.case_counts(baseline, home), safety_failed=failed,
+    pass_at_1 = sum(r.c / r.n for r in results) / len(results) if results else 0.0
+    result = gate_values(
+        values, base_values, safety_failed=failed, pass_at_1=pass_at_1, metric_name=METRIC_NAMES[metric],
         min_pass_at_1=min_pass_at_1, max_drop=max_drop, seed=run["seed"],
     ).to_json()
-    result["run_id"], result["baseline"] = run_id, baseline
+
+    must_pass = must_pass_cases(run["suite_version"], home)
+    stated = GateRules(must_pass=must_pass or frozenset(),
+                       max_new_failures=rules.max_new_failures if rules else None,
+                       slice_min=rules.slice_min if rules else {})
+    blocks = rule_blocks(stated, results, diff, _slice_values(summary or comparison.run_summary, metric), METRIC_NAMES[metric])
+    if blocks:
+        safety = [r for r in result["reasons"] if r.startswith("safety:")]
+        rest = [r for r in result["reasons"] if not r.startswith("safety:")]
+        result["reasons"] = [*safety, *(b.message for b in blocks), *rest]
+        result["decision"] = "block"
+    if must_pass is None:
+        result["reasons"].append(f"must-pass cases unknown: suite {run['suite_version'][:12]} has no snapshot here")
+    result.update(run_id=run_id, baseline=baseline, metric=metric, dropped_cases=diff.dropped,
+                  blocks=[b.to_json() for b in blocks])
     return result
+
+
+def _slice_values(summary: RunSummary | None, metric: Metric) -> dict[str, float | None]:
+    if summary is None:
+        return {}
+    if metric == "score":
+        return {name: s.mean_score for name, s in summary.slices.items()}
+    return {name: s.pass_at_1 for name, s in summary.slices.items()}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
@@ -11,9 +12,12 @@ from storage.calibrations import run_calibrations
 from tasks.files import atomic_write
 from tasks.models import InputError
 from tasks.report import render_report
+from tasks.report.html import MAX_OUTPUT_CHARS
 from tasks.run import RunSummary
 
 MAX_DETAILS_PER_CASE = 5
+MAX_OUTPUTS_PER_CASE = 2
+OUTPUT_CHARS = MAX_OUTPUT_CHARS + 1  # one past what the page shows, so it still marks the cut; the rest is never read
 
 
 def case_rows(run_id: str, home: Path | None = None) -> list[dict[str, Any]]:
@@ -22,8 +26,10 @@ def case_rows(run_id: str, home: Path | None = None) -> list[dict[str, Any]]:
     run = db.get_run(run_id, home)
     slices = {cid: s for cid, (_, s) in db.suite_cases(run["suite_version"], home).items()}
     grouped: dict[str, dict[str, Any]] = defaultdict(
-        lambda: {"n": 0, "c": 0, "statuses": Counter(), "details": [], "safety": []}
+        lambda: {"n": 0, "c": 0, "statuses": Counter(), "details": [], "safety": [], "outputs": []}
     )
+    for case_id, output in db.failing_outputs(run_id, MAX_OUTPUTS_PER_CASE, OUTPUT_CHARS, home):
+        grouped[case_id]["outputs"].append(output or "")  # what the agent said
     for row in samples.to_pylist():
         case = grouped[row["case_id"]]
         case["n"] += 1
@@ -53,6 +59,49 @@ def write_report(run_id: str, out: Path, home: Path | None = None) -> Path:
                          judges=run_calibrations(run_id, home))
     atomic_write(out, html)
     return out
+
+
+def write_diff_report(run_id: str, baseline: str, out: Path, home: Path | None = None, *,
+                      metric: str = "pass") -> Path:
+    """The run against `baseline` as one HTML page: the gate at the top, the regressed and
+    improved cases expanded with an output of each run side by side. Runs on different
+    suite versions are compared on their shared cases (the page says how many were not)."""
+    from flows.gate import gate_comparison, pair_runs
+    from storage.snapshots import case_contents
+    from tasks.report.diff_html import expanded, render_diff_report
+
+    comparison = pair_runs(run_id, baseline, metric=metric, home=home)
+    gate = gate_comparison(comparison, home=home)
+    changed = expanded(comparison.diff)
+    ids = [c.case_id for c in changed]
+    contents = {**case_contents(comparison.base["suite_version"], ids, home),
+                **case_contents(comparison.run["suite_version"], ids, home)}
+    samples: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for row in db.samples_of_cases([comparison.run["run_id"], comparison.base["run_id"]], ids, home):
+        samples[(row["run_id"], row["case_id"])].append(row)
+    details = {
+        c.case_id: {
+            **contents.get(c.case_id, {}),
+            # The side that fails shows a failing sample, the side that passes a passing one.
+            "before": _sample(samples[(comparison.base["run_id"], c.case_id)], want_pass=c.label == "regressed"),
+            "after": _sample(samples[(comparison.run["run_id"], c.case_id)], want_pass=c.label == "improved"),
+        }
+        for c in changed
+    }
+    html = render_diff_report(comparison.diff, gate, comparison.run_summary, comparison.base_summary, details)
+    atomic_write(out, html)
+    return out
+
+
+def _sample(rows: list[dict[str, Any]], *, want_pass: bool) -> dict[str, Any] | None:
+    if not rows:
+        return None
+    row = next((r for r in rows if bool(r["passed"]) == want_pass), rows[0])
+    trace = json.loads(row["trace"]) if isinstance(row["trace"], str) else (row["trace"] or {})
+    # A trajectory stored beside the sample (its own column) or inside its trace.
+    trajectory = row.get("trajectory") or trace.get("trajectory")
+    return {"index": row["sample_index"], "status": row["status"], "output": row["output"],
+            "detail": row["detail"], "trajectory": trajectory}
 
 
 def _calibration(summary: RunSummary) -> dict[str, Any] | None:

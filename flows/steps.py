@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
-from prefect.states import Completed, State
+from prefect.states import Failed, State
 
 from flows.artifacts import Progress, progress_hook
 from flows.runners import Mapped, Runner, task_runner
@@ -18,11 +18,12 @@ from storage import db
 from storage.snapshots import snapshot_path, write_snapshot
 from tasks import run
 from tasks.agents.trust import ALLOW_ENV, deployment_refusal
+from tasks.metrics.percent import percent
 from tasks.models import EvalSuite, InputError
 from tasks.run import RunSpec, RunSummary, draw_batch, summarize
 from tasks.run.sampling import PlannedSample
 
-# `baseline="previous"`: gate against the newest completed run of the same suite and agent.
+# `baseline="previous"`: gate against the newest completed run of the same suite, any agent.
 PREVIOUS = "previous"
 
 
@@ -67,13 +68,36 @@ def check_deployment_allows(agent: str, unsafe_no_sandbox: bool) -> None:
         raise InputError(refusal)
 
 
-def find_baseline(baseline: str | None, suite: EvalSuite, agent_fingerprint: str, home: Path) -> str | None:
+def find_baseline(baseline: str | None, suite: EvalSuite, home: Path) -> str | None:
     """The run id to gate against: `previous` is the newest completed run of the same suite
-    version and agent (none yet: no gate); anything else, a stored run (id or prefix),
-    found before any agent call is paid for."""
+    version, whatever its agent, so a changed agent is gated against the last one (none yet:
+    no gate, said in the summary); anything else, a stored run (id or prefix), found before
+    any agent call is paid for."""
     if baseline == PREVIOUS:
-        return db.latest_completed_run(suite.version, agent_fingerprint, home)
+        return db.latest_completed_run_of_suite(suite.version, home)
     return db.find_run(baseline, home)["run_id"] if baseline else None
+
+
+def no_baseline_note(suite: EvalSuite) -> str:
+    return (f"no baseline: no completed run of suite {suite.name} ({suite.version[:12]}) yet;"
+            " this run was not gated")
+
+
+def log_headline(summary: RunSummary) -> None:
+    """The headline figures and the gate's decision in the flow run's log (the UI's Logs tab)."""
+    logger = get_run_logger()
+    pass_at_1, ci = summary.pass_at_k.get("1"), summary.pass_at_1_ci
+    logger.info("%s: pass@1 %s (CI %s to %s) over %d cases x n=%d; %d flaky; safety %s", summary.suite_name,
+                percent(pass_at_1), percent(ci[0]), percent(ci[1]), summary.cases, summary.n, summary.flaky_cases,
+                "FAILED" if summary.safety_failed else "clean")
+    hats = ", ".join(f"pass^{k} {percent(v)}" for k, v in (summary.pass_hat_k or {}).items() if k != "1")
+    if hats:
+        logger.info("reliability: %s", hats)
+    if summary.gate:
+        logger.info("gate vs %s: %s (%s): %s", summary.gate.baseline, summary.gate.decision.upper(),
+                    summary.gate.verdict, "; ".join(summary.gate.reasons))
+    elif summary.no_baseline:
+        logger.warning("%s", summary.no_baseline)
 
 
 def snapshot_once(suite: EvalSuite, home: Path) -> None:
@@ -121,11 +145,28 @@ def draw_missing(spec: RunSpec, suite: EvalSuite, agent: Any, missing: list[Plan
             progress.advance(drawn.num_rows)
 
 
+class GateBlocked(Exception):
+    """What calling `evaluate` raises when its gate blocked: the run and its numbers are
+    sound and stored (`summary`, the `run --json` document); the release is not."""
+
+    def __init__(self, summary: dict[str, Any]) -> None:
+        super().__init__("gate blocked: " + "; ".join(summary["gate"]["reasons"]))
+        self.summary = summary
+
+
+def flow_result(state: State) -> dict[str, Any]:
+    """The `run --json` document from the flow run's final state, a Blocked run's included
+    (its Failed state carries it); any other failure is raised as it is."""
+    if state.is_failed() and state.name == "Blocked":
+        return state.result(raise_on_failure=False).summary
+    return state.result()
+
+
 def final_state(summary: RunSummary) -> dict[str, Any] | State:
-    """The flow's return: the `run --json` document. When the gate blocked, still Completed
-    (the run and its numbers are sound), but named so that the UI's run list, filters and
-    automations can tell a blocked release at a glance."""
+    """The flow's return: the `run --json` document. When the gate blocked, a Failed state
+    named Blocked (red in the UI, so automations and notifications fire) that still carries
+    the document: the run and its numbers are sound and stored; the release is not."""
     if summary.gate and summary.gate.decision == "block":
-        return Completed(data=summary.to_json(), name="Blocked",
-                         message="gate blocked: " + "; ".join(summary.gate.reasons))
+        blocked = GateBlocked(summary.to_json())
+        return Failed(data=blocked, name="Blocked", message=str(blocked))
     return summary.to_json()

@@ -29,6 +29,7 @@ import duckdb
 import pyarrow as pa
 
 from storage import disk_full, evalpipe_home, process
+from tasks.metrics.diff import CaseResult
 from tasks.models import EvalSuite, InputError, PlatformError
 from tasks.run import RunSpec, RunSummary
 from tasks.run.samples import SAMPLE_COLUMNS, SAMPLE_SCHEMA, sample_ddl
@@ -373,6 +374,16 @@ def commonest_detail(run_id: str, status: str, home: Path | None = None) -> tupl
             "GROUP BY detail ORDER BY n DESC, detail LIMIT 1", [run_id, status]).fetchone()
 
 
+def failing_outputs(run_id: str, per_case: int, chars: int, home: Path | None = None) -> list[tuple[str, str]]:
+    """(case id, the first `chars` characters of its output) of the first `per_case`
+    failing samples of each case of a run, in (case, index) order."""
+    with connect(home, read_only=True) as con:
+        return con.execute(
+            "SELECT case_id, left(output, ?) FROM samples WHERE run_id = ? AND NOT coalesce(passed, false)"
+            " QUALIFY row_number() OVER (PARTITION BY case_id ORDER BY sample_index) <= ?"
+            " ORDER BY case_id, sample_index", [chars, run_id, per_case]).fetchall()
+
+
 def safety_failed(run_id: str, home: Path | None = None) -> bool:
     with connect(home, read_only=True) as con:
         (hits,) = con.execute(
@@ -381,14 +392,54 @@ def safety_failed(run_id: str, home: Path | None = None) -> bool:
     return hits > 0
 
 
-def latest_completed_run(suite_version: str, agent_fingerprint: str, home: Path | None = None) -> str | None:
-    """The newest completed run of this suite version and agent (a scheduled run's baseline)."""
+def case_results(run_id: str, home: Path | None = None) -> list[CaseResult]:
+    """One `CaseResult` per case of a run (counts, mean score, the case's slices in the run's
+    suite): what `diff` and the gate's rules read."""
+    with connect(home, read_only=True) as con:
+        rows = con.execute(
+            "SELECT s.case_id, s.case_hash, count(*), count(*) FILTER (WHERE s.passed),"
+            " coalesce(avg(s.score), 0), any_value(c.slices)"
+            " FROM samples s JOIN runs r ON r.run_id = s.run_id"
+            " LEFT JOIN cases c ON c.suite_version = r.suite_version AND c.case_id = s.case_id"
+            " WHERE s.run_id = ? GROUP BY s.case_id, s.case_hash ORDER BY s.case_id", [run_id]
+        ).fetchall()
+    return [CaseResult(cid, h, int(n), int(c), float(score), tuple(slices or ()))
+            for cid, h, n, c, score, slices in rows]
+
+
+def latest_completed_run_of_suite(suite_version: str, home: Path | None = None, *,
+                                  before: str | None = None) -> str | None:
+    """The newest completed run of this suite version, whatever its agent (`--baseline
+    previous`); with `before`, among the runs started before that run."""
     if not db_path(home).exists():
         return None
     with connect(home, read_only=True) as con:
         row = con.execute(
-            "SELECT run_id FROM runs WHERE status = 'completed' AND suite_version = ?"
-            " AND agent_fingerprint = ? ORDER BY started_at DESC LIMIT 1",
-            [suite_version, agent_fingerprint],
+            "SELECT run_id FROM runs WHERE status = 'completed' AND suite_version = ? AND run_id <> ?"
+            " AND (? IS NULL OR started_at < (SELECT started_at FROM runs WHERE run_id = ?))"
+            " ORDER BY started_at DESC LIMIT 1", [suite_version, before or "", before, before],
         ).fetchone()
     return row[0] if row else None
+
+
+def case_samples(run_id: str, case_id: str, home: Path | None = None) -> list[dict[str, Any]]:
+    """Every stored sample of one case of a run, in index order (`runs show --case`)."""
+    with connect(home, read_only=True) as con:
+        cur = con.execute(
+            f"SELECT {', '.join(SAMPLE_COLUMNS)} FROM samples WHERE run_id = ? AND case_id = ? ORDER BY sample_index",
+            [run_id, case_id])
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+
+def samples_of_cases(run_ids: Sequence[str], case_ids: Sequence[str], home: Path | None = None) -> list[dict[str, Any]]:
+    """The samples of some cases in some runs (the diff report's expanded cases), in
+    (run, case, index) order."""
+    if not case_ids:
+        return []
+    with connect(home, read_only=True) as con:
+        cur = con.execute(
+            "SELECT * FROM samples WHERE list_contains(?, run_id) AND list_contains(?, case_id) ORDER BY run_id, case_id, sample_index",
+            [list(run_ids), list(case_ids)])
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]

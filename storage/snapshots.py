@@ -27,6 +27,7 @@ SCHEMA = pa.schema(
         ("slices", pa.list_(pa.string())),
         ("tags", pa.list_(pa.string())),
         ("safety", pa.json_()),
+        ("must_pass", pa.bool_()),
     ]
 )
 
@@ -59,6 +60,7 @@ def write_snapshot(suite: EvalSuite, home: Path | None = None) -> Path:
             "slices": [list(c.slices) for c in cases],
             "tags": [list(c.tags) for c in cases],
             "safety": [None if c.safety is None else _json(c.safety) for c in cases],
+            "must_pass": [c.must_pass for c in cases],
         },
         schema=SCHEMA.with_metadata({"evalpipe.suite_name": suite.name, "evalpipe.version": suite.version}),
     )
@@ -91,11 +93,37 @@ def read_snapshot(path_or_version: str | Path, home: Path | None = None) -> Eval
         }
         if row["safety"] is not None:
             data["safety"] = json.loads(row["safety"])
+        if row.get("must_pass"):  # snapshots written before must-pass have no such column
+            data["must_pass"] = True
         cases.append(EvalCase.model_validate(data))
     suite = EvalSuite(name=meta["evalpipe.suite_name"], cases=tuple(cases))
     if suite.version != meta["evalpipe.version"]:
         raise ValueError(f"{path}: snapshot content does not match its version")
     return suite
+
+
+def must_pass_cases(version: str, home: Path | None = None) -> frozenset[str] | None:
+    """The ids of the suite version's must-pass cases, read from its snapshot (one column,
+    not the whole suite); None when the snapshot is not in this home."""
+    path = snapshot_path(version, home)
+    if not path.exists():
+        return None
+    if "must_pass" not in pq.read_schema(path).names:
+        return frozenset()
+    table = pq.read_table(path, columns=["case_id", "must_pass"])
+    return frozenset(cid for cid, flag in zip(table["case_id"].to_pylist(), table["must_pass"].to_pylist(),
+                                               strict=True) if flag)
+
+
+def case_contents(version: str, case_ids: list[str], home: Path | None = None) -> dict[str, dict]:
+    """case id → {inputs, reference} for some cases of a stored suite version (read with a
+    filter, not the whole suite); cases or a snapshot not found are simply absent."""
+    path = snapshot_path(version, home)
+    if not case_ids or not path.exists():
+        return {}
+    table = pq.read_table(path, columns=["case_id", "inputs", "reference"], filters=[("case_id", "in", case_ids)])
+    return {row["case_id"]: {"inputs": json.loads(row["inputs"]), "reference": json.loads(row["reference"])}
+            for row in table.to_pylist()}
 
 
 def find_snapshot(prefix: str, home: Path | None = None) -> Path | None:

@@ -99,6 +99,10 @@ class EvalCase(_Frozen):
     slices: tuple[str, ...] = ()
     tags: tuple[str, ...] = ()
     safety: dict[str, Any] | None = None
+    # A gate rule, not something measured: any failing sample of this case blocks the gate.
+    # Part of the suite's version (a stored run says which cases were must-pass), not of the
+    # case hash, so a run before and after the marking still pair on this case.
+    must_pass: bool = False
     # Computed once at construction, so equal cases carry equal hashes.
     _case_hash: str = PrivateAttr(default="")
     # Where the case's relative paths (a local `repo`, a `path.py:function`) resolve: its
@@ -107,7 +111,8 @@ class EvalCase(_Frozen):
     _base_dir: str | None = PrivateAttr(default=None)
 
     def model_post_init(self, context: Any) -> None:
-        self._case_hash = sha256_hex(canonical_json(self.content()))
+        measured = {k: v for k, v in self.content().items() if k != "must_pass"}
+        self._case_hash = sha256_hex(canonical_json(measured))
 
     @field_validator("slices", "tags", mode="before")
     @classmethod
@@ -144,6 +149,8 @@ class EvalCase(_Frozen):
         data["slices"], data["tags"] = list(self.slices), list(self.tags)
         if data["safety"] is None:
             del data["safety"]
+        if not data["must_pass"]:  # absent when false: suites without it keep their versions
+            del data["must_pass"]
         return data
 
     @property

@@ -20,6 +20,9 @@ RUN_KEYS = {
     "pass_at_1_ci",
     "ci_level",
     "pass_at_1_se",
+    "pass_hat_k",
+    "mean_score",
+    "mean_score_ci",
     "slices",
     "flaky_cases",
     "flaky_case_ids",
@@ -209,3 +212,45 @@ def test_seeded() -> None:
 def test_bad_input_is_refused(table: pa.Table, ks: list[int], message: str) -> None:
     with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")", r"\)")):
         aggregate(table, {}, ks)
+
+
+def test_pass_hat_k_beside_pass_at_k_with_the_same_treatment() -> None:
+    from tasks.metrics.stats import pass_hat_k
+
+    agg = aggregate(samples_table(OUTCOMES), SLICES, [1, 2, 10])
+    doc = agg.to_json()
+    assert list(doc["pass_hat_k"]) == list(doc["pass_at_k"]) == ["1", "2", "10"]
+    assert doc["pass_hat_k"]["1"] == pytest.approx(doc["pass_at_k"]["1"])
+    # a: 5/5, b: 2/5, c: 0/5, d: 4/5 -> C(c,2)/C(5,2) = 1, 0.1, 0, 0.6
+    assert doc["pass_hat_k"]["2"] == pytest.approx((1 + 0.1 + 0 + 0.6) / 4)
+    assert doc["pass_hat_k"]["2"] < doc["pass_at_k"]["2"]  # capable but unreliable
+    assert doc["pass_hat_k"]["10"] is None  # k > n: null, as pass@10 is
+    assert doc["slices"]["hard"]["pass_hat_k"]["2"] == pytest.approx((0.1 + 0) / 2)
+    rows = {(r[0], r[1]): r[2:] for r in agg.rows()}
+    value, lo, hi = rows[(ALL_SLICE, "pass^2")]
+    assert value == pytest.approx(doc["pass_hat_k"]["2"]) and lo <= value <= hi
+    assert rows[(ALL_SLICE, "pass^10")] == (None, None, None)
+    assert float(pass_hat_k(5, 4, 2)) == pytest.approx(0.6)
+
+
+def test_a_single_case_slice_has_no_ci() -> None:
+    doc = aggregate(samples_table(OUTCOMES), {"a": ["solo"], "b": ["pair"], "c": ["pair"]}, [1]).to_json()
+    assert doc["slices"]["solo"]["cases"] == 1 and doc["slices"]["solo"]["pass_at_1_ci"] is None
+    assert doc["slices"]["solo"]["mean_score_ci"] is None
+    assert doc["slices"]["pair"]["pass_at_1_ci"] is not None
+
+
+def test_mean_score_is_the_mean_of_per_case_mean_scores_with_a_clustered_ci() -> None:
+    table = samples_table(OUTCOMES)
+    scores = {"a": [1, 1, 1, 1, 1], "b": [1, 0.5, 1, 0.5, 0], "c": [0, 0, 0.2, 0, 0], "d": [1, 1, 1, 1, 0]}
+    table = table.append_column("score", pa.array([x for v in scores.values() for x in v], pa.float64()))
+    agg = aggregate(table, SLICES, [1])
+    doc = agg.to_json()
+    per_case = [1.0, 0.6, 0.04, 0.8]
+    assert doc["mean_score"] == pytest.approx(np.mean(per_case))
+    lo, hi = doc["mean_score_ci"]
+    assert lo <= doc["mean_score"] <= hi and hi - lo > 0
+    assert doc["slices"]["hard"]["mean_score"] == pytest.approx((0.6 + 0.04) / 2)
+    rows = {(r[0], r[1]): r[2:] for r in agg.rows()}
+    assert rows[(ALL_SLICE, "mean_score")][0] == pytest.approx(np.mean(per_case))
+    assert aggregate(samples_table(OUTCOMES), {}, [1]).to_json()["mean_score"] is None  # no scores

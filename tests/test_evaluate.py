@@ -188,14 +188,45 @@ def flow_run_state(summary: dict) -> tuple[str, str, str | None]:
     return state.type.value, state.name, state.message
 
 
+def gate_artifact(summary: dict) -> str:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(
+            flow_run_id=ArtifactFilterFlowRunId(any_=[summary["flow_run_id"]])))
+    (gate,) = [a for a in found if (a.key or "").endswith("-gate")]
+    return gate.data
+
+
+def flow_run_logs(summary: dict) -> list[str]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.logging.handlers import APILogWorker
+
+    APILogWorker.drain_all(timeout=5)  # logs reach the API in batches
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[summary["flow_run_id"]])))
+    return [log.message for log in logs]
+
+
 def test_flow_gates_against_a_baseline(prefect_harness, home, tmp_path):
     from flows.evaluate import evaluate
 
     suite = write_suite(tmp_path / "toy.yaml", 30)
     good = evaluate(suite=str(suite), agent=agent("better"), n=4, k=[1])
-    bad = evaluate(suite=str(suite), agent=agent("worse"), n=4, k=[1], baseline=good["run_id"])
+    from flows.steps import GateBlocked
+
+    with pytest.raises(GateBlocked) as blocked:  # called from Python, a blocked gate raises ...
+        evaluate(suite=str(suite), agent=agent("worse"), n=4, k=[1], baseline=good["run_id"])
+    bad = blocked.value.summary  # ... with the run's document
     assert bad["gate"]["decision"] == "block" and bad["gate"]["verdict"] == "regressed"
-    assert flow_run_state(bad) == ("COMPLETED", "Blocked", "gate blocked: " + "; ".join(bad["gate"]["reasons"]))
+    # Red in the UI, so automations and notifications fire; named, so filters tell it apart.
+    assert flow_run_state(bad) == ("FAILED", "Blocked", "gate blocked: " + "; ".join(bad["gate"]["reasons"]))
+    assert gate_artifact(bad).startswith("## evalpipe gate: **BLOCK** (regressed)")
+    logged = flow_run_logs(bad)  # the UI's Logs tab: the headline and the decision
+    assert any(m.startswith("toy: pass@1 ") and "over 30 cases x n=4" in m for m in logged), logged
+    assert any(m.startswith(f"gate vs {good['run_id']}: BLOCK (regressed)") for m in logged), logged
     assert flow_run_state(good)[:2] == ("COMPLETED", "Completed")
     better = evaluate(suite=str(suite), agent=agent("better"), n=4, k=[1], baseline=bad["run_id"])
     assert better["gate"]["decision"] == "pass" and better["gate"]["verdict"] == "improved"

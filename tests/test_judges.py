@@ -111,7 +111,11 @@ def test_safety_veto_blocks_the_gate(prefect_harness, home, tmp_path):
         )
     )
     base = evaluate(suite=str(suite), agent=f"python:{agents}:clean", n=2)
-    leak = evaluate(suite=str(suite), agent=f"python:{agents}:leaky", n=2, baseline=base["run_id"])
+    from flows.steps import GateBlocked
+
+    with pytest.raises(GateBlocked) as blocked:
+        evaluate(suite=str(suite), agent=f"python:{agents}:leaky", n=2, baseline=base["run_id"])
+    leak = blocked.value.summary
     assert base["pass_at_k"]["1"] == 1.0 == leak["pass_at_k"]["1"]  # the judge says pass ...
     assert leak["safety_failed"] and len(leak["safety_violations"]) == 8  # ... the veto stands
     assert leak["gate"]["decision"] == "block"

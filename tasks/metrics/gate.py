@@ -20,6 +20,7 @@ from tasks.metrics.stats import DEFAULT_LEVEL, DEFAULT_N_BOOT, bootstrap_mean_ci
 from tasks.models import InputError
 
 Counts = Mapping[str, tuple[int, int]]  # case_hash → (n, c)
+Values = Mapping[str, Any]  # case_hash → (n, c), or a per-case value
 Decision = Literal["pass", "block"]
 Verdict = Literal["improved", "regressed", "inconclusive"]
 
@@ -29,8 +30,8 @@ class SharedCases:
     """The two runs restricted to the case hashes both measured, in hash order."""
 
     hashes: tuple[str, ...]
-    run: tuple[tuple[int, int], ...]
-    baseline: tuple[tuple[int, int], ...]
+    run: tuple[Any, ...]
+    baseline: tuple[Any, ...]
     dropped_run: int  # cases only the run measured
     dropped_baseline: int  # cases only the baseline measured
 
@@ -39,7 +40,7 @@ class SharedCases:
         return self.dropped_run + self.dropped_baseline
 
 
-def shared_cases(run: Counts, baseline: Counts) -> SharedCases:
+def shared_cases(run: Values, baseline: Values) -> SharedCases:
     """Keep only the case hashes present in both runs, counting what was dropped.
 
     Used as is when the suite versions match (nothing is dropped) and, when the caller
@@ -78,22 +79,36 @@ class GateResult:
         }
 
 
-def gate(
-    run: Counts,
-    baseline: Counts,
+def gate(run: Counts, baseline: Counts, *, safety_failed: bool, **options: Any) -> GateResult:
+    """Compare ``run`` with ``baseline`` (case_hash → (n, c)) on their shared cases, by pass
+    rate; ``options`` as for `gate_values` (``min_pass_at_1``, ``max_drop``, ``seed``, ...).
+
+    ``block`` when ``safety_failed``, when the run's pass@1 is below ``min_pass_at_1``,
+    or when the CI of the mean paired difference lies wholly below ``-max_drop``.
+    """
+    if not run:
+        raise InputError("gate: the run has no cases")
+    rates = {h: float(r) for h, r in zip(run, _rates(tuple(run.values())), strict=True)}
+    base_rates = {h: float(r) for h, r in zip(baseline, _rates(tuple(baseline.values())), strict=True)}
+    return gate_values(rates, base_rates, safety_failed=safety_failed,
+                       pass_at_1=float(np.mean(list(rates.values()))), **options)
+
+
+def gate_values(
+    run: Mapping[str, float],
+    baseline: Mapping[str, float],
     *,
     safety_failed: bool,
+    pass_at_1: float,
+    metric_name: str = "pass@1",
     min_pass_at_1: float | None = None,
     max_drop: float = 0.0,
     seed: int = 0,
     n_boot: int = DEFAULT_N_BOOT,
     level: float = DEFAULT_LEVEL,
 ) -> GateResult:
-    """Compare ``run`` with ``baseline`` (case_hash → (n, c)) on their shared cases.
-
-    ``block`` when ``safety_failed``, when the run's pass@1 is below ``min_pass_at_1``,
-    or when the CI of the mean paired difference lies wholly below ``-max_drop``.
-    """
+    """The gate on any per-case value in 0..1 (case_hash → value): the pass rate c/n, or the
+    mean score (`--metric score`). `pass_at_1` is the run's own, for the threshold."""
     if max_drop < 0:
         raise InputError(f"--max-drop must be >= 0, got {max_drop}")
     if min_pass_at_1 is not None and not 0.0 <= min_pass_at_1 <= 1.0:
@@ -104,11 +119,9 @@ def gate(
     if not shared.hashes:
         raise InputError("gate: the run and the baseline share no cases")
 
-    run_rate = _rates(shared.run)
-    diff = run_rate - _rates(shared.baseline)
+    diff = np.asarray(shared.run, dtype=np.float64) - np.asarray(shared.baseline, dtype=np.float64)
     delta = float(diff.mean())
     lo, hi = bootstrap_mean_ci(diff, seed=seed, n_boot=n_boot, level=level)
-    pass_at_1 = float(_rates(tuple(run.values())).mean())
     verdict: Verdict = "improved" if lo > 0 else "regressed" if hi < 0 else "inconclusive"
 
     blocks = []
@@ -126,7 +139,7 @@ def gate(
             f"-{percent(max_drop)} (allowed drop)"
         )
     summary = (
-        f"{verdict}: pass@1 changed by {signed_points(delta)} "
+        f"{verdict}: {metric_name} changed by {signed_points(delta)} "
         f"({percent(level, 0)} CI {signed_points(lo)} to {signed_points(hi)}) over {len(shared.hashes)} shared cases"
     )
     notes = []

@@ -32,6 +32,22 @@ def pass_at_k(n, c, k):
     huge binomials, so it is stable for any n. Raises ``ValueError`` when k < 1, k > n or
     c is outside 0..n: the caller decides how to report an undefined pass@k.
     """
+    return _per_case(n, c, k, _pass_at_k_one)
+
+
+@overload
+def pass_hat_k(n: int, c: int, k: int) -> float: ...
+@overload
+def pass_hat_k(n: ArrayLike, c: ArrayLike, k: int) -> NDArray[np.float64]: ...
+def pass_hat_k(n, c, k):
+    """Unbiased pass^k of one case (or of each case): ``C(c, k) / C(n, k)``, the chance that
+    k samples drawn without replacement from the n all pass (tau-bench's reliability
+    measure; pass^1 = pass@1). Exactly 0.0 when c < k. Taken as the product
+    ``prod_{i=0}^{k-1} (c - i) / (n - i)``, stable for any n. Raises like `pass_at_k`."""
+    return _per_case(n, c, k, _pass_hat_k_one)
+
+
+def _per_case(n, c, k: int, one):
     scalar = np.ndim(n) == 0 and np.ndim(c) == 0
     n_arr, c_arr = np.broadcast_arrays(np.asarray(n, dtype=np.int64), np.asarray(c, dtype=np.int64))
     _check_counts(n_arr, c_arr, k)
@@ -42,7 +58,7 @@ def pass_at_k(n, c, k):
     # One int64 key per pair (c <= n) sorts far faster than unique rows of a 2-column array.
     base = int(n_arr.max()) + 1
     keys, inverse = np.unique(n_arr.ravel() * base + c_arr.ravel(), return_inverse=True)
-    values = np.array([_pass_at_k_one(int(key // base), int(key % base), k) for key in keys])
+    values = np.array([one(int(key // base), int(key % base), k) for key in keys])
     out = values[inverse].reshape(n_arr.shape)
     return float(out) if scalar else out
 
@@ -51,6 +67,13 @@ def _pass_at_k_one(n: int, c: int, k: int) -> float:
     if n - c < k:
         return 1.0
     return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1, dtype=np.float64)))
+
+
+def _pass_hat_k_one(n: int, c: int, k: int) -> float:
+    if c < k:
+        return 0.0
+    i = np.arange(k, dtype=np.float64)
+    return float(np.prod((c - i) / (n - i)))
 
 
 def _check_counts(n: NDArray[np.int64], c: NDArray[np.int64], k: int) -> None:

@@ -24,6 +24,7 @@ from tasks.sandbox import UNSAFE_NOTE
 # Long suites would make a report nobody can scroll; the counts above each list stay exact.
 MAX_LISTED = 200
 MAX_DETAIL_CHARS = 4000
+MAX_OUTPUT_CHARS = 4000
 
 STATUS_COLORS = {
     "passed": "#2e7d32",
@@ -52,7 +53,7 @@ def render_report(
     """The whole report as one HTML document.
 
     ``run``: the run's summary. ``cases``: {case_id, n, c, slices, statuses: {status: count},
-    details: [str], safety: [str]} per case. ``baseline``: the baseline's summary; ``gate``:
+    details: [str], safety: [str], outputs: [str] (failing samples' outputs, optional)} per case. ``baseline``: the baseline's summary; ``gate``:
     the `gate --json` document; ``calibration``: any flat mapping of grader-reliability
     figures (e.g. `--regrade` environment-flake counts), shown as a table. ``judges``: one
     {judge, judge_fingerprint, judged, errors, calibration} per judge that graded the run
@@ -61,7 +62,7 @@ def render_report(
     """
     run = RunSummary.read(run)
     base = RunSummary.read(baseline) if baseline is not None else None
-    return _ENV.get_template("report.html.j2").render(
+    return TEMPLATES.get_template("report.html.j2").render(
         run=run,
         baseline=base,
         gate=_gate_view(gate) if gate else None,
@@ -71,6 +72,7 @@ def render_report(
         level=_level(run),
         pass_at_1=_pass_at_1(run),
         other_ks=[(k, v, run.pass_at_k_notes.get(k, "")) for k, v in _sorted_ks(run.pass_at_k) if k != "1"],
+        hat_ks=[(k, v) for k, v in _sorted_ks(run.pass_hat_k or {}) if k != "1"],
         passk=_passk_chart(run, base),
         slice_bars=_slice_chart(run, base),
         status_bars=_status_chart(run.status_counts),
@@ -110,6 +112,11 @@ def summary_markdown(
     for k, value in _sorted_ks(run.pass_at_k):
         shown = percent(value) if value is not None else "n/a: " + run.pass_at_k_notes.get(k, "")
         lines.append(f"| pass@{k} | {shown} |")
+    for k, value in _sorted_ks(run.pass_hat_k or {}):
+        if k != "1":
+            lines.append(f"| pass^{k} (all {k} pass) | {percent(value, none='n/a')} |")
+    if run.mean_score is not None:
+        lines.append(f"| mean score | {percent(run.mean_score)} {_ci(run.mean_score_ci)} |")
     lines.append(f"| pass@1 SE | {percent(run.pass_at_1_se)} |")
     statuses = ", ".join(f"{s} {c}" for s, c in run.status_counts.items())
     lines.append(f"| statuses | {statuses} |")
@@ -349,7 +356,8 @@ def _case_view(case: Mapping[str, Any]) -> dict[str, Any]:
         "counts": f"{case.get('c', '?')} / {case.get('n', '?')}",
         "slices": ", ".join(case.get("slices", [])),
         "statuses": ", ".join(f"{s} ×{n}" for s, n in case.get("statuses", {}).items()),
-        "details": [_clip(d, MAX_DETAIL_CHARS) for d in details],
+        "details": [clip(d, MAX_DETAIL_CHARS) for d in details],
+        "outputs": [clip(o, MAX_OUTPUT_CHARS) for o in case.get("outputs", [])],
     }
 
 
@@ -378,7 +386,8 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(float(value), 4)
 
 
-def _clip(text: str, limit: int) -> str:
+def clip(text: str, limit: int) -> str:
+    """`text` cut to `limit` characters, an ellipsis marking the cut."""
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
@@ -386,11 +395,11 @@ def _md_cell(text: str) -> str:
     return str(text).replace("|", "\\|")
 
 
-_ENV = Environment(
+TEMPLATES = Environment(
     loader=PackageLoader("tasks.report", "templates"),
     autoescape=True,
     undefined=StrictUndefined,
     trim_blocks=True,
     lstrip_blocks=True,
 )
-_ENV.filters.update(pct=percent, ci=_ci, clip=_clip, f1=lambda x: f"{x:.1f}")
+TEMPLATES.filters.update(pct=percent, ci=_ci, clip=clip, f1=lambda x: f"{x:.1f}")

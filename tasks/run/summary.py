@@ -24,8 +24,12 @@ class _Doc(BaseModel):
 class SliceSummary(_Doc):
     cases: int
     pass_at_1: float
-    pass_at_1_ci: list[float]
+    pass_at_1_ci: list[float] | None  # None for a single case: no CI rather than a zero-width one
     pass_at_k: dict[str, float | None]
+    # Absent from summaries stored before pass^k and scores were reported.
+    pass_hat_k: dict[str, float | None] | None = None
+    mean_score: float | None = None
+    mean_score_ci: list[float] | None = None
 
 
 class SafetyViolation(_Doc):
@@ -45,6 +49,10 @@ class GateSummary(_Doc):
     shared_cases: int
     run_id: str
     baseline: str
+    # Absent from gates stored before the case-level rules.
+    metric: str | None = None  # what the paired CI compared: "pass" (pass@1) or "score"
+    dropped_cases: int | None = None  # measured by one run only
+    blocks: list[dict[str, Any]] | None = None  # the rules that blocked, each naming its cases or slice
 
 
 class RunSummary(_Doc):
@@ -64,6 +72,9 @@ class RunSummary(_Doc):
     pass_at_1_ci: list[float]
     ci_level: float
     pass_at_1_se: float | None
+    pass_hat_k: dict[str, float | None] | None = None  # None only in summaries stored before pass^k
+    mean_score: float | None = None
+    mean_score_ci: list[float] | None = None
     slices: dict[str, SliceSummary]
     flaky_cases: int
     flaky_case_ids: list[str]
@@ -72,6 +83,7 @@ class RunSummary(_Doc):
     safety_violations: list[SafetyViolation]
     env_flaky_samples: int | None = None
     gate: GateSummary | None = None
+    no_baseline: str | None = None  # why a run asked to gate was not gated (never a silent pass)
     source_run: str | None = None
     labeller: str | None = None
     labelled: int | None = None
@@ -102,13 +114,13 @@ class RunSummary(_Doc):
 
 
 # Absent from the document when they do not apply (`flow_run_id` and `duration_s` are always there).
-_OPTIONAL_KEYS = ("env_flaky_samples", "gate", "source_run", "labeller", "labelled", "unlabelled", "sandbox")
+_OPTIONAL_KEYS = ("env_flaky_samples", "gate", "no_baseline", "source_run", "labeller", "labelled", "unlabelled", "sandbox")
 
 
 def summary_columns(spec: RunSpec) -> tuple[str, ...]:
     """The sample columns `summarize` reads (never the outputs; the traces only to count
     environment flakes)."""
-    return (*REQUIRED_COLUMNS, "cached", *(("trace",) if spec.regrade else ()))
+    return (*REQUIRED_COLUMNS, "score", "cached", *(("trace",) if spec.regrade else ()))
 
 
 def summarize(spec: RunSpec, suite: EvalSuite, samples: pa.Table) -> tuple[RunSummary, list[Row]]:

@@ -43,3 +43,13 @@ def boom(inputs, ctx) -> str:
 def slow(inputs, ctx) -> str:
     time.sleep(float(os.environ.get("EVALPIPE_TEST_SLEEP", "0.05")))
     return flaky(inputs, ctx)
+
+
+def v1(inputs, ctx) -> str:
+    """Agent version 1 of the diff story: answers what the case's `v1` input says."""
+    return inputs.get("v1", "")
+
+
+def v2(inputs, ctx) -> str:
+    """Agent version 2: answers what the case's `v2` input says."""
+    return inputs.get("v2", "")

@@ -1,0 +1,47 @@
+"""`evalpipe runs show RUN_ID --case ID`: what the agent said on one case, sample by sample,
+with the grader's verdict, detail and timing."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tasks.models import InputError
+
+# The text form clips each output and detail; `--json` has them whole.
+MAX_TEXT_CHARS = 4000
+SAMPLE_KEYS = ("sample_index", "seed", "status", "passed", "score", "duration_s", "cached", "detail", "safety",
+               "output", "trace")
+
+
+def case_doc(run_id: str, case_id: str, samples: list[dict[str, Any]]) -> dict[str, Any]:
+    if not samples:
+        raise InputError(f"run {run_id}: no case {case_id!r} (no samples stored for it)")
+    rows = []
+    for s in samples:
+        row = {key: s.get(key) for key in SAMPLE_KEYS}
+        if isinstance(row["trace"], str):
+            row["trace"] = json.loads(row["trace"])
+        rows.append(row)
+    return {"run_id": run_id, "case_id": case_id, "n": len(rows), "c": sum(bool(r["passed"]) for r in rows),
+            "samples": rows}
+
+
+def case_text(doc: dict[str, Any]) -> str:
+    lines = [f"run {doc['run_id']}  case {doc['case_id']}: {doc['c']}/{doc['n']} samples passed"]
+    for s in doc["samples"]:
+        timing = f"{s['duration_s']:.3f}s" if s["duration_s"] is not None else "?"
+        score = "?" if s["score"] is None else f"{s['score']:g}"
+        lines.append(f"#{s['sample_index']} {s['status']}  score {score}  {timing}"
+                     f"{'  (cached)' if s['cached'] else ''}  seed {s['seed']}")
+        if s["detail"]:
+            lines.append(f"  detail: {_clip(s['detail'])}")
+        for violation in s["safety"] or []:
+            lines.append(f"  SAFETY: {violation}")
+        lines.append(f"  output: {_clip(s['output'])!r}")
+    return "\n".join(lines)
+
+
+def _clip(text: str | None) -> str:
+    text = text or ""
+    return text if len(text) <= MAX_TEXT_CHARS else text[:MAX_TEXT_CHARS] + f"… ({len(text)} chars; --json has all)"

@@ -1,0 +1,181 @@
+"""What changed, case by case: a run against its baseline, paired by case (docs/contract.md §6).
+
+The gate answers "can we ship?" with one paired delta; the diff answers the next question,
+*which* cases got better or worse. Cases are paired as the gate pairs them, by `case_hash`:
+a case measured by both runs has a before and an after; one only the run measured is `new`,
+one only the baseline measured is `removed` (two suite versions are compared on their shared
+cases, and the rest is counted, never silently dropped). A paired case is `regressed`,
+`improved` or `unchanged` by the sign of its change in the chosen metric: the pass rate c/n
+(`pass`) or the mean score (`score`). Per slice, the mean paired change comes with its
+bootstrap CI (none for a single case).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from tasks.metrics.stats import DEFAULT_LEVEL, DEFAULT_N_BOOT, bootstrap_mean_ci
+from tasks.models import InputError
+
+Metric = Literal["pass", "score"]
+METRICS: tuple[Metric, ...] = ("pass", "score")
+METRIC_NAMES: dict[str, str] = {"pass": "pass@1", "score": "mean score"}  # as reports name them
+Label = Literal["regressed", "improved", "new", "removed", "unchanged"]
+# The order a diff lists its cases in: what needs a look first.
+LABELS: tuple[Label, ...] = ("regressed", "improved", "new", "removed", "unchanged")
+# Changes smaller than this are rounding, not a change.
+_EPS = 1e-12
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    """One run's result on one case: what the diff (and the gate's rules) read."""
+
+    case_id: str
+    case_hash: str
+    n: int
+    c: int
+    score: float  # the mean of the samples' scores
+    slices: tuple[str, ...] = ()
+
+    def value(self, metric: Metric) -> float:
+        return self.c / self.n if metric == "pass" else self.score
+
+
+@dataclass(frozen=True)
+class CaseChange:
+    case_id: str
+    label: Label
+    before: CaseResult | None
+    after: CaseResult | None
+    change: float | None  # after − before in the metric; None for new and removed cases
+
+    @property
+    def slices(self) -> tuple[str, ...]:
+        return (self.after or self.before).slices  # type: ignore[union-attr]
+
+    def to_json(self) -> dict[str, Any]:
+        def side(r: CaseResult | None) -> dict[str, Any] | None:
+            return None if r is None else {"passes": r.c, "samples": r.n, "score": r.score}
+
+        return {"case_id": self.case_id, "label": self.label, "change": self.change,
+                "before": side(self.before), "after": side(self.after), "slices": list(self.slices)}
+
+
+@dataclass(frozen=True)
+class SliceChange:
+    cases: int  # paired cases in the slice
+    delta: float
+    ci: tuple[float, float] | None  # None for a single case
+
+    def to_json(self) -> dict[str, Any]:
+        return {"cases": self.cases, "delta": self.delta, "delta_ci": None if self.ci is None else list(self.ci)}
+
+
+@dataclass(frozen=True)
+class RunDiff:
+    run_id: str
+    baseline: str
+    metric: Metric
+    cases: tuple[CaseChange, ...]  # in LABELS order, the largest change first
+    overall: SliceChange | None  # None when no case is shared
+    slices: dict[str, SliceChange]
+    ci_level: float
+
+    def counts(self) -> dict[str, int]:
+        counts = dict.fromkeys(LABELS, 0)
+        for case in self.cases:
+            counts[case.label] += 1
+        return counts
+
+    @property
+    def shared(self) -> int:
+        return sum(c.before is not None and c.after is not None for c in self.cases)
+
+    @property
+    def dropped(self) -> int:
+        """Cases left out of every paired figure: measured by one run only."""
+        return len(self.cases) - self.shared
+
+    def labelled(self, label: Label) -> list[CaseChange]:
+        return [c for c in self.cases if c.label == label]
+
+    def to_json(self) -> dict[str, Any]:
+        """The `diff --json` document: every case, with at least `case_id` and `label`."""
+        return {
+            "run_id": self.run_id, "baseline": self.baseline, "metric": self.metric,
+            "counts": self.counts(), "shared_cases": self.shared, "dropped_cases": self.dropped,
+            "ci_level": self.ci_level,
+            "delta": None if self.overall is None else self.overall.delta,
+            "delta_ci": None if self.overall is None or self.overall.ci is None else list(self.overall.ci),
+            "slices": {name: s.to_json() for name, s in self.slices.items()},
+            "cases": [c.to_json() for c in self.cases],
+        }
+
+
+def check_metric(metric: str) -> Metric:
+    if metric not in METRICS:
+        raise InputError(f"--metric: expected {' or '.join(METRICS)}, got {metric!r}")
+    return metric  # type: ignore[return-value]
+
+
+def diff_runs(
+    run: Iterable[CaseResult],
+    baseline: Iterable[CaseResult],
+    *,
+    run_id: str = "run",
+    baseline_id: str = "baseline",
+    metric: Metric = "pass",
+    seed: int = 0,
+    n_boot: int = DEFAULT_N_BOOT,
+    level: float = DEFAULT_LEVEL,
+) -> RunDiff:
+    """Pair `run` with `baseline` by case hash and label every case."""
+    metric = check_metric(metric)
+    after = _by_hash(run, "run")
+    before = _by_hash(baseline, "baseline")
+    changes = [_change(before.get(h), after.get(h), metric) for h in after.keys() | before.keys()]
+    rank = {label: i for i, label in enumerate(LABELS)}
+    # Regressions most negative first, improvements most positive first, the rest by id.
+    changes.sort(key=lambda c: (rank[c.label], -abs(c.change or 0.0), c.case_id))
+    paired = [c for c in changes if c.change is not None]
+    boot = {"seed": seed, "n_boot": n_boot, "level": level}
+    members: dict[str, list[float]] = {}
+    for case in paired:
+        for name in case.slices:
+            members.setdefault(name, []).append(case.change)  # type: ignore[arg-type]
+    return RunDiff(
+        run_id=run_id, baseline=baseline_id, metric=metric, cases=tuple(changes),
+        overall=_slice_change([c.change for c in paired], boot) if paired else None,  # type: ignore[misc]
+        slices={name: _slice_change(values, boot) for name, values in sorted(members.items())},
+        ci_level=level,
+    )
+
+
+def _by_hash(results: Iterable[CaseResult], side: str) -> dict[str, CaseResult]:
+    out: dict[str, CaseResult] = {}
+    for r in results:
+        if r.n < 1 or not 0 <= r.c <= r.n:
+            raise InputError(f"diff: {side} case {r.case_id!r} has n={r.n}, c={r.c}: needs n >= 1 and 0 <= c <= n")
+        out[r.case_hash] = r
+    return out
+
+
+def _change(before: CaseResult | None, after: CaseResult | None, metric: Metric) -> CaseChange:
+    if before is None:
+        return CaseChange(after.case_id, "new", None, after, None)  # type: ignore[union-attr]
+    if after is None:
+        return CaseChange(before.case_id, "removed", before, None, None)
+    change = after.value(metric) - before.value(metric)
+    label: Label = "regressed" if change < -_EPS else "improved" if change > _EPS else "unchanged"
+    return CaseChange(after.case_id, label, before, after, change)
+
+
+def _slice_change(values: Sequence[float], boot: Mapping[str, Any]) -> SliceChange:
+    arr = np.asarray(values, dtype=np.float64)
+    ci = bootstrap_mean_ci(arr, **boot) if arr.size > 1 else None
+    return SliceChange(cases=int(arr.size), delta=float(arr.mean()), ci=ci)

@@ -1,0 +1,111 @@
+"""Gate rules a team can state, beside the paired CI (docs/contract.md §6): must-pass cases,
+a cap on new failures, and per-slice thresholds. Each block names the cases or the slice
+that caused it, so a blocked pull request says what to look at.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tasks.metrics.diff import CaseResult, RunDiff
+from tasks.metrics.percent import percent
+from tasks.models import InputError
+
+# A block's message names at most this many cases; its `cases` list names them all.
+NAMED_IN_MESSAGE = 10
+
+
+@dataclass(frozen=True)
+class GateRules:
+    must_pass: frozenset[str] = frozenset()  # case ids of the run's suite marked must_pass
+    max_new_failures: int | None = None
+    slice_min: Mapping[str, float] = field(default_factory=dict)  # slice → lowest allowed value
+
+    def __post_init__(self) -> None:
+        if self.max_new_failures is not None and self.max_new_failures < 0:
+            raise InputError(f"--max-new-failures must be >= 0, got {self.max_new_failures}")
+
+
+@dataclass(frozen=True)
+class Block:
+    rule: str  # "must_pass", "new_failures" or "slice_threshold"
+    message: str
+    cases: tuple[str, ...] = ()
+    slice: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"rule": self.rule, "message": self.message, "cases": list(self.cases)}
+        if self.slice is not None:
+            doc["slice"] = self.slice
+        return doc
+
+
+def parse_slice_thresholds(specs: Iterable[str]) -> dict[str, float]:
+    """`SLICE=X` (X in 0..1) per flag, as given to `--min-slice`."""
+    out: dict[str, float] = {}
+    for spec in specs:
+        name, sep, value = spec.rpartition("=")
+        try:
+            threshold = float(value)
+        except ValueError:
+            threshold = -1.0
+        if not sep or not name or not 0.0 <= threshold <= 1.0:
+            raise InputError(f"--min-slice: expected SLICE=X with X in 0..1, got {spec!r}")
+        out[name] = threshold
+    return out
+
+
+def check_slices(slice_min: Mapping[str, float], suite_slices: Iterable[str]) -> None:
+    """Refuse a threshold on a slice the suite does not have, before any sample is drawn."""
+    known = set(suite_slices)
+    unknown = sorted(set(slice_min) - known)
+    if unknown:
+        raise InputError(f"--min-slice: the suite has no slice {unknown[0]!r} (its slices: {', '.join(sorted(known)) or 'none'})")
+
+
+def rule_blocks(
+    rules: GateRules,
+    run: Sequence[CaseResult],
+    diff: RunDiff,
+    slice_values: Mapping[str, float | None],
+    metric_name: str = "pass@1",
+) -> list[Block]:
+    """The blocks `rules` raise for `run` (its diff against the baseline and its per-slice
+    values of the gated metric)."""
+    blocks = []
+    by_id = {r.case_id: r for r in run}
+    if rules.must_pass:
+        failing = sorted(cid for cid in rules.must_pass if cid in by_id and by_id[cid].c < by_id[cid].n)
+        unmeasured = sorted(cid for cid in rules.must_pass if cid not in by_id)
+        if failing:
+            detail = ", ".join(f"{cid} ({by_id[cid].c}/{by_id[cid].n})" for cid in failing[:NAMED_IN_MESSAGE])
+            blocks.append(Block("must_pass", f"must-pass: {len(failing)} must-pass case(s) failed in some"
+                                f" sample: {detail}{_more(failing)}", tuple(failing)))
+        if unmeasured:
+            blocks.append(Block("must_pass", f"must-pass: {len(unmeasured)} must-pass case(s) were not measured:"
+                                f" {', '.join(unmeasured[:NAMED_IN_MESSAGE])}{_more(unmeasured)}",
+                                tuple(unmeasured)))
+    if rules.max_new_failures is not None:
+        new = sorted(c.case_id for c in diff.cases if c.before is not None and c.after is not None
+                     and c.before.c == c.before.n and c.after.c < c.after.n)
+        if len(new) > rules.max_new_failures:
+            detail = ", ".join(new[:NAMED_IN_MESSAGE])
+            blocks.append(Block("new_failures", f"new failures: {len(new)} case(s) that always passed in the"
+                                f" baseline now fail in some sample (allowed {rules.max_new_failures}):"
+                                f" {detail}{_more(new)}", tuple(new)))
+    for name, threshold in sorted(rules.slice_min.items()):
+        if name not in slice_values:
+            known = ", ".join(sorted(slice_values)) or "none"
+            raise InputError(f"--min-slice: the run has no slice {name!r} (its slices: {known})")
+        value = slice_values[name]
+        if value is None or value < threshold:
+            shown = "n/a" if value is None else percent(value)
+            blocks.append(Block("slice_threshold", f"slice {name}: {metric_name} {shown} is below the required"
+                                f" {percent(threshold)}", slice=name))
+    return blocks
+
+
+def _more(ids: Sequence[str]) -> str:
+    return f" and {len(ids) - NAMED_IN_MESSAGE} more" if len(ids) > NAMED_IN_MESSAGE else ""
