@@ -55,6 +55,7 @@ _PRELOAD = (
     "math", "re", "collections", "itertools", "functools", "typing", "string", "hashlib",
     "heapq", "bisect", "random", "statistics", "fractions", "decimal", "json", "copy",
     "operator", "datetime", "traceback",
+    "ast",  # the oracle of a split program reads the candidate's top-level names with it
 )  # fmt: skip
 
 
@@ -283,17 +284,14 @@ def _run_oracle(split: Mapping) -> None:
         _serve_candidate(split["candidate"], calls_r, replies_w)
     os.close(calls_r)
     os.close(replies_w)
-    hello = read_frame(replies_r)
-    if not hello or "names" not in hello:
-        raise RuntimeError("the candidate's code did not load (its error is above)")
 
     def proxy(name: str) -> Callable:
         def call(*args: object, **kwargs: object) -> object:
             write_frame(calls_w, {"call": name, "args": encode_plain(list(args)),
                                   "kwargs": encode_plain(dict(kwargs))})
             reply = read_frame(replies_r)
-            if reply is None:
-                raise RuntimeError(f"the candidate's process ended during {name}()")
+            if reply is None:  # its code did not load (the error is above), or it exited
+                raise RuntimeError(f"the candidate's process ended before {name}() returned")
             if "raise" in reply:
                 raise _raised(str(reply["raise"][0]), str(reply["raise"][1]))
             return decode_plain(reply["value"])
@@ -308,17 +306,38 @@ def _run_oracle(split: Mapping) -> None:
         prelude = None
     if prelude is not None:
         exec(prelude, namespace)  # noqa: S102 - the suite's own text, as trusted as its tests
-    for name in hello["names"]:
+    for name in _top_level_names(split["candidate"], split["entry_point"]):
         if name == split["entry_point"] or name not in namespace:
-            namespace[name] = proxy(str(name))
+            namespace[name] = proxy(name)
     exec(compile(split["oracle"], "<tests>", "exec"), namespace)  # noqa: S102
-    os.close(calls_w)  # the candidate reads the end and exits: nothing left to kill
-    os.waitpid(pid, 0)
+
+
+def _top_level_names(source: str, entry_point: str) -> set[str]:
+    """The names the candidate's code binds at its top level, read from its syntax (never
+    run here): the oracle proxies those the prompt does not define. Reading them here
+    rather than asking the candidate's process saves a round trip per program."""
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return {entry_point}  # it will not load: the first call says so
+    names = {entry_point}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names if a.name != "*")
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+    return names
 
 
 def _serve_candidate(source: str, calls: int, replies: int) -> None:
-    """Runs in the candidate's process; never returns. Loads the candidate's code, names
-    its callables, then answers calls until the oracle is done."""
+    """Runs in the candidate's process; never returns. Loads the candidate's code, then
+    answers calls until the oracle is done (or exits, its error on stderr, if it does
+    not load)."""
     code = 1
     try:
         namespace = {"__name__": "__main__", "__builtins__": __builtins__}
@@ -328,10 +347,7 @@ def _serve_candidate(source: str, calls: int, replies: int) -> None:
             import traceback
 
             traceback.print_exception(type(exc), exc, exc.__traceback__, limit=-8)
-            write_frame(replies, {"load_error": True})
             raise
-        write_frame(replies, {"names": [n for n, v in namespace.items()
-                                        if callable(v) and isinstance(n, str) and not n.startswith("__")]})
         while (request := read_frame(calls)) is not None:
             try:
                 value = namespace[request["call"]](*decode_plain(request["args"]), **decode_plain(request["kwargs"]))
