@@ -194,6 +194,11 @@ def run(
     unsafe_no_sandbox: UnsafeFlag = False,
     max_output_bytes: Annotated[int | None, typer.Option(
         "--max-output-bytes", min=1, help="Cap on each agent output (default 4 MB).")] = None,
+    workspace: Annotated[bool, typer.Option(
+        "--workspace", help="Run a cmd:/python: coding agent per sample in a fresh checkout of the case's"
+                            " base commit, sandboxed; its output is the change it leaves there.")] = False,
+    agent_timeout: Annotated[float, typer.Option(
+        "--agent-timeout", min=0.001, metavar="SECONDS", help="With --workspace: seconds per agent run.")] = 1800.0,
     as_json: JsonFlag = False,
 ) -> None:
     """Sample, grade, store and aggregate a run of AGENT on SUITE.
@@ -218,7 +223,7 @@ def run(
     # exactly the suite that was checked, even if the branch moves meanwhile.
     suite_obj, pinned = resolve_suite(suite)
     run_sandbox_mode((c.kind for c in suite_obj.cases), unsafe_no_sandbox)
-    load_agent(agent)
+    load_agent(agent, agent_timeout if workspace else None)
     from storage import db
 
     db.check()  # a damaged or locked database is reported before Prefect starts, too
@@ -236,7 +241,8 @@ def run(
                                       min_pass_at_1=min_pass_at_1, max_drop=max_drop,
                                       runner=runner, workers=workers, dask_address=dask_address,
                                       batch_size=batch_size, regrade=regrade,
-                                      unsafe_no_sandbox=unsafe_no_sandbox)
+                                      unsafe_no_sandbox=unsafe_no_sandbox, workspace=workspace,
+                                      agent_timeout=agent_timeout)
         finally:
             progress_hook.reset(token)
     typer.echo(json_doc(summary) if as_json else _summary_text(summary))

@@ -49,6 +49,8 @@ def evaluate(
     batch_size: Annotated[int | None, Field(ge=1)] = None,
     regrade: Annotated[int, Field(ge=0, le=100)] = 0,
     unsafe_no_sandbox: bool = False,
+    workspace: bool = False,
+    agent_timeout: Annotated[float, Field(gt=0)] = 1800.0,
 ) -> dict[str, Any]:
     """Sample `n` outputs per case from `agent`, grade them, store and aggregate the run.
 
@@ -73,12 +75,15 @@ def evaluate(
         regrade: Grade each output this many extra times to count environment flakes.
         unsafe_no_sandbox: Without bubblewrap, run the suite's code (python_tests,
             repo_tests, predicate) unprotected instead of refusing. Stated in the summary.
+        workspace: Run a cmd: or python: coding agent per sample in a fresh checkout of the
+            case's base commit, in the sandbox; its output is the change it leaves there.
+        agent_timeout: With workspace: seconds each agent run may take.
     """
     started = time.perf_counter()
     home = evalpipe_home()
     suite_obj, suite_source = resolve_suite(suite)
     sandbox = run_sandbox_mode((c.kind for c in suite_obj.cases), unsafe_no_sandbox)
-    agent_obj = load_agent(agent)
+    agent_obj = load_agent(agent, agent_timeout if workspace else None)
     workers = workers or os.cpu_count() or 1
     baseline = steps.find_baseline(baseline, suite_obj, agent_obj.fingerprint, home)
     steps.snapshot_once(suite_obj, home)
@@ -89,7 +94,8 @@ def evaluate(
         flow_run_id=str(flow_run.id) if flow_run.id else None,
         config={"runner": runner, "workers": workers, "batch_size": batch_size, "regrade": regrade,
                 "baseline": baseline, "min_pass_at_1": min_pass_at_1, "max_drop": max_drop,
-                "suite_ref": suite, "suite_source": suite_source, "sandbox": sandbox},
+                "suite_ref": suite, "suite_source": suite_source, "sandbox": sandbox,
+                "workspace": workspace, "agent_timeout_s": agent_timeout if workspace else None},
     )
     with db.recorded_run(spec, home):
         planned = run.plan(suite_obj, spec)

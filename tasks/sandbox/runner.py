@@ -396,9 +396,11 @@ def run_command(
     scratch_mb: int | None = None,
     pass_fds: Sequence[int] = (),
     mounts: Mounts | None = None,
+    visible: Iterable[str] = (),
 ) -> SandboxResult:
     """Run `argv` in `workdir` (the only writable place besides a private /tmp and
-    `mounts.rw`).
+    `mounts.rw`). `visible`: directories under /tmp to show read-only, bound before
+    `mounts.hide` is (what is hidden stays hidden even inside them).
 
     With `scratch_mb` (bubblewrap only; check `isolation`), the program runs on a copy of
     `workdir` in a tmpfs holding at most that many MB: it cannot fill the disk, and
@@ -416,7 +418,7 @@ def run_command(
     else:
         scratch_mb = None
     full = (
-        [*_bwrap_argv(limits, workdir, network, scratch_mb, mounts), *argv]
+        [*_bwrap_argv(limits, workdir, network, scratch_mb, mounts, visible), *argv]
         if protection == "bwrap"
         else list(argv)
     )
