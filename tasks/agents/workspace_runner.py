@@ -33,6 +33,7 @@ from typing import Any
 from tasks.agents.base import AgentContext, AgentError, env_positive, spec_fingerprint
 from tasks.agents.cmd import CmdAgent
 from tasks.agents.python import PythonAgent
+from tasks.callables import load_callable
 from tasks.agents.trajectory import TRAJECTORY_ENV, max_trajectory_bytes, read_trajectory
 from tasks.home import evalpipe_home
 from tasks.models import EvalCase, InputError
@@ -79,18 +80,22 @@ class WorkspaceAgent:
     argv: tuple[str, ...]  # cmd: the command; python: the host running the function
     timeout_s: float
     memory_mb: int
+    visible: tuple[str, ...]  # the agent's own code: shown read-only even under /tmp
 
     @classmethod
     def load(cls, spec: str, base: Path, timeout_s: float = DEFAULT_AGENT_TIMEOUT_S) -> WorkspaceAgent:
         scheme, _, rest = spec.partition(":")
         if scheme == "cmd":
             inner = CmdAgent.load(spec, rest, base)
-            argv = inner.argv
+            argv, code = inner.argv, base
             if "/" in argv[0]:  # a relative program path is the user's, not the workspace's
                 argv = (str((base / argv[0]).resolve()), *argv[1:])
+                code = Path(argv[0]).parent
         elif scheme == "python":
             inner = PythonAgent.load(spec, rest, base)
             argv = (sys.executable, "-I", "-m", "tasks.agents.workspace_host", rest, str(base))
+            source = load_callable(rest, base).source
+            code = source.parent if source is not None else base
         else:
             raise InputError(f"agent {spec!r}: --workspace takes a cmd: or python: agent")
         if timeout_s <= 0:
@@ -98,7 +103,8 @@ class WorkspaceAgent:
         memory_mb = env_positive(AGENT_MEMORY_ENV, DEFAULT_AGENT_MEMORY_MB, int, "a whole number of MB")
         passed_env_names()  # a bad name is refused before any work
         settings = {"inner": inner.fingerprint, "workspace": {"timeout_s": timeout_s, "memory_mb": memory_mb}}
-        return cls(spec, spec_fingerprint(spec, settings), base, argv, timeout_s, memory_mb)
+        visible = tuple(dict.fromkeys((str(base), str(code))))
+        return cls(spec, spec_fingerprint(spec, settings), base, argv, timeout_s, memory_mb, visible)
 
     def generate(self, case: EvalCase, ctx: AgentContext) -> str:
         if case.kind != "repo_tests":
@@ -138,7 +144,7 @@ class WorkspaceAgent:
         # The case on stdin, as for a `cmd:` agent outside a workspace.
         argv = ["/bin/sh", "-c", 'exec "$@" < "$0"', str(case_file), *self.argv]
         result = run_command(argv, workdir=ws.tree, limits=limits, env=env, network=True, mounts=mounts,
-                             visible=(str(self.base),))
+                             visible=self.visible)
         ctx.trace.update(agent_run={
             "returncode": result.returncode, "duration_s": round(result.duration_s, 3),
             "isolation": result.isolation, "stdout_tail": _tail(result.stdout, OUTPUT_TAIL),

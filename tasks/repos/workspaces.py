@@ -97,17 +97,22 @@ def base_store(mirror_path: Path, sha: str) -> Path:
     """The object directory holding `sha` and its tree and nothing else, packed once per
     commit (`<mirror>.bases/<sha>/objects`)."""
     dest = mirror_path.with_suffix(".bases") / sha
-    if (dest / "objects" / "info" / "packed").exists():  # written last, renamed whole
+    done = dest / "objects" / "info" / "packed"  # written last, renamed whole
+    if done.exists():
         return dest / "objects"
     listing = _git(["rev-list", "--objects", "--no-walk", sha], {"GIT_DIR": str(mirror_path)})
     names = b"".join(line.split(b" ", 1)[0] + b"\n" for line in listing.splitlines() if line)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(dest) as tmp:
-        pack = tmp / "objects" / "pack"
-        pack.mkdir(parents=True)
-        _git(["pack-objects", "-q", str(pack / "pack")], {"GIT_DIR": str(mirror_path)}, stdin=names)
-        (tmp / "objects" / "info").mkdir()
-        (tmp / "objects" / "info" / "packed").write_text(sha + "\n")
+    try:
+        with atomic_path(dest) as tmp:
+            pack = tmp / "objects" / "pack"
+            pack.mkdir(parents=True)
+            _git(["pack-objects", "-q", str(pack / "pack")], {"GIT_DIR": str(mirror_path)}, stdin=names)
+            (tmp / "objects" / "info").mkdir()
+            (tmp / "objects" / "info" / "packed").write_text(sha + "\n")
+    except OSError:
+        if not done.exists():  # not a sample beside this one that packed it first
+            raise
     return dest / "objects"
 
 

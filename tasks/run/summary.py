@@ -77,6 +77,8 @@ class RunSummary(_Doc):
     labelled: int | None = None
     unlabelled: int | None = None
     sandbox: str | None = None  # "bwrap", "unsafe-no-sandbox" or "not-needed" (tasks.sandbox)
+    # Trajectory steps of coding agents (`--workspace`): samples with one, total, mean, max.
+    agent_steps: dict[str, float] | None = None
     flow_run_id: str | None = None
     duration_s: float | None = None
 
@@ -102,7 +104,8 @@ class RunSummary(_Doc):
 
 
 # Absent from the document when they do not apply (`flow_run_id` and `duration_s` are always there).
-_OPTIONAL_KEYS = ("env_flaky_samples", "gate", "source_run", "labeller", "labelled", "unlabelled", "sandbox")
+_OPTIONAL_KEYS = ("env_flaky_samples", "gate", "source_run", "labeller", "labelled", "unlabelled", "sandbox",
+                  "agent_steps")
 
 
 def summarize(spec: RunSpec, suite: EvalSuite, samples: pa.Table) -> tuple[RunSummary, list[Row]]:
@@ -119,6 +122,7 @@ def summarize(spec: RunSpec, suite: EvalSuite, samples: pa.Table) -> tuple[RunSu
         cached_samples=pc.sum(samples["cached"]).as_py() or 0,
         **agg.to_json(),
         env_flaky_samples=_env_flakes(samples) if spec.regrade else None,
+        agent_steps=_agent_steps(samples),
         flow_run_id=spec.flow_run_id,
     )
     return summary, agg.rows()
@@ -126,3 +130,13 @@ def summarize(spec: RunSpec, suite: EvalSuite, samples: pa.Table) -> tuple[RunSu
 
 def _env_flakes(samples: pa.Table) -> int:
     return sum(bool(json.loads(t).get("env_flaky")) for t in samples["trace"].to_pylist())
+
+
+def _agent_steps(samples: pa.Table) -> dict[str, float] | None:
+    """Steps per sample of the samples that kept a trajectory; None when none did."""
+    steps = [t["trajectory"]["steps"] for t in map(json.loads, samples["trace"].to_pylist())
+             if isinstance(t.get("trajectory"), dict)]
+    if not steps:
+        return None
+    return {"samples": len(steps), "total": sum(steps), "mean": round(sum(steps) / len(steps), 3),
+            "max": max(steps)}
