@@ -373,17 +373,39 @@ def runs_list(as_json: JsonFlag = False, limit: Annotated[int, typer.Option("--l
 
 
 @runs_app.command("show")
-def runs_show(run_id: RunArg, as_json: JsonFlag = False) -> None:
+def runs_show(run_id: RunArg, as_json: JsonFlag = False, case: Annotated[str | None, typer.Option(
+        "--case", help="One case's samples: status, detail and the agent's trajectory.")] = None) -> None:
     """One run's summary (the same document `run --json` printed)."""
     from storage import db
 
     row = db.find_run(run_id)
-    if as_json:
+    if case is not None:
+        typer.echo(_case_samples_text(row["run_id"], case))
+    elif as_json:
         typer.echo(json_doc(row.get("summary") or row))
     elif row.get("summary"):
         typer.echo(_summary_text(row["summary"]))
     else:
         typer.echo(f"run {row['run_id']}: status {row['status']}, started {row['started_at']}, no summary")
+
+
+def _case_samples_text(run_id: str, case_id: str) -> str:
+    """Each sample of `case_id` in the run: status, detail, and its trajectory's steps."""
+    import json
+
+    from storage import db
+    from tasks.report.trajectory import trajectory_lines
+
+    rows = [r for r in db.run_samples(run_id).select(["case_id", "sample_index", "status", "detail", "trace"])
+            .to_pylist() if r["case_id"] == case_id]
+    if not rows:
+        bad_input(f"--case {case_id!r}: run {run_id} has no sample of that case")
+    lines = []
+    for r in rows:
+        lines.append(f"{case_id}#{r['sample_index']}  {r['status']}  {r['detail']}")
+        steps = trajectory_lines(json.loads(r["trace"] or "{}"))
+        lines += [f"  trajectory: {len(steps)} step(s)", *(f"  {s}" for s in steps)] if steps else []
+    return "\n".join(lines)
 
 
 @app.command("gate")

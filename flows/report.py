@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from storage.calibrations import run_calibrations
 from tasks.files import atomic_write
 from tasks.models import InputError
 from tasks.report import render_report
+from tasks.report.trajectory import trajectory_lines
 from tasks.run import RunSummary
 
 MAX_DETAILS_PER_CASE = 5
@@ -18,7 +20,8 @@ MAX_DETAILS_PER_CASE = 5
 
 def case_rows(run_id: str, home: Path | None = None) -> list[dict[str, Any]]:
     """Per-case counts, statuses, failure details and safety hits, from the samples table."""
-    samples = db.run_samples(run_id, home).select(["case_id", "passed", "status", "detail", "safety"])
+    samples = db.run_samples(run_id, home).select(["case_id", "sample_index", "passed", "status", "detail",
+                                                   "safety", "trace"])
     run = db.get_run(run_id, home)
     slices = {cid: s for cid, (_, s) in db.suite_cases(run["suite_version"], home).items()}
     grouped: dict[str, dict[str, Any]] = defaultdict(
@@ -32,6 +35,9 @@ def case_rows(run_id: str, home: Path | None = None) -> list[dict[str, Any]]:
         if not row["passed"] and row["detail"] and len(case["details"]) < MAX_DETAILS_PER_CASE:
             case["details"].append(row["detail"])
         case["safety"].extend(row["safety"] or [])
+        if not row["passed"] and "trajectory" not in case:
+            if steps := trajectory_lines(json.loads(row["trace"] or "{}")):
+                case["trajectory"] = {"sample_index": row["sample_index"], "lines": steps}
     return [
         {"case_id": cid, "slices": slices.get(cid, []), **{**v, "statuses": dict(v["statuses"])}}
         for cid, v in sorted(grouped.items())

@@ -351,6 +351,35 @@ def test_the_scripted_example_is_graded_resolved(prefect_harness, home, monkeypa
     assert "3 passed" in json.loads(trace)["agent_run"]["stdout_tail"]  # the agent ran the tests
 
 
+def test_a_failing_case_shows_its_trajectory_in_runs_show_and_the_report(
+        prefect_harness, home, tmp_path, monkeypatch, bwrap):
+    from flows.evaluate import evaluate
+    from flows.report import write_report
+
+    monkeypatch.chdir(ROOT)
+    script = tmp_path / "agents" / "wrong.sh"
+    script.parent.mkdir()
+    script.write_text("""#!/bin/sh
+echo '{"tool": "bash", "input": "sed -i s/abs/min/ calc.py", "output": "exit 0"}' >> "$EVALPIPE_TRAJECTORY"
+echo '{"role": "assistant", "content": "I think <min> fixes it"}' >> "$EVALPIPE_TRAJECTORY"
+sed -i 's/return abs(a) + b/return min(a, b)/' calc.py
+""")
+    script.chmod(0o755)
+    out = evaluate(suite="examples/coding/calc.yaml", agent=f"cmd:{script}", workspace=True)
+    assert out["status_counts"] == {"failed": 1} and out["agent_steps"]["total"] == 2
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    shown = subprocess.run([sys.executable, "-m", "flows.cli", "runs", "show", out["run_id"], "--case", "add-bug"],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.splitlines()[1:] == [
+        "  trajectory: 2 step(s)",
+        "    1. tool bash: sed -i s/abs/min/ calc.py -> exit 0",
+        "    2. assistant: I think <min> fixes it",
+    ]
+    html = write_report(out["run_id"], tmp_path / "report.html").read_text()
+    assert "trajectory of sample 0: 2 step(s)" in html and "I think &lt;min&gt; fixes it" in html
+
+
 class ReplayEndpoint:
     """An OpenAI-compatible chat endpoint that answers with scripted assistant messages in
     turn and keeps every request it got."""

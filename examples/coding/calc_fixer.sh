@@ -9,7 +9,7 @@
 # base commit, committed or not. Each step is a JSON line in $EVALPIPE_TRAJECTORY.
 set -eu
 cd "$EVALPIPE_WORKSPACE"
-step() { printf '{"step": "%s", "command": "%s"}\n' "$1" "$2" >> "$EVALPIPE_TRAJECTORY"; }
+step() { printf '{"tool": "bash", "input": "%s", "why": "%s"}\n' "$2" "$1" >> "$EVALPIPE_TRAJECTORY"; }
 
 cat > /dev/null  # the case JSON; this agent knows its one task
 step read "grep -n 'def add' -A2 calc.py"
@@ -20,7 +20,7 @@ sed -i 's/return abs(a) + b/return a + b/' calc.py
 step commit "git commit -am 'calc: add keeps the sign of a'"
 git commit -q -am "calc: add keeps the sign of a"
 
-step create "CHANGES.md"
+step create "printf ... > CHANGES.md"
 printf '# Changes\n\n- `add` keeps the sign of its first argument.\n' > CHANGES.md
 
 step test "\$EVALPIPE_PYTHON -m pytest -q -p no:cacheprovider test_calc.py"

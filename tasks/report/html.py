@@ -52,7 +52,7 @@ def render_report(
     """The whole report as one HTML document.
 
     ``run``: the run's summary. ``cases``: {case_id, n, c, slices, statuses: {status: count},
-    details: [str], safety: [str]} per case. ``baseline``: the baseline's summary; ``gate``:
+    details: [str], safety: [str], trajectory (optional): {sample_index, lines}} per case. ``baseline``: the baseline's summary; ``gate``:
     the `gate --json` document; ``calibration``: any flat mapping of grader-reliability
     figures (e.g. `--regrade` environment-flake counts), shown as a table. ``judges``: one
     {judge, judge_fingerprint, judged, errors, calibration} per judge that graded the run
@@ -350,6 +350,8 @@ def _case_view(case: Mapping[str, Any]) -> dict[str, Any]:
         "slices": ", ".join(case.get("slices", [])),
         "statuses": ", ".join(f"{s} ×{n}" for s, n in case.get("statuses", {}).items()),
         "details": [_clip(d, MAX_DETAIL_CHARS) for d in details],
+        # A failing sample's trajectory (coding agents): {sample_index, lines}, or None.
+        "trajectory": case.get("trajectory"),
     }
 
 
