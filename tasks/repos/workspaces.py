@@ -155,9 +155,10 @@ def workspace(repo: str, commit: str, home: Path | None = None) -> Iterator[Work
             harness_dir.mkdir()
             _git_dir(agent_dir / "git", sha, store, user=True)
             pooled = (tree / ".git").read_text().removeprefix("gitdir:").strip()
-            # The pooled tree's index: its stat data matches the files just checked out,
-            # so the agent's first `git status` does not read the whole tree.
+            # The pooled tree's index: its stat data matches the files just checked out, so
+            # neither the agent's first `git status` nor `read_change` reads the whole tree.
             shutil.copyfile(Path(pooled) / "index", agent_dir / "git" / "index")
+            shutil.copyfile(Path(pooled) / "index", harness_dir / "index")
             _replace_file(tree / ".git", f"gitdir: {agent_dir / 'git'}\n")
             yield Workspace(tree, sha, store, agent_dir, harness_dir)
     finally:
@@ -185,8 +186,7 @@ def read_change(ws: Workspace) -> Change:
         "GIT_INDEX_FILE": str(ws.harness_dir / "index"), "HOME": str(ws.harness_dir),
         "XDG_CONFIG_HOME": str(ws.harness_dir),
     }  # fmt: skip
-    _git(["read-tree", ws.sha], env, cwd=ws.tree)
-    _git(["add", "--all"], env, cwd=ws.tree)
+    _git(["add", "--all"], env, cwd=ws.tree)  # on the base commit's index (see `workspace`)
     diff = ["diff", "--cached", "--no-renames", "--no-ext-diff", "--no-textconv", "--no-color"]
     stats = _git([*diff, "--numstat", "-z", ws.sha], env, cwd=ws.tree).decode("utf-8", "surrogateescape")
     files, binary = [], []
