@@ -142,7 +142,8 @@ class WorkspaceAgent:
         limits = Limits(timeout_s=self.timeout_s, memory_mb=self.memory_mb, max_procs=AGENT_MAX_PROCS,
                         file_size_mb=AGENT_FILE_SIZE_MB)
         # The case on stdin, as for a `cmd:` agent outside a workspace.
-        argv = ["/bin/sh", "-c", 'exec "$@" < "$0"', str(case_file), *self.argv]
+        argv = ["/bin/sh", "-c", 'case=$1; shift; exec "$@" < "$case"', "evalpipe-agent", str(case_file),
+                *self.argv]
         result = run_command(argv, workdir=ws.tree, limits=limits, env=env, network=True, mounts=mounts,
                              visible=self.visible)
         ctx.trace.update(agent_run={
