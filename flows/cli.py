@@ -197,14 +197,15 @@ def run(
     workspace: Annotated[bool, typer.Option(
         "--workspace", help="Run a cmd:/python: coding agent per sample in a fresh checkout of the case's"
                             " base commit, sandboxed; its output is the change it leaves there.")] = False,
-    agent_timeout: Annotated[float, typer.Option(
-        "--agent-timeout", min=0.001, metavar="SECONDS", help="With --workspace: seconds per agent run.")] = 1800.0,
+    agent_timeout: Annotated[float | None, typer.Option(
+        "--agent-timeout", min=0.001, metavar="SECONDS",
+        help="With --workspace: seconds per agent run (default 1800).")] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Sample, grade, store and aggregate a run of AGENT on SUITE.
 
     Exit 1 when the gate (--baseline) blocks, 4 when too many samples are agent_error."""
-    from tasks.agents import MAX_OUTPUT_ENV, load_agent
+    from tasks.agents import DEFAULT_AGENT_TIMEOUT_S, MAX_OUTPUT_ENV, load_agent
 
     if max_output_bytes:  # the setting every agent and worker process reads
         os.environ[MAX_OUTPUT_ENV] = str(max_output_bytes)
@@ -216,6 +217,8 @@ def run(
         bad_input(f"--runner: expected threads, processes or dask, got {runner!r}")
     if dask_address and runner != "dask":
         bad_input("--dask-address goes with --runner dask")
+    if agent_timeout is not None and not workspace:
+        bad_input("--agent-timeout goes with --workspace")
     if not baseline and (min_pass_at_1 is not None or max_drop):
         bad_input("--min-pass-at-1 and --max-drop are gate thresholds: they go with --baseline")
     # Refuse bad input here, before Prefect starts: a one-line message, not a failed flow run.
@@ -223,6 +226,7 @@ def run(
     # exactly the suite that was checked, even if the branch moves meanwhile.
     suite_obj, pinned = resolve_suite(suite)
     run_sandbox_mode((c.kind for c in suite_obj.cases), unsafe_no_sandbox)
+    agent_timeout = agent_timeout or DEFAULT_AGENT_TIMEOUT_S
     load_agent(agent, agent_timeout if workspace else None)
     from storage import db
 

@@ -24,7 +24,7 @@ from flows.runners import Runner
 from storage import db, evalpipe_home
 from storage.suites import resolve_suite
 from tasks import run
-from tasks.agents import load_agent
+from tasks.agents import DEFAULT_AGENT_TIMEOUT_S, load_agent
 from tasks.sandbox import allowing_unsafe, run_sandbox_mode
 
 
@@ -50,7 +50,7 @@ def evaluate(
     regrade: Annotated[int, Field(ge=0, le=100)] = 0,
     unsafe_no_sandbox: bool = False,
     workspace: bool = False,
-    agent_timeout: Annotated[float, Field(gt=0)] = 1800.0,
+    agent_timeout: Annotated[float, Field(gt=0)] = DEFAULT_AGENT_TIMEOUT_S,
 ) -> dict[str, Any]:
     """Sample `n` outputs per case from `agent`, grade them, store and aggregate the run.
 

@@ -33,11 +33,11 @@ from tasks.agents.cmd import CmdAgent
 from tasks.agents.python import PythonAgent, call_user_code
 from tasks.agents.reference import ReferenceAgent, reference_text
 from tasks.agents.replay import ReplayAgent, parse_replay
-from tasks.agents.workspace_runner import WorkspaceAgent
+from tasks.agents.workspace_runner import DEFAULT_AGENT_TIMEOUT_S, WorkspaceAgent
 from tasks.models import InputError
 
 __all__ = [
-    "MAX_OUTPUT_ENV", "PROMPT_FIELDS", "Agent", "AgentContext", "AgentError", "call_user_code",
+    "DEFAULT_AGENT_TIMEOUT_S", "MAX_OUTPUT_ENV", "PROMPT_FIELDS", "Agent", "AgentContext", "AgentError", "call_user_code",
     "load_agent", "max_output_bytes", "parse_replay", "reference_text",
 ]
 
