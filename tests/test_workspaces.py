@@ -302,6 +302,31 @@ def solve(inputs, ctx):
     assert sample.trace["agent_run"]["stdout_tail"] == "done\n"
 
 
+def test_the_memory_cap_holds(home, calc_repo, tmp_path, bwrap, monkeypatch):
+    repo, _ = calc_repo
+    monkeypatch.setenv("EVALPIPE_AGENT_MEMORY_MB", "200")
+    body = '"$EVALPIPE_PYTHON" -c "b = bytearray(400 << 20)" || { echo "no room" >&2; exit 5; }\n'
+    sample = draw(script_agent(tmp_path, body), calc_case(repo))
+    assert sample.verdict.status is Status.agent_error and "exited with status 5" in sample.verdict.detail
+    assert "MemoryError" in sample.trace["agent_run"]["stderr_tail"]
+
+
+def test_a_trajectory_is_capped_at_whole_lines_and_never_read_through_a_link(tmp_path):
+    from tasks.agents.trajectory import read_trajectory
+
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps({"i": i}) + "\n" for i in range(1000)))
+    doc = read_trajectory(path, 100)
+    assert doc["entries"] == [{"i": i} for i in range(len(doc["entries"]))] and 0 < doc["steps"] < 12
+    assert doc["truncated"] == {"cap_bytes": 100, "bytes": path.stat().st_size}
+    secret = tmp_path / "secret"
+    secret.write_text('{"leak": 1}\n')
+    (tmp_path / "link.jsonl").symlink_to(secret)
+    assert read_trajectory(tmp_path / "link.jsonl", 100) is None
+    os.mkfifo(tmp_path / "fifo")
+    assert read_trajectory(tmp_path / "fifo", 100) is None  # not waited on
+
+
 # ---------------------------------------------------------------- runs and examples
 
 
