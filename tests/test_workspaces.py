@@ -114,7 +114,21 @@ def test_binary_files_are_named_and_the_agent_is_refused_clearly(home, project, 
         (ws.tree / "fifo").parent.mkdir(exist_ok=True)
         os.mkfifo(ws.tree / "fifo")  # git would block on it: removed and named
         change = read_change(ws)
-    assert change.binary == ("logo.png",) and change.removed_special == ("fifo",)
+    assert change.binary == ("logo.png",) and change.removed == ("fifo",)
+
+
+def test_a_nested_repository_is_read_as_its_files(home, project):
+    path, base, _ = project
+    with workspace(str(path), base) as ws:
+        sub = ws.tree / "vendor" / "lib"
+        sub.mkdir(parents=True)
+        (sub / "lib.py").write_text("L = 1\n")
+        agent_git(sub, "init", "-q")
+        agent_git(sub, "add", "lib.py")
+        agent_git(sub, "-c", "user.name=a", "-c", "user.email=a@a", "commit", "-qm", "x")
+        change = read_change(ws)
+    assert change.removed == ("vendor/lib/.git",) and change.files == ("vendor/lib/lib.py",)
+    assert "+L = 1" in change.patch
 
 
 def test_the_workspace_holds_no_later_history_and_no_hidden_tests(home, project):

@@ -172,8 +172,8 @@ class WorkspaceAgent:
 
 def _change_note(change: Any) -> dict[str, Any]:
     note: dict[str, Any] = {"files": list(change.files)}
-    if change.removed_special:
-        note["removed_special_files"] = list(change.removed_special)
+    if change.removed:
+        note["removed"] = list(change.removed)
     return note
 
 

@@ -41,7 +41,6 @@ from tasks.repos.worktrees import (
     checkout,
     ensure_commit,
     mirror,
-    scan_tree,
 )
 
 AGENT_NAME = "evalpipe agent"
@@ -70,7 +69,7 @@ class Change:
     patch: str  # a git diff against the base commit ("" when nothing changed)
     files: tuple[str, ...]  # every path it adds, edits or deletes
     binary: tuple[str, ...]  # those among them git sees as binary
-    removed_special: tuple[str, ...]  # FIFOs, sockets, devices left in the tree, removed first
+    removed: tuple[str, ...]  # special files and nested .git entries, removed before reading
 
 
 def _git(args: list[str], env: dict[str, str], cwd: Path | None = None, stdin: bytes | None = None) -> bytes:
@@ -167,16 +166,10 @@ def workspace(repo: str, commit: str, home: Path | None = None) -> Iterator[Work
 
 def read_change(ws: Workspace) -> Change:
     """What the tree holds against the base commit, as a git diff; `RepoError` when git
-    cannot read it. Special files (which git cannot add and would block on) are removed
-    first and named."""
-    special = scan_tree(ws.tree).special
-    for rel in special:
-        path = ws.tree / rel
-        try:
-            if not stat.S_ISDIR(os.lstat(path).st_mode):
-                path.unlink()
-        except OSError:
-            pass
+    cannot read it. What git must not meet is removed first and named: special files
+    (FIFOs, sockets, devices: git would block on them) and nested `.git` entries (git
+    would take the directory for another repository and record a commit id, not files)."""
+    removed = _remove_unreadable(ws.tree)
     git_dir = ws.harness_dir / "git"
     if git_dir.exists():
         shutil.rmtree(git_dir)
@@ -196,4 +189,22 @@ def read_change(ws: Workspace) -> Change:
         if added == deleted == "-":
             binary.append(path)
     patch = _git([*diff, "--full-index", ws.sha], env, cwd=ws.tree).decode("utf-8", "replace")
-    return Change(patch, tuple(files), tuple(binary), tuple(special))
+    return Change(patch, tuple(files), tuple(binary), removed)
+
+
+def _remove_unreadable(tree: Path) -> tuple[str, ...]:
+    """Remove the special files and nested `.git` entries below `tree`; their paths."""
+    removed: list[str] = []
+    for directory, dirs, files in os.walk(tree):
+        top = Path(directory) == tree
+        for name in [*dirs, *files]:
+            path = Path(directory) / name
+            info = os.lstat(path)
+            nested_git = name == ".git" and not top
+            if nested_git or not (stat.S_ISREG(info.st_mode) or stat.S_ISLNK(info.st_mode)
+                                  or stat.S_ISDIR(info.st_mode)):
+                shutil.rmtree(path) if stat.S_ISDIR(info.st_mode) else path.unlink()
+                removed.append(path.relative_to(tree).as_posix())
+        dirs[:] = [d for d in dirs if not (top and d == ".git") and (Path(directory) / d).is_dir()
+                   and not (Path(directory) / d).is_symlink()]
+    return tuple(sorted(removed))
