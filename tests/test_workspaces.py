@@ -517,3 +517,4 @@ def test_killed_workspace_run_resumes(prefect_harness, home, tmp_path, bwrap):
     assert done.returncode == 0, done.stderr
     resumed = json.loads(done.stdout)
     assert resumed["cached_samples"] == stored and resumed["status_counts"] == {"passed": 6}
+    assert os.listdir(home / "workspaces") == []  # the killed run's scratch directory too

@@ -17,8 +17,11 @@ are not part of it.
 Layout under `EVALPIPE_HOME/`:
 
     repos/<key>.bases/<sha>/objects/   the base commit and its tree, nothing else
-    workspaces/<token>/agent/          the agent's: git/ (its git dir), home/ (HOME)
-    workspaces/<token>/harness/        the harness's: the git dir the change is read with
+    workspaces/<pid>-<token>/agent/    the agent's: git/ (its git dir), home/ (HOME)
+    workspaces/<pid>-<token>/harness/  the harness's: the git dir the change is read with
+
+A scratch directory is removed when its sample ends, and, if the process died first, by
+the next workspace made under the same home.
 """
 
 from __future__ import annotations
@@ -146,7 +149,8 @@ def workspace(repo: str, commit: str, home: Path | None = None) -> Iterator[Work
     mirror_path = mirror(repo, home)
     sha = ensure_commit(mirror_path, commit, repo)
     store = base_store(mirror_path, sha)
-    scratch = home / "workspaces" / secrets.token_hex(8)
+    _sweep(home / "workspaces")
+    scratch = home / "workspaces" / f"{os.getpid()}-{secrets.token_hex(8)}"
     try:
         with checkout(repo, sha, home) as tree:
             agent_dir, harness_dir = scratch / "agent", scratch / "harness"
@@ -162,6 +166,29 @@ def workspace(repo: str, commit: str, home: Path | None = None) -> Iterator[Work
             yield Workspace(tree, sha, store, agent_dir, harness_dir)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _sweep(parent: Path) -> None:
+    """Remove the scratch directories of processes that are gone (a harness killed mid-
+    sample leaves its own behind): named `<pid>-<token>`."""
+    try:
+        entries = os.listdir(parent)
+    except FileNotFoundError:
+        return
+    for name in entries:
+        pid = name.partition("-")[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(parent / name, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def read_change(ws: Workspace) -> Change:
