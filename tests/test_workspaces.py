@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
-import stat
 import subprocess
 import sys
 import threading
@@ -24,7 +22,7 @@ import git
 import pytest
 from support.git_repos import commit
 
-from tasks.agents import AgentError, load_agent
+from tasks.agents import load_agent
 from tasks.models import EvalCase, Status
 from tasks.repos.patching import apply_patch
 from tasks.repos.workspaces import read_change, workspace

@@ -31,15 +31,15 @@ from pathlib import Path
 from typing import Any
 
 from tasks.agents.base import AgentContext, AgentError, env_positive, spec_fingerprint
-from tasks.agents.cmd import CmdAgent
+from tasks.agents.cmd import STDERR_TAIL, CmdAgent
 from tasks.agents.python import PythonAgent
-from tasks.callables import load_callable
 from tasks.agents.trajectory import TRAJECTORY_ENV, max_trajectory_bytes, read_trajectory
+from tasks.callables import load_callable
 from tasks.home import evalpipe_home
 from tasks.models import EvalCase, InputError
 from tasks.redaction import redact
 from tasks.repos.environments import TESTBED, EnvironmentFailed, runtime_for
-from tasks.repos.workspaces import Workspace, read_change, workspace
+from tasks.repos.workspaces import Change, Workspace, read_change, workspace
 from tasks.repos.worktrees import RepoError
 from tasks.sandbox import Limits, Mounts, SandboxError, bwrap_available, run_command
 
@@ -59,7 +59,6 @@ PASSED_ENV = (
     "http_proxy", "https_proxy", "no_proxy",
 )  # fmt: skip
 OUTPUT_TAIL = 16_000  # characters of the agent's stdout and stderr kept in the trace
-STDERR_TAIL = 2000  # of its stderr in the error of a failed agent
 
 
 def passed_env_names() -> tuple[str, ...]:
@@ -170,7 +169,7 @@ class WorkspaceAgent:
         return change.patch
 
 
-def _change_note(change: Any) -> dict[str, Any]:
+def _change_note(change: Change) -> dict[str, Any]:
     note: dict[str, Any] = {"files": list(change.files)}
     if change.removed:
         note["removed"] = list(change.removed)
