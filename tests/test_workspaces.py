@@ -274,6 +274,18 @@ def _cmdline(pid: str) -> str:
         return ""
 
 
+def test_files_named_in_the_command_are_found_from_where_evalpipe_started(
+        home, calc_repo, tmp_path, bwrap, monkeypatch):
+    repo, _ = calc_repo
+    (tmp_path / "tools").mkdir()
+    (tmp_path / "tools" / "fix.py").write_text(
+        "import pathlib\np = pathlib.Path('calc.py')\n"
+        f"p.write_text(p.read_text().replace({FIX[0]!r}, {FIX[1]!r}))\n")
+    monkeypatch.chdir(tmp_path)  # where evalpipe starts; the agent starts in its workspace
+    agent = load_agent(f"cmd:{sys.executable} tools/fix.py", 60.0)
+    assert draw(agent, calc_case(repo)).verdict.status is Status.passed
+
+
 def test_only_repo_cases_and_only_cmd_or_python_agents(home, tmp_path):
     with pytest.raises(ValueError, match="--workspace takes a cmd: or python: agent"):
         load_agent("reference", 60.0)

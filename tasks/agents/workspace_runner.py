@@ -86,15 +86,16 @@ class WorkspaceAgent:
         scheme, _, rest = spec.partition(":")
         if scheme == "cmd":
             inner = CmdAgent.load(spec, rest, base)
-            argv, code = inner.argv, base
-            if "/" in argv[0]:  # a relative program path is the user's, not the workspace's
-                argv = (str((base / argv[0]).resolve()), *argv[1:])
-                code = Path(argv[0]).parent
+            # The agent starts in its workspace: a word naming a file where evalpipe was
+            # started (the script, its config) is made absolute, and its folder visible.
+            files = [(base / w).resolve() if (base / w).is_file() else None for w in inner.argv]
+            argv = tuple(str(f) if f else w for f, w in zip(files, inner.argv, strict=True))
+            code = [str(f.parent) for f in files if f]
         elif scheme == "python":
             inner = PythonAgent.load(spec, rest, base)
             argv = (sys.executable, "-I", "-m", "tasks.agents.workspace_host", rest, str(base))
             source = load_callable(rest, base).source
-            code = source.parent if source is not None else base
+            code = [str(source.parent)] if source is not None else []
         else:
             raise InputError(f"agent {spec!r}: --workspace takes a cmd: or python: agent")
         if timeout_s <= 0:
@@ -102,7 +103,7 @@ class WorkspaceAgent:
         memory_mb = env_positive(AGENT_MEMORY_ENV, DEFAULT_AGENT_MEMORY_MB, int, "a whole number of MB")
         passed_env_names()  # a bad name is refused before any work
         settings = {"inner": inner.fingerprint, "workspace": {"timeout_s": timeout_s, "memory_mb": memory_mb}}
-        visible = tuple(dict.fromkeys((str(base), str(code))))
+        visible = tuple(dict.fromkeys((str(base), *code)))
         return cls(spec, spec_fingerprint(spec, settings), base, argv, timeout_s, memory_mb, visible)
 
     def generate(self, case: EvalCase, ctx: AgentContext) -> str:
