@@ -339,9 +339,9 @@ def _summary_text(s: dict[str, Any]) -> str:
     if "env_flaky_samples" in s:
         lines.append(f"environment flakes (same output, different verdicts): {s['env_flaky_samples']}")
     if "agent_steps" in s:
-        st = s["agent_steps"]
-        lines.append(f"agent steps: {st['total']:g} in {st['samples']:g} trajectories"
-                     f" (mean {st['mean']:g}, max {st['max']:g} per sample)")
+        from tasks.report.trajectory import steps_text
+
+        lines.append(f"agent steps: {steps_text(s['agent_steps'])}")
     if s.get("sandbox") == "unsafe-no-sandbox":
         lines.insert(0, f"UNSAFE: {UNSAFE_NOTE}")
     if s["safety_failed"]:

@@ -427,6 +427,7 @@ sed -i 's/return abs(a) + b/return min(a, b)/' calc.py
     ]
     html = write_report(out["run_id"], tmp_path / "report.html").read_text()
     assert "trajectory of sample 0: 2 step(s)" in html and "I think &lt;min&gt; fixes it" in html
+    assert "2 in 1 trajectories (mean 2, max 2 per sample)" in html
 
 
 class ReplayEndpoint:

@@ -18,6 +18,7 @@ from typing import Any
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
 from tasks.metrics.percent import percent, signed_points, with_ci
+from tasks.report.trajectory import steps_text
 from tasks.run import RunSummary
 from tasks.sandbox import UNSAFE_NOTE
 
@@ -265,8 +266,10 @@ def _meta(run: RunSummary) -> list[tuple[str, str]]:
         ("samples", f"{run.samples} ({run.cases} cases × n={run.n}, {run.cached_samples} cached)"),
         ("duration", f"{run.duration_s:.1f} s" if run.duration_s is not None else None),
         ("flow run", run.flow_run_id),
+        ("agent steps", steps_text(run.agent_steps) if run.agent_steps else None),
     ]
     return [(name, value) for name, value in fields if value]
+
 
 
 def _gate_view(gate: Mapping[str, Any]) -> dict[str, Any]:

@@ -24,6 +24,12 @@ def trajectory_lines(trace: Mapping[str, Any], step_chars: int = STEP_CHARS) -> 
     return lines
 
 
+def steps_text(steps: Mapping[str, float]) -> str:
+    """A run's `agent_steps` in words, for the summary and the report."""
+    return (f"{steps['total']:g} in {steps['samples']:g} trajectories"
+            f" (mean {steps['mean']:g}, max {steps['max']:g} per sample)")
+
+
 def _step_text(step: Mapping[str, Any]) -> str:
     """`role: content`, `tool NAME: input -> output`, or the step's JSON."""
     rest = {k: v for k, v in step.items() if k not in ("role", "content", "tool", "input", "output", "text")}
