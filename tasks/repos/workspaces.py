@@ -17,8 +17,8 @@ are not part of it.
 Layout under `EVALPIPE_HOME/`:
 
     repos/<key>.bases/<sha>/objects/   the base commit and its tree, nothing else
-    workspaces/<pid>-<token>/agent/    the agent's: git/ (its git dir), home/ (HOME)
-    workspaces/<pid>-<token>/harness/  the harness's: the git dir the change is read with
+    workspaces/<host>-<pid>-<token>/agent/    the agent's: git/ (its git dir), home/ (HOME)
+    workspaces/<host>-<pid>-<token>/harness/  the harness's: the git dir the change is read with
 
 A scratch directory is removed when its sample ends, and, if the process died first, by
 the next workspace made under the same home.
@@ -27,7 +27,9 @@ the next workspace made under the same home.
 from __future__ import annotations
 
 import os
+import re
 import secrets
+import socket
 import shutil
 import stat
 import subprocess
@@ -150,7 +152,7 @@ def workspace(repo: str, commit: str, home: Path | None = None) -> Iterator[Work
     sha = ensure_commit(mirror_path, commit, repo)
     store = base_store(mirror_path, sha)
     _sweep(home / "workspaces")
-    scratch = home / "workspaces" / f"{os.getpid()}-{secrets.token_hex(8)}"
+    scratch = home / "workspaces" / f"{_HOST}-{os.getpid()}-{secrets.token_hex(8)}"
     try:
         with checkout(repo, sha, home) as tree:
             agent_dir, harness_dir = scratch / "agent", scratch / "harness"
@@ -168,16 +170,21 @@ def workspace(repo: str, commit: str, home: Path | None = None) -> Iterator[Work
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+# Scratch directories are named for their host and process: only this host's are swept
+# (another machine's or container's pids mean nothing here).
+_HOST = re.sub(r"[^\w.]", "_", socket.gethostname()) or "host"
+
+
 def _sweep(parent: Path) -> None:
-    """Remove the scratch directories of processes that are gone (a harness killed mid-
-    sample leaves its own behind): named `<pid>-<token>`."""
+    """Remove this host's scratch directories of processes that are gone (a harness killed
+    mid-sample leaves its own behind): named `<host>-<pid>-<token>`."""
     try:
         entries = os.listdir(parent)
     except FileNotFoundError:
         return
     for name in entries:
-        pid = name.partition("-")[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        host, _, rest = name.rpartition("-")[0].rpartition("-")
+        if host == _HOST and rest.isdigit() and not _alive(int(rest)):
             shutil.rmtree(parent / name, ignore_errors=True)
 
 
