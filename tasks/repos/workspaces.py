@@ -29,8 +29,8 @@ from __future__ import annotations
 import os
 import re
 import secrets
-import socket
 import shutil
+import socket
 import stat
 import subprocess
 from collections.abc import Iterator
