@@ -84,6 +84,8 @@ def evaluate(
     suite_obj, suite_source = resolve_suite(suite)
     sandbox = run_sandbox_mode((c.kind for c in suite_obj.cases), unsafe_no_sandbox)
     agent_obj = load_agent(agent, agent_timeout if workspace else None)
+    if workspace:  # the suite file holds the references and hidden tests
+        agent_obj = agent_obj.concealing(p for p in [suite_source] if os.path.isfile(p))
     workers = workers or os.cpu_count() or 1
     baseline = steps.find_baseline(baseline, suite_obj, agent_obj.fingerprint, home)
     steps.snapshot_once(suite_obj, home)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -211,8 +212,11 @@ def test_the_database_other_workspaces_and_the_host_are_out_of_reach(home, calc_
     other.mkdir(parents=True)
     (other / "theirs.py").write_text("x")
     outside = ROOT / f".workspace-escape-{os.getpid()}"
+    answers = tmp_path / "answers.yaml"
+    answers.write_text("reference: the-answer\n")
     body = f"""
-for p in "{home}/evalpipe.duckdb" "{other}/theirs.py"; do
+git -C "{repo}" log --oneline 2>/dev/null | grep . && echo "READ the source repository"
+for p in "{home}/evalpipe.duckdb" "{other}/theirs.py" "{answers}"; do
   if cat "$p" 2>/dev/null; then echo "READ $p"; fi
 done
 echo "LS: $(ls -a "{home}" "{home}/repos" 2>&1 | tr '\n' ' ')"
@@ -221,7 +225,7 @@ touch "$HOME/ok" && echo "home is writable: $HOME"
 test "$HOME" != "{Path.home()}" && echo "scratch home"
 touch marker.txt
 """
-    sample = draw(script_agent(tmp_path, body), calc_case(repo))
+    sample = draw(script_agent(tmp_path, body).concealing([answers]), calc_case(repo))
     out = sample.trace["agent_run"]["stdout_tail"]
     assert "READ" not in out and "WROTE" not in out and not outside.exists(), out
     listing = out.split("LS: ", 1)[1].split("\n", 1)[0]
@@ -412,10 +416,15 @@ def test_a_failing_case_shows_its_trajectory_in_runs_show_and_the_report(
 echo '{"tool": "bash", "input": "sed -i s/abs/min/ calc.py", "output": "exit 0"}' >> "$EVALPIPE_TRAJECTORY"
 echo '{"role": "assistant", "content": "I think <min> fixes it"}' >> "$EVALPIPE_TRAJECTORY"
 sed -i 's/return abs(a) + b/return min(a, b)/' calc.py
-""")
+# The suite file (references, hidden tests) and the repository's source: hidden.
+grep -c . ROOT/examples/coding/calc.yaml ROOT/examples/calc/calc.bundle 2>&1 | sed 's/^/LOOK /'
+""".replace("ROOT", str(ROOT)))
     script.chmod(0o755)
     out = evaluate(suite="examples/coding/calc.yaml", agent=f"cmd:{script}", workspace=True)
     assert out["status_counts"] == {"failed": 1} and out["agent_steps"]["total"] == 2
+    (trace,), = query(home, "SELECT trace FROM samples WHERE run_id = ?", out["run_id"])
+    looked = json.loads(trace)["agent_run"]["stdout_tail"]
+    assert looked.count("LOOK") == 2 and not re.search(r":[1-9]", looked), looked  # nothing read
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     shown = subprocess.run([sys.executable, "-m", "flows.cli", "runs", "show", out["run_id"], "--case", "add-bug"],
                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)

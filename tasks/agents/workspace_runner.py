@@ -7,7 +7,8 @@ Per sample (docs/agents.md, "Coding agents"):
   are applied at grading only) and no reference patch (the agent sees the case's inputs);
 - the agent runs in bubblewrap with the network shared (it must reach its model), the
   workspace and its scratch directory writable, `EVALPIPE_HOME` hidden (the database,
-  mirrors, other samples' workspaces), HOME a scratch directory, a private /tmp, a
+  mirrors, other samples' workspaces), so are the suite file and the case's repository
+  source (`concealing`), HOME a scratch directory, a private /tmp, a
   wall-clock timeout, memory and process caps; when it exits, everything it started is
   killed. Only the variables of `PASSED_ENV` and `EVALPIPE_AGENT_ENV` reach it;
 - what it printed goes to the trace (its tails), its trajectory too; the output graded is
@@ -26,7 +27,8 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +42,7 @@ from tasks.models import EvalCase, InputError
 from tasks.redaction import redact
 from tasks.repos.environments import TESTBED, EnvironmentFailed, runtime_for
 from tasks.repos.workspaces import Change, Workspace, read_change, workspace
-from tasks.repos.worktrees import RepoError
+from tasks.repos.worktrees import RepoError, is_url
 from tasks.sandbox import Limits, Mounts, SandboxError, bwrap_available, run_command
 
 DEFAULT_AGENT_TIMEOUT_S = 1800.0
@@ -80,6 +82,9 @@ class WorkspaceAgent:
     timeout_s: float
     memory_mb: int
     visible: tuple[str, ...]  # the agent's own code: shown read-only even under /tmp
+    # Files and folders that hold answers (the suite file: references, hidden tests), hidden
+    # from the agent besides EVALPIPE_HOME and each case's repository source.
+    concealed: tuple[str, ...] = ()
 
     @classmethod
     def load(cls, spec: str, base: Path, timeout_s: float = DEFAULT_AGENT_TIMEOUT_S) -> WorkspaceAgent:
@@ -106,6 +111,10 @@ class WorkspaceAgent:
         visible = tuple(dict.fromkeys((str(base), *code)))
         return cls(spec, spec_fingerprint(spec, settings), base, argv, timeout_s, memory_mb, visible)
 
+    def concealing(self, paths: Iterable[str]) -> WorkspaceAgent:
+        """This agent with `paths` (files or folders) hidden from it too."""
+        return replace(self, concealed=tuple(dict.fromkeys((*self.concealed, *map(str, paths)))))
+
     def generate(self, case: EvalCase, ctx: AgentContext) -> str:
         if case.kind != "repo_tests":
             raise AgentError(f"--workspace needs a repo_tests case (a repository and a base commit); "
@@ -114,12 +123,12 @@ class WorkspaceAgent:
         try:
             runtime = runtime_for(params.environment, params.repo, params.base_commit, needs_pytest=False)
             with workspace(params.repo, params.base_commit) as ws:
-                return self._run(ws, case, ctx, runtime.python, runtime.mounts)
+                return self._run(ws, case, ctx, runtime.python, runtime.mounts, params.repo)
         except (RepoError, EnvironmentFailed, SandboxError) as exc:
             raise AgentError(f"workspace: {exc}") from None
 
     def _run(self, ws: Workspace, case: EvalCase, ctx: AgentContext, python: str,
-             env_mounts: Mounts | None) -> str:
+             env_mounts: Mounts | None, repo: str) -> str:
         confined = bwrap_available()
         inside = TESTBED if confined else str(ws.tree)
         case_file = ws.agent_dir / "case.json"
@@ -133,11 +142,14 @@ class WorkspaceAgent:
         )
         mounts = None
         if confined:
+            # The repository's source holds its later history (a fix, its tests).
+            secret = [Path(p).resolve() for p in (*self.concealed, repo) if not is_url(p) and Path(p).exists()]
             mounts = Mounts(
                 workdir_at=TESTBED,
                 ro=(str(ws.store), *(env_mounts.ro if env_mounts else ())),
                 rw=(str(ws.agent_dir),),
-                hide=(str(evalpipe_home()),),
+                hide=(str(evalpipe_home()), *(str(p) for p in secret if p.is_dir())),
+                blank=tuple(str(p) for p in secret if p.is_file()),
             )
         limits = Limits(timeout_s=self.timeout_s, memory_mb=self.memory_mb, max_procs=AGENT_MAX_PROCS,
                         file_size_mb=AGENT_FILE_SIZE_MB)

@@ -99,7 +99,8 @@ class Mounts:
     `workdir_at`: where the work directory appears inside (a fixed path such as
     /tmp/testbed, so an editable install made against it serves every worktree);
     `ro`/`rw`: host directories bound at their own path; `hide`: directories replaced by
-    an empty read-only tmpfs (the harness's own venv and code), binds inside them kept.
+    an empty read-only tmpfs (the harness's own venv and code), binds inside them kept;
+    `blank`: files shown empty (/dev/null bound over them, read-only).
     Needs bubblewrap: without it `run_command` refuses with `SandboxError`.
     """
 
@@ -107,6 +108,7 @@ class Mounts:
     ro: tuple[str, ...] = ()
     rw: tuple[str, ...] = ()
     hide: tuple[str, ...] = ()
+    blank: tuple[str, ...] = ()
 
 
 class SandboxError(RuntimeError):
@@ -158,6 +160,8 @@ def _bwrap_argv(
     for flag, paths in (("--ro-bind", mounts.ro), ("--bind", mounts.rw)):
         for path in paths:
             argv += [flag, path, path]
+    for path in mounts.blank:
+        argv += ["--ro-bind", "/dev/null", path]
     for path in hidden:
         argv += ["--remount-ro", path]
     # /dev's own tmpfs has no size cap: read-only, with a capped /dev/shm on top.
