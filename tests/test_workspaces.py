@@ -204,7 +204,8 @@ echo 'not json' >> "$EVALPIPE_TRAJECTORY"
                                                                   {"text": "not json"}]}
 
 
-def test_the_database_other_workspaces_and_the_host_are_out_of_reach(home, calc_repo, tmp_path, bwrap):
+def test_the_database_other_workspaces_and_the_host_are_out_of_reach(home, calc_repo, tmp_path, bwrap,
+                                                                      monkeypatch):
     repo, _ = calc_repo
     home.mkdir(parents=True, exist_ok=True)
     (home / "evalpipe.duckdb").write_text("the database")
@@ -214,10 +215,16 @@ def test_the_database_other_workspaces_and_the_host_are_out_of_reach(home, calc_
     outside = ROOT / f".workspace-escape-{os.getpid()}"
     answers = tmp_path / "answers.yaml"
     answers.write_text("reference: the-answer\n")
+    # The harness user's home, with credentials, inside the agent's (visible) code folder.
+    user = tmp_path / "agents" / "user"
+    (user / ".ssh").mkdir(parents=True)
+    (user / ".ssh" / "id_ed25519").write_text("PRIVATE KEY\n")
+    (user / ".netrc").write_text("machine x password y\n")
+    monkeypatch.setenv("HOME", str(user))
     body = f"""
 git -C "{repo}" log --oneline 2>/dev/null | grep . && echo "READ the source repository"
-for p in "{home}/evalpipe.duckdb" "{other}/theirs.py" "{answers}"; do
-  if cat "$p" 2>/dev/null; then echo "READ $p"; fi
+for p in "{home}/evalpipe.duckdb" "{other}/theirs.py" "{answers}" "{user}/.ssh/id_ed25519" "{user}/.netrc"; do
+  if grep . "$p" 2>/dev/null; then echo "READ $p"; fi
 done
 echo "LS: $(ls -a "{home}" "{home}/repos" 2>&1 | tr '\n' ' ')"
 touch "{outside}" 2>/dev/null && echo "WROTE outside"

@@ -60,6 +60,12 @@ PASSED_ENV = (
     "DEEPSEEK_API_KEY", "HF_TOKEN", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY",
     "http_proxy", "https_proxy", "no_proxy",
 )  # fmt: skip
+# Where the user's credentials usually are, under their home: hidden from the agent,
+# whose network is on (the rest of the machine is read-only, not hidden).
+CREDENTIALS = (
+    ".ssh", ".aws", ".azure", ".config/gcloud", ".kube", ".docker", ".gnupg", ".netrc",
+    ".git-credentials", ".pypirc", ".npmrc", ".prefect", ".config/gh",
+)  # fmt: skip
 OUTPUT_TAIL = 16_000  # characters of the agent's stdout and stderr kept in the trace
 
 
@@ -143,7 +149,8 @@ class WorkspaceAgent:
         mounts = None
         if confined:
             # The repository's source holds its later history (a fix, its tests).
-            secret = [Path(p).resolve() for p in (*self.concealed, repo) if not is_url(p) and Path(p).exists()]
+            named = (*self.concealed, repo, *(str(Path.home() / c) for c in CREDENTIALS))
+            secret = [Path(p).resolve() for p in named if not is_url(p) and Path(p).exists()]
             mounts = Mounts(
                 workdir_at=TESTBED,
                 ro=(str(ws.store), *(env_mounts.ro if env_mounts else ())),
