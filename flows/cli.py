@@ -205,12 +205,18 @@ def run(
     unsafe_no_sandbox: UnsafeFlag = False,
     max_output_bytes: Annotated[int | None, typer.Option(
         "--max-output-bytes", min=1, help="Cap on each agent output (default 4 MB).")] = None,
+    workspace: Annotated[bool, typer.Option(
+        "--workspace", help="Run a cmd:/python: coding agent per sample in a fresh checkout of the case's"
+                            " base commit, sandboxed; its output is the change it leaves there.")] = False,
+    agent_timeout: Annotated[float | None, typer.Option(
+        "--agent-timeout", min=0.001, metavar="SECONDS",
+        help="With --workspace: seconds per agent run (default 1800).")] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Sample, grade, store and aggregate a run of AGENT on SUITE.
 
     Exit 1 when the gate (--baseline) blocks, 4 when too many samples are agent_error."""
-    from tasks.agents import MAX_OUTPUT_ENV, load_agent
+    from tasks.agents import DEFAULT_AGENT_TIMEOUT_S, MAX_OUTPUT_ENV, load_agent
 
     if max_output_bytes:  # the setting every agent and worker process reads
         os.environ[MAX_OUTPUT_ENV] = str(max_output_bytes)
@@ -222,6 +228,8 @@ def run(
         bad_input(f"--runner: expected threads, processes or dask, got {runner!r}")
     if dask_address and runner != "dask":
         bad_input("--dask-address goes with --runner dask")
+    if agent_timeout is not None and not workspace:
+        bad_input("--agent-timeout goes with --workspace")
     if not baseline and (min_pass_at_1 is not None or max_drop or max_new_failures is not None or min_slice):
         bad_input("--min-pass-at-1, --max-drop, --max-new-failures and --min-slice are gate rules: they go with"
                   " --baseline")
@@ -239,7 +247,8 @@ def run(
 
         check_slices(slice_min, (name for c in suite_obj.cases for name in c.slices))
     run_sandbox_mode((c.kind for c in suite_obj.cases), unsafe_no_sandbox)
-    load_agent(agent)
+    agent_timeout = agent_timeout or DEFAULT_AGENT_TIMEOUT_S
+    load_agent(agent, agent_timeout if workspace else None)
     from storage import db
 
     db.check()  # a damaged or locked database is reported before Prefect starts, too
@@ -259,7 +268,8 @@ def run(
                                     max_new_failures=max_new_failures, min_slice=slice_min, metric=metric,
                                     runner=runner, workers=workers, dask_address=dask_address,
                                     batch_size=batch_size, regrade=regrade,
-                                    unsafe_no_sandbox=unsafe_no_sandbox, return_state=True)
+                                    unsafe_no_sandbox=unsafe_no_sandbox, workspace=workspace,
+                                    agent_timeout=agent_timeout, return_state=True)
             summary = flow_result(state)
         finally:
             progress_hook.reset(token)
@@ -378,6 +388,10 @@ def _summary_text(s: dict[str, Any]) -> str:
                  + ", ".join(f"{k} {v}" for k, v in sorted(s["status_counts"].items())))
     if "env_flaky_samples" in s:
         lines.append(f"environment flakes (same output, different verdicts): {s['env_flaky_samples']}")
+    if "agent_steps" in s:
+        from tasks.report.trajectory import steps_text
+
+        lines.append(f"agent steps: {steps_text(s['agent_steps'])}")
     if s.get("sandbox") == "unsafe-no-sandbox":
         lines.insert(0, f"UNSAFE: {UNSAFE_NOTE}")
     if s["safety_failed"]:

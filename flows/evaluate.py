@@ -24,9 +24,9 @@ from flows.runners import Runner
 from storage import db, evalpipe_home
 from storage.suites import resolve_suite
 from tasks import run
-from tasks.agents import load_agent
-from tasks.models import MAX_N, MAX_REGRADE, MAX_WORKERS
+from tasks.agents import DEFAULT_AGENT_TIMEOUT_S, load_agent
 from tasks.metrics.rules import GateRules, check_slices
+from tasks.models import MAX_N, MAX_REGRADE, MAX_WORKERS
 from tasks.sandbox import allowing_unsafe, run_sandbox_mode
 
 
@@ -54,6 +54,8 @@ def evaluate(
     batch_size: Annotated[int | None, Field(ge=1)] = None,
     regrade: Annotated[int, Field(ge=0, le=MAX_REGRADE)] = 0,
     unsafe_no_sandbox: bool = False,
+    workspace: bool = False,
+    agent_timeout: Annotated[float, Field(gt=0)] = DEFAULT_AGENT_TIMEOUT_S,
 ) -> dict[str, Any]:
     """Sample `n` outputs per case from `agent`, grade them, store and aggregate the run.
 
@@ -83,13 +85,18 @@ def evaluate(
         regrade: Grade each output this many extra times to count environment flakes.
         unsafe_no_sandbox: Without bubblewrap, run the suite's code (python_tests,
             repo_tests, predicate) unprotected instead of refusing. Stated in the summary.
+        workspace: Run a cmd: or python: coding agent per sample in a fresh checkout of the
+            case's base commit, in the sandbox; its output is the change it leaves there.
+        agent_timeout: With workspace: seconds each agent run may take.
     """
     started = time.perf_counter()
     steps.check_deployment_allows(agent, unsafe_no_sandbox)
     home = evalpipe_home()
     suite_obj, suite_source = resolve_suite(suite)
     sandbox = run_sandbox_mode((c.kind for c in suite_obj.cases), unsafe_no_sandbox)
-    agent_obj = load_agent(agent)
+    agent_obj = load_agent(agent, agent_timeout if workspace else None)
+    if workspace:  # the suite file holds the references and hidden tests
+        agent_obj = agent_obj.concealing(p for p in [suite_source] if os.path.isfile(p))
     workers = workers or os.cpu_count() or 1
     asked_baseline = baseline
     baseline = steps.find_baseline(baseline, suite_obj, home)
@@ -104,7 +111,8 @@ def evaluate(
         config={"runner": runner, "workers": workers, "batch_size": batch_size, "regrade": regrade,
                 "baseline": baseline, "min_pass_at_1": min_pass_at_1, "max_drop": max_drop,
                 "max_new_failures": max_new_failures, "min_slice": min_slice, "metric": metric,
-                "suite_ref": suite, "suite_source": suite_source, "sandbox": sandbox},
+                "suite_ref": suite, "suite_source": suite_source, "sandbox": sandbox,
+                "workspace": workspace, "agent_timeout_s": agent_timeout if workspace else None},
     )
     with db.recorded_run(spec, home):
         planned = run.plan(suite_obj, spec)

@@ -13,6 +13,7 @@ from tasks.files import atomic_write
 from tasks.models import InputError
 from tasks.report import render_report
 from tasks.report.html import MAX_OUTPUT_CHARS
+from tasks.report.trajectory import trajectory_lines
 from tasks.run import RunSummary
 
 MAX_DETAILS_PER_CASE = 5
@@ -28,8 +29,11 @@ def case_rows(run_id: str, home: Path | None = None) -> list[dict[str, Any]]:
     grouped: dict[str, dict[str, Any]] = defaultdict(
         lambda: {"n": 0, "c": 0, "statuses": Counter(), "details": [], "safety": [], "outputs": []}
     )
-    for case_id, output in db.failing_outputs(run_id, MAX_OUTPUTS_PER_CASE, OUTPUT_CHARS, home):
-        grouped[case_id]["outputs"].append(output or "")  # what the agent said
+    for failing in db.failing_samples(run_id, MAX_OUTPUTS_PER_CASE, OUTPUT_CHARS, home):
+        case = grouped[failing["case_id"]]
+        case["outputs"].append(failing["output"] or "")  # what the agent said
+        if "trajectory" not in case and (steps := trajectory_lines(json.loads(failing["trace"] or "{}"))):
+            case["trajectory"] = {"sample_index": failing["sample_index"], "lines": steps}
     for row in samples.to_pylist():
         case = grouped[row["case_id"]]
         case["n"] += 1

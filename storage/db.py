@@ -374,14 +374,17 @@ def commonest_detail(run_id: str, status: str, home: Path | None = None) -> tupl
             "GROUP BY detail ORDER BY n DESC, detail LIMIT 1", [run_id, status]).fetchone()
 
 
-def failing_outputs(run_id: str, per_case: int, chars: int, home: Path | None = None) -> list[tuple[str, str]]:
-    """(case id, the first `chars` characters of its output) of the first `per_case`
-    failing samples of each case of a run, in (case, index) order."""
+def failing_samples(run_id: str, per_case: int, chars: int, home: Path | None = None) -> list[dict[str, Any]]:
+    """The first `per_case` failing samples of each case of a run, in (case, index) order:
+    `case_id`, `sample_index`, the first `chars` characters of `output`, and `trace`."""
     with connect(home, read_only=True) as con:
-        return con.execute(
-            "SELECT case_id, left(output, ?) FROM samples WHERE run_id = ? AND NOT coalesce(passed, false)"
+        cur = con.execute(
+            "SELECT case_id, sample_index, left(output, ?) AS output, trace FROM samples"
+            " WHERE run_id = ? AND NOT coalesce(passed, false)"
             " QUALIFY row_number() OVER (PARTITION BY case_id ORDER BY sample_index) <= ?"
-            " ORDER BY case_id, sample_index", [chars, run_id, per_case]).fetchall()
+            " ORDER BY case_id, sample_index", [chars, run_id, per_case])
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
 
 def safety_failed(run_id: str, home: Path | None = None) -> bool:

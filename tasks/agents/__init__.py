@@ -33,18 +33,22 @@ from tasks.agents.cmd import CmdAgent
 from tasks.agents.python import PythonAgent, call_user_code
 from tasks.agents.reference import ReferenceAgent, reference_text
 from tasks.agents.replay import ReplayAgent, parse_replay
+from tasks.agents.workspace_runner import DEFAULT_AGENT_TIMEOUT_S, WorkspaceAgent
 from tasks.models import InputError
 
 __all__ = [
-    "MAX_OUTPUT_ENV", "PROMPT_FIELDS", "Agent", "AgentContext", "AgentError", "call_user_code",
+    "DEFAULT_AGENT_TIMEOUT_S", "MAX_OUTPUT_ENV", "PROMPT_FIELDS", "Agent", "AgentContext", "AgentError", "call_user_code",
     "load_agent", "max_output_bytes", "parse_replay", "reference_text",
 ]
 
 
-def load_agent(spec: str) -> Agent:
-    """Parse and load an `--agent` spec, resolving relative paths against the working directory."""
+def load_agent(spec: str, workspace_timeout_s: float | None = None) -> Agent:
+    """Parse and load an `--agent` spec, resolving relative paths against the working directory.
+    With `workspace_timeout_s`, a coding agent run per sample in a workspace (`--workspace`)."""
     max_output_bytes()  # a bad setting is bad input, refused before any work
     base = Path.cwd()
+    if workspace_timeout_s is not None:
+        return WorkspaceAgent.load(spec, base, workspace_timeout_s)
     scheme, sep, rest = spec.partition(":")
     if spec == "reference":
         return ReferenceAgent.load(spec, "", base)

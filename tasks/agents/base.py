@@ -4,10 +4,11 @@ environment (the output cap, `EVALPIPE_MAX_OUTPUT_BYTES`)."""
 
 from __future__ import annotations
 
+import json
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, Self, TypeVar
 
@@ -25,6 +26,17 @@ class AgentContext:
     index: int
     seed: int
     n: int
+    # A coding agent's (`--workspace`): its checkout, and the file for its steps.
+    workspace: Path | None = None
+    trajectory: Path | None = None
+    # What the agent adds to its sample's trace (its output's tails, its trajectory).
+    trace: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def record(self, step: dict[str, Any]) -> None:
+        """Append one step (a JSON object) to the trajectory; nothing without one."""
+        if self.trajectory is not None:
+            with open(self.trajectory, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps(step, ensure_ascii=False, default=str) + "\n")
 
 
 class AgentError(Exception):

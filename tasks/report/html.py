@@ -18,6 +18,7 @@ from typing import Any
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
 from tasks.metrics.percent import percent, signed_points, with_ci
+from tasks.report.trajectory import steps_text
 from tasks.run import RunSummary
 from tasks.sandbox import UNSAFE_NOTE
 
@@ -53,7 +54,8 @@ def render_report(
     """The whole report as one HTML document.
 
     ``run``: the run's summary. ``cases``: {case_id, n, c, slices, statuses: {status: count},
-    details: [str], safety: [str], outputs: [str] (failing samples' outputs, optional)} per case. ``baseline``: the baseline's summary; ``gate``:
+    details: [str], safety: [str], outputs: [str] (failing samples' outputs, optional),
+    trajectory (optional): {sample_index, lines}} per case. ``baseline``: the baseline's summary; ``gate``:
     the `gate --json` document; ``calibration``: any flat mapping of grader-reliability
     figures (e.g. `--regrade` environment-flake counts), shown as a table. ``judges``: one
     {judge, judge_fingerprint, judged, errors, calibration} per judge that graded the run
@@ -272,8 +274,10 @@ def _meta(run: RunSummary) -> list[tuple[str, str]]:
         ("samples", f"{run.samples} ({run.cases} cases × n={run.n}, {run.cached_samples} cached)"),
         ("duration", f"{run.duration_s:.1f} s" if run.duration_s is not None else None),
         ("flow run", run.flow_run_id),
+        ("agent steps", steps_text(run.agent_steps) if run.agent_steps else None),
     ]
     return [(name, value) for name, value in fields if value]
+
 
 
 def _gate_view(gate: Mapping[str, Any]) -> dict[str, Any]:
@@ -358,6 +362,8 @@ def _case_view(case: Mapping[str, Any]) -> dict[str, Any]:
         "statuses": ", ".join(f"{s} ×{n}" for s, n in case.get("statuses", {}).items()),
         "details": [clip(d, MAX_DETAIL_CHARS) for d in details],
         "outputs": [clip(o, MAX_OUTPUT_CHARS) for o in case.get("outputs", [])],
+        # A failing sample's trajectory (coding agents): {sample_index, lines}, or None.
+        "trajectory": case.get("trajectory"),
     }
 
 

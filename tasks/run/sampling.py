@@ -118,8 +118,8 @@ def draw_sample(
     failures become `agent_error`. `cap`: the output limit in bytes (default from the
     environment, see `max_output_bytes`)."""
     started = time.perf_counter()
-    ctx = AgentContext(case_id=case.id, index=planned.index, seed=planned.seed, n=n)
     trace: dict = {}
+    ctx = AgentContext(case_id=case.id, index=planned.index, seed=planned.seed, n=n, trace=trace)
     try:
         if planned.output is None:
             raw = agent.generate(case, ctx)

@@ -89,6 +89,8 @@ class RunSummary(_Doc):
     labelled: int | None = None
     unlabelled: int | None = None
     sandbox: str | None = None  # "bwrap", "unsafe-no-sandbox" or "not-needed" (tasks.sandbox)
+    # Trajectory steps of coding agents (`--workspace`): samples with one, total, mean, max.
+    agent_steps: dict[str, float] | None = None
     flow_run_id: str | None = None
     duration_s: float | None = None
 
@@ -114,13 +116,15 @@ class RunSummary(_Doc):
 
 
 # Absent from the document when they do not apply (`flow_run_id` and `duration_s` are always there).
-_OPTIONAL_KEYS = ("env_flaky_samples", "gate", "no_baseline", "source_run", "labeller", "labelled", "unlabelled", "sandbox")
+_OPTIONAL_KEYS = ("env_flaky_samples", "gate", "no_baseline", "source_run", "labeller", "labelled", "unlabelled", "sandbox",
+                  "agent_steps")
 
 
 def summary_columns(spec: RunSpec) -> tuple[str, ...]:
-    """The sample columns `summarize` reads (never the outputs; the traces only to count
-    environment flakes)."""
-    return (*REQUIRED_COLUMNS, "score", "cached", *(("trace",) if spec.regrade else ()))
+    """The sample columns `summarize` reads: never the outputs; the traces only to count
+    environment flakes and a coding agent's steps."""
+    traces = spec.regrade or spec.config.get("workspace")
+    return (*REQUIRED_COLUMNS, "score", "cached", *(("trace",) if traces else ()))
 
 
 def summarize(spec: RunSpec, suite: EvalSuite, samples: pa.Table) -> tuple[RunSummary, list[Row]]:
@@ -137,6 +141,7 @@ def summarize(spec: RunSpec, suite: EvalSuite, samples: pa.Table) -> tuple[RunSu
         cached_samples=pc.sum(samples["cached"]).as_py() or 0,
         **agg.to_json(),
         env_flaky_samples=_env_flakes(samples) if spec.regrade else None,
+        agent_steps=_agent_steps(samples),
         flow_run_id=spec.flow_run_id,
     )
     return summary, agg.rows()
@@ -144,3 +149,15 @@ def summarize(spec: RunSpec, suite: EvalSuite, samples: pa.Table) -> tuple[RunSu
 
 def _env_flakes(samples: pa.Table) -> int:
     return sum(bool(json.loads(t).get("env_flaky")) for t in samples["trace"].to_pylist())
+
+
+def _agent_steps(samples: pa.Table) -> dict[str, float] | None:
+    """Steps per sample of the samples that kept a trajectory; None when none did."""
+    if "trace" not in samples.column_names:  # not a --workspace run: no trajectories
+        return None
+    steps = [t["trajectory"]["steps"] for t in map(json.loads, samples["trace"].to_pylist())
+             if isinstance(t.get("trajectory"), dict)]
+    if not steps:
+        return None
+    return {"samples": len(steps), "total": sum(steps), "mean": round(sum(steps) / len(steps), 3),
+            "max": max(steps)}

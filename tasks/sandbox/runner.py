@@ -99,7 +99,8 @@ class Mounts:
     `workdir_at`: where the work directory appears inside (a fixed path such as
     /tmp/testbed, so an editable install made against it serves every worktree);
     `ro`/`rw`: host directories bound at their own path; `hide`: directories replaced by
-    an empty read-only tmpfs (the harness's own venv and code), binds inside them kept.
+    an empty read-only tmpfs (the harness's own venv and code), binds inside them kept;
+    `blank`: files shown empty (/dev/null bound over them, read-only).
     Needs bubblewrap: without it `run_command` refuses with `SandboxError`.
     """
 
@@ -107,6 +108,7 @@ class Mounts:
     ro: tuple[str, ...] = ()
     rw: tuple[str, ...] = ()
     hide: tuple[str, ...] = ()
+    blank: tuple[str, ...] = ()
 
 
 class SandboxError(RuntimeError):
@@ -161,6 +163,8 @@ def _bwrap_argv(
     for flag, paths in (("--ro-bind", mounts.ro), ("--bind", mounts.rw)):
         for path in paths:
             argv += [flag, path, path]
+    for path in mounts.blank:
+        argv += ["--ro-bind", "/dev/null", path]
     # /dev's own tmpfs has no size cap: read-only, with a capped /dev/shm on top.
     argv += ["--dev", "/dev", "--remount-ro", "/dev", "--size", size, "--tmpfs", "/dev/shm"]
     argv += ["--proc", "/proc"]
@@ -431,9 +435,11 @@ def run_command(
     scratch_mb: int | None = None,
     pass_fds: Sequence[int] = (),
     mounts: Mounts | None = None,
+    visible: Iterable[str] = (),
 ) -> SandboxResult:
     """Run `argv` in `workdir` (the only writable place besides a private /tmp and
-    `mounts.rw`).
+    `mounts.rw`). `visible`: directories under /tmp to show read-only, bound before
+    `mounts.hide` is (what is hidden stays hidden even inside them).
 
     With `scratch_mb` (bubblewrap only; check `isolation`), the program runs on a copy of
     `workdir` in a tmpfs holding at most that many MB: it cannot fill the disk, and
@@ -451,7 +457,7 @@ def run_command(
     else:
         scratch_mb = None
     full = (
-        [*_bwrap_argv(limits, workdir, network, scratch_mb, mounts), *argv]
+        [*_bwrap_argv(limits, workdir, network, scratch_mb, mounts, visible), *argv]
         if protection == "bwrap"
         else list(argv)
     )

@@ -1,0 +1,60 @@
+"""An agent's trajectory: the steps it wrote as JSON lines to the file named by
+`EVALPIPE_TRAJECTORY` (`ctx.trajectory`; `ctx.record` appends a step), read back with a cap for the
+sample's trace. Secrets are masked where every trace string is (`tasks.run.sampling`).
+
+Each line is one step, a JSON object such as `{"role": "assistant", "content": ...}`,
+`{"tool": "bash", "input": ..., "output": ...}`; a line that is not a JSON object is kept
+as `{"text": line}`, so nothing an agent wrote is lost without saying so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+from tasks.agents.base import env_positive
+
+TRAJECTORY_ENV = "EVALPIPE_TRAJECTORY"
+MAX_TRAJECTORY_ENV = "EVALPIPE_MAX_TRAJECTORY_BYTES"
+DEFAULT_MAX_TRAJECTORY_BYTES = 1 << 20
+
+
+def max_trajectory_bytes() -> int:
+    """The cap on a stored trajectory: `EVALPIPE_MAX_TRAJECTORY_BYTES`, default 1 MB."""
+    return env_positive(MAX_TRAJECTORY_ENV, DEFAULT_MAX_TRAJECTORY_BYTES, int, "a whole number of bytes")
+
+
+def read_trajectory(path: Path, cap: int) -> dict[str, Any] | None:
+    """`{"steps": N, "entries": [...]}` from the JSON lines at `path` (None if there is no
+    such regular file), its first `cap` bytes; `truncated` says how much more there was.
+    Never follows a link: the agent made the file and could have pointed it anywhere."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        info = os.fstat(fh.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            return None
+        data = fh.read(cap)
+    lines = data.split(b"\n")
+    if info.st_size > cap and len(lines) > 1:
+        lines = lines[:-1]  # the last line was cut at the cap
+    entries = [_entry(line) for line in lines if line.strip()]
+    doc: dict[str, Any] = {"steps": len(entries), "entries": entries}
+    if info.st_size > cap:
+        doc["truncated"] = {"cap_bytes": cap, "bytes": info.st_size}
+    return doc
+
+
+def _entry(line: bytes) -> dict[str, Any]:
+    text = line.decode("utf-8", "replace")
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return {"text": text}
+    return value if isinstance(value, dict) else {"text": text}
+

@@ -1,0 +1,200 @@
+"""`--workspace`: a coding agent (`cmd:` or `python:`) run in a fresh checkout of its
+case's base commit, confined in the sandbox; its output is the change it left there.
+
+Per sample (docs/agents.md, "Coding agents"):
+- a workspace (`tasks.repos.workspaces`): the base commit checked out from the pooled
+  worktrees, a git repository of the agent's own, none of the case's hidden tests (they
+  are applied at grading only) and no reference patch (the agent sees the case's inputs);
+- the agent runs in bubblewrap with the network shared (it must reach its model), the
+  workspace and its scratch directory writable, `EVALPIPE_HOME` hidden (the database,
+  mirrors, other samples' workspaces), so are the suite file and the case's repository
+  source (`concealing`), HOME a scratch directory, a private /tmp, a
+  wall-clock timeout, memory and process caps; when it exits, everything it started is
+  killed. Only the variables of `PASSED_ENV` and `EVALPIPE_AGENT_ENV` reach it;
+- what it printed goes to the trace (its tails), its trajectory too; the output graded is
+  the change against the base commit (`read_change`).
+
+What the agent sees: its working directory is the workspace (`EVALPIPE_WORKSPACE`), the
+case JSON on stdin (and in the file `EVALPIPE_CASE`), `EVALPIPE_PYTHON` the interpreter the
+case's tests run with (the case's `environment`, else the harness's),
+`EVALPIPE_TRAJECTORY` the file for its steps. A `python:` agent gets the same as
+`ctx.workspace`, `ctx.trajectory` (`ctx.record(step)`), run in the sandbox by
+`tasks.agents.workspace_host`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from tasks.agents.base import AgentContext, AgentError, env_positive, spec_fingerprint
+from tasks.agents.cmd import STDERR_TAIL, CmdAgent
+from tasks.agents.python import PythonAgent
+from tasks.agents.trajectory import TRAJECTORY_ENV, max_trajectory_bytes, read_trajectory
+from tasks.callables import load_callable
+from tasks.home import evalpipe_home
+from tasks.models import EvalCase, InputError
+from tasks.redaction import redact
+from tasks.repos.environments import TESTBED, EnvironmentFailed, runtime_for
+from tasks.repos.workspaces import Change, Workspace, read_change, workspace
+from tasks.repos.worktrees import RepoError, is_url
+from tasks.sandbox import Limits, Mounts, SandboxError, bwrap_available, run_command
+
+DEFAULT_AGENT_TIMEOUT_S = 1800.0
+AGENT_MEMORY_ENV = "EVALPIPE_AGENT_MEMORY_MB"
+DEFAULT_AGENT_MEMORY_MB = 8192  # an address-space cap: runtimes reserve far more than they use
+AGENT_MAX_PROCS = 512
+AGENT_FILE_SIZE_MB = 1024
+EXTRA_ENV = "EVALPIPE_AGENT_ENV"  # more variable names to pass, comma-separated
+# What reaches the agent from the harness's environment besides PATH and the locale: the
+# model endpoints' keys and addresses, and proxies.
+PASSED_ENV = (
+    "OPENAI_API_KEY", "OPENAI_BASE_URL", "OPENAI_ORG_ID", "OPENAI_PROJECT_ID",
+    "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "GEMINI_API_KEY", "GOOGLE_API_KEY",
+    "MISTRAL_API_KEY", "OPENROUTER_API_KEY", "TOGETHER_API_KEY", "GROQ_API_KEY",
+    "DEEPSEEK_API_KEY", "HF_TOKEN", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY",
+    "http_proxy", "https_proxy", "no_proxy",
+)  # fmt: skip
+# Where the user's credentials usually are, under their home: hidden from the agent,
+# whose network is on (the rest of the machine is read-only, not hidden).
+CREDENTIALS = (
+    ".ssh", ".aws", ".azure", ".config/gcloud", ".kube", ".docker", ".gnupg", ".netrc",
+    ".git-credentials", ".pypirc", ".npmrc", ".prefect", ".config/gh",
+)  # fmt: skip
+OUTPUT_TAIL = 16_000  # characters of the agent's stdout and stderr kept in the trace
+
+
+def passed_env_names() -> tuple[str, ...]:
+    extra = [n.strip() for n in os.environ.get(EXTRA_ENV, "").split(",") if n.strip()]
+    bad = [n for n in extra if not n.replace("_", "").isalnum()]
+    if bad:
+        raise InputError(f"{EXTRA_ENV}: {bad[0]!r} is not a variable name")
+    return tuple(dict.fromkeys([*PASSED_ENV, *extra]))
+
+
+@dataclass(frozen=True)
+class WorkspaceAgent:
+    """A `cmd:` or `python:` agent run per sample in its own workspace (see the module)."""
+
+    spec: str
+    fingerprint: str
+    base: Path
+    argv: tuple[str, ...]  # cmd: the command; python: the host running the function
+    timeout_s: float
+    memory_mb: int
+    visible: tuple[str, ...]  # the agent's own code: shown read-only even under /tmp
+    # Files and folders that hold answers (the suite file: references, hidden tests), hidden
+    # from the agent besides EVALPIPE_HOME and each case's repository source.
+    concealed: tuple[str, ...] = ()
+
+    @classmethod
+    def load(cls, spec: str, base: Path, timeout_s: float = DEFAULT_AGENT_TIMEOUT_S) -> WorkspaceAgent:
+        scheme, _, rest = spec.partition(":")
+        if scheme == "cmd":
+            inner = CmdAgent.load(spec, rest, base)
+            # The agent starts in its workspace: a word naming a file where evalpipe was
+            # started (the script, its config) is made absolute, and its folder visible.
+            files = [(base / w).resolve() if (base / w).is_file() else None for w in inner.argv]
+            argv = tuple(str(f) if f else w for f, w in zip(files, inner.argv, strict=True))
+            code = [str(f.parent) for f in files if f]
+        elif scheme == "python":
+            inner = PythonAgent.load(spec, rest, base)
+            argv = (sys.executable, "-I", "-m", "tasks.agents.workspace_host", rest, str(base))
+            source = load_callable(rest, base).source
+            code = [str(source.parent)] if source is not None else []
+        else:
+            raise InputError(f"agent {spec!r}: --workspace takes a cmd: or python: agent")
+        if timeout_s <= 0:
+            raise InputError(f"--agent-timeout {timeout_s:g}: must be positive")
+        memory_mb = env_positive(AGENT_MEMORY_ENV, DEFAULT_AGENT_MEMORY_MB, int, "a whole number of MB")
+        passed_env_names()  # a bad name is refused before any work
+        settings = {"inner": inner.fingerprint, "workspace": {"timeout_s": timeout_s, "memory_mb": memory_mb}}
+        visible = tuple(dict.fromkeys((str(base), *code)))
+        return cls(spec, spec_fingerprint(spec, settings), base, argv, timeout_s, memory_mb, visible)
+
+    def concealing(self, paths: Iterable[str]) -> WorkspaceAgent:
+        """This agent with `paths` (files or folders) hidden from it too."""
+        return replace(self, concealed=tuple(dict.fromkeys((*self.concealed, *map(str, paths)))))
+
+    def generate(self, case: EvalCase, ctx: AgentContext) -> str:
+        if case.kind != "repo_tests":
+            raise AgentError(f"--workspace needs a repo_tests case (a repository and a base commit); "
+                             f"case {case.id!r} is graded by {case.kind}")
+        params = case.params
+        try:
+            runtime = runtime_for(params.environment, params.repo, params.base_commit, needs_pytest=False)
+            with workspace(params.repo, params.base_commit) as ws:
+                return self._run(ws, case, ctx, runtime.python, runtime.mounts, params.repo)
+        except (RepoError, EnvironmentFailed, SandboxError) as exc:
+            raise AgentError(f"workspace: {exc}") from None
+
+    def _run(self, ws: Workspace, case: EvalCase, ctx: AgentContext, python: str,
+             env_mounts: Mounts | None, repo: str) -> str:
+        confined = bwrap_available()
+        inside = TESTBED if confined else str(ws.tree)
+        case_file = ws.agent_dir / "case.json"
+        case_file.write_text(json.dumps(
+            {"id": case.id, "inputs": case.inputs, "index": ctx.index, "seed": ctx.seed, "n": ctx.n}))
+        env = {name: os.environ[name] for name in passed_env_names() if name in os.environ}
+        env.update(
+            EVALPIPE_WORKSPACE=inside, EVALPIPE_CASE=str(case_file), EVALPIPE_PYTHON=python,
+            HOME=str(ws.home), **{TRAJECTORY_ENV: str(ws.trajectory)},
+            EVALPIPE_CASE_ID=case.id, EVALPIPE_SAMPLE_INDEX=str(ctx.index), EVALPIPE_SEED=str(ctx.seed),
+        )
+        mounts = None
+        if confined:
+            # The repository's source holds its later history (a fix, its tests).
+            named = (*self.concealed, repo, *(str(Path.home() / c) for c in CREDENTIALS))
+            secret = [Path(p).resolve() for p in named if not is_url(p) and Path(p).exists()]
+            mounts = Mounts(
+                workdir_at=TESTBED,
+                ro=(str(ws.store), *(env_mounts.ro if env_mounts else ())),
+                rw=(str(ws.agent_dir),),
+                hide=(str(evalpipe_home()), *(str(p) for p in secret if p.is_dir())),
+                blank=tuple(str(p) for p in secret if p.is_file()),
+            )
+        limits = Limits(timeout_s=self.timeout_s, memory_mb=self.memory_mb, max_procs=AGENT_MAX_PROCS,
+                        file_size_mb=AGENT_FILE_SIZE_MB)
+        # The case on stdin, as for a `cmd:` agent outside a workspace.
+        argv = ["/bin/sh", "-c", 'case=$1; shift; exec "$@" < "$case"', "evalpipe-agent", str(case_file),
+                *self.argv]
+        result = run_command(argv, workdir=ws.tree, limits=limits, env=env, network=True, mounts=mounts,
+                             visible=self.visible)
+        ctx.trace.update(agent_run={
+            "returncode": result.returncode, "duration_s": round(result.duration_s, 3),
+            "isolation": result.isolation, "stdout_tail": _tail(result.stdout, OUTPUT_TAIL),
+            "stderr_tail": _tail(result.stderr, OUTPUT_TAIL),
+        })
+        trajectory = read_trajectory(ws.trajectory, max_trajectory_bytes())
+        if trajectory is not None:
+            ctx.trace["trajectory"] = trajectory
+        if result.timed_out:
+            raise AgentError(f"timed out after {self.timeout_s:g} s")
+        if result.returncode != 0:
+            code = result.returncode
+            how = f"killed by signal {-code}" if code < 0 else f"exited with status {code}"
+            tail = redact(result.stderr.decode("utf-8", "replace")).strip()[-STDERR_TAIL:]
+            raise AgentError(f"{how}: {tail}" if tail else how)
+        change = read_change(ws)
+        ctx.trace["workspace"] = _change_note(change)
+        if change.binary:
+            raise AgentError(
+                f"the change has binary files, which a patch cannot carry: {', '.join(change.binary)} "
+                "(delete them, or list them in the repository's .gitignore)")
+        return change.patch
+
+
+def _change_note(change: Change) -> dict[str, Any]:
+    note: dict[str, Any] = {"files": list(change.files)}
+    if change.removed:
+        note["removed"] = list(change.removed)
+    return note
+
+
+def _tail(data: bytes, size: int) -> str:
+    return data.decode("utf-8", "replace")[-size:]
