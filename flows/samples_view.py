@@ -41,7 +41,7 @@ def case_text(doc: dict[str, Any]) -> str:
             lines.append(f"  SAFETY: {violation}")
         lines.append(f"  output: {_clip(s['output'])!r}")
         steps = trajectory_lines(s["trace"] or {})  # a coding agent's steps (--workspace)
-        lines += [f"  trajectory: {len(steps)} step(s)", *(f"    {step}" for step in steps)] if steps else []
+        lines += [f"  trajectory: {len(steps)} step(s)", *(f"  {step}" for step in steps)] if steps else []
     return "\n".join(lines)
 
 

@@ -436,7 +436,7 @@ grep -c . ROOT/examples/coding/calc.yaml ROOT/examples/calc/calc.bundle 2>&1 | s
     shown = subprocess.run([sys.executable, "-m", "flows.cli", "runs", "show", out["run_id"], "--case", "add-bug"],
                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert shown.returncode == 0, shown.stderr
-    assert shown.stdout.splitlines()[1:] == [
+    assert shown.stdout.splitlines()[-3:] == [
         "  trajectory: 2 step(s)",
         "    1. tool bash: sed -i s/abs/min/ calc.py -> exit 0",
         "    2. assistant: I think <min> fixes it",
