@@ -194,11 +194,23 @@ def run(
     unsafe_no_sandbox: UnsafeFlag = False,
     max_output_bytes: Annotated[int | None, typer.Option(
         "--max-output-bytes", min=1, help="Cap on each agent output (default 4 MB).")] = None,
+    max_cost: Annotated[float | None, typer.Option(
+        "--max-cost", min=0.0, metavar="USD",
+        help="Start no new agent call once the drawn samples cost this much; the run ends partial (exit 5)."
+             " The same command with a larger budget draws the rest.")] = None,
+    max_samples: Annotated[int | None, typer.Option(
+        "--max-samples", min=0, metavar="N",
+        help="Draw at most N samples from the agent (cached outputs are free); the run ends partial (exit 5)"
+             " if more were needed.")] = None,
+    prices: Annotated[Path | None, typer.Option(
+        "--prices", help="Price file (YAML/JSON: model -> input_per_mtok, output_per_mtok) over genai-prices'"
+                         " table (default: $EVALPIPE_PRICES).")] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Sample, grade, store and aggregate a run of AGENT on SUITE.
 
-    Exit 1 when the gate (--baseline) blocks, 4 when too many samples are agent_error."""
+    Exit 1 when the gate (--baseline) blocks, 4 when too many samples are agent_error,
+    5 when a budget (--max-cost, --max-samples) left samples undrawn."""
     from tasks.agents import MAX_OUTPUT_ENV, load_agent
 
     if max_output_bytes:  # the setting every agent and worker process reads
@@ -219,6 +231,9 @@ def run(
     suite_obj, pinned = resolve_suite(suite)
     run_sandbox_mode((c.kind for c in suite_obj.cases), unsafe_no_sandbox)
     load_agent(agent)
+    from tasks.metrics.cost import PriceTable
+
+    price_file = PriceTable.load(prices).source  # a bad price file is bad input, before any call
     from storage import db
 
     db.check()  # a damaged or locked database is reported before Prefect starts, too
@@ -236,7 +251,8 @@ def run(
                                       min_pass_at_1=min_pass_at_1, max_drop=max_drop,
                                       runner=runner, workers=workers, dask_address=dask_address,
                                       batch_size=batch_size, regrade=regrade,
-                                      unsafe_no_sandbox=unsafe_no_sandbox)
+                                      unsafe_no_sandbox=unsafe_no_sandbox, max_cost=max_cost,
+                                      max_samples=max_samples, prices=price_file)
         finally:
             progress_hook.reset(token)
     typer.echo(json_doc(summary) if as_json else _summary_text(summary))
@@ -245,8 +261,16 @@ def run(
         # Exit 4 wins over a blocked gate: the numbers of a broken agent say nothing about the model.
         typer.echo(f"evalpipe: warning: {broken}", err=True)
         raise typer.Exit(4)
+    if summary.get("partial"):
+        # Exit 5 wins over a blocked gate: numbers over part of the samples decide no release.
+        typer.echo(f"evalpipe: partial run: {summary['undrawn_samples']} samples undrawn"
+                   f" ({summary['budget']['stopped']}); run again with a larger budget to draw them", err=True)
+        raise typer.Exit(PARTIAL_EXIT)
     if summary.get("gate", {}).get("decision") == "block":
         raise typer.Exit(1)
+
+
+PARTIAL_EXIT = 5  # a budget left samples undrawn (docs/contract.md §10)
 
 
 def _broken_agent(summary: dict[str, Any], max_share: float) -> str | None:
@@ -328,6 +352,15 @@ def _summary_text(s: dict[str, Any]) -> str:
                  + ", ".join(f"{k} {v}" for k, v in sorted(s["status_counts"].items())))
     if "env_flaky_samples" in s:
         lines.append(f"environment flakes (same output, different verdicts): {s['env_flaky_samples']}")
+    if s.get("usage"):
+        from tasks.run.usage import usage_lines
+
+        lines.extend(usage_lines(s["usage"]))
+    if s.get("partial"):
+        lines.insert(0, f"PARTIAL: {s['undrawn_samples']} samples undrawn ({s['budget']['stopped']});"
+                        " the figures below cover the drawn samples only")
+    if s.get("unscored"):
+        lines.append(f"unscored (no stored output in run {s.get('source_run')}): {', '.join(s['unscored'])}")
     if s.get("sandbox") == "unsafe-no-sandbox":
         lines.insert(0, f"UNSAFE: {UNSAFE_NOTE}")
     if s["safety_failed"]:

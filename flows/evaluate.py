@@ -25,6 +25,8 @@ from storage import db, evalpipe_home
 from storage.suites import resolve_suite
 from tasks import run
 from tasks.agents import load_agent
+from tasks.metrics.cost import PriceTable
+from tasks.run.budget import Budget, budget_summary
 from tasks.sandbox import allowing_unsafe, run_sandbox_mode
 
 
@@ -49,6 +51,9 @@ def evaluate(
     batch_size: Annotated[int | None, Field(ge=1)] = None,
     regrade: Annotated[int, Field(ge=0, le=100)] = 0,
     unsafe_no_sandbox: bool = False,
+    max_cost: Annotated[float | None, Field(ge=0)] = None,
+    max_samples: Annotated[int | None, Field(ge=0)] = None,
+    prices: str | None = None,
 ) -> dict[str, Any]:
     """Sample `n` outputs per case from `agent`, grade them, store and aggregate the run.
 
@@ -73,12 +78,18 @@ def evaluate(
         regrade: Grade each output this many extra times to count environment flakes.
         unsafe_no_sandbox: Without bubblewrap, run the suite's code (python_tests,
             repo_tests, predicate) unprotected instead of refusing. Stated in the summary.
+        max_cost: Budget in USD: no new agent call starts once the drawn samples cost this
+            much; the run ends partial, and the same run with a larger budget draws the rest.
+        max_samples: Budget in agent calls: draw at most this many samples (cached ones are free).
+        prices: A price file (YAML/JSON: model -> input_per_mtok, output_per_mtok) over
+            genai-prices' table; default: the file EVALPIPE_PRICES names, if any.
     """
     started = time.perf_counter()
     home = evalpipe_home()
     suite_obj, suite_source = resolve_suite(suite)
     sandbox = run_sandbox_mode((c.kind for c in suite_obj.cases), unsafe_no_sandbox)
     agent_obj = load_agent(agent)
+    budget, price_table = Budget(max_cost_usd=max_cost, max_samples=max_samples), PriceTable.load(prices)
     workers = workers or os.cpu_count() or 1
     baseline = steps.find_baseline(baseline, suite_obj, agent_obj.fingerprint, home)
     steps.snapshot_once(suite_obj, home)
@@ -89,20 +100,26 @@ def evaluate(
         flow_run_id=str(flow_run.id) if flow_run.id else None,
         config={"runner": runner, "workers": workers, "batch_size": batch_size, "regrade": regrade,
                 "baseline": baseline, "min_pass_at_1": min_pass_at_1, "max_drop": max_drop,
-                "suite_ref": suite, "suite_source": suite_source, "sandbox": sandbox},
+                "suite_ref": suite, "suite_source": suite_source, "sandbox": sandbox,
+                "max_cost": max_cost, "max_samples": max_samples, "prices": price_table.source},
     )
     with db.recorded_run(spec, home):
         planned = run.plan(suite_obj, spec)
         missing = steps.reuse_cached(spec, planned, home)
         with allowing_unsafe(unsafe_no_sandbox):  # in the environment: process workers see it
-            steps.draw_missing(spec, suite_obj, agent_obj, missing, len(planned), home, batch_size=batch_size,
-                               runner=runner, workers=workers, dask_address=dask_address)
+            drawn = steps.draw_missing(spec, suite_obj, agent_obj, missing, len(planned), home,
+                                       batch_size=batch_size, runner=runner, workers=workers,
+                                       dask_address=dask_address, budget=budget, prices=price_table)
         summary = steps.reduce_run(spec, suite_obj, str(home))
+        if budget.limited:
+            summary.budget = budget_summary(budget, drawn.meter, drawn.undrawn)
+        if drawn.undrawn:
+            summary.partial, summary.undrawn_samples = True, drawn.undrawn
         if baseline:
             summary.gate = gate_runs(spec.run_id, baseline, min_pass_at_1=min_pass_at_1, max_drop=max_drop,
                                      home=home, safety_failed=summary.safety_failed)
         summary.sandbox = sandbox
         summary.duration_s = round(time.perf_counter() - started, 3)
-        db.finish_run(spec.run_id, "completed", summary, home)
+        db.finish_run(spec.run_id, "partial" if summary.partial else "completed", summary, home)
     publish(summary, home)
     return steps.final_state(summary)

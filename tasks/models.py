@@ -138,6 +138,12 @@ class EvalCase(_Frozen):
     def case_hash(self) -> str:
         return self._case_hash
 
+    @property
+    def inputs_hash(self) -> str:
+        """sha256 of the inputs alone: what the agent sees, so what an output is keyed by
+        (a changed reference, grader, slice or tag leaves it as it is)."""
+        return sha256_hex(canonical_json(self.inputs))
+
 
 class EvalSuite(_Frozen):
     name: str = Field(min_length=1)
@@ -208,6 +214,18 @@ class Verdict(_Frozen):
         return self.model_copy(update={"safety": self.safety + tuple(violations)})
 
 
+class Usage(_Frozen):
+    """What one agent call took: its latency and, where the agent reports them, the tokens
+    it used and the model they were counted for (which prices them), and its price."""
+
+    latency_s: float | None = Field(default=None, ge=0)
+    input_tokens: int | None = Field(default=None, ge=0, strict=True)
+    output_tokens: int | None = Field(default=None, ge=0, strict=True)
+    model: str | None = Field(default=None, min_length=1)
+    # Priced from the tokens and model when the sample is stored (tasks/metrics/cost.py).
+    cost_usd: float | None = Field(default=None, ge=0)
+
+
 class Sample(_Frozen):
     case_id: str
     index: int = Field(ge=0)
@@ -217,3 +235,4 @@ class Sample(_Frozen):
     trace: dict[str, Any] = Field(default_factory=dict)
     duration_s: float = 0.0
     cached: bool = False
+    usage: Usage = Usage()

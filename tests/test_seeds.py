@@ -30,6 +30,22 @@ def test_content_seed_is_deterministic_and_63_bit(content: list) -> None:
 
 
 def test_known_seeds_are_unchanged() -> None:
-    # A sample's seed (suite version, case id, index, run seed) and a judge draw's.
+    # The derivation itself, and a judge draw's seed.
     assert content_seed("v1", "case-1", 0, 0) == 3694360928404491310
     assert content_seed("judge", "abc", "out", 0) == 5290260785600940906
+
+
+def test_a_sample_seed_comes_from_what_the_agent_sees_not_the_suite_version() -> None:
+    """Pinned anew on purpose (issue 19): a sample's seed was (suite version, case id, index,
+    run seed), so any edit of a suite redrew every sample; now it is (case id, inputs hash,
+    index, run seed), and a reference edit or an added case leaves the others' seeds alone."""
+    from tasks.models import EvalCase
+    from tasks.run.sampling import sample_seed
+
+    case = EvalCase(id="case-1", inputs={"q": 1}, grader={"kind": "exact"})
+    assert sample_seed(case, 0, 0) == 2759782343416001573
+    edited = case.model_copy(update={"reference": "2", "slices": ("easy",)})
+    assert sample_seed(edited, 0, 0) == sample_seed(case, 0, 0)
+    asked_otherwise = EvalCase(id="case-1", inputs={"q": 2}, grader={"kind": "exact"})
+    assert sample_seed(asked_otherwise, 0, 0) != sample_seed(case, 0, 0)
+    assert sample_seed(case, 1, 0) != sample_seed(case, 0, 0) != sample_seed(case, 0, 1)

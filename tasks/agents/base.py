@@ -7,11 +7,11 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, Self, TypeVar
 
-from tasks.models import EvalCase, InputError, canonical_json, sha256_hex
+from tasks.models import EvalCase, InputError, Usage, canonical_json, sha256_hex
 
 MAX_OUTPUT_ENV = "EVALPIPE_MAX_OUTPUT_BYTES"
 DEFAULT_MAX_OUTPUT_BYTES = 4 << 20
@@ -25,6 +25,16 @@ class AgentContext:
     index: int
     seed: int
     n: int
+    # What the agent reported about its call (`report_usage`), read by the sampler.
+    reported: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def report_usage(
+        self, *, input_tokens: int | None = None, output_tokens: int | None = None, model: str | None = None
+    ) -> None:
+        """Tokens this sample's call used and the model that counted them (which prices
+        them: docs/agents.md). Checked here, so a bad report fails the call that made it."""
+        given = Usage(input_tokens=input_tokens, output_tokens=output_tokens, model=model)
+        self.reported.update(given.model_dump(exclude_none=True))
 
 
 class AgentError(Exception):

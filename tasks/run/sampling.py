@@ -25,6 +25,7 @@ from tasks.models import (
     EvalSuite,
     Sample,
     Status,
+    Usage,
     Verdict,
     canonical_json,
     content_seed,
@@ -33,8 +34,27 @@ from tasks.models import (
 from tasks.redaction import MASK, redact
 
 
-def cache_key(case_hash: str, agent_fingerprint: str, index: int, seed: int, grader_fp: str) -> str:
-    return sha256_hex(canonical_json([case_hash, agent_fingerprint, index, seed, grader_fp]))
+def sample_seed(case: EvalCase, index: int, run_seed: int) -> int:
+    """A sample's seed, from what the agent sees (the case's id and inputs) and where it
+    stands (its index, the run seed): not from the suite version, so that editing a
+    reference or adding a case leaves every other sample's draw as it was."""
+    return content_seed(case.id, case.inputs_hash, index, run_seed)
+
+
+def output_key(agent_fingerprint: str, case: EvalCase, index: int, seed: int) -> str:
+    """The key of a drawn output: everything that decides it and nothing else."""
+    return sha256_hex(canonical_json(["output", agent_fingerprint, case.id, case.inputs_hash, index, seed]))
+
+
+def grading_fingerprint(case: EvalCase) -> str:
+    """What a verdict depends on besides the output: the grader's kind, parameters,
+    reference and code (`grader_fingerprint`), and the case's safety rules."""
+    return sha256_hex(canonical_json([grader_fingerprint(case), case.safety]))
+
+
+def cache_key(output_key: str, grading_fp: str) -> str:
+    """The key of a graded sample (the `cache_key` column): its output's key and how it is graded."""
+    return sha256_hex(canonical_json([output_key, grading_fp]))
 
 
 @dataclass(frozen=True)
@@ -44,19 +64,23 @@ class PlannedSample:
     seed: int
     cache_key: str
     case_hash: str
-    # A stored output to grade again instead of drawing one (`--regrade` of cached work).
+    # A stored output to grade instead of drawing one (a cached output graded anew, or
+    # `--regrade`), with what its call took when it was drawn.
     output: str | None = None
+    output_key: str = ""
+    usage: Usage | None = None
 
 
 def plan_samples(suite: EvalSuite, agent_fingerprint: str, n: int, run_seed: int) -> list[PlannedSample]:
     """Every sample the run needs, in (case id, index) order."""
     planned = []
     for case in suite.cases:
-        grader_fp = grader_fingerprint(case)
+        grading_fp = grading_fingerprint(case)
         for index in range(n):
-            seed = content_seed(suite.version, case.id, index, run_seed)
-            key = cache_key(case.case_hash, agent_fingerprint, index, seed, grader_fp)
-            planned.append(PlannedSample(case.id, index, seed, key, case.case_hash))
+            seed = sample_seed(case, index, run_seed)
+            out_key = output_key(agent_fingerprint, case, index, seed)
+            planned.append(PlannedSample(case.id, index, seed, cache_key(out_key, grading_fp), case.case_hash,
+                                         output_key=out_key))
     return planned
 
 
@@ -120,9 +144,13 @@ def draw_sample(
     started = time.perf_counter()
     ctx = AgentContext(case_id=case.id, index=planned.index, seed=planned.seed, n=n)
     trace: dict = {}
+    usage = planned.usage or Usage()
     try:
         if planned.output is None:
-            raw = agent.generate(case, ctx)
+            try:
+                raw = agent.generate(case, ctx)
+            finally:  # a failed call took its time (and maybe its tokens) too
+                usage = Usage(latency_s=time.perf_counter() - started, **ctx.reported)
             output, notes = bounded_output(raw, max_output_bytes() if cap is None else cap)
             trace.update(notes)
         else:  # stored, so bounded when it was drawn: a second cut would add a second marker
@@ -151,6 +179,7 @@ def draw_sample(
         trace=_map_strings(trace, storable),
         duration_s=time.perf_counter() - started,
         cached=planned.output is not None,
+        usage=usage,
     )
 
 

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from tasks.metrics.aggregate import Row, aggregate
 from tasks.models import EvalSuite, InputError
 from tasks.run.spec import RunSpec
+from tasks.run.usage import RunUsage, usage_summary
 
 
 class _Doc(BaseModel):
@@ -45,6 +46,16 @@ class GateSummary(_Doc):
     shared_cases: int
     run_id: str
     baseline: str
+
+
+class BudgetSummary(_Doc):
+    """A budgeted run's limits, what it drew and spent, and why it stopped drawing (if it did)."""
+
+    max_cost_usd: float | None
+    max_samples: int | None
+    drawn_samples: int
+    spent_usd: float
+    stopped: str | None
 
 
 class RunSummary(_Doc):
@@ -79,6 +90,13 @@ class RunSummary(_Doc):
     sandbox: str | None = None  # "bwrap", "unsafe-no-sandbox" or "not-needed" (tasks.sandbox)
     flow_run_id: str | None = None
     duration_s: float | None = None
+    # Runs stored before usage was recorded have none; `partial`, `undrawn_samples` and
+    # `budget` come with a budget, `unscored` with `rescore` (docs/contract.md §10).
+    usage: RunUsage | None = None
+    partial: bool | None = None
+    undrawn_samples: int | None = None
+    budget: BudgetSummary | None = None
+    unscored: list[str] | None = None
 
     @classmethod
     def read(cls, doc: RunSummary | Mapping[str, Any]) -> RunSummary:
@@ -102,7 +120,8 @@ class RunSummary(_Doc):
 
 
 # Absent from the document when they do not apply (`flow_run_id` and `duration_s` are always there).
-_OPTIONAL_KEYS = ("env_flaky_samples", "gate", "source_run", "labeller", "labelled", "unlabelled", "sandbox")
+_OPTIONAL_KEYS = ("env_flaky_samples", "gate", "source_run", "labeller", "labelled", "unlabelled", "sandbox",
+                  "usage", "partial", "undrawn_samples", "budget", "unscored")
 
 
 def summarize(spec: RunSpec, suite: EvalSuite, samples: pa.Table) -> tuple[RunSummary, list[Row]]:
@@ -120,6 +139,7 @@ def summarize(spec: RunSpec, suite: EvalSuite, samples: pa.Table) -> tuple[RunSu
         **agg.to_json(),
         env_flaky_samples=_env_flakes(samples) if spec.regrade else None,
         flow_run_id=spec.flow_run_id,
+        usage=usage_summary(samples),
     )
     return summary, agg.rows()
 
