@@ -374,6 +374,42 @@ def _summary_text(s: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+@app.command("rescore")
+def rescore_cmd(
+    run_id: RunArg,
+    suite: SuiteArg,
+    workers: Annotated[int | None, typer.Option("--workers", min=1)] = None,
+    unsafe_no_sandbox: UnsafeFlag = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """A new run of SUITE graded on RUN_ID's stored outputs, without calling its agent.
+
+    Cases whose id and inputs match RUN_ID's are graded; the others are reported `unscored`
+    (never drawn, never counted as failures)."""
+    from storage.suites import resolve_suite
+    from tasks.sandbox import run_sandbox_mode
+
+    suite_obj, pinned = resolve_suite(suite)
+    run_sandbox_mode((c.kind for c in suite_obj.cases), unsafe_no_sandbox)
+    from storage import db
+
+    db.check()
+    source = db.find_run(run_id)["run_id"]
+    from flows.prefect_api import prefect_api
+
+    with prefect_api(as_json) as watch, _progress(suite_obj.name, as_json) as hook:
+        from flows.artifacts import progress_hook
+        from flows.rescore import rescore
+
+        token = progress_hook.set(hook)
+        try:
+            summary = watch(rescore)(run_id=source, suite=pinned, workers=workers,
+                                     unsafe_no_sandbox=unsafe_no_sandbox)
+        finally:
+            progress_hook.reset(token)
+    typer.echo(json_doc(summary) if as_json else _summary_text(summary))
+
+
 runs_app = typer.Typer(no_args_is_help=True, help="Stored runs.")
 app.add_typer(runs_app, name="runs")
 

@@ -4,11 +4,12 @@ its DDL are derived, and the conversion of graded `Sample`s into such rows."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pyarrow as pa
 
-from tasks.models import Sample
+from tasks.models import Sample, Usage
 from tasks.run.sampling import PlannedSample
 
 SAMPLE_SCHEMA = pa.schema(
@@ -59,3 +60,9 @@ def samples_table(run_id: str, samples: Sequence[Sample], planned: Sequence[Plan
         ):
             cols[col].append(value)
     return pa.table(cols, schema=SAMPLE_SCHEMA)
+
+
+def row_usage(row: Mapping[str, Any]) -> Usage:
+    """What a stored sample's agent call took and cost, from its row."""
+    return Usage(latency_s=row["latency_s"], input_tokens=row["input_tokens"], output_tokens=row["output_tokens"],
+                 model=row["usage_model"], cost_usd=row["cost_usd"])

@@ -11,8 +11,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tasks.models import EvalCase, EvalSuite, Usage
-from tasks.run.samples import samples_table
+from tasks.models import EvalCase, EvalSuite
+from tasks.run.samples import row_usage, samples_table
 from tasks.run.sampling import PlannedSample, plan_samples, run_batch
 from tasks.run.spec import RunSpec
 
@@ -73,16 +73,11 @@ def _with_stored_outputs(planned: Sequence[PlannedSample], stored: pa.Table) -> 
     """The planned samples with the stored output (and what its call took) of each one that
     has one, graded rather than drawn again, so the agent is not asked twice (nor paid twice)."""
     found = {row["output_key"]: row for row in stored.select(list(_STORED_OUTPUT)).to_pylist()}
-    return [replace(p, output=row["output"], usage=_usage(row)) if (row := found.get(p.output_key)) else p
+    return [replace(p, output=row["output"], usage=row_usage(row)) if (row := found.get(p.output_key)) else p
             for p in planned]
 
 
 _STORED_OUTPUT = ("output_key", "output", "latency_s", "input_tokens", "output_tokens", "usage_model", "cost_usd")
-
-
-def _usage(row: Mapping[str, Any]) -> Usage:
-    return Usage(latency_s=row["latency_s"], input_tokens=row["input_tokens"], output_tokens=row["output_tokens"],
-                 model=row["usage_model"], cost_usd=row["cost_usd"])
 
 
 def samples_per_task(missing: int, workers: int) -> int:

@@ -67,10 +67,11 @@ def _figures(rows: pa.Table) -> UsageFigures:
     has_tokens = pc.or_(pc.is_valid(rows["input_tokens"]), pc.is_valid(rows["output_tokens"]))
     counted = rows.filter(has_tokens)
     cost, note = _cost(rows, counted)
+    known = counted.num_rows or not rows.num_rows  # no samples used no tokens; unreported ones are unknown
     return UsageFigures(
         samples=rows.num_rows,
-        input_tokens=_total(counted["input_tokens"]) if counted.num_rows else None,
-        output_tokens=_total(counted["output_tokens"]) if counted.num_rows else None,
+        input_tokens=_total(counted["input_tokens"]) if known else None,
+        output_tokens=_total(counted["output_tokens"]) if known else None,
         cost_usd=cost,
         cost_note=note,
         latency_p50_s=float(np.percentile(latency, 50)) if latency.size else None,
@@ -99,13 +100,25 @@ def _cost(rows: pa.Table, counted: pa.Table) -> tuple[float | None, str | None]:
 
 
 
-def usage_lines(usage: RunUsage | Mapping[str, Any]) -> list[str]:
-    """The `usage` document as text: drawn in this run, then what the cache saved."""
+USAGE_COLUMNS = ("outputs", "samples", "input tokens", "output tokens", "cost (USD)", "agent latency p50",
+                 "agent latency p95", "note")
+
+
+def usage_rows(usage: RunUsage | Mapping[str, Any]) -> list[tuple[str, ...]]:
+    """The `usage` document as table rows (`USAGE_COLUMNS`): drawn in this run, then what
+    the cache saved. Unknown figures read "n/a", never 0."""
     usage = RunUsage.model_validate(usage)
-    return [_line("drawn", usage), _line("cached", usage.cached)]
+    return [_row("drawn", usage), _row("cached", usage.cached)]
 
 
-def _line(label: str, f: UsageFigures) -> str:
+def usage_lines(usage: RunUsage | Mapping[str, Any]) -> list[str]:
+    """The same as text lines."""
+    return [f"usage {label:<6} {samples} samples  tokens in {inp} out {out}  cost {cost}"
+            f"  agent latency p50 {p50} p95 {p95}" + (f"  ({note})" if note else "")
+            for label, samples, inp, out, cost, p50, p95, note in usage_rows(usage)]
+
+
+def _row(label: str, f: UsageFigures) -> tuple[str, ...]:
     def tokens(x: int | None) -> str:
         return "n/a" if x is None else f"{x:,}"
 
@@ -113,6 +126,5 @@ def _line(label: str, f: UsageFigures) -> str:
         return "n/a" if x is None else f"{x:.3g}s"
 
     cost = "n/a" if f.cost_usd is None else f"${f.cost_usd:,.6f}"
-    line = (f"usage {label:<6} {f.samples} samples  tokens in {tokens(f.input_tokens)} out {tokens(f.output_tokens)}"
-            f"  cost {cost}  agent latency p50 {seconds(f.latency_p50_s)} p95 {seconds(f.latency_p95_s)}")
-    return line + (f"  ({f.cost_note})" if f.cost_note else "")
+    return (label, str(f.samples), tokens(f.input_tokens), tokens(f.output_tokens), cost,
+            seconds(f.latency_p50_s), seconds(f.latency_p95_s), f.cost_note or "")
