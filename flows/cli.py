@@ -394,7 +394,11 @@ def rescore_cmd(
     from storage import db
 
     db.check()
-    source = db.find_run(run_id)["run_id"]
+    source = db.find_run(run_id)
+    from flows.rescore import source_suite_of
+    from storage import evalpipe_home
+
+    source_suite_of(source, suite_obj, evalpipe_home())  # bad input is refused before Prefect starts
     from flows.prefect_api import prefect_api
 
     with prefect_api(as_json) as watch, _progress(suite_obj.name, as_json) as hook:
@@ -403,7 +407,7 @@ def rescore_cmd(
 
         token = progress_hook.set(hook)
         try:
-            summary = watch(rescore)(run_id=source, suite=pinned, workers=workers,
+            summary = watch(rescore)(run_id=source["run_id"], suite=pinned, workers=workers,
                                      unsafe_no_sandbox=unsafe_no_sandbox)
         finally:
             progress_hook.reset(token)

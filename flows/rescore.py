@@ -23,7 +23,7 @@ from storage import db, evalpipe_home
 from storage.snapshots import read_snapshot, snapshot_path
 from storage.suites import resolve_suite
 from tasks import run
-from tasks.models import InputError
+from tasks.models import EvalSuite, InputError
 from tasks.run.rescore import rescore_plan
 from tasks.sandbox import allowing_unsafe, run_sandbox_mode
 
@@ -51,7 +51,7 @@ def rescore(
     source = db.find_run(run_id, home)
     suite_obj, suite_source = resolve_suite(suite)
     sandbox = run_sandbox_mode((c.kind for c in suite_obj.cases), unsafe_no_sandbox)
-    source_suite = _source_suite(source, home)
+    source_suite = source_suite_of(source, suite_obj, home)
     workers = workers or os.cpu_count() or 1
     steps.snapshot_once(suite_obj, home)
     spec = run.RunSpec(
@@ -63,9 +63,6 @@ def rescore(
     )
     plan = rescore_plan(spec.run_id, run.plan(suite_obj, spec), suite_obj, source_suite,
                         db.run_samples(source["run_id"], home))
-    if len(plan.unscored) == len(suite_obj.cases):
-        raise InputError(f"run {source['run_id']} has no output for any case of {suite}"
-                         " (no case with the same id and inputs): nothing to score")
     with db.recorded_run(spec, home):
         db.insert_samples(plan.failed_calls, home)
         total = len(plan.to_grade) + plan.failed_calls.num_rows
@@ -82,8 +79,15 @@ def rescore(
     return summary.to_json()
 
 
-def _source_suite(source: dict[str, Any], home: Path):
+def source_suite_of(source: dict[str, Any], suite: EvalSuite, home: Path) -> EvalSuite:
+    """The suite the stored run `source` ran (its snapshot); bad input, before any work,
+    when it is gone or shares no question (case id and inputs) with `suite`."""
     if not snapshot_path(source["suite_version"], home).exists():
         raise InputError(f"run {source['run_id']}: the snapshot of its suite {source['suite_version'][:12]}"
                          f" is missing from {home / 'snapshots'}: cannot tell which questions it asked")
-    return read_snapshot(source["suite_version"], home)
+    ran = read_snapshot(source["suite_version"], home)
+    asked = {(c.id, c.inputs_hash) for c in ran.cases}
+    if not any((c.id, c.inputs_hash) in asked for c in suite.cases):
+        raise InputError(f"run {source['run_id']} has no output for any case of suite {suite.name!r}"
+                         " (no case with the same id and inputs): nothing to score")
+    return ran

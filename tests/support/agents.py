@@ -43,3 +43,11 @@ def boom(inputs, ctx) -> str:
 def slow(inputs, ctx) -> str:
     time.sleep(float(os.environ.get("EVALPIPE_TEST_SLEEP", "0.05")))
     return flaky(inputs, ctx)
+
+
+def metered(inputs, ctx) -> str:
+    """Counts its calls and reports the tokens of each: `inputs.tokens` in (default 1000),
+    10 out, counted by `toy-model` (priced by a test's price file)."""
+    _count(ctx)
+    ctx.report_usage(input_tokens=inputs.get("tokens", 1000), output_tokens=10, model="toy-model")
+    return "yes" if random.Random(ctx.seed).random() < inputs.get("p", 0.5) else "no"
