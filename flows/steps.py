@@ -110,7 +110,7 @@ def draw_missing(spec: RunSpec, suite: EvalSuite, agent: Any, missing: list[Plan
     cases = {c.id: c for c in suite.cases}
     progress = Progress(total - len(missing), total, hook)
     paced = budget.max_cost_usd is not None
-    waiting = deque(run.batches(to_draw, spec.n, 1 if paced else batch_size, workers)) if to_draw else deque()
+    waiting = deque([[p] for p in to_draw] if paced else run.batches(to_draw, spec.n, batch_size, workers))
 
     def params(chunk: list[PlannedSample]) -> dict[str, Any]:
         return {"agent": agent, "cases": run.batch_cases(cases, chunk), "planned": chunk, "spec": spec,
