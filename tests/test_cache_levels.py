@@ -153,3 +153,25 @@ def test_rescore_refuses_a_suite_it_has_no_output_for(env, tmp_path):
     refused = cli(["rescore", json.loads(proc.stdout)["run_id"], str(other)], env)
     assert refused.returncode == 2 and "no output for any case" in refused.stderr
     assert "Traceback" not in refused.stderr
+
+
+def test_keys_hold_what_the_agent_sees_and_how_its_output_is_graded():
+    """The output key moves with the inputs only, except for the `reference` agent, which
+    answers with the reference; the verdict key moves with the grading too."""
+    from tasks.models import EvalCase, EvalSuite
+    from tasks.run.sampling import plan_samples
+
+    def plan(reference: str, agent: str, **changes):
+        case = EvalCase(**{"id": "a", "inputs": {"q": 1}, "reference": reference, "grader": {"kind": "exact"},
+                           **changes})
+        (planned,) = plan_samples(EvalSuite(name="s", cases=(case,)), "fp", 1, 0, agent)
+        return planned
+
+    base = plan("x", "python:a.py:f")
+    edited = plan("y", "python:a.py:f")
+    assert edited.output_key == base.output_key and edited.seed == base.seed
+    assert edited.cache_key != base.cache_key
+    ruled = plan("x", "python:a.py:f", safety={"forbidden_patterns": ["z"]})
+    assert ruled.output_key == base.output_key and ruled.cache_key != base.cache_key
+    assert plan("x", "python:a.py:f", slices=["s"]).cache_key == base.cache_key
+    assert plan("x", "reference").output_key != plan("y", "reference").output_key

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tasks.agents import Agent, AgentContext, AgentError, max_output_bytes
+from tasks.agents import Agent, AgentContext, AgentError, max_output_bytes, seen_beyond_inputs
 from tasks.graders import grade, grader_fingerprint
 from tasks.models import (
     EvalCase,
@@ -41,9 +41,11 @@ def sample_seed(case: EvalCase, index: int, run_seed: int) -> int:
     return content_seed(case.id, case.inputs_hash, index, run_seed)
 
 
-def output_key(agent_fingerprint: str, case: EvalCase, index: int, seed: int) -> str:
-    """The key of a drawn output: everything that decides it and nothing else."""
-    return sha256_hex(canonical_json(["output", agent_fingerprint, case.id, case.inputs_hash, index, seed]))
+def output_key(agent_fingerprint: str, case: EvalCase, index: int, seed: int, seen: Mapping[str, Any]) -> str:
+    """The key of a drawn output: everything that decides it and nothing else (`seen`: what
+    the agent reads of the case besides its id and inputs, `seen_beyond_inputs`)."""
+    content = ["output", agent_fingerprint, case.id, case.inputs_hash, index, seed]
+    return sha256_hex(canonical_json([*content, dict(seen)] if seen else content))
 
 
 def grading_fingerprint(case: EvalCase) -> str:
@@ -71,14 +73,16 @@ class PlannedSample:
     usage: Usage | None = None
 
 
-def plan_samples(suite: EvalSuite, agent_fingerprint: str, n: int, run_seed: int) -> list[PlannedSample]:
+def plan_samples(suite: EvalSuite, agent_fingerprint: str, n: int, run_seed: int,
+                 agent_spec: str = "") -> list[PlannedSample]:
     """Every sample the run needs, in (case id, index) order."""
     planned = []
     for case in suite.cases:
         grading_fp = grading_fingerprint(case)
+        seen = seen_beyond_inputs(agent_spec, case)
         for index in range(n):
             seed = sample_seed(case, index, run_seed)
-            out_key = output_key(agent_fingerprint, case, index, seed)
+            out_key = output_key(agent_fingerprint, case, index, seed, seen)
             planned.append(PlannedSample(case.id, index, seed, cache_key(out_key, grading_fp), case.case_hash,
                                          output_key=out_key))
     return planned

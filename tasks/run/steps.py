@@ -28,7 +28,7 @@ TASKS_PER_WORKER = 16
 
 def plan(suite: EvalSuite, spec: RunSpec) -> list[PlannedSample]:
     """Every sample the run needs, in (case id, index) order."""
-    return plan_samples(suite, spec.agent_fingerprint, spec.n, spec.seed)
+    return plan_samples(suite, spec.agent_fingerprint, spec.n, spec.seed, spec.agent)
 
 
 def pending(spec: RunSpec, planned: Sequence[PlannedSample], stored: pa.Table) -> tuple[pa.Table, list[PlannedSample]]:
