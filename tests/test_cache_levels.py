@@ -25,8 +25,10 @@ def cli(args: list[str], env: dict) -> subprocess.CompletedProcess:
 
 @pytest.fixture
 def env(prefect_harness, home, tmp_path) -> dict:
-    return {**os.environ, "PREFECT_API_URL": prefect_harness, "PYTHONPATH": str(ROOT),
-            "EVALPIPE_TEST_CALLS": str(tmp_path / "calls.txt")}
+    env = {**os.environ, "PREFECT_API_URL": prefect_harness, "PYTHONPATH": str(ROOT),
+           "EVALPIPE_TEST_CALLS": str(tmp_path / "calls.txt")}
+    env.pop("EVALPIPE_PRICES", None)  # prices come from the test's own files
+    return env
 
 
 CASES = {

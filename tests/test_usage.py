@@ -5,32 +5,19 @@ a user price file, summed apart for drawn and cached samples; and budgets that s
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import test_cache_levels
 from support.judges import ChatServer
+from test_cache_levels import cli
 from test_evaluate import AGENTS, calls
 
 from tasks.agents import AgentContext, AgentError, load_agent
 from tasks.models import EvalCase
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def cli(args: list[str], env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, text=True,
-                          capture_output=True, timeout=300)
-
-
-@pytest.fixture
-def env(prefect_harness, home, tmp_path) -> dict:
-    env = {**os.environ, "PREFECT_API_URL": prefect_harness, "PYTHONPATH": str(ROOT),
-           "EVALPIPE_TEST_CALLS": str(tmp_path / "calls.txt")}
-    env.pop("EVALPIPE_PRICES", None)
-    return env
+env = test_cache_levels.env  # the fixture: a Prefect API, a fresh home, a call log, no price file
 
 
 def suite(path: Path, cases: int) -> Path:
