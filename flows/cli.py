@@ -195,11 +195,11 @@ def run(
     max_output_bytes: Annotated[int | None, typer.Option(
         "--max-output-bytes", min=1, help="Cap on each agent output (default 4 MB).")] = None,
     max_cost: Annotated[float | None, typer.Option(
-        "--max-cost", min=0.0, metavar="USD",
+        "--max-cost", metavar="USD",
         help="Start no new agent call once the drawn samples cost this much; the run ends partial (exit 5)."
              " The same command with a larger budget draws the rest.")] = None,
     max_samples: Annotated[int | None, typer.Option(
-        "--max-samples", min=0, metavar="N",
+        "--max-samples", min=1, metavar="N",
         help="Draw at most N samples from the agent (cached outputs are free); the run ends partial (exit 5)"
              " if more were needed.")] = None,
     prices: Annotated[Path | None, typer.Option(
@@ -219,6 +219,8 @@ def run(
     from tasks.sandbox import run_sandbox_mode
 
     ks = _parse_ks(k)
+    if max_cost is not None and not max_cost > 0:
+        bad_input(f"--max-cost: expected dollars > 0, got {max_cost:g}")
     if runner not in ("threads", "processes", "dask"):
         bad_input(f"--runner: expected threads, processes or dask, got {runner!r}")
     if dask_address and runner != "dask":
@@ -359,8 +361,10 @@ def _summary_text(s: dict[str, Any]) -> str:
     if s.get("partial"):
         lines.insert(0, f"PARTIAL: {s['undrawn_samples']} samples undrawn ({s['budget']['stopped']});"
                         " the figures below cover the drawn samples only")
-    if s.get("unscored"):
-        lines.append(f"unscored (no stored output in run {s.get('source_run')}): {', '.join(s['unscored'])}")
+    if s.get("unscored") is not None:
+        lines.insert(1, f"graded on the stored outputs of run {s['source_run']}, no agent call")
+        if s["unscored"]:
+            lines.append(f"unscored (no stored output in run {s['source_run']}): {', '.join(s['unscored'])}")
     if s.get("sandbox") == "unsafe-no-sandbox":
         lines.insert(0, f"UNSAFE: {UNSAFE_NOTE}")
     if s["safety_failed"]:

@@ -51,8 +51,8 @@ def evaluate(
     batch_size: Annotated[int | None, Field(ge=1)] = None,
     regrade: Annotated[int, Field(ge=0, le=100)] = 0,
     unsafe_no_sandbox: bool = False,
-    max_cost: Annotated[float | None, Field(ge=0)] = None,
-    max_samples: Annotated[int | None, Field(ge=0)] = None,
+    max_cost: Annotated[float | None, Field(gt=0)] = None,
+    max_samples: Annotated[int | None, Field(ge=1)] = None,
     prices: str | None = None,
 ) -> dict[str, Any]:
     """Sample `n` outputs per case from `agent`, grade them, store and aggregate the run.

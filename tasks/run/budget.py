@@ -22,8 +22,8 @@ from tasks.run.summary import BudgetSummary
 class Budget(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    max_cost_usd: float | None = Field(default=None, ge=0)
-    max_samples: int | None = Field(default=None, ge=0)
+    max_cost_usd: float | None = Field(default=None, gt=0)
+    max_samples: int | None = Field(default=None, ge=1)
 
     @property
     def limited(self) -> bool:
