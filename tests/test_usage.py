@@ -155,3 +155,54 @@ def test_a_cost_budget_that_cannot_be_measured_stops_the_run(env, tmp_path):
     assert proc.returncode == 5
     doc = json.loads(proc.stdout)
     assert doc["samples"] == 1 and "no known cost" in doc["budget"]["stopped"]
+
+
+def _rows(*samples: tuple):
+    """Sample rows from (cached, input_tokens, output_tokens, model, cost_usd, latency_s)."""
+    import pyarrow as pa
+
+    from tasks.run.samples import SAMPLE_SCHEMA
+
+    cols = {name: [None] * len(samples) for name in SAMPLE_SCHEMA.names}
+    for key, i in (("cached", 0), ("input_tokens", 1), ("output_tokens", 2), ("usage_model", 3), ("cost_usd", 4),
+                   ("latency_s", 5)):
+        cols[key] = [s[i] for s in samples]
+    return pa.table(cols, schema=SAMPLE_SCHEMA)
+
+
+def test_usage_figures_never_make_up_a_cost():
+    from tasks.run.usage import usage_summary
+
+    mixed = usage_summary(_rows((False, 100, 10, "m", 0.5, 1.0), (False, None, None, None, None, 3.0),
+                                (True, 50, 5, "m", 0.25, 2.0)))
+    assert (mixed.samples, mixed.input_tokens, mixed.output_tokens, mixed.cost_usd) == (2, 100, 10, 0.5)
+    assert mixed.cost_note == "1 sample(s) reported no tokens and are not counted"
+    assert (mixed.latency_p50_s, mixed.latency_p95_s) == (2.0, pytest.approx(2.9))
+    assert (mixed.cached.samples, mixed.cached.cost_usd, mixed.cached.cost_note) == (1, 0.25, None)
+
+    unpriced = usage_summary(_rows((False, 100, 10, "m", 0.5, 1.0), (False, 100, 10, "acme-x", None, 1.0)))
+    assert unpriced.cost_usd is None and "'acme-x'" in unpriced.cost_note and unpriced.input_tokens == 200
+    silent = usage_summary(_rows((False, None, None, None, None, 1.0)))
+    assert silent.input_tokens is None and silent.cost_usd is None and "no sample reported" in silent.cost_note
+    nothing = usage_summary(_rows((True, None, None, None, None, 1.0)))
+    assert (nothing.samples, nothing.input_tokens, nothing.cost_usd) == (0, 0, 0.0)
+
+
+def test_usage_partial_and_unscored_show_in_the_report_and_the_artifact():
+    from tasks.report import render_report, summary_markdown
+    from tasks.run.summary import BudgetSummary, RunSummary
+    from tasks.run.usage import usage_summary
+
+    summary = RunSummary(
+        run_id="r1", suite_version="v" * 64, suite_name="toy", agent="a", n=1, cases=1, samples=1,
+        cached_samples=0, pass_at_k={"1": 1.0}, pass_at_k_notes={}, pass_at_1_ci=[1.0, 1.0], ci_level=0.95,
+        pass_at_1_se=None, slices={}, flaky_cases=0, flaky_case_ids=[], status_counts={"passed": 1},
+        safety_failed=False, safety_violations=[], duration_s=1.0, source_run="r0", unscored=["zeta"],
+        usage=usage_summary(_rows((False, 1234, 56, "m", 0.0123, 0.5))), partial=True, undrawn_samples=7,
+        budget=BudgetSummary(max_cost_usd=0.01, max_samples=None, drawn_samples=1, spent_usd=0.0123,
+                             stopped="--max-cost 0.01 spent"))
+    markdown = summary_markdown(summary)
+    assert "**PARTIAL** — 7 samples undrawn" in markdown and "--max-cost 0.01 spent" in markdown
+    assert "tokens 1,234 in, 56 out" in markdown and "$0.012300" in markdown and "zeta" in markdown
+    html = render_report(summary, [])
+    assert 'id="partial"' in html and 'id="usage"' in html and "1,234" in html and "zeta" in html
