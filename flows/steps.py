@@ -127,16 +127,16 @@ def draw_missing(spec: RunSpec, suite: EvalSuite, agent: Any, missing: list[Plan
         while mapped.in_flight:
             finished = mapped.finished()
             rows = run.priced(pa.concat_tables([rows for _, rows in finished]), prices)
-            db.insert_samples(rows, home)
             meter.add(rows)
-            progress.advance(rows.num_rows)
-            for chunk, done in finished:
+            for chunk, done in finished:  # the workers get more before this process writes
                 if rest := run.undrawn(chunk, done):
                     if rest[0].output is not None or meter.may_draw:
                         mapped.submit(rest)
                     else:
                         drawn.undrawn += len(rest)
             top_up()
+            db.insert_samples(rows, home)
+            progress.advance(rows.num_rows)
     drawn.undrawn += sum(len(chunk) for chunk in waiting)
     return drawn
 
