@@ -93,9 +93,11 @@ class EvalCase(_Frozen):
     safety: dict[str, Any] | None = None
     # Computed once at construction, so equal cases carry equal hashes.
     _case_hash: str = PrivateAttr(default="")
+    _inputs_hash: str = PrivateAttr(default="")
 
     def model_post_init(self, context: Any) -> None:
         self._case_hash = sha256_hex(canonical_json(self.content()))
+        self._inputs_hash = sha256_hex(canonical_json(self.inputs))
 
     @field_validator("slices", "tags", mode="before")
     @classmethod
@@ -142,7 +144,7 @@ class EvalCase(_Frozen):
     def inputs_hash(self) -> str:
         """sha256 of the inputs alone: what the agent sees, so what an output is keyed by
         (a changed reference, grader, slice or tag leaves it as it is)."""
-        return sha256_hex(canonical_json(self.inputs))
+        return self._inputs_hash
 
 
 class EvalSuite(_Frozen):

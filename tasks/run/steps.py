@@ -37,34 +37,32 @@ def pending(spec: RunSpec, planned: Sequence[PlannedSample], stored: pa.Table) -
     it still has to draw, or to grade anew from a stored output (`output` set): a changed
     reference, grader or safety rule costs grading, not an agent call. With `regrade`,
     every stored output is graded again."""
-    by_output = {p.output_key: p for p in planned}
-    whole = [
-        not spec.regrade and status not in NOT_REUSED_STATUSES and by_output[out].cache_key == key
-        for out, key, status in zip(stored["output_key"].to_pylist(), stored["cache_key"].to_pylist(),
-                                    stored["status"].to_pylist(), strict=True)
-    ]
-    mask = pa.array(whole, pa.bool_())
-    reused = _as_this_runs(spec.run_id, stored.filter(mask), by_output)
-    found = set(reused["output_key"].to_pylist())
-    return reused, _with_stored_outputs([p for p in planned if p.output_key not in found],
-                                        stored.filter(pc.invert(mask)))
+    out_keys = pa.array([p.output_key for p in planned], pa.string())
+    at = pc.index_in(stored["output_key"], value_set=out_keys)  # each stored row's planned sample
+    wanted = pa.array([p.cache_key for p in planned], pa.string()).take(at)
+    whole = pc.and_(pc.equal(stored["cache_key"], wanted),
+                    pc.invert(pc.is_in(stored["status"], value_set=pa.array(NOT_REUSED_STATUSES))))
+    if spec.regrade:
+        whole = pc.and_(whole, pa.scalar(False))
+    reused = _as_this_runs(spec.run_id, stored.filter(whole),
+                           pa.array([p.case_hash for p in planned], pa.string()).take(at.filter(whole)))
+    done = pc.is_in(out_keys, value_set=reused["output_key"]).to_pylist()
+    return reused, _with_stored_outputs([p for p, d in zip(planned, done, strict=True) if not d],
+                                        stored.filter(pc.invert(whole)))
 
 
 # Graded samples not reused whole: the grader or its environment failed, which says
 # nothing about the output, so a re-run grades it again.
-NOT_REUSED_STATUSES = frozenset({"error"})
+NOT_REUSED_STATUSES = ("error",)
 
 
-def _as_this_runs(run_id: str, rows: pa.Table, by_output: Mapping[str, PlannedSample]) -> pa.Table:
+def _as_this_runs(run_id: str, rows: pa.Table, case_hashes: pa.Array) -> pa.Table:
     """Stored rows as this run's cached samples: its run id, and its cases' hashes (a case
     whose slices or tags changed keeps its verdicts but has a new hash, which the gate pairs on)."""
-    if rows.num_rows == 0:
-        return rows
     count = rows.num_rows
-    hashes = [by_output[k].case_hash for k in rows["output_key"].to_pylist()]
     for name, values in (("run_id", pa.array([run_id] * count, pa.string())),
                          ("cached", pa.array([True] * count, pa.bool_())),
-                         ("case_hash", pa.array(hashes, pa.string()))):
+                         ("case_hash", case_hashes)):
         rows = rows.set_column(rows.schema.get_field_index(name), name, values)
     return rows
 
