@@ -130,7 +130,12 @@ def connect(home: Path | None = None, *, read_only: bool = False) -> Iterator[du
     read_only = read_only and path.exists()  # a reader of a new home creates the schema
     with _platform_errors(path):
         con = _open(path, read_only, lock_wait_s())
-        if read_only and not _current(con):
+        try:
+            current = not read_only or _current(con)
+        except BaseException:
+            con.close()
+            raise
+        if not current:
             # A file from an older evalpipe: brought up to date before anything reads it.
             con.close()
             read_only = False
