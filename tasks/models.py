@@ -56,6 +56,10 @@ def canonical_json(value: Any) -> bytes:
     ).encode("utf-8")
 
 
+# Values canonical JSON writes as they are (exact types: a subclass takes the long way).
+_AS_IS = frozenset({str, int, bool, type(None)})
+
+
 def _normalize_numbers(value: Any) -> Any:
     if isinstance(value, bool) or value is None or isinstance(value, str | int):
         return value
@@ -64,6 +68,8 @@ def _normalize_numbers(value: Any) -> Any:
     if isinstance(value, dict):
         return {str(k): _normalize_numbers(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
+        if all(type(v) in _AS_IS for v in value):  # the keys of every sample: nothing to do
+            return list(value)
         return [_normalize_numbers(v) for v in value]
     raise TypeError(f"{type(value).__name__} is not a JSON value")
 

@@ -44,7 +44,11 @@ def sample_seed(case: EvalCase, index: int, run_seed: int) -> int:
 def output_key(agent_fingerprint: str, case: EvalCase, index: int, seed: int, seen: Mapping[str, Any]) -> str:
     """The key of a drawn output: everything that decides it and nothing else (`seen`: what
     the agent reads of the case besides its id and inputs, `seen_beyond_inputs`)."""
-    content = ["output", agent_fingerprint, case.id, case.inputs_hash, index, seed]
+    return _output_key([agent_fingerprint, case.id, case.inputs_hash], index, seed, seen)
+
+
+def _output_key(asked: list[str], index: int, seed: int, seen: Mapping[str, Any]) -> str:
+    content = ["output", *asked, index, seed]
     return sha256_hex(canonical_json([*content, dict(seen)] if seen else content))
 
 
@@ -80,10 +84,11 @@ def plan_samples(suite: EvalSuite, agent_fingerprint: str, n: int, run_seed: int
     for case in suite.cases:
         grading_fp = grading_fingerprint(case)
         seen = seen_beyond_inputs(agent_spec, case)
+        case_id, inputs_hash, case_hash = case.id, case.inputs_hash, case.case_hash  # read once: a pydantic attribute costs
         for index in range(n):
-            seed = sample_seed(case, index, run_seed)
-            out_key = output_key(agent_fingerprint, case, index, seed, seen)
-            planned.append(PlannedSample(case.id, index, seed, cache_key(out_key, grading_fp), case.case_hash,
+            seed = content_seed(case_id, inputs_hash, index, run_seed)  # = sample_seed(case, index, run_seed)
+            out_key = _output_key([agent_fingerprint, case_id, inputs_hash], index, seed, seen)
+            planned.append(PlannedSample(case_id, index, seed, cache_key(out_key, grading_fp), case_hash,
                                          output_key=out_key))
     return planned
 
