@@ -27,6 +27,7 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from storage import disk_full, evalpipe_home, process
 from tasks.models import EvalSuite, InputError, PlatformError
@@ -278,19 +279,28 @@ def recorded_run(spec: RunSpec, home: Path | None = None) -> Iterator[None]:
 def cached_samples(planned: Sequence[tuple[str, str]], home: Path | None = None) -> pa.Table:
     """For each planned (output key, cache key): the stored sample that serves it best, one
     graded under the same cache key (and not by a failed grader) if there is one, else the
-    newest with that output. One query for the whole run."""
+    newest with that output. Two queries on one connection, the second only for what the
+    first did not find: an unchanged re-run costs the one lookup it always did."""
     if not planned:
         return SAMPLE_SCHEMA.empty_table()
     out_keys, wanted = zip(*planned, strict=True)
-    keys = pa.table({"output_key": pa.array(out_keys, pa.string()),  # noqa: F841 - read by DuckDB
-                     "wanted_key": pa.array(wanted, pa.string())})
+    keys = pa.table({"cache_key": pa.array(wanted, pa.string()), "output_key": pa.array(out_keys, pa.string())})
+    columns = ", ".join(f"samples.{c}" for c in SAMPLE_COLUMNS)
     with connect(home) as con:
-        return con.sql(
-            f"""SELECT {", ".join(f"samples.{c}" for c in SAMPLE_COLUMNS)} FROM samples JOIN keys USING (output_key)
-                WHERE status <> '{NOT_CACHED_STATUS}'
-                QUALIFY row_number() OVER (PARTITION BY samples.output_key
-                    ORDER BY (cache_key = wanted_key AND status <> 'error') DESC, run_id DESC) = 1"""
+        whole = con.sql(
+            f"""SELECT {columns} FROM samples JOIN keys USING (cache_key)
+                WHERE status NOT IN ('{NOT_CACHED_STATUS}', 'error')
+                QUALIFY row_number() OVER (PARTITION BY samples.cache_key ORDER BY run_id DESC) = 1"""
         ).to_arrow_table()
+        rest = keys.filter(pc.invert(pc.is_in(keys["output_key"], value_set=whole["output_key"])))  # noqa: F841
+        if rest.num_rows == 0:
+            return whole
+        outputs = con.sql(
+            f"""SELECT {columns} FROM samples JOIN rest USING (output_key)
+                WHERE status <> '{NOT_CACHED_STATUS}'
+                QUALIFY row_number() OVER (PARTITION BY samples.output_key ORDER BY run_id DESC) = 1"""
+        ).to_arrow_table()
+    return pa.concat_tables([whole, outputs])
 
 
 def insert_samples(rows: pa.Table, home: Path | None = None) -> None:
