@@ -42,10 +42,13 @@ def test_a_sample_seed_comes_from_what_the_agent_sees_not_the_suite_version() ->
     from tasks.models import EvalCase
     from tasks.run.sampling import sample_seed
 
+    def seed(case: EvalCase, index: int = 0, run_seed: int = 0) -> int:
+        return sample_seed(case.id, case.inputs_hash, index, run_seed)
+
     case = EvalCase(id="case-1", inputs={"q": 1}, grader={"kind": "exact"})
-    assert sample_seed(case, 0, 0) == 2759782343416001573
-    edited = case.model_copy(update={"reference": "2", "slices": ("easy",)})
-    assert sample_seed(edited, 0, 0) == sample_seed(case, 0, 0)
+    assert seed(case) == 2759782343416001573
+    edited = EvalCase(id="case-1", inputs={"q": 1}, reference="2", slices=["easy"], grader={"kind": "exact"})
+    assert edited.case_hash != case.case_hash and seed(edited) == seed(case)
     asked_otherwise = EvalCase(id="case-1", inputs={"q": 2}, grader={"kind": "exact"})
-    assert sample_seed(asked_otherwise, 0, 0) != sample_seed(case, 0, 0)
-    assert sample_seed(case, 1, 0) != sample_seed(case, 0, 0) != sample_seed(case, 0, 1)
+    assert seed(asked_otherwise) != seed(case)
+    assert seed(case, 1) != seed(case) != seed(case, 0, 1)

@@ -34,20 +34,17 @@ from tasks.models import (
 from tasks.redaction import MASK, redact
 
 
-def sample_seed(case: EvalCase, index: int, run_seed: int) -> int:
-    """A sample's seed, from what the agent sees (the case's id and inputs) and where it
-    stands (its index, the run seed): not from the suite version, so that editing a
+def sample_seed(case_id: str, inputs_hash: str, index: int, run_seed: int) -> int:
+    """A sample's seed, from what the agent sees (the case's id and inputs hash) and where
+    it stands (its index, the run seed): not from the suite version, so that editing a
     reference or adding a case leaves every other sample's draw as it was."""
-    return content_seed(case.id, case.inputs_hash, index, run_seed)
+    return content_seed(case_id, inputs_hash, index, run_seed)
 
 
-def output_key(agent_fingerprint: str, case: EvalCase, index: int, seed: int, seen: Mapping[str, Any]) -> str:
-    """The key of a drawn output: everything that decides it and nothing else (`seen`: what
-    the agent reads of the case besides its id and inputs, `seen_beyond_inputs`)."""
-    return _output_key([agent_fingerprint, case.id, case.inputs_hash], index, seed, seen)
-
-
-def _output_key(asked: list[str], index: int, seed: int, seen: Mapping[str, Any]) -> str:
+def output_key(asked: Sequence[str], index: int, seed: int, seen: Mapping[str, Any]) -> str:
+    """The key of a drawn output, from everything that decides it and nothing else:
+    `asked` (agent fingerprint, case id, inputs hash), the index and seed, and `seen`, what
+    the agent reads of the case besides its inputs (`seen_beyond_inputs`)."""
     content = ["output", *asked, index, seed]
     return sha256_hex(canonical_json([*content, dict(seen)] if seen else content))
 
@@ -84,10 +81,11 @@ def plan_samples(suite: EvalSuite, agent_fingerprint: str, n: int, run_seed: int
     for case in suite.cases:
         grading_fp = grading_fingerprint(case)
         seen = seen_beyond_inputs(agent_spec, case)
-        case_id, inputs_hash, case_hash = case.id, case.inputs_hash, case.case_hash  # read once: a pydantic attribute costs
+        # Read once: a pydantic model's attribute costs more than the hashing around it.
+        case_id, inputs_hash, case_hash = case.id, case.inputs_hash, case.case_hash
         for index in range(n):
-            seed = content_seed(case_id, inputs_hash, index, run_seed)  # = sample_seed(case, index, run_seed)
-            out_key = _output_key([agent_fingerprint, case_id, inputs_hash], index, seed, seen)
+            seed = sample_seed(case_id, inputs_hash, index, run_seed)
+            out_key = output_key((agent_fingerprint, case_id, inputs_hash), index, seed, seen)
             planned.append(PlannedSample(case_id, index, seed, cache_key(out_key, grading_fp), case_hash,
                                          output_key=out_key))
     return planned
