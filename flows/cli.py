@@ -211,11 +211,24 @@ def run(
     agent_timeout: Annotated[float | None, typer.Option(
         "--agent-timeout", min=0.001, metavar="SECONDS",
         help="With --workspace: seconds per agent run (default 1800).")] = None,
+    max_cost: Annotated[float | None, typer.Option(
+        "--max-cost", metavar="USD",
+        help="Start no new agent call once the drawn samples cost this much; the run ends partial (exit 6)."
+             " The same command with a larger budget draws the rest.")] = None,
+    max_samples: Annotated[int | None, typer.Option(
+        "--max-samples", min=1, metavar="N",
+        help="Draw at most N samples from the agent (cached outputs are free); the run ends partial (exit 6)"
+             " if more were needed.")] = None,
+    prices: Annotated[Path | None, typer.Option(
+        "--prices", help="Price file (YAML/JSON: model -> input_per_mtok, output_per_mtok) over genai-prices'"
+                         " table (default: $EVALPIPE_PRICES).")] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Sample, grade, store and aggregate a run of AGENT on SUITE.
 
-    Exit 1 when the gate (--baseline) blocks, 4 when too many samples are agent_error."""
+    Exit 1 when the gate (--baseline) blocks, 4 when too many samples are agent_error,
+    5 when too many are error (the grader could not run), 6 when a budget (--max-cost,
+    --max-samples) left samples undrawn."""
     from tasks.agents import DEFAULT_AGENT_TIMEOUT_S, MAX_OUTPUT_ENV, load_agent
 
     if max_output_bytes:  # the setting every agent and worker process reads
@@ -224,6 +237,8 @@ def run(
     from tasks.sandbox import run_sandbox_mode
 
     ks = _parse_ks(k)
+    if max_cost is not None and not max_cost > 0:
+        bad_input(f"--max-cost: expected dollars > 0, got {max_cost:g}")
     if runner not in ("threads", "processes", "dask"):
         bad_input(f"--runner: expected threads, processes or dask, got {runner!r}")
     if dask_address and runner != "dask":
@@ -249,6 +264,9 @@ def run(
     run_sandbox_mode((c.kind for c in suite_obj.cases), unsafe_no_sandbox)
     agent_timeout = agent_timeout or DEFAULT_AGENT_TIMEOUT_S
     load_agent(agent, agent_timeout if workspace else None)
+    from tasks.metrics.cost import PriceTable
+
+    price_file = PriceTable.load(prices).source  # a bad price file is bad input, before any call
     from storage import db
 
     db.check()  # a damaged or locked database is reported before Prefect starts, too
@@ -269,7 +287,8 @@ def run(
                                     runner=runner, workers=workers, dask_address=dask_address,
                                     batch_size=batch_size, regrade=regrade,
                                     unsafe_no_sandbox=unsafe_no_sandbox, workspace=workspace,
-                                    agent_timeout=agent_timeout, return_state=True)
+                                    agent_timeout=agent_timeout, max_cost=max_cost,
+                                    max_samples=max_samples, prices=price_file, return_state=True)
             summary = flow_result(state)
         finally:
             progress_hook.reset(token)
@@ -283,8 +302,16 @@ def run(
     if broken:
         typer.echo(f"evalpipe: error: {broken}", err=True)
         raise typer.Exit(5)
+    if summary.get("partial"):
+        # Exit 6 wins over a blocked gate: numbers over part of the samples decide no release.
+        typer.echo(f"evalpipe: partial run: {summary['undrawn_samples']} samples undrawn"
+                   f" ({summary['budget']['stopped']}); run again with a larger budget to draw them", err=True)
+        raise typer.Exit(PARTIAL_EXIT)
     if summary.get("gate", {}).get("decision") == "block":
         raise typer.Exit(1)
+
+
+PARTIAL_EXIT = 6  # a budget left samples undrawn (docs/contract.md §10)
 
 
 def _broken_agent(summary: dict[str, Any], max_share: float) -> str | None:
@@ -392,6 +419,17 @@ def _summary_text(s: dict[str, Any]) -> str:
         from tasks.report.trajectory import steps_text
 
         lines.append(f"agent steps: {steps_text(s['agent_steps'])}")
+    if s.get("usage"):
+        from tasks.run.usage import usage_lines
+
+        lines.extend(usage_lines(s["usage"]))
+    if s.get("partial"):
+        lines.insert(0, f"PARTIAL: {s['undrawn_samples']} samples undrawn ({s['budget']['stopped']});"
+                        " the figures below cover the drawn samples only")
+    if s.get("unscored") is not None:
+        lines.insert(1, f"graded on the stored outputs of run {s['source_run']}, no agent call")
+        if s["unscored"]:
+            lines.append(f"unscored (no stored output in run {s['source_run']}): {', '.join(s['unscored'])}")
     if s.get("sandbox") == "unsafe-no-sandbox":
         lines.insert(0, f"UNSAFE: {UNSAFE_NOTE}")
     if s["safety_failed"]:
@@ -405,6 +443,46 @@ def _summary_text(s: dict[str, Any]) -> str:
         lines.append(f"gate vs {gate['baseline']}: {gate['decision'].upper()} ({gate['verdict']})")
         lines.extend(f"  - {r}" for r in gate["reasons"])
     return "\n".join(lines)
+
+
+@app.command("rescore")
+def rescore_cmd(
+    run_id: RunArg,
+    suite: SuiteArg,
+    workers: Annotated[int | None, typer.Option("--workers", min=1)] = None,
+    unsafe_no_sandbox: UnsafeFlag = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """A new run of SUITE graded on RUN_ID's stored outputs, without calling its agent.
+
+    Cases whose id and inputs match RUN_ID's are graded; the others are reported `unscored`
+    (never drawn, never counted as failures)."""
+    from storage.suites import resolve_suite
+    from tasks.sandbox import run_sandbox_mode
+
+    suite_obj, pinned = resolve_suite(suite)
+    run_sandbox_mode((c.kind for c in suite_obj.cases), unsafe_no_sandbox)
+    from storage import db
+
+    db.check()
+    source = db.find_run(run_id)
+    from flows.rescore import source_suite_of
+    from storage import evalpipe_home
+
+    source_suite_of(source, suite_obj, evalpipe_home())  # bad input is refused before Prefect starts
+    from flows.prefect_api import prefect_api
+
+    with prefect_api(as_json) as watch, _progress(suite_obj.name, as_json) as hook:
+        from flows.artifacts import progress_hook
+        from flows.rescore import rescore
+
+        token = progress_hook.set(hook)
+        try:
+            summary = watch(rescore)(run_id=source["run_id"], suite=pinned, workers=workers,
+                                     unsafe_no_sandbox=unsafe_no_sandbox)
+        finally:
+            progress_hook.reset(token)
+    typer.echo(json_doc(summary) if as_json else _summary_text(summary))
 
 
 runs_app = typer.Typer(no_args_is_help=True, help="Stored runs.")

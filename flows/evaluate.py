@@ -27,6 +27,8 @@ from tasks import run
 from tasks.agents import DEFAULT_AGENT_TIMEOUT_S, load_agent
 from tasks.metrics.rules import GateRules, check_slices
 from tasks.models import MAX_N, MAX_REGRADE, MAX_WORKERS
+from tasks.metrics.cost import PriceTable
+from tasks.run.budget import Budget, budget_summary
 from tasks.sandbox import allowing_unsafe, run_sandbox_mode
 
 
@@ -56,6 +58,9 @@ def evaluate(
     unsafe_no_sandbox: bool = False,
     workspace: bool = False,
     agent_timeout: Annotated[float, Field(gt=0)] = DEFAULT_AGENT_TIMEOUT_S,
+    max_cost: Annotated[float | None, Field(gt=0)] = None,
+    max_samples: Annotated[int | None, Field(ge=1)] = None,
+    prices: str | None = None,
 ) -> dict[str, Any]:
     """Sample `n` outputs per case from `agent`, grade them, store and aggregate the run.
 
@@ -88,6 +93,11 @@ def evaluate(
         workspace: Run a cmd: or python: coding agent per sample in a fresh checkout of the
             case's base commit, in the sandbox; its output is the change it leaves there.
         agent_timeout: With workspace: seconds each agent run may take.
+        max_cost: Budget in USD: no new agent call starts once the drawn samples cost this
+            much; the run ends partial, and the same run with a larger budget draws the rest.
+        max_samples: Budget in agent calls: draw at most this many samples (cached ones are free).
+        prices: A price file (YAML/JSON: model -> input_per_mtok, output_per_mtok) over
+            genai-prices' table; default: the file EVALPIPE_PRICES names, if any.
     """
     started = time.perf_counter()
     steps.check_deployment_allows(agent, unsafe_no_sandbox)
@@ -97,6 +107,7 @@ def evaluate(
     agent_obj = load_agent(agent, agent_timeout if workspace else None)
     if workspace:  # the suite file holds the references and hidden tests
         agent_obj = agent_obj.concealing(p for p in [suite_source] if os.path.isfile(p))
+    budget, price_table = Budget(max_cost_usd=max_cost, max_samples=max_samples), PriceTable.load(prices)
     workers = workers or os.cpu_count() or 1
     asked_baseline = baseline
     baseline = steps.find_baseline(baseline, suite_obj, home)
@@ -112,15 +123,21 @@ def evaluate(
                 "baseline": baseline, "min_pass_at_1": min_pass_at_1, "max_drop": max_drop,
                 "max_new_failures": max_new_failures, "min_slice": min_slice, "metric": metric,
                 "suite_ref": suite, "suite_source": suite_source, "sandbox": sandbox,
-                "workspace": workspace, "agent_timeout_s": agent_timeout if workspace else None},
+                "workspace": workspace, "agent_timeout_s": agent_timeout if workspace else None,
+                "max_cost": max_cost, "max_samples": max_samples, "prices": price_table.source},
     )
     with db.recorded_run(spec, home):
         planned = run.plan(suite_obj, spec)
         missing = steps.reuse_cached(spec, planned, home)
         with allowing_unsafe(unsafe_no_sandbox):  # in the environment: process workers see it
-            steps.draw_missing(spec, suite_obj, agent_obj, missing, len(planned), home, batch_size=batch_size,
-                               runner=runner, workers=workers, dask_address=dask_address)
+            drawn = steps.draw_missing(spec, suite_obj, agent_obj, missing, len(planned), home,
+                                       batch_size=batch_size, runner=runner, workers=workers,
+                                       dask_address=dask_address, budget=budget, prices=price_table)
         summary = steps.reduce_run(spec, suite_obj, str(home))
+        if budget.limited:
+            summary.budget = budget_summary(budget, drawn.meter, drawn.undrawn)
+        if drawn.undrawn:
+            summary.partial, summary.undrawn_samples = True, drawn.undrawn
         if baseline:
             summary.gate = gate_runs(spec.run_id, baseline, min_pass_at_1=min_pass_at_1, max_drop=max_drop,
                                      home=home, safety_failed=summary.safety_failed, rules=rules,
@@ -129,7 +146,7 @@ def evaluate(
             summary.no_baseline = steps.no_baseline_note(suite_obj)
         summary.sandbox = sandbox
         summary.duration_s = round(time.perf_counter() - started, 3)
-        db.finish_run(spec.run_id, "completed", summary, home)
+        db.finish_run(spec.run_id, "partial" if summary.partial else "completed", summary, home)
     publish(summary, home)
     steps.log_headline(summary)
     return steps.final_state(summary)

@@ -337,6 +337,7 @@ def import_labels(
         summary, aggregates = summarize(spec, suite, db.run_samples(spec.run_id, home))
         db.write_aggregates(spec.run_id, aggregates, home)
         summary.source_run, summary.labeller = run_id, labeller
+        summary.usage = None  # no agent was called: the samples' usage is the source run's
         summary.labelled, summary.unlabelled = rows.num_rows, len(labels) - rows.num_rows
         summary.duration_s = round(time.perf_counter() - started, 3)
         db.finish_run(spec.run_id, "completed", summary, home)

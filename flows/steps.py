@@ -4,6 +4,8 @@ runner, aggregate) and the storage each step reads or writes around them."""
 from __future__ import annotations
 
 import os
+from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +20,11 @@ from storage import db
 from storage.snapshots import snapshot_path, write_snapshot
 from tasks import run
 from tasks.agents.trust import ALLOW_ENV, deployment_refusal
+from tasks.metrics.cost import PriceTable
 from tasks.metrics.percent import percent
 from tasks.models import EvalSuite, InputError
 from tasks.run import RunSpec, RunSummary, draw_batch, summarize
+from tasks.run.budget import Budget, Meter
 from tasks.run.sampling import PlannedSample
 
 # `baseline="previous"`: gate against the newest completed run of the same suite, any agent.
@@ -50,6 +54,15 @@ def reduce_run(spec: RunSpec, suite: EvalSuite, home: str) -> RunSummary:
     summary, rows = summarize(spec, suite, db.run_samples(spec.run_id, Path(home), run.summary_columns(spec)))
     db.write_aggregates(spec.run_id, rows, Path(home))
     return summary
+
+
+@dataclass
+class Drawn:
+    """How drawing went: the meter of what was drawn and spent, and how many samples were
+    left undrawn because the budget was spent."""
+
+    meter: Meter
+    undrawn: int = 0
 
 
 def check_deployment_allows(agent: str, unsafe_no_sandbox: bool) -> None:
@@ -108,41 +121,66 @@ def snapshot_once(suite: EvalSuite, home: Path) -> None:
 
 def reuse_cached(spec: RunSpec, planned: list[PlannedSample], home: Path) -> list[PlannedSample]:
     """Store the samples found in the cache as this run's; the planned samples left to draw."""
-    reused, missing = run.pending(spec, planned, db.cached_samples([p.cache_key for p in planned], home))
+    stored = db.cached_samples([(p.output_key, p.cache_key) for p in planned], home)
+    reused, missing = run.pending(spec, planned, stored)
     db.insert_samples(reused, home)
     return missing
 
 
 def draw_missing(spec: RunSpec, suite: EvalSuite, agent: Any, missing: list[PlannedSample], total: int,
                  home: Path, *, batch_size: int | None, runner: Runner, workers: int,
-                 dask_address: str | None) -> None:
+                 dask_address: str | None, budget: Budget | None = None,
+                 prices: PriceTable | None = None) -> Drawn:
     """Map the missing samples over the task runner, `sample_batch` a batch; store the drawn
     ones as they finish. A batch stopped by its time budget drew a prefix: the rest is
     submitted again. Whatever finished meanwhile is stored together, as one database
-    write: opening the DuckDB file costs more than a small batch's rows."""
+    write: opening the DuckDB file costs more than a small batch's rows.
+
+    Stored outputs to grade anew are all submitted at once; the samples to draw too, unless
+    the run has a cost budget: then one sample a task, no more than `workers` in flight,
+    and none started once the budget is spent (`tasks.run.budget`)."""
     hook = progress_hook.get()
     if hook:
         hook(total - len(missing), total)
-    if not missing:
-        return
+    budget, prices = budget or Budget(), prices or PriceTable()
+    to_grade = [p for p in missing if p.output is not None]
+    to_draw, cut = budget.order([p for p in missing if p.output is None])
+    meter = Meter(budget)
+    drawn = Drawn(meter, len(cut))
+    if not to_grade and not to_draw:
+        return drawn
     cases = {c.id: c for c in suite.cases}
     progress = Progress(total - len(missing), total, hook)
+    paced = budget.max_cost_usd is not None
+    waiting = deque([[p] for p in to_draw] if paced else run.batches(to_draw, spec.n, batch_size, workers))
 
     def params(chunk: list[PlannedSample]) -> dict[str, Any]:
         return {"agent": agent, "cases": run.batch_cases(cases, chunk), "planned": chunk, "spec": spec,
                 "label": run.batch_label(chunk)}
 
+    def top_up() -> None:
+        while waiting and meter.may_draw and (not paced or mapped.in_flight < workers):
+            mapped.submit(waiting.popleft())
+
     with task_runner(runner, workers, dask_address) as started, Mapped(started, sample_batch, params) as mapped:
-        for chunk in run.batches(missing, spec.n, batch_size, workers):
+        for chunk in run.batches(to_grade, spec.n, batch_size, workers) if to_grade else []:
             mapped.submit(chunk)
+        top_up()
         while mapped.in_flight:
             finished = mapped.finished()
-            for chunk, rows in finished:
-                if rest := run.undrawn(chunk, rows):
-                    mapped.submit(rest)
-            drawn = pa.concat_tables([rows for _, rows in finished])
-            db.insert_samples(drawn, home)
-            progress.advance(drawn.num_rows)
+            rows = run.priced(pa.concat_tables([rows for _, rows in finished]), prices)
+            meter.add(rows)
+            for chunk, done in finished:  # the workers get more before this process writes
+                if rest := run.undrawn(chunk, done):
+                    if rest[0].output is not None or meter.may_draw:
+                        mapped.submit(rest)
+                    else:
+                        drawn.undrawn += len(rest)
+            top_up()
+            db.insert_samples(rows, home)
+            progress.advance(rows.num_rows)
+    drawn.undrawn += sum(len(chunk) for chunk in waiting)
+    return drawn
 
 
 class GateBlocked(Exception):
@@ -165,7 +203,11 @@ def flow_result(state: State) -> dict[str, Any]:
 def final_state(summary: RunSummary) -> dict[str, Any] | State:
     """The flow's return: the `run --json` document. When the gate blocked, a Failed state
     named Blocked (red in the UI, so automations and notifications fire) that still carries
-    the document: the run and its numbers are sound and stored; the release is not."""
+    the document: the run and its numbers are sound and stored; the release is not. A run
+    its budget stopped is Completed, named `Partial`."""
+    if summary.partial:
+        return Completed(data=summary.to_json(), name="Partial",
+                         message=f"budget spent: {summary.undrawn_samples} samples undrawn")
     if summary.gate and summary.gate.decision == "block":
         blocked = GateBlocked(summary.to_json())
         return Failed(data=blocked, name="Blocked", message=str(blocked))

@@ -27,6 +27,7 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from storage import disk_full, evalpipe_home, process
 from tasks.metrics.diff import CaseResult
@@ -68,6 +69,19 @@ CREATE TABLE IF NOT EXISTS calibrations (
     judge_fingerprint VARCHAR, judge VARCHAR, suite_version VARCHAR, truth VARCHAR,
     created_at TIMESTAMPTZ, result JSON);
 """,
+    # Two-level cache and usage (docs/storage.md): a sample's output key, so that a stored
+    # output is found whatever it was graded by, and what its agent call took and cost.
+    # Older rows keep nulls: their seeds came from the suite version, so no new key
+    # finds them; they stay readable by every command.
+    """
+ALTER TABLE samples ADD COLUMN IF NOT EXISTS output_key VARCHAR;
+ALTER TABLE samples ADD COLUMN IF NOT EXISTS latency_s DOUBLE;
+ALTER TABLE samples ADD COLUMN IF NOT EXISTS input_tokens BIGINT;
+ALTER TABLE samples ADD COLUMN IF NOT EXISTS output_tokens BIGINT;
+ALTER TABLE samples ADD COLUMN IF NOT EXISTS usage_model VARCHAR;
+ALTER TABLE samples ADD COLUMN IF NOT EXISTS cost_usd DOUBLE;
+CREATE INDEX IF NOT EXISTS samples_output_key ON samples (output_key);
+""",
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -86,9 +100,8 @@ def migrate(con: duckdb.DuckDBPyConnection) -> int:
     return current
 
 
-# Samples not reused from the cache: the agent or the grader's environment failed, which
-# says nothing about the output, so a re-run should try again.
-NOT_CACHED_STATUSES = ("agent_error", "error")
+# A sample whose agent call failed has no output to reuse: a re-run draws it again.
+NOT_CACHED_STATUS = "agent_error"
 
 
 def db_path(home: Path | None = None) -> Path:
@@ -120,11 +133,29 @@ def connect(home: Path | None = None, *, read_only: bool = False) -> Iterator[du
     with _platform_errors(path):
         con = _open(path, read_only, lock_wait_s())
         try:
+            current = not read_only or _current(con)
+        except BaseException:
+            con.close()
+            raise
+        if not current:
+            # A file from an older evalpipe: brought up to date before anything reads it.
+            con.close()
+            read_only = False
+            con = _open(path, read_only, lock_wait_s())
+        try:
             if not read_only:
                 migrate(con)
             yield con
         finally:
             con.close()
+
+
+def _current(con: duckdb.DuckDBPyConnection) -> bool:
+    try:
+        ((version,),) = con.execute("SELECT max(version) FROM schema_version").fetchall()
+    except duckdb.CatalogException:
+        return False
+    return version == SCHEMA_VERSION
 
 
 def _open(path: Path, read_only: bool, wait_s: float) -> duckdb.DuckDBPyConnection:
@@ -251,17 +282,31 @@ def recorded_run(spec: RunSpec, home: Path | None = None) -> Iterator[None]:
         raise
 
 
-def cached_samples(cache_keys: Sequence[str], home: Path | None = None) -> pa.Table:
-    """The newest stored sample for each of `cache_keys` (one query for the whole run)."""
-    if not cache_keys:
+def cached_samples(planned: Sequence[tuple[str, str]], home: Path | None = None) -> pa.Table:
+    """For each planned (output key, cache key): the stored sample that serves it best, one
+    graded under the same cache key (and not by a failed grader) if there is one, else the
+    newest with that output. Two queries on one connection, the second only for what the
+    first did not find: an unchanged re-run costs the one lookup it always did."""
+    if not planned:
         return SAMPLE_SCHEMA.empty_table()
-    keys = pa.table({"cache_key": pa.array(list(cache_keys), pa.string())})  # noqa: F841 - read by DuckDB
+    out_keys, wanted = zip(*planned, strict=True)
+    keys = pa.table({"cache_key": pa.array(wanted, pa.string()), "output_key": pa.array(out_keys, pa.string())})
+    columns = ", ".join(f"samples.{c}" for c in SAMPLE_COLUMNS)
     with connect(home) as con:
-        return con.sql(
-            f"""SELECT {", ".join(SAMPLE_COLUMNS)} FROM samples JOIN keys USING (cache_key)
-                WHERE status NOT IN {NOT_CACHED_STATUSES}
-                QUALIFY row_number() OVER (PARTITION BY cache_key ORDER BY run_id DESC) = 1"""
+        whole = con.sql(
+            f"""SELECT {columns} FROM samples JOIN keys USING (cache_key)
+                WHERE status NOT IN ('{NOT_CACHED_STATUS}', 'error')
+                QUALIFY row_number() OVER (PARTITION BY samples.cache_key ORDER BY run_id DESC) = 1"""
         ).to_arrow_table()
+        rest = keys.filter(pc.invert(pc.is_in(keys["output_key"], value_set=whole["output_key"])))  # noqa: F841
+        if rest.num_rows == 0:
+            return whole
+        outputs = con.sql(
+            f"""SELECT {columns} FROM samples JOIN rest USING (output_key)
+                WHERE status <> '{NOT_CACHED_STATUS}'
+                QUALIFY row_number() OVER (PARTITION BY samples.output_key ORDER BY run_id DESC) = 1"""
+        ).to_arrow_table()
+    return pa.concat_tables([whole, outputs])
 
 
 def insert_samples(rows: pa.Table, home: Path | None = None) -> None:

@@ -57,6 +57,10 @@ def canonical_json(value: Any) -> bytes:
     ).encode("utf-8")
 
 
+# Values canonical JSON writes as they are (exact types: a subclass takes the long way).
+_AS_IS = frozenset({str, int, bool, type(None)})
+
+
 def _normalize_numbers(value: Any) -> Any:
     if isinstance(value, bool) or value is None or isinstance(value, str | int):
         return value
@@ -65,6 +69,8 @@ def _normalize_numbers(value: Any) -> Any:
     if isinstance(value, dict):
         return {str(k): _normalize_numbers(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
+        if all(type(v) in _AS_IS for v in value):  # the keys of every sample: nothing to do
+            return list(value)
         return [_normalize_numbers(v) for v in value]
     raise TypeError(f"{type(value).__name__} is not a JSON value")
 
@@ -110,9 +116,12 @@ class EvalCase(_Frozen):
     # another place is the same case, with the same hash.
     _base_dir: str | None = PrivateAttr(default=None)
 
+    _inputs_hash: str = PrivateAttr(default="")
+
     def model_post_init(self, context: Any) -> None:
         measured = {k: v for k, v in self.content().items() if k != "must_pass"}
         self._case_hash = sha256_hex(canonical_json(measured))
+        self._inputs_hash = sha256_hex(canonical_json(self.inputs))
 
     @field_validator("slices", "tags", mode="before")
     @classmethod
@@ -156,6 +165,12 @@ class EvalCase(_Frozen):
     @property
     def case_hash(self) -> str:
         return self._case_hash
+
+    @property
+    def inputs_hash(self) -> str:
+        """sha256 of the inputs alone: what the agent sees, so what an output is keyed by
+        (a changed reference, grader, slice or tag leaves it as it is)."""
+        return self._inputs_hash
 
     def __eq__(self, other: object) -> bool:
         # What a case is, not where its file was read: the base directory is left out.
@@ -251,6 +266,18 @@ class Verdict(_Frozen):
         return self.model_copy(update={"safety": self.safety + tuple(violations)})
 
 
+class Usage(_Frozen):
+    """What one agent call took: its latency and, where the agent reports them, the tokens
+    it used and the model they were counted for (which prices them), and its price."""
+
+    latency_s: float | None = Field(default=None, ge=0)
+    input_tokens: int | None = Field(default=None, ge=0, strict=True)
+    output_tokens: int | None = Field(default=None, ge=0, strict=True)
+    model: str | None = Field(default=None, min_length=1)
+    # Priced from the tokens and model when the sample is stored (tasks/metrics/cost.py).
+    cost_usd: float | None = Field(default=None, ge=0)
+
+
 class Sample(_Frozen):
     case_id: str
     index: int = Field(ge=0)
@@ -260,3 +287,4 @@ class Sample(_Frozen):
     trace: dict[str, Any] = Field(default_factory=dict)
     duration_s: float = 0.0
     cached: bool = False
+    usage: Usage = Usage()

@@ -68,3 +68,86 @@ def test_a_new_file_has_every_table_before_any_command_writes(tmp_path):
     with db.connect(tmp_path) as con:
         tables = {r[0] for r in con.execute("SHOW TABLES").fetchall()}
     assert {"suites", "cases", "runs", "samples", "aggregates", "calibrations", "schema_version"} <= tables
+
+
+# The samples table as schema versions 1-3 wrote it: no output key, no usage.
+SAMPLES_V3 = """CREATE TABLE IF NOT EXISTS samples (run_id VARCHAR, case_id VARCHAR, sample_index INTEGER,
+    seed BIGINT, output VARCHAR, status VARCHAR, passed BOOLEAN, score DOUBLE, detail VARCHAR, safety VARCHAR[],
+    trace JSON, duration_s DOUBLE, cache_key VARCHAR, cached BOOLEAN, case_hash VARCHAR,
+    PRIMARY KEY (run_id, case_id, sample_index))"""
+
+
+def _v3_file(home, runs: dict[str, list[bool]]) -> dict[str, dict]:
+    """A schema-3 database holding `runs` (run id -> passed per sample of one case "c1"),
+    each with the summary evalpipe wrote then (no `usage`); their summaries."""
+    import json
+
+    import pyarrow as pa
+
+    from tasks.models import EvalCase, EvalSuite
+    from tasks.run import RunSpec, summarize
+
+    suite = EvalSuite(name="old", cases=(EvalCase(id="c1", inputs={"q": 1}, reference="yes", grader={"kind": "exact"}),))
+    home.mkdir(parents=True, exist_ok=True)
+    summaries = {}
+    with duckdb.connect(str(db.db_path(home))) as con:
+        con.execute(db.MIGRATIONS[0].replace(sample_ddl(), SAMPLES_V3))
+        for step in db.MIGRATIONS[1:3]:
+            con.execute(step)
+        con.execute("CREATE TABLE schema_version (version INTEGER); INSERT INTO schema_version VALUES (3)")
+        con.execute("INSERT INTO cases VALUES (?, 'c1', ?, [], [])", [suite.version, suite.cases[0].case_hash])
+        for run_id, passed in runs.items():
+            rows = [[run_id, "c1", i, i, "yes" if ok else "no", "passed" if ok else "failed", ok, float(ok), "", [],
+                     "{}", 0.1, f"key-{run_id}-{i}", False, suite.cases[0].case_hash] for i, ok in enumerate(passed)]
+            con.executemany("INSERT INTO samples VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+            spec = RunSpec(run_id=run_id, suite_version=suite.version, suite_name="old", agent="python:a.py:f",
+                           agent_fingerprint="fp", n=len(passed), ks=[1], seed=0)
+            table = pa.table({"case_id": ["c1"] * len(passed), "sample_index": list(range(len(passed))),
+                              "passed": passed, "status": ["passed" if ok else "failed" for ok in passed],
+                              "safety": [[] for _ in passed], "cached": [False] * len(passed), "trace": ["{}"] * len(passed)})
+            summary = summarize(spec, suite, table.append_column("latency_s", pa.array([None] * len(passed), pa.float64()))
+                                .append_column("input_tokens", pa.array([None] * len(passed), pa.int64()))
+                                .append_column("output_tokens", pa.array([None] * len(passed), pa.int64()))
+                                .append_column("usage_model", pa.array([None] * len(passed), pa.string()))
+                                .append_column("cost_usd", pa.array([None] * len(passed), pa.float64())))[0].to_json()
+            del summary["usage"]
+            summary["duration_s"] = 1.5
+            summaries[run_id] = summary
+            con.execute("INSERT INTO runs (run_id, suite_version, suite_name, agent, agent_fingerprint, n, ks, seed,"
+                        " status, summary) VALUES (?, ?, 'old', 'python:a.py:f', 'fp', ?, [1], 0, 'completed', ?)",
+                        [run_id, suite.version, len(passed), json.dumps(summary)])
+    return summaries
+
+
+def main(argv: list[str]) -> int:
+    from flows.cli import main as cli_main
+
+    try:
+        return cli_main(argv)
+    except SystemExit as done:  # typer ends a command it ran itself this way
+        return int(done.code or 0)
+
+
+def test_runs_stored_before_output_keys_still_show_report_and_gate(tmp_path, monkeypatch, capsys):
+    import json
+
+    from flows.output import rounded
+
+    home = tmp_path / "home"
+    summaries = _v3_file(home, {"old-base": [True, True, False], "old-new": [True, False, False]})
+    monkeypatch.setenv("EVALPIPE_HOME", str(home))
+
+    assert main(["runs", "show", "old-base", "--json"]) == 0  # a reader migrates the file first
+    assert json.loads(capsys.readouterr().out) == rounded(summaries["old-base"])
+    assert main(["runs", "show", "old-new"]) == 0
+    assert "pass@1 0.333" in capsys.readouterr().out
+    assert main(["gate", "old-new", "--baseline", "old-base", "--json"]) in (0, 1)
+    assert json.loads(capsys.readouterr().out)["shared_cases"] == 1
+    assert main(["report", "old-new", "--out", str(tmp_path / "r.html")]) == 0
+    assert "old" in (tmp_path / "r.html").read_text()
+
+    with db.connect(home) as con:
+        assert con.execute("SELECT version FROM schema_version").fetchall() == [(db.SCHEMA_VERSION,)]
+        kept = con.execute("SELECT count(*), count(output_key), count(latency_s) FROM samples").fetchone()
+    assert kept == (6, 0, 0)  # every row kept; no key or usage invented for them
+    assert db.run_samples("old-base", home).column_names == list(SAMPLE_COLUMNS)

@@ -30,6 +30,25 @@ def test_content_seed_is_deterministic_and_63_bit(content: list) -> None:
 
 
 def test_known_seeds_are_unchanged() -> None:
-    # A sample's seed (suite version, case id, index, run seed) and a judge draw's.
+    # The derivation itself, and a judge draw's seed.
     assert content_seed("v1", "case-1", 0, 0) == 3694360928404491310
     assert content_seed("judge", "abc", "out", 0) == 5290260785600940906
+
+
+def test_a_sample_seed_comes_from_what_the_agent_sees_not_the_suite_version() -> None:
+    """Pinned anew on purpose (issue 19): a sample's seed was (suite version, case id, index,
+    run seed), so any edit of a suite redrew every sample; now it is (case id, inputs hash,
+    index, run seed), and a reference edit or an added case leaves the others' seeds alone."""
+    from tasks.models import EvalCase
+    from tasks.run.sampling import sample_seed
+
+    def seed(case: EvalCase, index: int = 0, run_seed: int = 0) -> int:
+        return sample_seed(case.id, case.inputs_hash, index, run_seed)
+
+    case = EvalCase(id="case-1", inputs={"q": 1}, grader={"kind": "exact"})
+    assert seed(case) == 2759782343416001573
+    edited = EvalCase(id="case-1", inputs={"q": 1}, reference="2", slices=["easy"], grader={"kind": "exact"})
+    assert edited.case_hash != case.case_hash and seed(edited) == seed(case)
+    asked_otherwise = EvalCase(id="case-1", inputs={"q": 2}, grader={"kind": "exact"})
+    assert seed(asked_otherwise) != seed(case)
+    assert seed(case, 1) != seed(case) != seed(case, 0, 1)

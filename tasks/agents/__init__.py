@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from tasks.agents.base import (
     MAX_OUTPUT_ENV,
@@ -34,12 +35,18 @@ from tasks.agents.python import PythonAgent, call_user_code
 from tasks.agents.reference import ReferenceAgent, reference_text
 from tasks.agents.replay import ReplayAgent, parse_replay
 from tasks.agents.workspace_runner import DEFAULT_AGENT_TIMEOUT_S, WorkspaceAgent
-from tasks.models import InputError
+from tasks.models import EvalCase, InputError
 
 __all__ = [
     "DEFAULT_AGENT_TIMEOUT_S", "MAX_OUTPUT_ENV", "PROMPT_FIELDS", "Agent", "AgentContext", "AgentError", "call_user_code",
-    "load_agent", "max_output_bytes", "parse_replay", "reference_text",
+    "load_agent", "max_output_bytes", "parse_replay", "reference_text", "seen_beyond_inputs",
 ]
+
+
+def seen_beyond_inputs(spec: str, case: EvalCase) -> dict[str, Any]:
+    """What an agent reads of a case besides its id and inputs, which its outputs' cache
+    key must therefore hold: the `reference` agent answers with the reference."""
+    return {"reference": case.reference} if spec == "reference" else {}
 
 
 def load_agent(spec: str, workspace_timeout_s: float | None = None) -> Agent:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, Self, TypeVar
 
-from tasks.models import EvalCase, InputError, canonical_json, sha256_hex
+from tasks.models import EvalCase, InputError, Usage, canonical_json, sha256_hex
 
 MAX_OUTPUT_ENV = "EVALPIPE_MAX_OUTPUT_BYTES"
 DEFAULT_MAX_OUTPUT_BYTES = 4 << 20
@@ -37,6 +37,16 @@ class AgentContext:
         if self.trajectory is not None:
             with open(self.trajectory, "a", encoding="utf-8") as fh:
                 fh.write(json.dumps(step, ensure_ascii=False, default=str) + "\n")
+    # What the agent reported about its call (`report_usage`), read by the sampler.
+    reported: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def report_usage(
+        self, *, input_tokens: int | None = None, output_tokens: int | None = None, model: str | None = None
+    ) -> None:
+        """Tokens this sample's call used and the model that counted them (which prices
+        them: docs/agents.md). Checked here, so a bad report fails the call that made it."""
+        given = Usage(input_tokens=input_tokens, output_tokens=output_tokens, model=model)
+        self.reported.update(given.model_dump(exclude_none=True))
 
 
 class AgentError(Exception):

@@ -57,9 +57,11 @@ class OpenAIAgent(Reloadable):
     def generate(self, case: EvalCase, ctx: AgentContext) -> str:
         messages = chat_messages(case.inputs, self.system)
         try:
-            return self.client.chat(self.model, messages, seed=ctx.seed, params=dict(self.params))
+            reply = self.client.chat_reply(self.model, messages, seed=ctx.seed, params=dict(self.params))
         except EndpointError as exc:
             raise AgentError(str(exc)) from None
+        ctx.report_usage(input_tokens=reply.input_tokens, output_tokens=reply.output_tokens, model=reply.model)
+        return reply.content
 
 
 def chat_messages(inputs: Mapping[str, Any], system: str | None = None) -> list[dict[str, Any]]:

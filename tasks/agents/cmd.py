@@ -34,6 +34,10 @@ STDERR_TAIL = 2000  # characters of a failed command's stderr kept in the error
 # The pids cgroup of a `cmd:` agent is there to find every process it leaves, not to
 # confine trusted code: a cap no honest agent meets.
 CMD_MAX_PROCS = 32768
+# The side channel for usage: the agent may write {"input_tokens", "output_tokens", "model"}
+# as JSON to the file this variable names (docs/agents.md). Read up to USAGE_FILE_CAP bytes.
+USAGE_FILE_ENV = "EVALPIPE_USAGE_FILE"
+USAGE_FILE_CAP = 64 << 10
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,8 @@ class CmdAgent(Reloadable):
             "n": ctx.n,
         }
         descendants = _Descendants()
+        scratch = tempfile.TemporaryDirectory(prefix="evalpipe-agent-")
+        usage_file = Path(scratch.name) / "usage.json"
         try:
             # From a file, not a pipe: no writer to deadlock with the reader of stdout.
             with tempfile.TemporaryFile() as stdin:
@@ -92,7 +98,7 @@ class CmdAgent(Reloadable):
                         stdout=subprocess.PIPE,
                         stderr=subprocess.PIPE,
                         cwd=self.base,
-                        env=descendants.env(),
+                        env={**descendants.env(), USAGE_FILE_ENV: str(usage_file)},
                         start_new_session=True,
                         preexec_fn=descendants.join,  # noqa: PLW1509 - before the agent runs
                     )
@@ -103,8 +109,10 @@ class CmdAgent(Reloadable):
             out, err, timed_out = _collect(
                 proc, descendants, self.max_output_bytes + 1, self.timeout_s
             )
+            problem = _report_usage(usage_file, ctx)
         finally:
             descendants.close()
+            scratch.cleanup()
         if timed_out:
             raise AgentError(f"timed out after {self.timeout_s:g} s")
         if proc.returncode != 0:
@@ -116,7 +124,31 @@ class CmdAgent(Reloadable):
             # Masked before it is cut: a secret cut in half would escape the mask.
             tail = redact(err.decode("utf-8", errors="replace")).strip()[-STDERR_TAIL:]
             raise AgentError(f"{how}: {tail}" if tail else how)
+        if problem:
+            raise AgentError(problem)
         return out.decode("utf-8", errors="replace")
+
+
+def _report_usage(path: Path, ctx: AgentContext) -> str | None:
+    """Report what the agent wrote to its usage file, if it wrote one; else why it cannot
+    be read (a failure of the call it describes: a cost that cannot be counted is not 0)."""
+    try:
+        with path.open("rb") as fh:
+            data = fh.read(USAGE_FILE_CAP + 1)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"${USAGE_FILE_ENV}: cannot read it: {exc.strerror or exc}"
+    try:
+        if len(data) > USAGE_FILE_CAP:
+            raise ValueError(f"over {USAGE_FILE_CAP} bytes")
+        doc = json.loads(data)
+        if not isinstance(doc, dict) or set(doc) - {"input_tokens", "output_tokens", "model"}:
+            raise ValueError("expected an object with input_tokens, output_tokens, model")
+        ctx.report_usage(**doc)
+    except ValueError as exc:  # json's errors and pydantic's are ValueErrors
+        return f"${USAGE_FILE_ENV}: {' '.join(str(exc).split())[:300]}"
+    return None
 
 
 class _Descendants:

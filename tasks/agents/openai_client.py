@@ -27,6 +27,17 @@ ERROR_CHARS = 300  # of the server's error body kept in the message
 RETRIED_STATUSES = frozenset({408, 409, 429})
 
 
+@dataclass(frozen=True)
+class ChatReply:
+    """The first choice's content and what the response's `usage` says it took (None
+    where the server did not say), with the model the server names (else the one asked)."""
+
+    content: str
+    input_tokens: int | None
+    output_tokens: int | None
+    model: str
+
+
 class EndpointError(Exception):
     """The endpoint failed for good (after the SDK's retries, or with a status not worth
     retrying). The message is one line with no secret in it."""
@@ -73,7 +84,18 @@ class OpenAIClient:
         seed: int | None = None,
         params: dict[str, Any] | None = None,
     ) -> str:
-        """The first choice's message content ("" when the model returned none).
+        """The first choice's message content ("" when the model returned none)."""
+        return self.chat_reply(model, messages, seed=seed, params=params).content
+
+    def chat_reply(
+        self,
+        model: str,
+        messages: list[dict[str, Any]],
+        *,
+        seed: int | None = None,
+        params: dict[str, Any] | None = None,
+    ) -> ChatReply:
+        """The first choice's message content ("" when the model returned none) and usage.
 
         `params` go into the request body as given (`extra_body`), so that a field the
         SDK does not know (`top_k` for vLLM) reaches the server too.
@@ -98,7 +120,14 @@ class OpenAIClient:
             raise EndpointError(
                 self._line(f"response has no choices[0].message: {completion!r}")
             ) from None
-        return content if isinstance(content, str) else ""
+        usage = getattr(completion, "usage", None)
+        named = getattr(completion, "model", None)
+        return ChatReply(
+            content if isinstance(content, str) else "",
+            _count(getattr(usage, "prompt_tokens", None)),
+            _count(getattr(usage, "completion_tokens", None)),
+            named if isinstance(named, str) and named else model,
+        )
 
     def _client(self) -> openai.OpenAI:
         import openai
@@ -135,3 +164,8 @@ class OpenAIClient:
     def _line(self, text: str) -> str:
         # Mask first, then shorten: the other way round a cut key escapes the mask.
         return " ".join(redact(text, also=[self.api_key]).split())[:ERROR_CHARS]
+
+
+def _count(value: Any) -> int | None:
+    """A token count as the server gave it; anything but a whole number >= 0 is no count."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None

@@ -20,6 +20,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 from tasks.metrics.percent import percent, signed_points, with_ci
 from tasks.report.trajectory import steps_text
 from tasks.run import RunSummary
+from tasks.run.usage import USAGE_COLUMNS, usage_rows
 from tasks.sandbox import UNSAFE_NOTE
 
 # Long suites would make a report nobody can scroll; the counts above each list stay exact.
@@ -84,6 +85,8 @@ def render_report(
         judges=[_judge_view(j) for j in judges],
         case_lists=_case_lists(cases),
         max_listed=MAX_LISTED,
+        usage_columns=USAGE_COLUMNS,
+        usage=usage_rows(run.usage) if run.usage else None,
     ).strip() + "\n"
 
 
@@ -101,6 +104,9 @@ def summary_markdown(
     if run.safety_failed:
         count = len(run.safety_violations)
         lines += [f"> **SAFETY FAILED** — {count} violation(s); the gate blocks this run.", ""]
+    if run.partial:
+        lines += [f"> **PARTIAL** — {run.undrawn_samples} samples undrawn ({run.budget.stopped if run.budget else ''});"
+                  " the figures cover the drawn samples only.", ""]
     lines += [
         f"# {run.suite_name}: pass@1 {percent(_pass_at_1(run))} "
         f"({_level(run)} CI {_ci(run.pass_at_1_ci)})",
@@ -122,6 +128,12 @@ def summary_markdown(
     lines.append(f"| pass@1 SE | {percent(run.pass_at_1_se)} |")
     statuses = ", ".join(f"{s} {c}" for s, c in run.status_counts.items())
     lines.append(f"| statuses | {statuses} |")
+    if run.usage:
+        for label, samples, inp, out, cost, p50, p95, note in usage_rows(run.usage):
+            lines.append(f"| usage, {label} | {samples} samples · tokens {inp} in, {out} out · cost {cost}"
+                         f" · agent latency p50 {p50}, p95 {p95}{' · ' + _md_cell(note) if note else ''} |")
+    if run.unscored:
+        lines.append(f"| unscored (no output in run {run.source_run}) | {_md_cell(', '.join(run.unscored))} |")
     if gate:
         lines += [
             "",

@@ -19,9 +19,10 @@ from tasks.run.steps import (
     undrawn,
 )
 from tasks.run.summary import GateSummary, RunSummary, summarize, summary_columns
+from tasks.run.usage import priced
 
 __all__ = [
     "MAX_BATCH", "TASKS_PER_WORKER", "GateSummary", "RunSpec", "RunSummary", "batch_cases", "batch_label",
     "batches", "check_ks", "draw_batch", "new_run_id", "pending", "plan", "run_title", "samples_per_task",
-    "summarize", "summary_columns", "undrawn",
+    "summarize", "summary_columns", "undrawn", "priced",
 ]

@@ -4,11 +4,12 @@ its DDL are derived, and the conversion of graded `Sample`s into such rows."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pyarrow as pa
 
-from tasks.models import Sample
+from tasks.models import Sample, Usage
 from tasks.run.sampling import PlannedSample
 
 SAMPLE_SCHEMA = pa.schema(
@@ -18,6 +19,9 @@ SAMPLE_SCHEMA = pa.schema(
         ("passed", pa.bool_()), ("score", pa.float64()), ("detail", pa.string()),
         ("safety", pa.list_(pa.string())), ("trace", pa.string()), ("duration_s", pa.float64()),
         ("cache_key", pa.string()), ("cached", pa.bool_()), ("case_hash", pa.string()),
+        # Added by schema step 4 (storage/db.py), in this order: older rows hold nulls.
+        ("output_key", pa.string()), ("latency_s", pa.float64()), ("input_tokens", pa.int64()),
+        ("output_tokens", pa.int64()), ("usage_model", pa.string()), ("cost_usd", pa.float64()),
     ]
 )
 SAMPLE_COLUMNS: tuple[str, ...] = tuple(SAMPLE_SCHEMA.names)
@@ -49,7 +53,16 @@ def samples_table(run_id: str, samples: Sequence[Sample], planned: Sequence[Plan
             ("output", s.output), ("status", v.status.value), ("passed", v.passed), ("score", v.score),
             ("detail", v.detail), ("safety", list(v.safety)), ("trace", json.dumps(s.trace, default=str)),
             ("duration_s", s.duration_s), ("cache_key", p.cache_key), ("cached", s.cached),
-            ("case_hash", p.case_hash),
+            ("case_hash", p.case_hash), ("output_key", p.output_key or None),
+            ("latency_s", s.usage.latency_s), ("input_tokens", s.usage.input_tokens),
+            ("output_tokens", s.usage.output_tokens), ("usage_model", s.usage.model),
+            ("cost_usd", s.usage.cost_usd),
         ):
             cols[col].append(value)
     return pa.table(cols, schema=SAMPLE_SCHEMA)
+
+
+def row_usage(row: Mapping[str, Any]) -> Usage:
+    """What a stored sample's agent call took and cost, from its row."""
+    return Usage(latency_s=row["latency_s"], input_tokens=row["input_tokens"], output_tokens=row["output_tokens"],
+                 model=row["usage_model"], cost_usd=row["cost_usd"])

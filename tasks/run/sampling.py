@@ -18,13 +18,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tasks.agents import Agent, AgentContext, AgentError, max_output_bytes
+from tasks.agents import Agent, AgentContext, AgentError, max_output_bytes, seen_beyond_inputs
 from tasks.graders import grade, grader_fingerprint
 from tasks.models import (
     EvalCase,
     EvalSuite,
     Sample,
     Status,
+    Usage,
     Verdict,
     canonical_json,
     content_seed,
@@ -33,8 +34,30 @@ from tasks.models import (
 from tasks.redaction import MASK, redact
 
 
-def cache_key(case_hash: str, agent_fingerprint: str, index: int, seed: int, grader_fp: str) -> str:
-    return sha256_hex(canonical_json([case_hash, agent_fingerprint, index, seed, grader_fp]))
+def sample_seed(case_id: str, inputs_hash: str, index: int, run_seed: int) -> int:
+    """A sample's seed, from what the agent sees (the case's id and inputs hash) and where
+    it stands (its index, the run seed): not from the suite version, so that editing a
+    reference or adding a case leaves every other sample's draw as it was."""
+    return content_seed(case_id, inputs_hash, index, run_seed)
+
+
+def output_key(asked: Sequence[str], index: int, seed: int, seen: Mapping[str, Any]) -> str:
+    """The key of a drawn output, from everything that decides it and nothing else:
+    `asked` (agent fingerprint, case id, inputs hash), the index and seed, and `seen`, what
+    the agent reads of the case besides its inputs (`seen_beyond_inputs`)."""
+    content = ["output", *asked, index, seed]
+    return sha256_hex(canonical_json([*content, dict(seen)] if seen else content))
+
+
+def grading_fingerprint(case: EvalCase) -> str:
+    """What a verdict depends on besides the output: the grader's kind, parameters,
+    reference and code (`grader_fingerprint`), and the case's safety rules."""
+    return sha256_hex(canonical_json([grader_fingerprint(case), case.safety]))
+
+
+def cache_key(output_key: str, grading_fp: str) -> str:
+    """The key of a graded sample (the `cache_key` column): its output's key and how it is graded."""
+    return sha256_hex(canonical_json([output_key, grading_fp]))
 
 
 @dataclass(frozen=True)
@@ -44,19 +67,27 @@ class PlannedSample:
     seed: int
     cache_key: str
     case_hash: str
-    # A stored output to grade again instead of drawing one (`--regrade` of cached work).
+    # A stored output to grade instead of drawing one (a cached output graded anew, or
+    # `--regrade`), with what its call took when it was drawn.
     output: str | None = None
+    output_key: str = ""
+    usage: Usage | None = None
 
 
-def plan_samples(suite: EvalSuite, agent_fingerprint: str, n: int, run_seed: int) -> list[PlannedSample]:
+def plan_samples(suite: EvalSuite, agent_fingerprint: str, n: int, run_seed: int,
+                 agent_spec: str = "") -> list[PlannedSample]:
     """Every sample the run needs, in (case id, index) order."""
     planned = []
     for case in suite.cases:
-        grader_fp = grader_fingerprint(case)
+        grading_fp = grading_fingerprint(case)
+        seen = seen_beyond_inputs(agent_spec, case)
+        # Read once: a pydantic model's attribute costs more than the hashing around it.
+        case_id, inputs_hash, case_hash = case.id, case.inputs_hash, case.case_hash
         for index in range(n):
-            seed = content_seed(suite.version, case.id, index, run_seed)
-            key = cache_key(case.case_hash, agent_fingerprint, index, seed, grader_fp)
-            planned.append(PlannedSample(case.id, index, seed, key, case.case_hash))
+            seed = sample_seed(case_id, inputs_hash, index, run_seed)
+            out_key = output_key((agent_fingerprint, case_id, inputs_hash), index, seed, seen)
+            planned.append(PlannedSample(case_id, index, seed, cache_key(out_key, grading_fp), case_hash,
+                                         output_key=out_key))
     return planned
 
 
@@ -120,9 +151,13 @@ def draw_sample(
     started = time.perf_counter()
     trace: dict = {}
     ctx = AgentContext(case_id=case.id, index=planned.index, seed=planned.seed, n=n, trace=trace)
+    usage = planned.usage or Usage()
     try:
         if planned.output is None:
-            raw = agent.generate(case, ctx)
+            try:
+                raw = agent.generate(case, ctx)
+            finally:  # a failed call took its time (and maybe its tokens) too
+                usage = Usage(latency_s=time.perf_counter() - started, **ctx.reported)
             output, notes = bounded_output(raw, max_output_bytes() if cap is None else cap)
             trace.update(notes)
         else:  # stored, so bounded when it was drawn: a second cut would add a second marker
@@ -151,6 +186,7 @@ def draw_sample(
         trace=_map_strings(trace, storable),
         duration_s=time.perf_counter() - started,
         cached=planned.output is not None,
+        usage=usage,
     )
 
 

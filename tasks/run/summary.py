@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from tasks.metrics.aggregate import REQUIRED_COLUMNS, Row, aggregate
 from tasks.models import EvalSuite, InputError
 from tasks.run.spec import RunSpec
+from tasks.run.usage import RunUsage, usage_summary
 
 
 class _Doc(BaseModel):
@@ -55,6 +56,16 @@ class GateSummary(_Doc):
     blocks: list[dict[str, Any]] | None = None  # the rules that blocked, each naming its cases or slice
 
 
+class BudgetSummary(_Doc):
+    """A budgeted run's limits, what it drew and spent, and why it stopped drawing (if it did)."""
+
+    max_cost_usd: float | None
+    max_samples: int | None
+    drawn_samples: int
+    spent_usd: float
+    stopped: str | None
+
+
 class RunSummary(_Doc):
     """The `run --json` document. Optional keys appear only where they apply: the gate with
     a baseline, environment flakes with `--regrade`, the label keys on an imported-labels run."""
@@ -93,6 +104,13 @@ class RunSummary(_Doc):
     agent_steps: dict[str, float] | None = None
     flow_run_id: str | None = None
     duration_s: float | None = None
+    # Runs stored before usage was recorded have none; `partial`, `undrawn_samples` and
+    # `budget` come with a budget, `unscored` with `rescore` (docs/contract.md §10).
+    usage: RunUsage | None = None
+    partial: bool | None = None
+    undrawn_samples: int | None = None
+    budget: BudgetSummary | None = None
+    unscored: list[str] | None = None
 
     @classmethod
     def read(cls, doc: RunSummary | Mapping[str, Any]) -> RunSummary:
@@ -117,7 +135,7 @@ class RunSummary(_Doc):
 
 # Absent from the document when they do not apply (`flow_run_id` and `duration_s` are always there).
 _OPTIONAL_KEYS = ("env_flaky_samples", "gate", "no_baseline", "source_run", "labeller", "labelled", "unlabelled", "sandbox",
-                  "agent_steps")
+                  "agent_steps", "usage", "partial", "undrawn_samples", "budget", "unscored")
 
 
 def summary_columns(spec: RunSpec) -> tuple[str, ...]:
@@ -143,6 +161,7 @@ def summarize(spec: RunSpec, suite: EvalSuite, samples: pa.Table) -> tuple[RunSu
         env_flaky_samples=_env_flakes(samples) if spec.regrade else None,
         agent_steps=_agent_steps(samples),
         flow_run_id=spec.flow_run_id,
+        usage=usage_summary(samples),
     )
     return summary, agg.rows()
 

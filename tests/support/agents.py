@@ -53,3 +53,11 @@ def v1(inputs, ctx) -> str:
 def v2(inputs, ctx) -> str:
     """Agent version 2: answers what the case's `v2` input says."""
     return inputs.get("v2", "")
+
+
+def metered(inputs, ctx) -> str:
+    """Counts its calls and reports the tokens of each: `inputs.tokens` in (default 1000),
+    10 out, counted by `toy-model` (priced by a test's price file)."""
+    _count(ctx)
+    ctx.report_usage(input_tokens=inputs.get("tokens", 1000), output_tokens=10, model="toy-model")
+    return "yes" if random.Random(ctx.seed).random() < inputs.get("p", 0.5) else "no"

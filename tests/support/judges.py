@@ -65,9 +65,10 @@ def flaky_pairwise(case, first, second, seed):
 
 class ChatServer:
     """`POST /v1/chat/completions` on 127.0.0.1, a free port. `reply(body) -> (status,
-    content)` decides each answer; every request body is kept in `requests`."""
+    content)` decides each answer; every request body is kept in `requests`. With `usage`
+    (and `model`), each response carries them as an OpenAI server's does."""
 
-    def __init__(self, reply):
+    def __init__(self, reply, usage: dict | None = None, model: str | None = None):
         self.requests: list[dict] = []
         outer = self
 
@@ -77,7 +78,9 @@ class ChatServer:
                 body["_auth"] = self.headers.get("Authorization")
                 outer.requests.append(body)
                 status, content = reply(body)
-                data = json.dumps({"choices": [{"message": {"content": content}}]}).encode()
+                doc = {"choices": [{"message": {"content": content}}]}
+                doc.update({k: v for k, v in (("usage", usage), ("model", model)) if v is not None})
+                data = json.dumps(doc).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))

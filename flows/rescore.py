@@ -1,0 +1,93 @@
+"""The `rescore` flow: a new run of a suite graded on a stored run's outputs, without its agent.
+
+Wiring only, as `evaluate`: the plan is the one `evaluate` would make for the source run's
+agent, n and seed; `tasks.run.rescore` takes each sample's output from the source run and
+lists the cases it has none for; grading is mapped over the task runner like drawing
+(`flows.steps.draw_missing` with every output given, so no agent is ever called).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+from prefect import flow
+from pydantic import Field
+
+from flows import steps
+from flows.artifacts import publish
+from flows.runners import Runner
+from storage import db, evalpipe_home
+from storage.snapshots import read_snapshot, snapshot_path
+from storage.suites import resolve_suite
+from tasks import run
+from tasks.models import EvalSuite, InputError
+from tasks.run.rescore import rescore_plan
+from tasks.sandbox import allowing_unsafe, run_sandbox_mode
+
+
+@flow(name="rescore", persist_result=False, log_prints=False)
+def rescore(
+    run_id: str,
+    suite: str,
+    runner: Runner = "threads",
+    workers: Annotated[int | None, Field(ge=1, le=256)] = None,
+    unsafe_no_sandbox: bool = False,
+) -> dict[str, Any]:
+    """Grade SUITE on the outputs stored by run `run_id`; cases it has no output for are
+    `unscored`.
+
+    Args:
+        run_id: The run whose outputs to grade (id or unambiguous prefix).
+        suite: Suite file path, git URL#PATH, or stored version.
+        runner: Task runner for grading: threads, processes or dask.
+        workers: Parallel workers (default: CPU count).
+        unsafe_no_sandbox: Without bubblewrap, run the suite's code unprotected instead of refusing.
+    """
+    started = time.perf_counter()
+    home = evalpipe_home()
+    source = db.find_run(run_id, home)
+    suite_obj, suite_source = resolve_suite(suite)
+    sandbox = run_sandbox_mode((c.kind for c in suite_obj.cases), unsafe_no_sandbox)
+    source_suite = source_suite_of(source, suite_obj, home)
+    workers = workers or os.cpu_count() or 1
+    steps.snapshot_once(suite_obj, home)
+    spec = run.RunSpec(
+        suite_version=suite_obj.version, suite_name=suite_obj.name, agent=source["agent"],
+        agent_fingerprint=source["agent_fingerprint"], n=source["n"], ks=list(source["ks"]),
+        seed=source["seed"],
+        config={"rescored_from": source["run_id"], "suite_ref": suite, "suite_source": suite_source,
+                "runner": runner, "workers": workers, "sandbox": sandbox},
+    )
+    plan = rescore_plan(spec.run_id, run.plan(suite_obj, spec), suite_obj, source_suite,
+                        db.run_samples(source["run_id"], home))
+    with db.recorded_run(spec, home):
+        db.insert_samples(plan.failed_calls, home)
+        total = len(plan.to_grade) + plan.failed_calls.num_rows
+        with allowing_unsafe(unsafe_no_sandbox):
+            steps.draw_missing(spec, suite_obj, None, plan.to_grade, total, home, batch_size=None,
+                               runner=runner, workers=workers, dask_address=None)
+        summary = steps.reduce_run(spec, suite_obj, str(home))
+        summary.cases = len(suite_obj.cases) - len(plan.unscored)
+        summary.source_run, summary.unscored = source["run_id"], plan.unscored
+        summary.sandbox = sandbox
+        summary.duration_s = round(time.perf_counter() - started, 3)
+        db.finish_run(spec.run_id, "completed", summary, home)
+    publish(summary, home)
+    return summary.to_json()
+
+
+def source_suite_of(source: dict[str, Any], suite: EvalSuite, home: Path) -> EvalSuite:
+    """The suite the stored run `source` ran (its snapshot); bad input, before any work,
+    when it is gone or shares no question (case id and inputs) with `suite`."""
+    if not snapshot_path(source["suite_version"], home).exists():
+        raise InputError(f"run {source['run_id']}: the snapshot of its suite {source['suite_version'][:12]}"
+                         f" is missing from {home / 'snapshots'}: cannot tell which questions it asked")
+    ran = read_snapshot(source["suite_version"], home)
+    asked = {(c.id, c.inputs_hash) for c in ran.cases}
+    if not any((c.id, c.inputs_hash) in asked for c in suite.cases):
+        raise InputError(f"run {source['run_id']} has no output for any case of suite {suite.name!r}"
+                         " (no case with the same id and inputs): nothing to score")
+    return ran

@@ -1,0 +1,130 @@
+"""What a run's agent calls took and cost: drawn samples priced as they are stored
+(`priced`), and the `usage` document of the summary (`usage_summary`), with the samples
+drawn in this run and those whose output came from the cache counted apart: the second is
+what the cache saved."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pydantic import BaseModel, ConfigDict
+
+from tasks.metrics.cost import PriceTable
+
+
+def priced(rows: pa.Table, prices: PriceTable) -> pa.Table:
+    """`rows` with `cost_usd` set on every drawn sample (`cached` false) that can be priced;
+    the summary says why the others cannot (`UsageFigures.cost_note`)."""
+    if rows.num_rows == 0:
+        return rows
+    costs = rows["cost_usd"].to_pylist()
+    for i, (cached, model, inp, out) in enumerate(zip(
+        rows["cached"].to_pylist(), rows["usage_model"].to_pylist(), rows["input_tokens"].to_pylist(),
+        rows["output_tokens"].to_pylist(), strict=True,
+    )):
+        if cached:
+            continue
+        costs[i] = prices.cost(model, inp, out)[0]
+    column = rows.schema.get_field_index("cost_usd")
+    return rows.set_column(column, "cost_usd", pa.array(costs, pa.float64()))
+
+
+class UsageFigures(BaseModel):
+    """Tokens, cost and agent latency over a set of samples. `cost_usd` is null, and
+    `cost_note` says why, when no sample could be priced or one that reported tokens
+    could not; samples that reported no tokens are left out of it, and the note says so."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    samples: int
+    input_tokens: int | None
+    output_tokens: int | None
+    cost_usd: float | None
+    cost_note: str | None = None
+    latency_p50_s: float | None
+    latency_p95_s: float | None
+
+
+class RunUsage(UsageFigures):
+    """The `usage` document: the samples drawn in this run, and beside them `cached`, the
+    same figures for the samples whose output the cache supplied."""
+
+    cached: UsageFigures
+
+
+def usage_summary(samples: pa.Table) -> RunUsage:
+    cached = samples["cached"].fill_null(False)
+    drawn = _figures(samples.filter(pc.invert(cached)))
+    return RunUsage(**drawn.model_dump(), cached=_figures(samples.filter(cached)))
+
+
+def _figures(rows: pa.Table) -> UsageFigures:
+    latency = rows["latency_s"].drop_null().to_numpy()
+    has_tokens = pc.or_(pc.is_valid(rows["input_tokens"]), pc.is_valid(rows["output_tokens"]))
+    counted = rows.filter(has_tokens)
+    cost, note = _cost(rows, counted)
+    known = counted.num_rows or not rows.num_rows  # no samples used no tokens; unreported ones are unknown
+    return UsageFigures(
+        samples=rows.num_rows,
+        input_tokens=_total(counted["input_tokens"]) if known else None,
+        output_tokens=_total(counted["output_tokens"]) if known else None,
+        cost_usd=cost,
+        cost_note=note,
+        latency_p50_s=float(np.percentile(latency, 50)) if latency.size else None,
+        latency_p95_s=float(np.percentile(latency, 95)) if latency.size else None,
+    )
+
+
+def _total(column: pa.ChunkedArray) -> int:
+    return int(pc.sum(column).as_py() or 0)
+
+
+def _cost(rows: pa.Table, counted: pa.Table) -> tuple[float | None, str | None]:
+    if rows.num_rows == 0:
+        return 0.0, None
+    if counted.num_rows == 0:
+        return None, "no sample reported token counts: the agent does not report usage (docs/agents.md)"
+    unpriced = counted.filter(pc.is_null(counted["cost_usd"]))
+    if unpriced.num_rows:
+        models = sorted({m for m in unpriced["usage_model"].to_pylist() if m})
+        why = (f"no price for model(s) {', '.join(map(repr, models))} (genai-prices, or a price file: --prices)"
+               if models else "tokens were reported without the model that counted them")
+        return None, f"{unpriced.num_rows} sample(s) could not be priced: {why}"
+    cost = float(pc.sum(counted["cost_usd"]).as_py() or 0.0)
+    missing = rows.num_rows - counted.num_rows
+    return cost, (f"{missing} sample(s) reported no tokens and are not counted" if missing else None)
+
+
+
+USAGE_COLUMNS = ("outputs", "samples", "input tokens", "output tokens", "cost (USD)", "agent latency p50",
+                 "agent latency p95", "note")
+
+
+def usage_rows(usage: RunUsage | Mapping[str, Any]) -> list[tuple[str, ...]]:
+    """The `usage` document as table rows (`USAGE_COLUMNS`): drawn in this run, then what
+    the cache saved. Unknown figures read "n/a", never 0."""
+    usage = RunUsage.model_validate(usage)
+    return [_row("drawn", usage), _row("cached", usage.cached)]
+
+
+def usage_lines(usage: RunUsage | Mapping[str, Any]) -> list[str]:
+    """The same as text lines."""
+    return [f"usage {label:<6} {samples} samples  tokens in {inp} out {out}  cost {cost}"
+            f"  agent latency p50 {p50} p95 {p95}" + (f"  ({note})" if note else "")
+            for label, samples, inp, out, cost, p50, p95, note in usage_rows(usage)]
+
+
+def _row(label: str, f: UsageFigures) -> tuple[str, ...]:
+    def tokens(x: int | None) -> str:
+        return "n/a" if x is None else f"{x:,}"
+
+    def seconds(x: float | None) -> str:
+        return "n/a" if x is None else f"{x:.3g}s"
+
+    cost = "n/a" if f.cost_usd is None else f"${f.cost_usd:,.6f}"
+    return (label, str(f.samples), tokens(f.input_tokens), tokens(f.output_tokens), cost,
+            seconds(f.latency_p50_s), seconds(f.latency_p95_s), f.cost_note or "")
