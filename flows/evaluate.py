@@ -25,9 +25,9 @@ from storage import db, evalpipe_home
 from storage.suites import resolve_suite
 from tasks import run
 from tasks.agents import DEFAULT_AGENT_TIMEOUT_S, load_agent
+from tasks.metrics.cost import PriceTable
 from tasks.metrics.rules import GateRules, check_slices
 from tasks.models import MAX_N, MAX_REGRADE, MAX_WORKERS
-from tasks.metrics.cost import PriceTable
 from tasks.run.budget import Budget, budget_summary
 from tasks.sandbox import allowing_unsafe, run_sandbox_mode
 

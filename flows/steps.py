@@ -12,7 +12,7 @@ from typing import Any
 import pyarrow as pa
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
-from prefect.states import Failed, State
+from prefect.states import Completed, Failed, State
 
 from flows.artifacts import Progress, progress_hook
 from flows.runners import Mapped, Runner, task_runner

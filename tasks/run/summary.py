@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from tasks.metrics.aggregate import REQUIRED_COLUMNS, Row, aggregate
 from tasks.models import EvalSuite, InputError
 from tasks.run.spec import RunSpec
-from tasks.run.usage import RunUsage, usage_summary
+from tasks.run.usage import USAGE_SAMPLE_COLUMNS, RunUsage, usage_summary
 
 
 class _Doc(BaseModel):
@@ -142,7 +142,7 @@ def summary_columns(spec: RunSpec) -> tuple[str, ...]:
     """The sample columns `summarize` reads: never the outputs; the traces only to count
     environment flakes and a coding agent's steps."""
     traces = spec.regrade or spec.config.get("workspace")
-    return (*REQUIRED_COLUMNS, "score", "cached", *(("trace",) if traces else ()))
+    return (*REQUIRED_COLUMNS, "score", "cached", *USAGE_SAMPLE_COLUMNS, *(("trace",) if traces else ()))
 
 
 def summarize(spec: RunSpec, suite: EvalSuite, samples: pa.Table) -> tuple[RunSummary, list[Row]]:

@@ -56,6 +56,10 @@ class RunUsage(UsageFigures):
     cached: UsageFigures
 
 
+# The sample columns `usage_summary` reads (with `cached`).
+USAGE_SAMPLE_COLUMNS = ("latency_s", "input_tokens", "output_tokens", "usage_model", "cost_usd")
+
+
 def usage_summary(samples: pa.Table) -> RunUsage:
     cached = samples["cached"].fill_null(False)
     drawn = _figures(samples.filter(pc.invert(cached)))
