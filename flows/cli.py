@@ -660,6 +660,15 @@ def _mount_diff() -> None:
 _mount_diff()
 
 
+def _mount_plan() -> None:
+    from flows.planning import plan
+
+    app.command("plan")(plan)
+
+
+_mount_plan()
+
+
 _mount_judging()
 
 
