@@ -20,7 +20,7 @@ from typer._click.exceptions import UsageError  # typer's own click: not exporte
 
 from flows.output import json_doc
 from tasks.home import evalpipe_home
-from tasks.models import MAX_N, MAX_REGRADE, MAX_WORKERS, InputError, PlatformError
+from tasks.models import MAX_N, MAX_REGRADE, MAX_ROUNDS, MAX_WORKERS, InputError, PlatformError
 from tasks.sandbox import UNSAFE_NOTE
 
 app = typer.Typer(
@@ -205,6 +205,10 @@ def run(
     unsafe_no_sandbox: UnsafeFlag = False,
     max_output_bytes: Annotated[int | None, typer.Option(
         "--max-output-bytes", min=1, help="Cap on each agent output (default 4 MB).")] = None,
+    sequential: Annotated[bool, typer.Option(
+        "--sequential", help="With --baseline: draw cases in a seeded random order, in rounds, and stop as soon"
+                             " as the gate's decision cannot change (anytime-valid).")] = False,
+    rounds: Annotated[int, typer.Option("--rounds", min=1, max=MAX_ROUNDS, help="Rounds (looks) of --sequential.")] = 10,
     as_json: JsonFlag = False,
 ) -> None:
     """Sample, grade, store and aggregate a run of AGENT on SUITE.
@@ -225,6 +229,8 @@ def run(
     if not baseline and (min_pass_at_1 is not None or max_drop or max_new_failures is not None or min_slice):
         bad_input("--min-pass-at-1, --max-drop, --max-new-failures and --min-slice are gate rules: they go with"
                   " --baseline")
+    if sequential and not baseline:
+        bad_input("--sequential needs --baseline: it stops when the comparison with the baseline is decided")
     from tasks.metrics.diff import check_metric
     from tasks.metrics.rules import parse_slice_thresholds
 
@@ -259,7 +265,8 @@ def run(
                                     max_new_failures=max_new_failures, min_slice=slice_min, metric=metric,
                                     runner=runner, workers=workers, dask_address=dask_address,
                                     batch_size=batch_size, regrade=regrade,
-                                    unsafe_no_sandbox=unsafe_no_sandbox, return_state=True)
+                                    unsafe_no_sandbox=unsafe_no_sandbox, sequential=sequential,
+                                    sequential_rounds=rounds, return_state=True)
             summary = flow_result(state)
         finally:
             progress_hook.reset(token)
@@ -386,11 +393,19 @@ def _summary_text(s: dict[str, Any]) -> str:
             lines.append(f"  {v['case_id']}#{v['sample_index']}: {v['violation']}")
     if s.get("no_baseline"):
         lines.append(f"gate: {s['no_baseline']}")
+    if s.get("sequential"):
+        lines.append(_sequential_line(s["sequential"]))
     gate = s.get("gate")
     if gate:
         lines.append(f"gate vs {gate['baseline']}: {gate['decision'].upper()} ({gate['verdict']})")
         lines.extend(f"  - {r}" for r in gate["reasons"])
     return "\n".join(lines)
+
+
+def _sequential_line(seq: dict[str, Any]) -> str:
+    how = (f"stopped early ({seq['decision']})" if seq["stopped_early"] else "ran to the end")
+    return (f"sequential: {how} after {seq['rounds']} of {seq['planned_rounds']} rounds,"
+            f" {seq['samples_drawn']} of {seq['samples_planned']} samples")
 
 
 runs_app = typer.Typer(no_args_is_help=True, help="Stored runs.")

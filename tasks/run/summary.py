@@ -91,6 +91,7 @@ class RunSummary(_Doc):
     sandbox: str | None = None  # "bwrap", "unsafe-no-sandbox" or "not-needed" (tasks.sandbox)
     flow_run_id: str | None = None
     duration_s: float | None = None
+    sequential: dict[str, Any] | None = None  # `run --sequential`: the stop and the looks (flows.sequential)
 
     @classmethod
     def read(cls, doc: RunSummary | Mapping[str, Any]) -> RunSummary:
@@ -114,7 +115,8 @@ class RunSummary(_Doc):
 
 
 # Absent from the document when they do not apply (`flow_run_id` and `duration_s` are always there).
-_OPTIONAL_KEYS = ("env_flaky_samples", "gate", "no_baseline", "source_run", "labeller", "labelled", "unlabelled", "sandbox")
+_OPTIONAL_KEYS = ("env_flaky_samples", "gate", "no_baseline", "source_run", "labeller", "labelled", "unlabelled", "sandbox",
+                  "sequential")
 
 
 def summary_columns(spec: RunSpec) -> tuple[str, ...]:
