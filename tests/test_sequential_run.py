@@ -118,3 +118,54 @@ def test_plan_from_a_baseline_and_when_the_suite_is_too_small(env, tmp_path):
     assert len(small.stderr.strip().splitlines()) == 1
     both = cli(["plan", str(suite), "--baseline", base, "--prior", "0.5"], env)
     assert both.returncode == 2 and "not both" in both.stderr
+
+
+SLOW_AGENT = '''
+import os, time
+
+def answer(inputs, ctx):
+    with open(os.environ["EVALPIPE_TEST_CALLS"], "a") as fh:
+        fh.write(f"{ctx.case_id}#{ctx.index}\\n")
+    time.sleep(0.05)
+    return inputs.get("v2", "")
+'''
+
+
+def test_a_sequential_run_killed_mid_sequence_resumes_from_its_samples(env, tmp_path):
+    import signal
+    import time
+
+    suite = write_suite(tmp_path / "resume.yaml", broken=30, fixed=0)
+    base = run(suite, "v1", env)["run_id"]
+    agent = tmp_path / "slow_agent.py"
+    agent.write_text(SLOW_AGENT)
+    calls = tmp_path / "calls.txt"
+    calls.touch()
+    slow_env = {**env, "EVALPIPE_TEST_CALLS": str(calls)}
+    args = ["run", str(suite), "--agent", f"python:{agent}:answer", "--baseline", base, "--sequential",
+            "--rounds", "20", "--batch-size", "1", "--workers", "1", "--json"]
+    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=slow_env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while len(calls.read_text().splitlines()) < 25 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert proc.poll() is None, "the run ended before it could be killed mid-sequence"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    before = len(calls.read_text().splitlines())
+    assert 25 <= before < CASES
+
+    done = cli(args, slow_env)
+    assert done.returncode == 1, done.stderr
+    doc = json.loads(done.stdout)
+    seq = doc["sequential"]
+    assert seq["decision"] == "block" and seq["stopped_early"]
+    # What was stored before the kill is reused, not drawn again: only the few samples in
+    # flight (answered, not yet written) are drawn twice.
+    in_flight = 5
+    assert before - in_flight <= doc["cached_samples"] <= before
+    total = len(calls.read_text().splitlines())
+    assert seq["samples_drawn"] <= total <= seq["samples_drawn"] + in_flight
+    # And the decision and looks are those of an uninterrupted run with the same seed.
+    again = json.loads(cli(args, slow_env).stdout)
+    assert again["sequential"]["looks"] == seq["looks"] and again["cached_samples"] == seq["samples_drawn"]
