@@ -31,7 +31,8 @@ from tasks.models import InputError
 
 DEFAULT_POWER = 0.8
 DEFAULT_ALPHA = 0.05
-# The middle of the 0.3–0.7 range Miller (2024) reports between models' per-question scores.
+# Assumed, and said in the plan: one run cannot measure how its per-case rates correlate with
+# the next run's. Two versions of one agent usually correlate more, so this errs towards more cases.
 DEFAULT_CORRELATION = 0.5
 # Without a baseline (or with one sample per case) the split of the variance p(1−p) between
 # cases and within cases cannot be measured: half and half, stated in the plan.
