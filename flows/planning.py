@@ -16,7 +16,8 @@ def plan(
     suite: Annotated[str | None, typer.Argument(
         help="Suite file, git URL#PATH or stored version: its case count bounds the cases"
              " (default with --baseline: the baseline's suite).")] = None,
-    detect: Annotated[float, typer.Option("--detect", help="The paired drop to catch, as a fraction (0.05 = 5 points).")] = 0.05,
+    detect: Annotated[float | None, typer.Option(
+        "--detect", help="Required: the paired drop to catch, as a fraction (0.05 = 5 points).")] = None,
     baseline: Annotated[str | None, typer.Option(
         "--baseline", help="A stored run: its per-case pass rates give the variances.")] = None,
     prior: Annotated[float | None, typer.Option(
@@ -32,6 +33,8 @@ def plan(
     table. Exit 2 (one line naming the smallest detectable drop) when the suite is too small."""
     from tasks.metrics import power as pw
 
+    if detect is None:  # checked here: a missing required option would exit 2 without a word
+        raise InputError("plan: --detect D is required (the paired drop to catch, e.g. 0.05 for 5 points)")
     if (baseline is None) == (prior is None):
         raise InputError("plan: give --baseline RUN_ID (measured variances) or --prior P (assumed), not both")
     if prior is not None and suite is None:

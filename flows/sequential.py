@@ -100,11 +100,13 @@ def apply_stop(summary: RunSummary, record: SequentialRecord) -> None:
     verdict = "regressed" if last.upper < 0 else "improved" if last.lower > 0 else "inconclusive"
     said = (f"sequential: stopped after round {record.rounds} of {record.planned_rounds}"
             f" ({record.cases_drawn} of {record.cases_planned} cases, {record.samples_drawn} of"
-            f" {record.samples_planned} samples): the anytime-valid {100 * (1 - record.alpha):g}% confidence"
-            f" sequence of the change, {signed_points(last.lower)} to {signed_points(last.upper)}, lies wholly "
+            f" {record.samples_planned} samples): change {signed_points(last.mean)}, its anytime-valid"
+            f" {100 * (1 - record.alpha):g}% confidence sequence {signed_points(last.lower)} to"
+            f" {signed_points(last.upper)} lies wholly "
             + (f"below -{100 * record.max_drop:g} pts (allowed drop)" if record.decision == "block"
                else f"above -{100 * record.max_drop:g} pts: a larger drop is ruled out"))
-    others = [r for r in gate.reasons if not r.startswith("regression:")]
+    # The bootstrap CI of the cases drawn so far is not what decided: its sentences make way.
+    others = [r for r in gate.reasons if not r.startswith(("regression:", "improved:", "regressed:", "inconclusive:"))]
     decision = "block" if record.decision == "block" or gate.blocks or any(
         r.startswith(("safety:", "threshold:")) for r in gate.reasons) else "pass"
     summary.gate = gate.model_copy(update={"decision": decision, "verdict": verdict, "reasons": [said, *others],

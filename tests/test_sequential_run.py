@@ -116,8 +116,10 @@ def test_plan_from_a_baseline_and_when_the_suite_is_too_small(env, tmp_path):
     small = cli(["plan", "--baseline", base, "--detect", "0.01"], env)
     assert small.returncode == 2 and "the smallest detectable drop is" in small.stderr
     assert len(small.stderr.strip().splitlines()) == 1
-    both = cli(["plan", str(suite), "--baseline", base, "--prior", "0.5"], env)
+    both = cli(["plan", str(suite), "--baseline", base, "--prior", "0.5", "--detect", "0.1"], env)
     assert both.returncode == 2 and "not both" in both.stderr
+    bare = cli(["plan", "--baseline", base], env)
+    assert bare.returncode == 2 and "--detect D is required" in bare.stderr
 
 
 SLOW_AGENT = '''
