@@ -122,7 +122,7 @@ def evaluate(
         record = None
         if sequential and baseline:  # rounds until the gate's decision cannot change
             with allowing_unsafe(unsafe_no_sandbox):
-                record = draw_sequentially(
+                record, planned = draw_sequentially(
                     spec, suite_obj, agent_obj, planned, home, baseline=baseline, max_drop=max_drop,
                     metric=metric, alpha=1 - DEFAULT_LEVEL, rounds=sequential_rounds,
                     can_pass_early=not (min_pass_at_1 is not None or max_new_failures is not None or min_slice

@@ -45,7 +45,7 @@ def plan(
                      max_samples=max_samples)
     doc = result.to_json()
     if correlation is None:
-        doc["assumptions"].append(f"assumed a correlation of {rho:g} between the two runs' per-case pass rates"
+        doc["assumptions"].append(f"a correlation of {rho:g} between the two runs' per-case pass rates"
                                   " (--correlation)")
     typer.echo(json_doc(doc) if as_json else plan_text(doc))
     if not result.reachable:

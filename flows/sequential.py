@@ -16,6 +16,7 @@ import numpy as np
 from prefect import get_run_logger
 
 from flows import steps
+from flows.artifacts import progress_hook
 from flows.runners import Runner
 from storage import db
 from tasks.metrics.diff import Metric
@@ -39,9 +40,10 @@ def draw_sequentially(
     spec: RunSpec, suite: EvalSuite, agent: Any, planned: list[PlannedSample], home: Path, *,
     baseline: str, max_drop: float, metric: Metric, alpha: float, rounds: int, can_pass_early: bool,
     batch_size: int | None, runner: Runner, workers: int, dask_address: str | None,
-) -> SequentialRecord:
+) -> tuple[SequentialRecord, list[PlannedSample]]:
     """Draw `planned` round by round against `baseline` until the confidence sequence decides
-    or the suite is exhausted; the samples land in the run like any others."""
+    or the suite is exhausted; the samples land in the run like any others. Returns the
+    record and the planned samples drawn."""
     logger = get_run_logger()
     base = {r.case_hash: r.value(metric) for r in db.case_results(baseline, home)}
     by_hash: dict[str, list[PlannedSample]] = {}
@@ -53,9 +55,10 @@ def draw_sequentially(
     looks: list[Look] = []
     decision = None
     drawn = 0
+    progress = _CumulativeProgress(len(planned))
     for point in points:
-        _draw(spec, suite, agent, [p for h in paired[drawn:point] for p in by_hash[h]], home,
-              batch_size=batch_size, runner=runner, workers=workers, dask_address=dask_address)
+        progress.draw(spec, suite, agent, [p for h in paired[drawn:point] for p in by_hash[h]], home,
+                      batch_size=batch_size, runner=runner, workers=workers, dask_address=dask_address)
         drawn = point
         values = {r.case_hash: r.value(metric) for r in db.case_results(spec.run_id, home)}
         diffs = np.array([values[h] - base[h] for h in paired[:drawn]])
@@ -69,23 +72,40 @@ def draw_sequentially(
         if decision is not None:
             break
     if decision is None:
-        _draw(spec, suite, agent, [p for h in unpaired for p in by_hash[h]], home, batch_size=batch_size,
-              runner=runner, workers=workers, dask_address=dask_address)
+        progress.draw(spec, suite, agent, [p for h in unpaired for p in by_hash[h]], home, batch_size=batch_size,
+                      runner=runner, workers=workers, dask_address=dask_address)
         drawn = len(paired) + len(unpaired)
     cases_planned = len(by_hash)
+    taken = [p for h in (paired[:drawn] if decision else by_hash) for p in by_hash[h]]
     return SequentialRecord(
         decision=decision, stopped_early=decision is not None and drawn < cases_planned, rounds=len(looks),
         planned_rounds=len(points), cases_drawn=drawn, cases_planned=cases_planned,
-        samples_drawn=sum(len(by_hash[h]) for h in (paired[:drawn] if decision else by_hash)),
+        samples_drawn=len(taken),
         samples_planned=len(planned), alpha=alpha, max_drop=max_drop, order_seed=spec.seed,
         early_pass=can_pass_early, looks=tuple(looks),
-    )
+    ), taken
 
 
-def _draw(spec: RunSpec, suite: EvalSuite, agent: Any, chunk: list[PlannedSample], home: Path, **runner: Any) -> None:
-    if chunk:
-        missing = steps.reuse_cached(spec, chunk, home)
-        steps.draw_missing(spec, suite, agent, missing, len(chunk), home, **runner)
+class _CumulativeProgress:
+    """Each round's draw, its progress shown against the whole suite's samples (the CLI's
+    bar and lines would otherwise start again at 0 every round)."""
+
+    def __init__(self, total: int) -> None:
+        self.done, self.total = 0, total
+
+    def draw(self, spec: RunSpec, suite: EvalSuite, agent: Any, chunk: list[PlannedSample], home: Path,
+             **runner: Any) -> None:
+        if not chunk:
+            return
+        hook = progress_hook.get()
+        token = progress_hook.set(
+            (lambda done, _total: hook(self.done + done, self.total)) if hook else None)
+        try:
+            missing = steps.reuse_cached(spec, chunk, home)
+            steps.draw_missing(spec, suite, agent, missing, len(chunk), home, **runner)
+        finally:
+            progress_hook.reset(token)
+        self.done += len(chunk)
 
 
 def apply_stop(summary: RunSummary, record: SequentialRecord) -> None:
@@ -97,14 +117,15 @@ def apply_stop(summary: RunSummary, record: SequentialRecord) -> None:
     summary.cases = record.cases_drawn  # what its figures cover; `sequential` has the suite's count
     last = record.looks[-1]
     gate = summary.gate
+    allowed = f"-{100 * record.max_drop:g} pts" if record.max_drop else "0"
     verdict = "regressed" if last.upper < 0 else "improved" if last.lower > 0 else "inconclusive"
     said = (f"sequential: stopped after round {record.rounds} of {record.planned_rounds}"
             f" ({record.cases_drawn} of {record.cases_planned} cases, {record.samples_drawn} of"
             f" {record.samples_planned} samples): change {signed_points(last.mean)}, its anytime-valid"
             f" {100 * (1 - record.alpha):g}% confidence sequence {signed_points(last.lower)} to"
             f" {signed_points(last.upper)} lies wholly "
-            + (f"below -{100 * record.max_drop:g} pts (allowed drop)" if record.decision == "block"
-               else f"above -{100 * record.max_drop:g} pts: a larger drop is ruled out"))
+            + (f"below {allowed} (the allowed drop)" if record.decision == "block"
+               else f"above {allowed}: a larger drop is ruled out"))
     # The bootstrap CI of the cases drawn so far is not what decided: its sentences make way.
     others = [r for r in gate.reasons if not r.startswith(("regression:", "improved:", "regressed:", "inconclusive:"))]
     decision = "block" if record.decision == "block" or gate.blocks or any(
