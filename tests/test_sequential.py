@@ -80,3 +80,22 @@ def test_look_points_cover_the_suite() -> None:
 def test_differences_outside_the_range_are_refused() -> None:
     with pytest.raises(InputError):
         sequential_test([0.5, 1.5], null=0.0, horizon=2)
+
+
+def test_a_drop_within_the_allowance_passes_early_and_one_beyond_it_blocks() -> None:
+    rng = np.random.default_rng(5)
+    small = rng.permutation(np.r_[-np.ones(10), np.zeros(290)])  # a 3.3-point drop, 10 points allowed
+    looks, decision = sequential_looks(small, look_points(CASES, 10), horizon=CASES, alpha=0.05, max_drop=0.10)
+    assert decision == "pass" and len(looks) < 10 and looks[-1].lower > -0.10
+    large = rng.permutation(np.r_[-np.ones(120), np.zeros(180)])  # a 40-point drop
+    looks, decision = sequential_looks(large, look_points(CASES, 10), horizon=CASES, alpha=0.05, max_drop=0.10)
+    assert decision == "block" and looks[-1].upper < -0.10
+
+
+def test_the_draw_order_is_fixed_by_the_seed() -> None:
+    from flows.sequential import case_order
+
+    hashes = [f"h{i:03d}" for i in range(100)]
+    assert case_order(hashes, 7) == case_order(hashes, 7)
+    assert case_order(hashes, 7) != case_order(hashes, 8)
+    assert sorted(case_order(hashes, 7)) == hashes
