@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
-from typer._click.exceptions import UsageError  # typer's own click: not exported by name
+from typer._click.exceptions import NoArgsIsHelpError, UsageError  # typer's own click: not exported by name
 
 from flows.output import json_doc
 from tasks.home import evalpipe_home
-from tasks.models import MAX_N, MAX_REGRADE, MAX_WORKERS, InputError, PlatformError
+from tasks.models import MAX_N, MAX_REGRADE, MAX_ROUNDS, MAX_WORKERS, InputError, PlatformError
 from tasks.sandbox import UNSAFE_NOTE
 
 app = typer.Typer(
@@ -222,6 +222,10 @@ def run(
     prices: Annotated[Path | None, typer.Option(
         "--prices", help="Price file (YAML/JSON: model -> input_per_mtok, output_per_mtok) over genai-prices'"
                          " table (default: $EVALPIPE_PRICES).")] = None,
+    sequential: Annotated[bool, typer.Option(
+        "--sequential", help="With --baseline: draw cases in a seeded random order, in rounds, and stop as soon"
+                             " as the gate's decision cannot change (anytime-valid).")] = False,
+    rounds: Annotated[int, typer.Option("--rounds", min=1, max=MAX_ROUNDS, help="Rounds (looks) of --sequential.")] = 10,
     as_json: JsonFlag = False,
 ) -> None:
     """Sample, grade, store and aggregate a run of AGENT on SUITE.
@@ -248,6 +252,8 @@ def run(
     if not baseline and (min_pass_at_1 is not None or max_drop or max_new_failures is not None or min_slice):
         bad_input("--min-pass-at-1, --max-drop, --max-new-failures and --min-slice are gate rules: they go with"
                   " --baseline")
+    if sequential and not baseline:
+        bad_input("--sequential needs --baseline: it stops when the comparison with the baseline is decided")
     from tasks.metrics.diff import check_metric
     from tasks.metrics.rules import parse_slice_thresholds
 
@@ -288,7 +294,8 @@ def run(
                                     batch_size=batch_size, regrade=regrade,
                                     unsafe_no_sandbox=unsafe_no_sandbox, workspace=workspace,
                                     agent_timeout=agent_timeout, max_cost=max_cost,
-                                    max_samples=max_samples, prices=price_file, return_state=True)
+                                    max_samples=max_samples, prices=price_file, sequential=sequential,
+                                    sequential_rounds=rounds, return_state=True)
             summary = flow_result(state)
         finally:
             progress_hook.reset(token)
@@ -438,6 +445,8 @@ def _summary_text(s: dict[str, Any]) -> str:
             lines.append(f"  {v['case_id']}#{v['sample_index']}: {v['violation']}")
     if s.get("no_baseline"):
         lines.append(f"gate: {s['no_baseline']}")
+    if s.get("sequential"):
+        lines.append(_sequential_line(s["sequential"]))
     gate = s.get("gate")
     if gate:
         lines.append(f"gate vs {gate['baseline']}: {gate['decision'].upper()} ({gate['verdict']})")
@@ -483,6 +492,12 @@ def rescore_cmd(
         finally:
             progress_hook.reset(token)
     typer.echo(json_doc(summary) if as_json else _summary_text(summary))
+
+
+def _sequential_line(seq: dict[str, Any]) -> str:
+    how = (f"stopped early ({seq['decision']})" if seq["stopped_early"] else "ran to the end")
+    return (f"sequential: {how} after {seq['rounds']} of {seq['planned_rounds']} rounds,"
+            f" {seq['samples_drawn']} of {seq['samples_planned']} samples")
 
 
 runs_app = typer.Typer(no_args_is_help=True, help="Stored runs.")
@@ -752,6 +767,15 @@ def _mount_diff() -> None:
 _mount_diff()
 
 
+def _mount_plan() -> None:
+    from flows.planning import plan
+
+    app.command("plan")(plan)
+
+
+_mount_plan()
+
+
 _mount_judging()
 
 
@@ -802,7 +826,7 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         # A bad flag or value is bad input like any other: one line, exit 2 (click's own
         # form is a usage block and a boxed message).
-        if exc.message:  # empty: no arguments, and the help was printed
+        if not isinstance(exc, NoArgsIsHelpError):  # that one printed the help
             command = exc.ctx.command_path.partition(" ")[2] if exc.ctx else ""
             typer.echo(f"evalpipe: {command + ': ' if command else ''}{exc.format_message()}", err=True)
         return 2

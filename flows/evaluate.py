@@ -21,13 +21,16 @@ from flows import steps
 from flows.artifacts import publish
 from flows.gate import gate_runs
 from flows.runners import Runner
+from flows.sequential import apply_stop, draw_sequentially
 from storage import db, evalpipe_home
 from storage.suites import resolve_suite
 from tasks import run
 from tasks.agents import DEFAULT_AGENT_TIMEOUT_S, load_agent
 from tasks.metrics.cost import PriceTable
 from tasks.metrics.rules import GateRules, check_slices
-from tasks.models import MAX_N, MAX_REGRADE, MAX_WORKERS
+from tasks.metrics.sequential import DEFAULT_ROUNDS
+from tasks.metrics.stats import DEFAULT_LEVEL
+from tasks.models import MAX_N, MAX_REGRADE, MAX_ROUNDS, MAX_WORKERS, InputError
 from tasks.run.budget import Budget, budget_summary
 from tasks.sandbox import allowing_unsafe, run_sandbox_mode
 
@@ -61,6 +64,8 @@ def evaluate(
     max_cost: Annotated[float | None, Field(gt=0)] = None,
     max_samples: Annotated[int | None, Field(ge=1)] = None,
     prices: str | None = None,
+    sequential: bool = False,
+    sequential_rounds: Annotated[int, Field(ge=1, le=MAX_ROUNDS)] = DEFAULT_ROUNDS,
 ) -> dict[str, Any]:
     """Sample `n` outputs per case from `agent`, grade them, store and aggregate the run.
 
@@ -98,6 +103,10 @@ def evaluate(
         max_samples: Budget in agent calls: draw at most this many samples (cached ones are free).
         prices: A price file (YAML/JSON: model -> input_per_mtok, output_per_mtok) over
             genai-prices' table; default: the file EVALPIPE_PRICES names, if any.
+        sequential: With a baseline: draw the cases in a seeded random order, in rounds, and
+            stop as soon as the gate's decision cannot change (an anytime-valid confidence
+            sequence); the stop is recorded under `sequential` in the summary.
+        sequential_rounds: The number of rounds (looks) of a sequential run.
     """
     started = time.perf_counter()
     steps.check_deployment_allows(agent, unsafe_no_sandbox)
@@ -110,6 +119,8 @@ def evaluate(
     budget, price_table = Budget(max_cost_usd=max_cost, max_samples=max_samples), PriceTable.load(prices)
     workers = workers or os.cpu_count() or 1
     asked_baseline = baseline
+    if sequential and not baseline:
+        raise InputError("--sequential needs --baseline: it stops when the comparison is decided")
     baseline = steps.find_baseline(baseline, suite_obj, home)
     rules = GateRules(max_new_failures=max_new_failures, slice_min=min_slice or {})
     check_slices(rules.slice_min, (name for c in suite_obj.cases for name in c.slices))
@@ -128,7 +139,16 @@ def evaluate(
     )
     with db.recorded_run(spec, home):
         planned = run.plan(suite_obj, spec)
-        missing = steps.reuse_cached(spec, planned, home)
+        record = None
+        if sequential and baseline:  # rounds until the gate's decision cannot change
+            with allowing_unsafe(unsafe_no_sandbox):
+                record, planned = draw_sequentially(
+                    spec, suite_obj, agent_obj, planned, home, baseline=baseline, max_drop=max_drop,
+                    metric=metric, alpha=1 - DEFAULT_LEVEL, rounds=sequential_rounds,
+                    can_pass_early=not (min_pass_at_1 is not None or max_new_failures is not None or min_slice
+                                        or any(c.must_pass for c in suite_obj.cases)),
+                    batch_size=batch_size, runner=runner, workers=workers, dask_address=dask_address)
+        missing = steps.reuse_cached(spec, planned, home) if record is None else []
         with allowing_unsafe(unsafe_no_sandbox):  # in the environment: process workers see it
             drawn = steps.draw_missing(spec, suite_obj, agent_obj, missing, len(planned), home,
                                        batch_size=batch_size, runner=runner, workers=workers,
@@ -144,6 +164,8 @@ def evaluate(
                                      metric=metric, summary=summary)
         elif asked_baseline:
             summary.no_baseline = steps.no_baseline_note(suite_obj)
+        if record is not None:
+            apply_stop(summary, record)
         summary.sandbox = sandbox
         summary.duration_s = round(time.perf_counter() - started, 3)
         db.finish_run(spec.run_id, "partial" if summary.partial else "completed", summary, home)

@@ -91,6 +91,7 @@ def content_seed(*content: Any) -> int:
 MAX_N = 10_000
 MAX_WORKERS = 256
 MAX_REGRADE = 100
+MAX_ROUNDS = 1000  # looks of a sequential run (tasks.metrics.sequential)
 
 
 class _Frozen(BaseModel):

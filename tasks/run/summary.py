@@ -111,6 +111,7 @@ class RunSummary(_Doc):
     undrawn_samples: int | None = None
     budget: BudgetSummary | None = None
     unscored: list[str] | None = None
+    sequential: dict[str, Any] | None = None  # `run --sequential`: the stop and the looks (flows.sequential)
 
     @classmethod
     def read(cls, doc: RunSummary | Mapping[str, Any]) -> RunSummary:
@@ -135,7 +136,8 @@ class RunSummary(_Doc):
 
 # Absent from the document when they do not apply (`flow_run_id` and `duration_s` are always there).
 _OPTIONAL_KEYS = ("env_flaky_samples", "gate", "no_baseline", "source_run", "labeller", "labelled", "unlabelled", "sandbox",
-                  "agent_steps", "usage", "partial", "undrawn_samples", "budget", "unscored")
+                  "agent_steps", "usage", "partial", "undrawn_samples", "budget", "unscored",
+                  "sequential")
 
 
 def summary_columns(spec: RunSpec) -> tuple[str, ...]:

@@ -1,0 +1,100 @@
+"""`evalpipe plan`: how many cases × samples a comparison needs (`tasks.metrics.power`), from a
+stored baseline run's per-case pass rates or from a stated prior pass rate. Mounted in
+`flows/cli.py`; storage and core imports are inside the command, so `evalpipe --help` stays fast."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from flows.output import json_doc
+from tasks.models import InputError
+
+
+def plan(
+    suite: Annotated[str | None, typer.Argument(
+        help="Suite file, git URL#PATH or stored version: its case count bounds the cases"
+             " (default with --baseline: the baseline's suite).")] = None,
+    detect: Annotated[float | None, typer.Option(
+        "--detect", help="Required: the paired drop to catch, as a fraction (0.05 = 5 points).")] = None,
+    baseline: Annotated[str | None, typer.Option(
+        "--baseline", help="A stored run: its per-case pass rates give the variances.")] = None,
+    prior: Annotated[float | None, typer.Option(
+        "--prior", help="Without a baseline: the pass rate to assume (0..1).")] = None,
+    power: Annotated[float, typer.Option("--power", help="Chance of catching the drop.")] = 0.8,
+    alpha: Annotated[float, typer.Option("--alpha", help="The gate's CI is 1 - alpha (two-sided).")] = 0.05,
+    correlation: Annotated[float | None, typer.Option(
+        "--correlation", help="Assumed correlation of the two runs' per-case pass rates (default 0.5).")] = None,
+    max_samples: Annotated[int, typer.Option("--max-samples", min=1, help="The most samples per case to consider.")] = 20,
+    as_json: Annotated[bool, typer.Option("--json", help="Print exactly one JSON document.")] = False,
+) -> None:
+    """Cases x samples per case to catch a paired drop of --detect with --power; the trade-off
+    table. Exit 2 (one line naming the smallest detectable drop) when the suite is too small."""
+    from tasks.metrics import power as pw
+
+    if detect is None:  # checked here: a missing required option would exit 2 without a word
+        raise InputError("plan: --detect D is required (the paired drop to catch, e.g. 0.05 for 5 points)")
+    if (baseline is None) == (prior is None):
+        raise InputError("plan: give --baseline RUN_ID (measured variances) or --prior P (assumed), not both")
+    if prior is not None and suite is None:
+        raise InputError("plan: --prior needs the SUITE whose cases it plans for")
+    variance, suite_cases = _variance(baseline, prior, suite)
+    rho = pw.DEFAULT_CORRELATION if correlation is None else correlation
+    result = pw.plan(variance, detect, suite_cases=suite_cases, power=power, alpha=alpha, correlation=rho,
+                     max_samples=max_samples)
+    doc = result.to_json()
+    if correlation is None:
+        doc["assumptions"].append(f"a correlation of {rho:g} between the two runs' per-case pass rates"
+                                  " (--correlation)")
+    typer.echo(json_doc(doc) if as_json else plan_text(doc))
+    if not result.reachable:
+        typer.echo(f"evalpipe: plan: {suite_cases} cases cannot detect a drop of {100 * detect:g} points with"
+                   f" power {power:g} at up to {max_samples} samples per case; the smallest detectable drop is"
+                   f" {100 * result.smallest_detectable:.1f} points", err=True)
+        raise typer.Exit(2)
+
+
+def _variance(baseline: str | None, prior: float | None, suite: str | None):
+    from tasks.metrics import power as pw
+
+    suite_cases = None
+    if suite is not None:
+        from storage.suites import load_suite_ref
+
+        suite_cases = len(load_suite_ref(suite).cases)
+    if baseline is None:
+        return pw.variance_from_prior(prior), suite_cases  # type: ignore[arg-type]
+    from storage import db
+
+    run = db.find_run(baseline)
+    counts = list(db.case_counts(run["run_id"]).values())
+    if not counts:
+        raise InputError(f"plan: baseline {run['run_id']} has no samples")
+    if suite_cases is None:
+        suite_cases = len(db.suite_cases(run["suite_version"])) or len(counts)
+    n, c = zip(*counts, strict=True)
+    return pw.variance_from_counts(n, c), suite_cases
+
+
+def plan_text(doc: dict) -> str:
+    source = (f"from {doc['measured_cases']} baseline cases" if doc["measured_cases"] else "from a prior")
+    lines = [
+        f"to detect a paired drop of {100 * doc['detect']:g} points with power {doc['power']:g}"
+        f" (two-sided alpha {doc['alpha']:g}):",
+        f"  variances {source}: between cases {doc['between_case_variance']:.4f},"
+        f" within a case {doc['within_case_variance']:.4f} (mean pass rate {100 * doc['mean_pass_rate']:.1f}%)",
+    ]
+    if doc["suite_cases"] is not None:
+        if doc["reachable"]:
+            lines.append(f"  on the suite's {doc['suite_cases']} cases: {doc['samples_per_case']} samples per case"
+                         f" ({doc['total_samples']} samples a run)")
+        else:
+            lines.append(f"  the suite's {doc['suite_cases']} cases cannot reach it at up to {doc['max_samples']}"
+                         f" samples per case: smallest detectable drop {100 * doc['smallest_detectable']:.1f} points")
+    lines.append("  samples/case   cases needed   samples a run" + ("   fits the suite" if doc["suite_cases"] else ""))
+    for row in doc["table"]:
+        fits = "" if row["fits"] is None else ("   yes" if row["fits"] else "   no")
+        lines.append(f"  {row['samples']:>12}   {row['cases']:>12}   {row['total_samples']:>13}{fits}")
+    lines.extend(f"  assumed: {a}" for a in doc["assumptions"])
+    return "\n".join(lines)
