@@ -16,7 +16,10 @@ from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
-from typer._click.exceptions import NoArgsIsHelpError, UsageError  # typer's own click: not exported by name
+from typer._click.exceptions import (  # typer's own click: not exported by name
+    NoArgsIsHelpError,
+    UsageError,
+)
 
 from flows.output import json_doc
 from tasks.home import evalpipe_home
