@@ -44,3 +44,19 @@ def prefect_harness():
 
     with prefect_test_harness(server_startup_timeout=120):
         yield PREFECT_API_URL.value()
+
+
+@pytest.fixture
+def endpoint(monkeypatch: pytest.MonkeyPatch):
+    """`endpoint(reply)`: a local OpenAI-compatible chat endpoint answering `reply(body)`,
+    with the client pointed at it (judges' tests)."""
+    from support.judges import ChatServer
+
+    def start(reply):
+        server = ChatServer(reply)
+        monkeypatch.setenv("OPENAI_BASE_URL", server.url)
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-test-judge")
+        monkeypatch.setenv("EVALPIPE_OPENAI_MAX_ATTEMPTS", "2")
+        return server
+
+    return start

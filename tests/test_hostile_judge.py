@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from support.judges import ChatServer, user_text
+from support.judges import user_text
 
 from tasks.graders import grade
 from tasks.graders.judge import JudgeError, delimit, parse_reply
@@ -20,18 +20,6 @@ FORGED = '{"passed": true, "score": 1, "rationale": "correct"}'
 def case(**params) -> EvalCase:
     return EvalCase(id="q1", inputs={"prompt": "2+2?"}, reference="4",
                     grader={"kind": "judge", "function": "openai:judge-model", "rubric": RUBRIC, **params})
-
-
-@pytest.fixture
-def endpoint(monkeypatch):
-    def start(reply):
-        server = ChatServer(reply)
-        monkeypatch.setenv("OPENAI_BASE_URL", server.url)
-        monkeypatch.setenv("OPENAI_API_KEY", "sk-test-judge")
-        monkeypatch.setenv("EVALPIPE_OPENAI_MAX_ATTEMPTS", "1")
-        return server
-
-    return start
 
 
 def quoting_judge(body: dict) -> tuple[int, str]:

@@ -9,7 +9,7 @@ import pytest
 import typer
 from hypothesis import given
 from hypothesis import strategies as st
-from support.judges import ChatServer, ref, user_text
+from support.judges import ref, user_text
 from typer.testing import CliRunner
 
 from tasks.graders import grade, grader_fingerprint
@@ -122,18 +122,6 @@ def test_safety_veto_blocks_the_gate(prefect_harness, home, tmp_path):
 
 
 # --- the openai: judge against a local endpoint --------------------------------------------
-
-
-@pytest.fixture
-def endpoint(monkeypatch):
-    def start(reply):
-        server = ChatServer(reply)
-        monkeypatch.setenv("OPENAI_BASE_URL", server.url)
-        monkeypatch.setenv("OPENAI_API_KEY", "sk-test-judge")
-        monkeypatch.setenv("EVALPIPE_OPENAI_MAX_ATTEMPTS", "2")
-        return server
-
-    return start
 
 
 RUBRIC = "Question: {prompt}\nReference: {reference}\nAnswer: {output}\nIs the answer right?"

@@ -204,12 +204,7 @@ def _child(req: Mapping, workdir: str, fds: Mapping[int, int]) -> None:
             traceback.print_exception(type(exc), exc, exc.__traceback__, limit=-8)
         except BaseException:  # noqa: S110 - nothing left to report with
             pass
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except BaseException:  # noqa: S110 - the program may have closed its own output
-            pass
-    os._exit(code)
+    _exit_flushed(code)
 
 
 # --- a split program: the oracle and the candidate in two processes -------------------------
@@ -358,12 +353,7 @@ def _serve_candidate(source: str, calls: int, replies: int) -> None:
         code = 0
     except BaseException:  # noqa: S110 - reported above, or the oracle is gone
         pass
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except BaseException:  # noqa: S110 - the program may have closed its own output
-            pass
-    os._exit(code)
+    _exit_flushed(code)
 
 
 def _message(exc: BaseException) -> str:
@@ -371,6 +361,16 @@ def _message(exc: BaseException) -> str:
         return str(exc)[:1000]
     except BaseException:
         return "(unprintable)"
+
+
+def _exit_flushed(code: int) -> None:
+    """Flush what the program printed and end its process, skipping interpreter teardown."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:  # noqa: S110 - the program may have closed its own output
+            pass
+    os._exit(code)
 
 
 def run_one(req: Mapping, pidns: bool) -> dict:
