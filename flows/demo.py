@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from flows.cli import main as evalpipe
-from flows.server import running
+from flows.server import credentials_path, running
 from storage import evalpipe_home
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,6 +53,7 @@ def main() -> None:
     for run in runs:
         if run["flow_run_id"]:
             print(f"  {run['suite_name']:<10} {server.url}/runs/flow-run/{run['flow_run_id']}")
+    print(f"The UI asks for the server's credentials: paste the content of {credentials_path(server.directory)}.")
     print("The server keeps running for the next runs; stop it with `evalpipe server stop`.")
 
 
