@@ -32,14 +32,15 @@ def make_run(home: Path, samples: int, output_bytes: int) -> str:
     spec = RunSpec(suite_version="0" * 64, suite_name="memory", agent="bench", agent_fingerprint="bench",
                    n=5, ks=[1], seed=0)
     db.start_run(spec, home)
-    for start in range(0, samples, 100):  # a transaction a slice: DuckDB holds uncommitted rows whole
+    for start in range(0, samples, 50):  # a transaction a slice: DuckDB holds uncommitted rows whole
         with db.connect(home) as con:
+            con.execute("SET memory_limit = '6GB'")  # this writer's cache is not what is measured
             con.execute(
                 "INSERT INTO samples (run_id, case_id, sample_index, seed, output, status, passed, score, detail,"
                 " safety, trace, duration_s, cache_key, cached, case_hash)"
                 " SELECT ?, printf('c%05d', i // 5), i % 5, 0, repeat('x', ?), 'failed', false, 0, 'wrong',"
                 " []::VARCHAR[], '{}', 0, printf('%s-%d', ?, i), false, '' FROM range(?, ?) r(i)",
-                [spec.run_id, output_bytes, spec.run_id, start, min(samples, start + 100)])
+                [spec.run_id, output_bytes, spec.run_id, start, min(samples, start + 50)])
     return spec.run_id
 
 
