@@ -37,10 +37,11 @@ def make_run(home: Path, samples: int, output_bytes: int) -> str:
             con.execute("SET memory_limit = '6GB'")  # this writer's cache is not what is measured
             con.execute(
                 "INSERT INTO samples (run_id, case_id, sample_index, seed, output, status, passed, score, detail,"
-                " safety, trace, duration_s, cache_key, cached, case_hash)"
+                " safety, trace, duration_s, cache_key, cached, case_hash, output_head)"
                 " SELECT ?, printf('c%05d', i // 5), i % 5, 0, repeat('x', ?), 'failed', false, 0, 'wrong',"
-                " []::VARCHAR[], '{}', 0, printf('%s-%d', ?, i), false, '' FROM range(?, ?) r(i)",
-                [spec.run_id, output_bytes, spec.run_id, start, min(samples, start + 50)])
+                " []::VARCHAR[], '{}', 0, printf('%s-%d', ?, i), false, '', repeat('x', ?) FROM range(?, ?) r(i)",
+                [spec.run_id, output_bytes, spec.run_id, min(output_bytes, db.OUTPUT_HEAD_CHARS), start,
+                 min(samples, start + 50)])
     return spec.run_id
 
 

@@ -35,6 +35,12 @@ from tasks.models import EvalSuite, InputError, PlatformError
 from tasks.run import RunSpec, RunSummary
 from tasks.run.samples import SAMPLE_COLUMNS, SAMPLE_SCHEMA, sample_ddl
 
+# How many characters of each output `output_head` keeps (`failing_samples` reads no more).
+OUTPUT_HEAD_CHARS = 4096
+# Columns of the samples table beyond the sample row (SAMPLE_SCHEMA): derived from it on
+# every insert, never exported (an import derives them again).
+DERIVED_COLUMNS = {"output_head": f"left(output, {OUTPUT_HEAD_CHARS})"}
+
 # The schema, as the steps that build it: step i brings a file from schema version i to
 # i + 1, recorded in `schema_version`. A new file takes every step; an older file takes the
 # steps it lacks, in place. Steps are never edited once released: a change is a new step.
@@ -81,6 +87,13 @@ ALTER TABLE samples ADD COLUMN IF NOT EXISTS output_tokens BIGINT;
 ALTER TABLE samples ADD COLUMN IF NOT EXISTS usage_model VARCHAR;
 ALTER TABLE samples ADD COLUMN IF NOT EXISTS cost_usd DOUBLE;
 CREATE INDEX IF NOT EXISTS samples_output_key ON samples (output_key);
+""",
+    # The head of each output, so that what shows a few thousand characters of many outputs
+    # (`report`) never reads the outputs themselves: DuckDB reads a string column a vector
+    # (2,048 rows) at a time, and at the output cap that is gigabytes.
+    f"""
+ALTER TABLE samples ADD COLUMN IF NOT EXISTS output_head VARCHAR;
+UPDATE samples SET output_head = left(output, {OUTPUT_HEAD_CHARS});
 """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -313,11 +326,18 @@ def insert_samples(rows: pa.Table, home: Path | None = None) -> None:
     """Write samples; rows already present (same run, case, index) are left as they are."""
     if rows.num_rows == 0:
         return
-    batch = rows.select(list(SAMPLE_COLUMNS))  # noqa: F841 - read by DuckDB
     with connect(home) as con:
-        con.execute(
-            f"INSERT INTO samples ({', '.join(SAMPLE_COLUMNS)}) SELECT * FROM batch ON CONFLICT DO NOTHING"
-        )
+        insert_rows(con, rows.select(list(SAMPLE_COLUMNS)))
+
+
+def insert_rows(con: duckdb.DuckDBPyConnection, batch: pa.Table) -> None:
+    """Insert sample rows (any subset of the sample columns that includes `output`) with
+    their derived columns; rows already present are left as they are."""
+    derived = ", ".join(DERIVED_COLUMNS.values())
+    con.execute(
+        f"INSERT INTO samples ({', '.join([*batch.column_names, *DERIVED_COLUMNS])})"
+        f" SELECT *, {derived} FROM batch ON CONFLICT DO NOTHING"
+    )
 
 
 def write_aggregates(run_id: str, rows: Sequence[tuple], home: Path | None = None) -> None:
@@ -421,10 +441,13 @@ def commonest_detail(run_id: str, status: str, home: Path | None = None) -> tupl
 
 def failing_samples(run_id: str, per_case: int, chars: int, home: Path | None = None) -> list[dict[str, Any]]:
     """The first `per_case` failing samples of each case of a run, in (case, index) order:
-    `case_id`, `sample_index`, the first `chars` characters of `output`, and `trace`."""
+    `case_id`, `sample_index`, the first `chars` (at most OUTPUT_HEAD_CHARS) characters of
+    `output`, and `trace`."""
+    if chars > OUTPUT_HEAD_CHARS:
+        raise ValueError(f"failing_samples reads at most {OUTPUT_HEAD_CHARS} characters of an output")
     with connect(home, read_only=True) as con:
         cur = con.execute(
-            "SELECT case_id, sample_index, left(output, ?) AS output, trace FROM samples"
+            "SELECT case_id, sample_index, left(output_head, ?) AS output, trace FROM samples"
             " WHERE run_id = ? AND NOT coalesce(passed, false)"
             " QUALIFY row_number() OVER (PARTITION BY case_id ORDER BY sample_index) <= ?"
             " ORDER BY case_id, sample_index", [chars, run_id, per_case])
@@ -487,7 +510,7 @@ def samples_of_cases(run_ids: Sequence[str], case_ids: Sequence[str], home: Path
         return []
     with connect(home, read_only=True) as con:
         cur = con.execute(
-            "SELECT * FROM samples WHERE list_contains(?, run_id) AND list_contains(?, case_id) ORDER BY run_id, case_id, sample_index",
+            f"SELECT {', '.join(SAMPLE_COLUMNS)} FROM samples WHERE list_contains(?, run_id) AND list_contains(?, case_id) ORDER BY run_id, case_id, sample_index",
             [list(run_ids), list(case_ids)])
         names = [d[0] for d in cur.description]
         return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]

@@ -32,6 +32,7 @@ from storage import db
 from storage.snapshots import read_snapshot, snapshot_path
 from tasks.files import atomic_path
 from tasks.models import InputError
+from tasks.run.samples import SAMPLE_COLUMNS
 
 FORMAT = "evalpipe-run-export"
 FORMAT_VERSION = 1
@@ -53,7 +54,7 @@ def export_run(run_id: str, out: Path, home: Path | None = None) -> dict[str, An
         suite = _rows(con, "SELECT * FROM suites WHERE version = ?", run["suite_version"])
         cases = _rows(con, "SELECT * FROM cases WHERE suite_version = ?", run["suite_version"])
         aggregates = _rows(con, "SELECT * FROM aggregates WHERE run_id = ?", run_id)
-        samples = con.sql("SELECT * FROM samples WHERE run_id = ? ORDER BY case_id, sample_index",
+        samples = con.sql(f"SELECT {', '.join(SAMPLE_COLUMNS)} FROM samples WHERE run_id = ? ORDER BY case_id, sample_index",
                           params=[run_id]).to_arrow_table()
     row = {k: v for k, v in run.items() if k not in LOCAL_RUN_COLUMNS}
     doc = {"run": row, "suite": suite, "cases": cases, "aggregates": aggregates}
@@ -95,9 +96,8 @@ def import_run(path: Path, home: Path | None = None) -> dict[str, Any]:
             _insert(con, table, rows)
         if new:  # aggregates have no key: written with the run, once
             _insert(con, "aggregates", doc["aggregates"], keyed=False)
-        columns = [c for c in _columns(con, "samples") if c in samples.column_names]
-        batch = samples.select(columns)  # noqa: F841 - read by DuckDB
-        con.execute(f"INSERT INTO samples ({', '.join(columns)}) SELECT * FROM batch ON CONFLICT DO NOTHING")
+        columns = [c for c in _columns(con, "samples") if c in samples.column_names and c not in db.DERIVED_COLUMNS]
+        db.insert_rows(con, samples.select(columns))
         con.execute("COMMIT")
     return {"run_id": run["run_id"], "imported": new, "samples": samples.num_rows, "suite_version": version}
 

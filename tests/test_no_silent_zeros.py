@@ -31,7 +31,7 @@ def env(prefect_harness, home) -> dict:
     return {**os.environ, "PREFECT_API_URL": prefect_harness, "PYTHONPATH": str(ROOT)}
 
 
-def status_of(home: Path, run_id: str | None = None) -> list[tuple[str, str]]:
+def status_of(home: Path) -> list[tuple[str, str]]:
     with duckdb.connect(str(home / "evalpipe.duckdb"), read_only=True) as con:
         return con.execute("SELECT run_id, status FROM runs ORDER BY started_at").fetchall()
 

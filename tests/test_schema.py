@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import duckdb
+import pyarrow as pa
+import pytest
 
 from storage import db
 from tasks.run.samples import SAMPLE_COLUMNS, SAMPLE_SCHEMA, sample_ddl
@@ -21,7 +23,7 @@ INSERT INTO runs (run_id, status) VALUES ('old-run', 'completed');
 def test_the_stored_table_matches_the_arrow_schema(tmp_path):
     with db.connect(tmp_path) as con:
         stored = con.sql("SELECT * FROM samples LIMIT 0").to_arrow_table().schema
-    assert tuple(stored.names) == SAMPLE_COLUMNS
+    assert tuple(stored.names) == (*SAMPLE_COLUMNS, *db.DERIVED_COLUMNS)
     for field in SAMPLE_SCHEMA:
         # `trace` is JSON in DuckDB and its text in Arrow; every other type is the same.
         assert field.name == "trace" or stored.field(field.name).type == field.type, field.name
@@ -149,5 +151,28 @@ def test_runs_stored_before_output_keys_still_show_report_and_gate(tmp_path, mon
     with db.connect(home) as con:
         assert con.execute("SELECT version FROM schema_version").fetchall() == [(db.SCHEMA_VERSION,)]
         kept = con.execute("SELECT count(*), count(output_key), count(latency_s) FROM samples").fetchone()
+        heads = con.execute("SELECT count(*) FROM samples WHERE output_head = output").fetchone()
     assert kept == (6, 0, 0)  # every row kept; no key or usage invented for them
+    assert heads == (6,)  # the upgrade derived each output's head, which `report` reads
     assert db.run_samples("old-base", home).column_names == list(SAMPLE_COLUMNS)
+
+
+def test_report_reads_the_head_of_each_output_as_stored(tmp_path):
+    """Outputs longer than the head: `failing_samples` gives their first characters, whole
+    characters (not bytes), and the heads are derived on every insert, an import's too."""
+    from tasks.run import RunSpec
+
+    spec = RunSpec(suite_version="0" * 64, suite_name="s", agent="a", agent_fingerprint="f", n=2, ks=[1], seed=0)
+    db.start_run(spec, tmp_path)
+    long = "é" * (db.OUTPUT_HEAD_CHARS + 10)
+    rows = [{"run_id": spec.run_id, "case_id": "c1", "sample_index": i, "seed": 0, "output": out,
+             "status": "failed", "passed": False, "score": 0.0, "detail": "", "safety": [], "trace": "{}",
+             "duration_s": 0.0, "cache_key": f"k{i}", "cached": False, "case_hash": "h"}
+            for i, out in enumerate([long, "short"])]
+    db.insert_samples(pa.Table.from_pylist(rows, schema=SAMPLE_SCHEMA), tmp_path)
+    got = db.failing_samples(spec.run_id, 2, 100, tmp_path)
+    assert [r["output"] for r in got] == ["é" * 100, "short"]
+    whole = db.failing_samples(spec.run_id, 1, db.OUTPUT_HEAD_CHARS, tmp_path)
+    assert whole[0]["output"] == long[: db.OUTPUT_HEAD_CHARS]
+    with pytest.raises(ValueError):
+        db.failing_samples(spec.run_id, 1, db.OUTPUT_HEAD_CHARS + 1, tmp_path)
