@@ -9,7 +9,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# `mode`: a test runs under bubblewrap and in the fallback (tasks/sandbox/runner.py).
+# `mode`: a test runs under bubblewrap and in the fallback (tasks/sandbox/policy.py).
 pytest_plugins = ("support.sandbox_modes",)
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")

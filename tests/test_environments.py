@@ -225,7 +225,7 @@ def test_concurrent_processes_build_it_once(repo, tmp_path: Path) -> None:
 
 
 def test_without_bubblewrap_it_is_an_error(repo, tmp_path, monkeypatch) -> None:
-    from tasks.sandbox import runner as sandbox
+    from tasks.sandbox import policy as sandbox
 
     monkeypatch.setenv("EVALPIPE_HOME", str(tmp_path / "home"))
     monkeypatch.setenv(sandbox.MODE_ENV, "rlimits")

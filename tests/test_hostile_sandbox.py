@@ -23,9 +23,8 @@ from tasks.graders import grade, grader_fingerprint
 from tasks.graders.python_tests import build_program
 from tasks.models import EvalCase, Status
 from tasks.report import summary_markdown
-from tasks.sandbox import Limits, SandboxUnavailable, run_command
-from tasks.sandbox import runner as sandbox
-from tasks.sandbox.runner import ForkServer
+from tasks.sandbox import ForkServer, Limits, SandboxUnavailable, run_command, servers, shutdown
+from tasks.sandbox import policy as sandbox
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -151,10 +150,10 @@ def no_bwrap(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv(sandbox.MODE_ENV, "rlimits")
     monkeypatch.delenv(sandbox.UNSAFE_ENV, raising=False)
     sandbox._bwrap_problem.cache_clear()
-    sandbox.shutdown()
+    shutdown()
     yield
     sandbox._bwrap_problem.cache_clear()
-    sandbox.shutdown()
+    shutdown()
 
 
 def test_without_bwrap_untrusted_code_does_not_run(no_bwrap, tmp_path: Path) -> None:
@@ -288,7 +287,7 @@ def test_module_predicates_resolve_from_the_working_directory(mode: str, tmp_pat
 
 
 def test_a_hanging_predicate_is_an_error_not_a_hang(mode: str, tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(sandbox, "PREDICATE_LIMITS", Limits(timeout_s=1.0, memory_mb=4096))
+    monkeypatch.setattr(servers, "PREDICATE_LIMITS", Limits(timeout_s=1.0, memory_mb=4096))
     (tmp_path / "slow.py").write_text("import time\ndef wait(output, case):\n    time.sleep(60)\n")
     verdict = grade("x", _predicate(f"{tmp_path}/slow.py:wait"))
     assert verdict.status is Status.error and "no reply within 1 s" in verdict.detail
@@ -312,7 +311,7 @@ def test_the_cleanup_does_not_walk_a_runtime_bound_in_from_tmp(mode: str, tmp_pa
     watch = libc.inotify_init1(_IN_NONBLOCK)
     assert watch >= 0 and libc.inotify_add_watch(watch, str(untouched).encode(), _IN_OPEN) >= 0
     code = (
-        "from tasks.sandbox.runner import Limits, ForkServer\n"
+        "from tasks.sandbox import Limits, ForkServer\n"
         "s = ForkServer(Limits())\n"
         "print([s.run('open(\"/tmp/beside\", \"w\").write(\"x\")', Limits()).completed,"
         " s.run('import os; assert not os.path.exists(\"/tmp/beside\")', Limits()).completed])\n"

@@ -12,9 +12,8 @@ import pytest
 from tasks.graders import grade
 from tasks.graders.python_tests import build_program
 from tasks.models import EvalCase, Status
-from tasks.sandbox import Limits
+from tasks.sandbox import ForkServer, Limits
 from tasks.sandbox.forkserver import decode_plain, encode_plain
-from tasks.sandbox.runner import ForkServer
 
 PROMPT = "def double(x):\n    \"\"\"Twice x.\"\"\"\n"
 TEST = "def check(candidate):\n    assert all(candidate(i) == 2 * i for i in range(5))\n    assert candidate(3) == 6\n"

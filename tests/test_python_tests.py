@@ -13,8 +13,7 @@ from support.sandbox_modes import bwrap_only
 from tasks.graders import grade
 from tasks.graders.python_tests import build_program
 from tasks.models import EvalCase, Status
-from tasks.sandbox import Limits
-from tasks.sandbox.runner import ForkServer
+from tasks.sandbox import ForkServer, Limits
 from tasks.suites.importers import humaneval_suite
 
 # Every test here runs under bubblewrap and in the fallback a run may allow.

@@ -10,13 +10,21 @@ from pathlib import Path
 import pytest
 from test_python_tests import _processes_with
 
-from tasks.sandbox import Limits, SandboxError, run_command, run_python
-from tasks.sandbox import runner as sandbox
+from tasks.sandbox import (
+    ForkServer,
+    Limits,
+    SandboxError,
+    SandboxResult,
+    policy,
+    run_command,
+    run_python,
+)
+from tasks.sandbox import processes as sandbox
 
-needs_bwrap = pytest.mark.skipif(not sandbox.bwrap_available(), reason="needs bubblewrap")
+needs_bwrap = pytest.mark.skipif(not policy.bwrap_available(), reason="needs bubblewrap")
 
 
-def _py(code: str, tmp_path: Path, **limits: float) -> sandbox.SandboxResult:
+def _py(code: str, tmp_path: Path, **limits: float) -> SandboxResult:
     return run_command(
         [sys.executable, "-I", "-c", code], workdir=tmp_path, limits=Limits(**limits)
     )
@@ -153,7 +161,7 @@ def test_run_python_helper_for_predicates() -> None:
 
 
 def test_fallback_fork_server_still_contains_programs(mode: str) -> None:
-    server = sandbox.ForkServer(Limits())
+    server = ForkServer(Limits())
     try:
         assert server.isolation == mode
         looped = server.run("while True: pass", Limits(timeout_s=0.5))

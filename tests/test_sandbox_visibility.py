@@ -13,7 +13,7 @@ import pytest
 
 from tasks.graders import grade
 from tasks.models import EvalCase, Status
-from tasks.sandbox import Limits, run_command, runner
+from tasks.sandbox import Limits, policy, run_command
 
 pytestmark = pytest.mark.usefixtures("needs_bwrap")
 
@@ -32,8 +32,8 @@ print(json.dumps(seen))
 
 @pytest.fixture
 def needs_bwrap():
-    runner._bwrap_problem.cache_clear()
-    if not runner.bwrap_available():
+    policy._bwrap_problem.cache_clear()
+    if not policy.bwrap_available():
         pytest.skip("bubblewrap does not run here")
 
 

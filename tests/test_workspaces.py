@@ -29,7 +29,7 @@ from tasks.repos.patching import apply_patch
 from tasks.repos.workspaces import read_change, workspace
 from tasks.repos.worktrees import checkout
 from tasks.run.sampling import PlannedSample, draw_sample
-from tasks.sandbox import runner as sandbox
+from tasks.sandbox import policy as sandbox
 
 ROOT = Path(__file__).resolve().parent.parent
 CALC_SHA = "4d48fe8a75740cd8d064a48e17d2cadbddfa8692"

@@ -40,9 +40,10 @@ def _tail(data: bytes) -> str:
 
 def _sandbox_code(case: EvalCase) -> list[str]:
     import tasks.sandbox.forkserver
-    import tasks.sandbox.runner
+    import tasks.sandbox.servers
 
-    return [file_hash(tasks.sandbox.runner.__file__), file_hash(tasks.sandbox.forkserver.__file__)]
+    # How a program is run and its result read: the server's requests and its program.
+    return [file_hash(tasks.sandbox.servers.__file__), file_hash(tasks.sandbox.forkserver.__file__)]
 
 
 @register("python_tests", fingerprint=_sandbox_code)

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.sandbox import runner as sandbox
+from tasks.sandbox import policy as sandbox
+from tasks.sandbox import shutdown
 
 
 def _reset() -> None:
     sandbox._bwrap_problem.cache_clear()
-    sandbox.shutdown()  # idle servers of the other mode
+    shutdown()  # idle servers of the other mode
 
 
 @pytest.fixture(params=["bwrap", "rlimits"])

@@ -1,0 +1,122 @@
+"""Whether a run may run the suite's code, and what protects it: bubblewrap when it starts
+here (probed once per process), else the rlimits fallback only where the run allowed it
+(`--unsafe-no-sandbox`, in the environment so worker processes see it)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from functools import lru_cache
+
+from tasks.sandbox import seccomp
+from tasks.sandbox.limits import Limits, SandboxUnavailable
+from tasks.sandbox.namespace import BWRAP, bwrap_argv
+
+log = logging.getLogger("tasks.sandbox")
+
+# "auto" uses bubblewrap when it works; "rlimits" forces the fallback (for tests, or
+# machines where user namespaces are forbidden and the probe would be noisy).
+MODE_ENV = "EVALPIPE_SANDBOX"
+# "1": a run given --unsafe-no-sandbox; in the environment so process/Dask workers see it.
+UNSAFE_ENV = "EVALPIPE_UNSAFE_NO_SANDBOX"
+# Grader kinds that run code a run does not trust: a suite with one needs the sandbox.
+CODE_KINDS = frozenset({"python_tests", "repo_tests", "predicate"})
+# What every summary, report and artifact of such a run says about it.
+UNSAFE_NOTE = ("run with --unsafe-no-sandbox and no bubblewrap: the suite's code ran unprotected "
+               "(it could read the harness's environment and files, and signal it)")
+
+
+def bwrap_available() -> bool:
+    """Whether bubblewrap (with our seccomp filter) starts here."""
+    return _bwrap_problem() is None
+
+
+@lru_cache(maxsize=1)
+def _bwrap_problem() -> str | None:
+    """Why bubblewrap cannot be used, or None; probed once per process."""
+    return _probe_bwrap()
+
+
+def _probe_bwrap() -> str | None:
+    if os.environ.get(MODE_ENV, "auto") == "rlimits":
+        return f"{MODE_ENV}=rlimits: not using bubblewrap"
+    if shutil.which(BWRAP) is None:
+        return "bwrap not found"
+    if seccomp.installer() is None:
+        return "no seccomp filter for this architecture (unix sockets would be reachable)"
+    try:
+        probe = subprocess.run(
+            [*bwrap_argv(Limits(), None, False), "/bin/true"],
+            capture_output=True,
+            timeout=10,
+            check=False,
+            preexec_fn=seccomp.installer(),  # noqa: PLW1509
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"bwrap failed to start ({exc})"
+    if probe.returncode != 0:
+        reason = probe.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["?"]
+        return f"bwrap failed ({reason[0]})"
+    return None
+
+
+def unsafe_allowed() -> bool:
+    return os.environ.get(UNSAFE_ENV) == "1"
+
+
+@contextmanager
+def allowing_unsafe(allowed: bool) -> Iterator[None]:
+    """For a run's duration: whether code may run without bubblewrap (rlimits only)."""
+    before = os.environ.get(UNSAFE_ENV)
+    if allowed:
+        os.environ[UNSAFE_ENV] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(UNSAFE_ENV, None)
+        else:
+            os.environ[UNSAFE_ENV] = before
+
+
+def isolation() -> str:
+    """What will protect the next sandboxed run: "bwrap", or "rlimits" when allowed."""
+    if bwrap_available():
+        return "bwrap"
+    if unsafe_allowed():
+        log_once("unsafe", "sandbox: %s; running code UNPROTECTED (allowed)", _bwrap_problem())
+        return "rlimits"
+    raise SandboxUnavailable(_refusal())
+
+
+def _refusal() -> str:
+    return (
+        f"no sandbox ({_bwrap_problem()}); untrusted code runs only under bubblewrap: "
+        "install it, or pass --unsafe-no-sandbox to run it unprotected"
+    )
+
+
+def run_sandbox_mode(kinds: Iterable[str], unsafe: bool) -> str:
+    """Checked before a run draws anything: "bwrap", "unsafe-no-sandbox", or
+    "not-needed" (no case runs code); raises `SandboxUnavailable` if the run must refuse."""
+    if bwrap_available():
+        return "bwrap"
+    if unsafe or unsafe_allowed():
+        return "unsafe-no-sandbox"
+    needing = sorted(CODE_KINDS.intersection(kinds))
+    if not needing:
+        return "not-needed"
+    raise SandboxUnavailable(f"the suite has {'/'.join(needing)} cases, but {_refusal()}")
+
+
+logged_once: set[str] = set()
+
+
+def log_once(key: str, msg: str, *args: object) -> None:
+    if key not in logged_once:
+        logged_once.add(key)
+        log.warning(msg, *args)

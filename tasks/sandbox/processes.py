@@ -1,0 +1,231 @@
+"""One sandboxed command (`run_command`): its process group, pids cgroup, rlimits and
+seccomp filter, its output read with a cap, its wall-clock limit, and its end: nothing of
+it outlives the call."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import lru_cache
+from pathlib import Path
+
+from tasks.sandbox import seccomp
+from tasks.sandbox.forkserver import capture, set_limits
+from tasks.sandbox.limits import Limits, SandboxError, SandboxResult
+from tasks.sandbox.namespace import SCRATCH_SOURCE, Mounts, bwrap_argv, scrubbed_env
+from tasks.sandbox.policy import isolation, log_once
+
+
+class PidsCgroup:
+    """A pids cgroup for one sandbox: caps the process count (which rlimits cannot for
+    root) and lists every member, setsid or not, so all of them can be killed."""
+
+    _counter = 0
+    _lock = threading.Lock()
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    @classmethod
+    def create(cls, max_procs: int) -> PidsCgroup | None:
+        root = _pids_root()
+        if root is None:
+            return None
+        with cls._lock:
+            cls._counter += 1
+            path = root / f"evalpipe-{os.getpid()}-{cls._counter}"
+        try:
+            path.mkdir()
+            (path / "pids.max").write_text(str(max_procs))
+        except OSError as exc:
+            log_once("cgroup", "sandbox: cannot create a pids cgroup (%s); no process cap", exc)
+            try:
+                path.rmdir()
+            except OSError:
+                pass
+            return None
+        return cls(path)
+
+    def set_max(self, max_procs: int) -> None:
+        (self.path / "pids.max").write_text(str(max_procs))
+
+    def join_self(self) -> None:
+        """For preexec: move the calling (new) process into the cgroup."""
+        with open(self.path / "cgroup.procs", "w") as fh:
+            fh.write(str(os.getpid()))
+
+    def kill_all(self) -> None:
+        kill_until_gone(lambda: [int(p) for p in (self.path / "cgroup.procs").read_text().split()])
+
+    def destroy(self) -> None:
+        try:
+            self.kill_all()
+            for _ in range(1000):
+                try:
+                    self.path.rmdir()
+                    return
+                except OSError:
+                    time.sleep(0.002)  # members still exiting
+        except OSError:
+            pass
+
+
+def kill_until_gone(members: Callable[[], list[int]], rounds: int = 1000) -> None:
+    """SIGKILL every pid `members()` lists until it lists none (a member may fork while
+    the others are killed). Also used for the leftovers of `cmd:` agents."""
+    for _ in range(rounds):
+        pids = members()
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.001)
+
+
+@lru_cache(maxsize=1)
+def _pids_root() -> Path | None:
+    v1, v2 = Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup")
+    if (v1 / "cgroup.procs").exists() and os.access(v1, os.W_OK):
+        return v1
+    control = v2 / "cgroup.subtree_control"
+    if control.exists() and "pids" in control.read_text().split() and os.access(v2, os.W_OK):
+        return v2
+    log_once("cgroup", "sandbox: no writable pids cgroup; process count is not capped")
+    return None
+
+
+def preexec(
+    limits: Limits | None, cgroup: PidsCgroup | None, cpu: bool = True
+) -> Callable[[], None]:
+    install = seccomp.installer()
+
+    def setup() -> None:
+        if cgroup is not None:
+            cgroup.join_self()
+        if limits is not None:
+            cpu_s = limits.cpu_limit_s if cpu else None
+            set_limits(limits.memory_mb, cpu_s, limits.file_size_mb)
+        if install is not None:  # last: it forbids nothing the steps above need
+            install()
+
+    return setup
+
+
+def run_command(
+    argv: Sequence[str],
+    *,
+    workdir: Path,
+    limits: Limits,
+    env: Mapping[str, str] | None = None,
+    network: bool = False,
+    scratch_mb: int | None = None,
+    pass_fds: Sequence[int] = (),
+    mounts: Mounts | None = None,
+    visible: Iterable[str] = (),
+) -> SandboxResult:
+    """Run `argv` in `workdir` (the only writable place besides a private /tmp and
+    `mounts.rw`). `visible`: directories under /tmp to show read-only, bound before
+    `mounts.hide` is (what is hidden stays hidden even inside them).
+
+    With `scratch_mb` (bubblewrap only; check `isolation`), the program runs on a copy of
+    `workdir` in a tmpfs holding at most that many MB: it cannot fill the disk, and
+    nothing it writes reaches `workdir`. `pass_fds` stay open in the program.
+    Never leaves a process behind. Raises `SandboxError` only when nothing could be
+    started (e.g. `argv[0]` does not exist); everything the program does is a result.
+    """
+    workdir = Path(workdir).resolve()
+    protection = isolation()
+    if mounts is not None and protection != "bwrap":
+        raise SandboxError("this needs bubblewrap (mounts), which is not available here")
+    if protection == "bwrap" and scratch_mb is not None:
+        copy = 'cp -a "$0"/. . && exec "$@"'
+        argv = ["/bin/sh", "-c", copy, SCRATCH_SOURCE, *argv]
+    else:
+        scratch_mb = None
+    full = (
+        [*bwrap_argv(limits, workdir, network, scratch_mb, mounts, visible), *argv]
+        if protection == "bwrap"
+        else list(argv)
+    )
+    cgroup = PidsCgroup.create(limits.max_procs + 2)
+    start = time.monotonic()
+    try:
+        try:
+            proc = subprocess.Popen(
+                full,
+                cwd=workdir,
+                env=scrubbed_env((mounts and mounts.workdir_at) or str(workdir), env),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                pass_fds=tuple(pass_fds),
+                preexec_fn=preexec(limits, cgroup),  # noqa: PLW1509 - rlimits need it
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise SandboxError(f"cannot start {argv[0]!r}: {exc}") from exc
+        pidfd = os.pidfd_open(proc.pid)
+
+        def on_exit() -> None:
+            proc.wait()
+            kill_group(proc.pid, cgroup)
+
+        try:
+            cap = limits.output_cap_bytes
+            data, truncated, timed_out = capture(
+                {"stdout": (proc.stdout.fileno(), cap), "stderr": (proc.stderr.fileno(), cap)},
+                start + limits.timeout_s,
+                pidfd,
+                on_exit,
+            )
+        finally:
+            kill_group(proc.pid, cgroup)
+            proc.wait()
+            os.close(pidfd)
+            proc.stdout.close()
+            proc.stderr.close()
+    finally:
+        if cgroup is not None:
+            cgroup.destroy()
+    return SandboxResult(
+        returncode=None if timed_out else proc.returncode,
+        stdout=data["stdout"],
+        stderr=data["stderr"],
+        stdout_truncated=truncated["stdout"],
+        stderr_truncated=truncated["stderr"],
+        timed_out=timed_out,
+        duration_s=time.monotonic() - start,
+        isolation=protection,
+    )
+
+
+def kill_group(pgid: int, cgroup: PidsCgroup | None) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    if cgroup is not None:
+        cgroup.kill_all()
+
+
+def run_python(source: str, *, limits: Limits | None = None) -> SandboxResult:
+    """Run a Python program (as `python -I program.py`) in a fresh work directory.
+
+    The helper a `predicate` calls to run candidate code in the sandbox.
+    """
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="evalpipe-py-") as tmp:
+        path = Path(tmp) / "program.py"
+        path.write_text(source, encoding="utf-8")
+        return run_command(
+            [sys.executable, "-I", str(path)], workdir=Path(tmp), limits=limits or Limits()
+        )
