@@ -14,18 +14,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from tasks.params import Params, grader_params
-
-
-class InputError(ValueError):
-    """Bad input from the user (a file, a flag, a reference). The CLI prints the message
-    as one line and exits 2; the message must name what is wrong and where."""
-
-
-class PlatformError(RuntimeError):
-    """The machine, not the input, failed: a database locked past the wait or damaged, a
-    full disk, a server that did not start. The CLI prints the message as one line and
-    exits 3; the message must name what failed and what to do."""
+from tasks.errors import InputError as InputError
+from tasks.errors import PlatformError as PlatformError
+from tasks.params import grader_params
 
 
 class Status(StrEnum):
@@ -144,7 +135,7 @@ class EvalCase(_Frozen):
         return self.grader["kind"]
 
     @property
-    def params(self) -> Params:
+    def params(self) -> BaseModel:
         """The grader's typed parameters, defaults filled in. Read from `grader` each
         time, so a copy with other parameters (`model_copy`) is checked too."""
         try:

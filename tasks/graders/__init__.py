@@ -1,6 +1,7 @@
 """Graders: one total entry point, `grade(output, case) -> Verdict`, dispatching on kind.
 
-A grader module registers its function with `@register(kind, version)`. `grade` never
+A grader module registers its function with `@tasks.registry.grader(kind, params=...)`,
+as a plugin's does (importing this package registers the built-in ones). `grade` never
 raises: an exception anywhere becomes `Verdict(status=error)` with the exception type,
 message and a short traceback in `detail`. After the kind's grader, the case's
 `safety.forbidden_patterns` are applied to the output; they add to `Verdict.safety` and
@@ -13,48 +14,13 @@ import importlib
 import inspect
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from tasks.graders.safety import output_violations
 from tasks.models import EvalCase, InputError, Status, Verdict, canonical_json, sha256_hex
-from tasks.params import GRADER_PARAMS
-
-GraderFn = Callable[[str, EvalCase, dict], Verdict]
-
-
-@dataclass(frozen=True)
-class _Entry:
-    fn: GraderFn
-    version: str
-    # Extra content a grader's result depends on beyond the case (e.g. a predicate's file).
-    fingerprint: Callable[[EvalCase], Any] | None
-
-
-_REGISTRY: dict[str, _Entry] = {}
-
-
-def register(
-    kind: str, version: str = "1", *, fingerprint: Callable[[EvalCase], Any] | None = None
-) -> Callable[[GraderFn], GraderFn]:
-    """Decorator: make `fn` the grader for `kind`. `version` is the grader code version,
-    part of `grader_fingerprint`; `fingerprint(case)` may add JSON-able content the verdict
-    depends on (it must not raise for a well-formed case)."""
-
-    if kind not in GRADER_PARAMS:  # the kinds, and their parameters, are listed in one place
-        raise ValueError(f"grader kind {kind!r} has no parameter model in tasks.params")
-
-    def decorate(fn: GraderFn) -> GraderFn:
-        _REGISTRY[kind] = _Entry(fn=fn, version=version, fingerprint=fingerprint)
-        return fn
-
-    return decorate
-
-
-def registered_kinds() -> frozenset[str]:
-    return frozenset(_REGISTRY)
+from tasks.registry import grader_spec
 
 
 def grade(output: str, case: EvalCase, trace: dict | None = None) -> Verdict:
@@ -76,10 +42,10 @@ def grade(output: str, case: EvalCase, trace: dict | None = None) -> Verdict:
 def _dispatch(output: str, case: EvalCase, trace: dict) -> Verdict:
     if not isinstance(output, str):
         return Verdict.fail(Status.error, f"output is {type(output).__name__}, not str")
-    entry = _REGISTRY.get(case.kind)
+    entry = grader_spec(case.kind)
     if entry is None:
         return Verdict.fail(Status.error, f"no grader registered for kind {case.kind!r}")
-    verdict = entry.fn(output, case, trace)
+    verdict = entry(output, case, trace)
     if not isinstance(verdict, Verdict):
         return Verdict.fail(
             Status.error, f"{case.kind} grader returned {type(verdict).__name__}, not a Verdict"
@@ -98,8 +64,9 @@ def error_verdict(exc: BaseException, what: str) -> Verdict:
 
 def grader_fingerprint(case: EvalCase) -> str:
     """sha256 of what a verdict depends on besides the output: kind, parameters,
-    reference, the registered version and the grader module's source."""
-    entry = _REGISTRY.get(case.kind)
+    reference, the registered version and the grader module's source (a plugin's too, so
+    its cached verdicts are graded again when its code changes)."""
+    entry = grader_spec(case.kind)
     content: dict[str, Any] = {
         "kind": case.kind,
         "grader": case.grader,
@@ -116,7 +83,7 @@ def grader_fingerprint(case: EvalCase) -> str:
 
 
 @lru_cache(maxsize=64)
-def _source_hash(fn: GraderFn) -> str:
+def _source_hash(fn: Callable) -> str:
     return file_hash(inspect.getsourcefile(fn) or "")
 
 

@@ -6,7 +6,6 @@ protocol (`tasks.sandbox.forkserver`) and the seccomp filter (`tasks.sandbox.sec
 """
 
 from tasks.sandbox.runner import (
-    CODE_KINDS,
     UNSAFE_NOTE,
     Limits,
     Mounts,
@@ -28,7 +27,7 @@ from tasks.sandbox.runner import (
 )
 
 __all__ = [
-    "CODE_KINDS", "Limits", "Mounts", "PidsCgroup", "SandboxError", "SandboxResult", "SandboxUnavailable",
+    "Limits", "Mounts", "PidsCgroup", "SandboxError", "SandboxResult", "SandboxUnavailable",
     "ServerDied", "SplitProgram", "UNSAFE_NOTE", "allowing_unsafe", "bwrap_available", "call_in_sandbox", "kill_until_gone", "run_command",
     "run_python", "run_python_program", "run_sandbox_mode", "shutdown",
 ]
