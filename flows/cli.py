@@ -25,6 +25,7 @@ from flows.output import json_doc
 from tasks.home import evalpipe_home
 from tasks.metrics.percent import ci_text, figure
 from tasks.models import MAX_N, MAX_REGRADE, MAX_ROUNDS, MAX_WORKERS, InputError, PlatformError
+from tasks.registry import load_plugins
 from tasks.sandbox import UNSAFE_NOTE
 
 app = typer.Typer(
@@ -820,6 +821,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("prefect.flow_runs", "prefect.task_runs"):
         logging.getLogger(name).addFilter(_DROP_REPORTED_FAILURES)
     try:
+        # Plugins register their graders and metrics before any suite is read (tasks.registry).
+        load_plugins()
         code = app(args=argv, prog_name="evalpipe", standalone_mode=False) or 0
     except UsageError as exc:
         # A bad flag or value is bad input like any other: one line, exit 2 (click's own
