@@ -259,3 +259,71 @@ def test_a_grader_that_runs_code_makes_a_run_need_the_sandbox(scratch_registry, 
     with pytest.raises(SandboxUnavailable, match="runs_things cases"):
         runner.run_sandbox_mode(["exact", "runs_things"], unsafe=False)
     assert runner.run_sandbox_mode(["runs_things"], unsafe=True) == "unsafe-no-sandbox"
+
+
+def test_several_graders_on_one_case_each_give_a_verdict_and_grader_decides(scratch_registry, tmp_path):
+    from pydantic import BaseModel
+
+    from tasks.graders import grade, grader_fingerprint
+    from tasks.models import EvalCase, Status, Verdict
+    from tasks.suites.dataset import SuiteError, load_suite
+
+    class NoParams(BaseModel):
+        pass
+
+    @registry.grader("explodes", params=NoParams)
+    def explodes(output, case, params):
+        raise RuntimeError("kaboom")
+
+    @registry.grader("half", params=NoParams)
+    def half(output, case, params, *, trace):
+        trace["seen"] = output
+        return Verdict.fail(Status.failed, "half marks", score=0.5, safety=("half saw something",))
+
+    path = tmp_path / "multi.yaml"
+    path.write_text(
+        "name: multi\ngrader_defaults: {case_sensitive: false}\ncases:\n"
+        "  - id: a\n    reference: Paris\n    grader: {kind: exact}\n"
+        "    extra_graders: [{kind: contains}, {kind: half}, {kind: explodes}]\n"
+        "  - id: b\n    reference: Paris\n    grader: {kind: exact}\n")
+    suite = load_suite(path)
+    a, b = suite.case("a"), suite.case("b")
+    assert a.extra_graders[0] == {"kind": "contains", "case_sensitive": False}  # suite defaults apply
+    trace: dict = {}
+    verdict = grade("paris!", a, trace)
+    # `grader` decides: exact fails although `contains` passes.
+    assert verdict.status is Status.failed and verdict.safety == ("half saw something",)
+    extra = trace["extra_graders"]
+    assert [(e["kind"], e["status"]) for e in extra] == [("contains", "passed"), ("half", "failed"),
+                                                          ("explodes", "error")]
+    assert extra[1]["score"] == 0.5 and extra[1]["trace"] == {"seen": "paris!"}
+    assert "RuntimeError: kaboom" in extra[2]["detail"]
+    assert grade("Paris", a).passed
+
+    # A case without extra graders hashes and fingerprints as before they existed.
+    plain = EvalCase(id="b", reference="Paris", grader={"kind": "exact"})
+    assert b.case_hash == plain.case_hash and "extra_graders" not in b.content()
+    assert grader_fingerprint(b) == grader_fingerprint(plain) != grader_fingerprint(a.model_copy(update={"id": "b"}))
+    fewer = EvalCase(**{**a.content(), "extra_graders": a.extra_graders[:2]})
+    assert fewer.case_hash != a.case_hash and grader_fingerprint(fewer) != grader_fingerprint(a)
+
+    for bad, message in [
+        ("[{kind: contains, case_sensitiv: true}]", "extra_graders.0.case_sensitiv: not a parameter of contains"),
+        ("[{kind: predicate, function: 'x.py:f'}]", "extra_graders.0: a predicate grader runs code"),
+        ("[{kind: nope}]", "extra_graders.0: unknown grader kind 'nope'"),
+    ]:
+        path.write_text(f"name: m\ncases:\n  - {{id: c, reference: x, grader: {{kind: exact}}, extra_graders: {bad}}}\n")
+        with pytest.raises(SuiteError, match="'c'") as err:
+            load_suite(path)
+        assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_snapshot_keeps_a_case_s_extra_graders(tmp_path):
+    from storage.snapshots import read_snapshot, write_snapshot
+    from tasks.models import EvalCase, EvalSuite
+
+    suite = EvalSuite(name="s", cases=(
+        EvalCase(id="a", reference="x", grader={"kind": "exact"}, extra_graders=({"kind": "contains"},)),
+        EvalCase(id="b", reference="x", grader={"kind": "exact"})))
+    back = read_snapshot(write_snapshot(suite, tmp_path))
+    assert back.version == suite.version and back.case("a").extra_graders == ({"kind": "contains"},)

@@ -27,16 +27,36 @@ def grade(output: str, case: EvalCase, trace: dict | None = None) -> Verdict:
     """Grade one output. Total: never raises (KeyboardInterrupt aside), never hangs past
     the grader's own timeout."""
     trace = {} if trace is None else trace
-    try:
-        verdict = _dispatch(output, case, trace)
-    except (Exception, SystemExit) as exc:
-        verdict = error_verdict(exc, f"{case.kind} grader raised")
+    verdict = _total(output, case, trace)
+    if case.extra_graders:
+        verdict = verdict.with_safety(_grade_extra(output, case, trace))
     try:
         violations = output_violations(output, case.safety) if isinstance(output, str) else []
     except Exception as exc:
         # Fail closed: a safety rule that cannot be checked is reported, not skipped.
         violations = [f"safety check failed: {type(exc).__name__}: {exc}"]
     return verdict.with_safety(violations)
+
+
+def _total(output: str, case: EvalCase, trace: dict) -> Verdict:
+    try:
+        return _dispatch(output, case, trace)
+    except (Exception, SystemExit) as exc:
+        return error_verdict(exc, f"{case.kind} grader raised")
+
+
+def _grade_extra(output: str, case: EvalCase, trace: dict) -> list[str]:
+    """Each of the case's `extra_graders` grades the output (totally, as the deciding one
+    does): its verdict, and what it traced, go to `trace["extra_graders"]`, in order. They
+    never change `passed`; their safety violations are the sample's."""
+    found, safety = [], []
+    for grader in case.extra_graders:
+        own: dict = {}
+        verdict = _total(output, case.model_copy(update={"grader": grader, "extra_graders": ()}), own)
+        found.append({"kind": grader["kind"], **verdict.model_dump(mode="json"), **({"trace": own} if own else {})})
+        safety.extend(verdict.safety)
+    trace["extra_graders"] = found
+    return safety
 
 
 def _dispatch(output: str, case: EvalCase, trace: dict) -> Verdict:
@@ -79,6 +99,11 @@ def grader_fingerprint(case: EvalCase) -> str:
             content["extra"] = entry.fingerprint(case)
         except Exception as exc:  # grading will report it; the key just has to be stable
             content["extra"] = f"unavailable: {type(exc).__name__}: {exc}"
+    if case.extra_graders:  # absent without them: the keys of stored verdicts stay valid
+        content["extra_graders"] = [
+            grader_fingerprint(case.model_copy(update={"grader": g, "extra_graders": ()}))
+            for g in case.extra_graders
+        ]
     return sha256_hex(canonical_json(content))
 
 
