@@ -171,7 +171,11 @@ def _load_builtin(module: str) -> None:
     with _LOCK:
         if module not in _LOADED:
             _LOADED.add(module)  # first: a module being imported may look kinds up
-            importlib.import_module(module)
+            try:
+                importlib.import_module(module)
+            except BaseException:
+                _LOADED.discard(module)  # a failure is raised again, never a silent gap
+                raise
 
 
 def load_plugins() -> None:

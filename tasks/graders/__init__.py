@@ -52,11 +52,16 @@ def _grade_extra(output: str, case: EvalCase, trace: dict) -> list[str]:
     found, safety = [], []
     for grader in case.extra_graders:
         own: dict = {}
-        verdict = _total(output, case.model_copy(update={"grader": grader, "extra_graders": ()}), own)
+        verdict = _total(output, _graded_by(grader, case), own)
         found.append({"kind": grader["kind"], **verdict.model_dump(mode="json"), **({"trace": own} if own else {})})
         safety.extend(verdict.safety)
     trace["extra_graders"] = found
     return safety
+
+
+def _graded_by(grader: dict[str, Any], case: EvalCase) -> EvalCase:
+    """The case as one of its extra graders sees it: that grader's, and no others."""
+    return case.model_copy(update={"grader": grader, "extra_graders": ()})
 
 
 def _dispatch(output: str, case: EvalCase, trace: dict) -> Verdict:
@@ -101,8 +106,7 @@ def grader_fingerprint(case: EvalCase) -> str:
             content["extra"] = f"unavailable: {type(exc).__name__}: {exc}"
     if case.extra_graders:  # absent without them: the keys of stored verdicts stay valid
         content["extra_graders"] = [
-            grader_fingerprint(case.model_copy(update={"grader": g, "extra_graders": ()}))
-            for g in case.extra_graders
+            grader_fingerprint(_graded_by(g, case)) for g in case.extra_graders
         ]
     return sha256_hex(canonical_json(content))
 
