@@ -12,7 +12,9 @@ from tasks.run.summary import MetricSummary, RunSummary
 
 def metric_rows(run: RunSummary | Mapping[str, Any]) -> list[tuple[str, str, str]]:
     """(name, value, CI) per registered metric. pass@K metrics are the headline's figures and
-    are left to it; a summary stored before metrics were registered shows its mean score."""
+    are left to it, as is a metric that does not apply (no value, no error: a mean score of
+    samples without scores); a summary stored before metrics were registered shows its mean
+    score."""
     run = RunSummary.read(run)
     metrics = run.metrics
     if metrics is None:
@@ -24,6 +26,6 @@ def metric_rows(run: RunSummary | Mapping[str, Any]) -> list[tuple[str, str, str
             continue
         if m.error:
             rows.append((name, f"n/a: {m.error}", ""))
-        else:
-            rows.append((name, figure(m.value, m.percent), "" if m.value is None else ci_text(m.ci, m.percent)))
+        elif m.value is not None:
+            rows.append((name, figure(m.value, m.percent), ci_text(m.ci, m.percent)))
     return rows
