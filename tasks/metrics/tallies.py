@@ -37,21 +37,22 @@ class Tally:
 
 
 class Tallies(Sequence[Tally]):
-    """One `Tally` per case, in case-id order. `mean_scores` is None when the samples carry
-    no scores (a metric of scores then has no value)."""
+    """One `Tally` per case, in case-id order, and the same figures as arrays over the cases
+    (`case_ids`, `n`, `passes`, `mean_scores`). `mean_scores` is None when the samples carry
+    no scores (a metric of scores then has no value). The `Tally` objects are made on first
+    use and shared by every resample."""
 
     def __init__(
         self,
-        case_ids: Sequence[str],
+        case_ids: NDArray[np.object_],
         n: NDArray[np.int64],
         passes: NDArray[np.int64],
         mean_scores: NDArray[np.float64] | None,
-        scores: Callable[[], list[NDArray[np.float64]]] | None,
+        items: Callable[[], list[Tally]],
     ) -> None:
-        self.case_ids = tuple(case_ids)
-        self.n, self.passes, self.mean_scores = n, passes, mean_scores
-        self._scores = scores
-        self._score_lists: list[NDArray[np.float64]] | None = None
+        self.case_ids, self.n, self.passes, self.mean_scores = case_ids, n, passes, mean_scores
+        self._make_items = items
+        self._items: list[Tally] | None = None
 
     @classmethod
     def of_samples(
@@ -63,47 +64,42 @@ class Tallies(Sequence[Tally]):
         scores: NDArray[np.float64] | None,
     ) -> Tallies:
         """From per-sample arrays: each sample's case (an index into `case_ids`) and score."""
-        if scores is None:
-            return cls(case_ids, n, passes, None, None)
+        ids = np.asarray(case_ids, dtype=object)
+        means = None if scores is None else np.bincount(case_index, weights=scores, minlength=n.size) / n
 
-        def split() -> list[NDArray[np.float64]]:
-            order = np.argsort(case_index, kind="stable")
-            return np.split(scores[order], np.cumsum(n)[:-1])
+        def items() -> list[Tally]:
+            if scores is None:
+                per_case = [()] * n.size
+            else:
+                order = np.argsort(case_index, kind="stable")
+                per_case = [tuple(s.tolist()) for s in np.split(scores[order], np.cumsum(n)[:-1])]
+            return [Tally(*t) for t in zip(ids.tolist(), n.tolist(), passes.tolist(), per_case, strict=True)]
 
-        means = np.bincount(case_index, weights=scores, minlength=n.size) / n
-        return cls(case_ids, n, passes, means, split)
-
-    def score_lists(self) -> list[NDArray[np.float64]]:
-        """Each case's sample scores (split once, on first use)."""
-        if self._scores is None:
-            raise ValueError("the samples carry no scores")
-        if self._score_lists is None:
-            self._score_lists = self._scores()
-        return self._score_lists
+        return cls(ids, n, passes, means, items)
 
     def take(self, indices: NDArray[np.int64]) -> Tallies:
         """The cases at `indices` (repeats allowed): one bootstrap resample."""
-        ids = [self.case_ids[i] for i in indices]
-        if self.mean_scores is None:
-            return Tallies(ids, self.n[indices], self.passes[indices], None, None)
-        return Tallies(ids, self.n[indices], self.passes[indices], self.mean_scores[indices],
-                       lambda: [self.score_lists()[i] for i in indices])
+        means = None if self.mean_scores is None else self.mean_scores[indices]
+        return Tallies(self.case_ids[indices], self.n[indices], self.passes[indices], means,
+                       lambda: [self._all()[i] for i in indices.tolist()])
+
+    def _all(self) -> list[Tally]:
+        if self._items is None:
+            self._items = self._make_items()
+        return self._items
 
     def __len__(self) -> int:
-        return len(self.case_ids)
+        return len(self.n)
 
     @overload
     def __getitem__(self, i: int) -> Tally: ...
     @overload
     def __getitem__(self, i: slice) -> Sequence[Tally]: ...
     def __getitem__(self, i):
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        scores = () if self.mean_scores is None else tuple(map(float, self.score_lists()[i]))
-        return Tally(self.case_ids[i], int(self.n[i]), int(self.passes[i]), scores)
+        return self._all()[i]
 
     def __iter__(self) -> Iterator[Tally]:
-        return (self[i] for i in range(len(self)))
+        return iter(self._all())
 
 
 def metric_values(
