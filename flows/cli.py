@@ -23,7 +23,9 @@ from typer._click.exceptions import (  # typer's own click: not exported by name
 
 from flows.output import json_doc
 from tasks.home import evalpipe_home
+from tasks.metrics.percent import ci_text, figure
 from tasks.models import MAX_N, MAX_REGRADE, MAX_ROUNDS, MAX_WORKERS, InputError, PlatformError
+from tasks.registry import load_plugins
 from tasks.sandbox import UNSAFE_NOTE
 
 app = typer.Typer(
@@ -391,36 +393,30 @@ def _stderr_console():
     return Console(stderr=True)
 
 
-def _fmt(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.3f}"
-
-
-def _ci_text(ci: list[float] | None) -> str:
-    return "[no CI: one case]" if ci is None else f"[{_fmt(ci[0])}, {_fmt(ci[1])}]"
-
-
 def _summary_text(s: dict[str, Any]) -> str:
+    # Figures as the Markdown summary and the HTML report write them: percentages.
+    from tasks.report.figures import metric_rows
+
     lo, hi = s["pass_at_1_ci"]
     lines = [
         f"run {s['run_id']}  suite {s['suite_name']} ({s['suite_version'][:12]})  agent {s['agent']}",
         f"{s['cases']} cases x n={s['n']} = {s['samples']} samples ({s['cached_samples']} from cache)"
         f" in {s['duration_s']:.1f}s",
-        f"pass@1 {_fmt(s['pass_at_k'].get('1'))}  {int(s['ci_level'] * 100)}% CI [{_fmt(lo)}, {_fmt(hi)}]"
-        f"  SE {_fmt(s['pass_at_1_se'])}",
+        f"pass@1 {figure(s['pass_at_k'].get('1'))}  {int(s['ci_level'] * 100)}% CI [{figure(lo)}, {figure(hi)}]"
+        f"  SE {figure(s['pass_at_1_se'])}",
     ]
-    others = [f"pass@{k} {_fmt(v)}" for k, v in s["pass_at_k"].items() if k != "1"]
+    others = [f"pass@{k} {figure(v)}" for k, v in s["pass_at_k"].items() if k != "1"]
     if others:
         lines.append("  ".join(others))
-    hats = [f"pass^{k} {_fmt(v)}" for k, v in (s.get("pass_hat_k") or {}).items() if k != "1"]
+    hats = [f"pass^{k} {figure(v)}" for k, v in (s.get("pass_hat_k") or {}).items() if k != "1"]
     if hats:
         lines.append("  ".join(hats) + "  (all k of k samples pass)")
-    if s.get("mean_score") is not None and s["mean_score"] != s["pass_at_k"].get("1"):
-        lines.append(f"mean score {_fmt(s['mean_score'])}  {_ci_text(s.get('mean_score_ci'))}")
+    lines.extend(f"{name} {value}  {ci}".rstrip() for name, value, ci in metric_rows(s))
     for k, note in s.get("pass_at_k_notes", {}).items():
         lines.append(f"pass@{k}: null ({note})")
     for name, sl in s.get("slices", {}).items():
-        lines.append(f"  slice {name:<16} {sl['cases']:>5} cases  pass@1 {_fmt(sl['pass_at_1'])}"
-                     f"  {_ci_text(sl['pass_at_1_ci'])}")
+        lines.append(f"  slice {name:<16} {sl['cases']:>5} cases  pass@1 {figure(sl['pass_at_1'])}"
+                     f"  {ci_text(sl['pass_at_1_ci'])}")
     lines.append(f"flaky cases {s['flaky_cases']}  statuses "
                  + ", ".join(f"{k} {v}" for k, v in sorted(s["status_counts"].items())))
     if "env_flaky_samples" in s:
@@ -524,7 +520,7 @@ def runs_list(as_json: JsonFlag = False, limit: Annotated[int, typer.Option("--l
         typer.echo(f"evalpipe: reading {home}", err=True)
     for r in brief:
         typer.echo(f"{r['run_id']}  {r['status']:<9}  {r['suite_name']:<14} {r['suite_version'][:12]}"
-                   f"  n={r['n']:<3} pass@1 {_fmt(r['pass_at_1'])}  {r['agent']}")
+                   f"  n={r['n']:<3} pass@1 {figure(r['pass_at_1'])}  {r['agent']}")
 
 
 @runs_app.command("show")
@@ -825,6 +821,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("prefect.flow_runs", "prefect.task_runs"):
         logging.getLogger(name).addFilter(_DROP_REPORTED_FAILURES)
     try:
+        # Plugins register their graders and metrics before any suite is read (tasks.registry).
+        load_plugins()
         code = app(args=argv, prog_name="evalpipe", standalone_mode=False) or 0
     except UsageError as exc:
         # A bad flag or value is bad input like any other: one line, exit 2 (click's own

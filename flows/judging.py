@@ -90,6 +90,7 @@ def calibrate_judge(
     from tasks.metrics.calibration import calibrate
     from tasks.metrics.labels import read_labels
     from tasks.models import EvalCase, canonical_json
+    from tasks.registry import grader_spec
 
     suite_obj = load_suite_ref(suite)
     rows = [r for r in read_labels(labels, need_output=True) if oracle or r.label is not None]
@@ -106,7 +107,7 @@ def calibrate_judge(
             raise InputError(
                 f"{labels}: line {row.line}: suite {suite_obj.name} has no case {row.case_id!r}"
             ) from None
-        if oracle and case.kind in ("judge", "human"):
+        if oracle and not grader_spec(case.kind).oracle:
             raise InputError(
                 f"{labels}: line {row.line}: case {case.id!r} has no execution oracle "
                 f"(its grader is {case.kind})"

@@ -28,6 +28,7 @@ SCHEMA = pa.schema(
         ("tags", pa.list_(pa.string())),
         ("safety", pa.json_()),
         ("must_pass", pa.bool_()),
+        ("extra_graders", pa.json_()),  # null without them
     ]
 )
 
@@ -61,6 +62,7 @@ def write_snapshot(suite: EvalSuite, home: Path | None = None) -> Path:
             "tags": [list(c.tags) for c in cases],
             "safety": [None if c.safety is None else _json(c.safety) for c in cases],
             "must_pass": [c.must_pass for c in cases],
+            "extra_graders": [_json(list(c.extra_graders)) if c.extra_graders else None for c in cases],
         },
         schema=SCHEMA.with_metadata({"evalpipe.suite_name": suite.name, "evalpipe.version": suite.version}),
     )
@@ -95,6 +97,8 @@ def read_snapshot(path_or_version: str | Path, home: Path | None = None) -> Eval
             data["safety"] = json.loads(row["safety"])
         if row.get("must_pass"):  # snapshots written before must-pass have no such column
             data["must_pass"] = True
+        if row.get("extra_graders") is not None:  # nor an extra_graders column
+            data["extra_graders"] = json.loads(row["extra_graders"])
         cases.append(EvalCase.model_validate(data))
     suite = EvalSuite(name=meta["evalpipe.suite_name"], cases=tuple(cases))
     if suite.version != meta["evalpipe.version"]:

@@ -14,18 +14,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from tasks.params import Params, grader_params
-
-
-class InputError(ValueError):
-    """Bad input from the user (a file, a flag, a reference). The CLI prints the message
-    as one line and exits 2; the message must name what is wrong and where."""
-
-
-class PlatformError(RuntimeError):
-    """The machine, not the input, failed: a database locked past the wait or damaged, a
-    full disk, a server that did not start. The CLI prints the message as one line and
-    exits 3; the message must name what failed and what to do."""
+from tasks.errors import InputError as InputError
+from tasks.errors import PlatformError as PlatformError
+from tasks.params import grader_params
+from tasks.registry import runs_code
 
 
 class Status(StrEnum):
@@ -102,7 +94,9 @@ class EvalCase(_Frozen):
     id: str = Field(min_length=1)
     inputs: dict[str, Any] = Field(default_factory=dict)
     reference: Any = None
-    grader: dict[str, Any]
+    grader: dict[str, Any]  # decides `passed`
+    # More graders of the same output, each its own verdict (in the trace), none deciding.
+    extra_graders: tuple[dict[str, Any], ...] = ()
     slices: tuple[str, ...] = ()
     tags: tuple[str, ...] = ()
     safety: dict[str, Any] | None = None
@@ -139,12 +133,29 @@ class EvalCase(_Frozen):
         grader_params(value)
         return value
 
+    @field_validator("extra_graders")
+    @classmethod
+    def _typed_extra(cls, value: tuple[dict[str, Any], ...]) -> tuple[dict[str, Any], ...]:
+        for i, grader in enumerate(value):
+            where = f"extra_graders.{i}"
+            try:
+                grader_params(grader)
+            except ValueError as exc:
+                message = str(exc)
+                raise ValueError(f"{where}.{message.removeprefix('grader.')}" if message.startswith("grader.")
+                                 else f"{where}: {message}") from None
+            # A run checks for the sandbox by the deciding graders' kinds (tasks.sandbox.run_sandbox_mode).
+            if runs_code(grader["kind"]):
+                raise ValueError(f"{where}: a {grader['kind']} grader runs code, so it can only be the"
+                                 " case's deciding `grader`")
+        return value
+
     @property
     def kind(self) -> str:
         return self.grader["kind"]
 
     @property
-    def params(self) -> Params:
+    def params(self) -> BaseModel:
         """The grader's typed parameters, defaults filled in. Read from `grader` each
         time, so a copy with other parameters (`model_copy`) is checked too."""
         try:
@@ -161,6 +172,10 @@ class EvalCase(_Frozen):
             del data["safety"]
         if not data["must_pass"]:  # absent when false: suites without it keep their versions
             del data["must_pass"]
+        if not data["extra_graders"]:  # likewise
+            del data["extra_graders"]
+        else:
+            data["extra_graders"] = list(data["extra_graders"])
         return data
 
     @property

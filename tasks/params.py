@@ -1,10 +1,11 @@
-"""Grader parameters (docs/contract.md §4): one model per kind, and the one registry of kinds.
+"""Grader parameters (docs/contract.md §4): the built-in kinds' models, and the checking of a
+case's grader mapping against its kind's model (the one in `tasks.registry`).
 
 A suite's cases are checked against these when the suite loads, so an unknown or
 misspelt key, a missing required one or a mistyped value is bad input naming the case and
 the field, not a column of `error` samples at run time. The models only check: the case
 keeps, and hashes, its grader mapping exactly as written (so no suite version moves), and
-graders read their values through `grader_params(kind, mapping)`, defaults filled in.
+graders are handed their values (`case.params`), defaults filled in.
 
 Numbers are read as numbers wherever they are written as such ("10" is 10); flags must be
 true or false (a "yes" is too easily a typo for something else).
@@ -25,6 +26,8 @@ from pydantic import (
     ValidationError,
     field_validator,
 )
+
+from tasks.registry import PLUGINS_ENV, grader_kinds, grader_spec
 
 
 def _not_bool(value: Any) -> Any:
@@ -154,45 +157,31 @@ class HumanParams(Params):
     pass
 
 
-# The grader kinds a suite may name, each with its parameters. Graders register their
-# code against these kinds (`tasks.graders.register`); nothing else lists kinds.
-GRADER_PARAMS: dict[str, type[Params]] = {
-    "exact": ExactParams,
-    "contains": ContainsParams,
-    "regex": RegexParams,
-    "numeric": NumericParams,
-    "json": JsonParams,
-    "predicate": PredicateParams,
-    "python_tests": PythonTestsParams,
-    "repo_tests": RepoTestsParams,
-    "judge": JudgeParams,
-    "human": HumanParams,
-}
-
-
 def parameter_names(kind: Any) -> frozenset[str] | None:
     """The parameters a kind takes (None for an unknown kind)."""
-    model = GRADER_PARAMS.get(kind) if isinstance(kind, str) else None
-    return None if model is None else frozenset(model.model_fields)
+    spec = grader_spec(kind) if isinstance(kind, str) else None
+    return None if spec is None else frozenset(spec.params.model_fields)
 
 
-def grader_params(grader: dict[str, Any]) -> Params:
+def grader_params(grader: dict[str, Any]) -> BaseModel:
     """The typed parameters of a grader mapping (`kind` and its parameters). Raises
     `ValueError` with one line naming the field: unknown kind, unknown key, missing
     required key, or a value of the wrong type."""
     kind = grader.get("kind")
     if not isinstance(kind, str):
         raise ValueError("grader needs a 'kind'")
-    model = GRADER_PARAMS.get(kind)
-    if model is None:
-        raise ValueError(f"unknown grader kind {kind!r} (known: {', '.join(sorted(GRADER_PARAMS))})")
+    spec = grader_spec(kind)
+    if spec is None:
+        raise ValueError(f"unknown grader kind {kind!r} (known: {', '.join(sorted(grader_kinds()))};"
+                         f" a plugin's kind needs its plugin installed or named in {PLUGINS_ENV})")
+    model = spec.params
     try:
         return model.model_validate({k: v for k, v in grader.items() if k != "kind"})
     except ValidationError as exc:
         raise ValueError(_one_line(kind, model, exc.errors()[0])) from None
 
 
-def _one_line(kind: str, model: type[Params], err: dict[str, Any]) -> str:
+def _one_line(kind: str, model: type[BaseModel], err: dict[str, Any]) -> str:
     field = "grader." + ".".join(str(p) for p in err["loc"])
     if err["type"] == "extra_forbidden":
         known = f" (known: {', '.join(model.model_fields) or 'none'})" if len(err["loc"]) == 1 else ""

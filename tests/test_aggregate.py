@@ -23,6 +23,7 @@ RUN_KEYS = {
     "pass_hat_k",
     "mean_score",
     "mean_score_ci",
+    "metrics",
     "slices",
     "flaky_cases",
     "flaky_case_ids",
@@ -65,6 +66,9 @@ def test_pass_at_k_averages_the_per_case_estimator() -> None:
     agg = aggregate(samples_table(OUTCOMES), SLICES, [1, 2, 5])
     doc = agg.to_json()
     assert set(doc) == RUN_KEYS
+    # The built-in registered metrics are the headline figures, CIs and all.
+    assert doc["metrics"]["pass@1"] == {"value": doc["pass_at_k"]["1"], "ci": doc["pass_at_1_ci"], "percent": True}
+    assert doc["metrics"]["mean_score"] == {"value": doc["mean_score"], "ci": doc["mean_score_ci"], "percent": True}
     assert agg.case_ids == ("a", "b", "c", "d")
     assert agg.n.tolist() == [5, 5, 5, 5] and agg.c.tolist() == [5, 2, 0, 4]
     for k in (1, 2, 5):

@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.graders import grade, registered_kinds
+from tasks.graders import grade
 from tasks.models import EvalCase, Status
-from tasks.params import GRADER_PARAMS
 from tasks.suites.dataset import load_suite
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,8 +85,15 @@ def test_suite_grader_defaults_apply_to_the_kinds_that_take_them(tmp_path):
 
 
 def test_one_registry_of_kinds():
-    assert registered_kinds() == set(GRADER_PARAMS)
-    from tasks.graders import register
+    from tasks.params import ExactParams
+    from tasks.registry import grader, grader_kinds, grader_spec, runs_code
 
-    with pytest.raises(ValueError, match="no parameter model"):
-        register("telepathy")
+    builtin = {"exact", "contains", "regex", "numeric", "json", "predicate", "python_tests", "repo_tests",
+               "judge", "human"}
+    assert builtin <= grader_kinds()
+    assert {k for k in builtin if runs_code(k)} == {"predicate", "python_tests", "repo_tests"}
+    assert {k for k in builtin if not grader_spec(k).oracle} == {"judge", "human"}
+    with pytest.raises(ValueError, match="already registered by tasks.graders.assertions.exact"):
+        grader("exact", params=ExactParams)(lambda output, case, params: None)
+    with pytest.raises(ValueError, match="pydantic model"):
+        grader("telepathy", params=dict)

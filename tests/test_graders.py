@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_python_tests import _case as hostile_case
 
-from tasks.graders import grade, grader_fingerprint, register, registered_kinds
+from tasks.graders import grade, grader_fingerprint
 from tasks.graders.assertions import parse_number
 from tasks.graders.safety import output_violations, path_violations
 from tasks.models import EvalCase, InputError, Status, Verdict
@@ -192,36 +192,36 @@ def test_fingerprint_covers_kind_parameters_reference_and_version() -> None:
 
 
 def test_registry_decorator_and_total_wrapper(monkeypatch) -> None:
-    from tasks.graders import _REGISTRY
+    from tasks import registry
+    from tasks.params import HumanParams
 
-    # the real `human` grader is registered again however the test ends
-    monkeypatch.setitem(_REGISTRY, "human", _REGISTRY["human"])
+    monkeypatch.setattr(registry, "_GRADERS", dict(registry._GRADERS))  # undone after the test
     calls = []
 
-    @register("human", version="7")
-    def explode(output: str, c: EvalCase, trace: dict) -> Verdict:
-        calls.append(output)
+    @registry.grader("explode", params=HumanParams, version="7")
+    def explode(output: str, c: EvalCase, params: HumanParams, *, trace: dict) -> Verdict:
+        calls.append((output, params))
         trace["grader_steps"] = ["about to fail"]
         raise ZeroDivisionError("boom")
 
-    try:
-        assert "human" in registered_kinds()
-        trace: dict = {}
-        verdict = grade("out", case("human"), trace)
-        assert calls == ["out"] and trace["grader_steps"] == ["about to fail"]
-        assert verdict.status is Status.error
-        assert "ZeroDivisionError: boom" in verdict.detail
-        v7 = grader_fingerprint(case("human"))
+    assert "explode" in registry.grader_kinds()
+    trace: dict = {}
+    verdict = grade("out", case("explode"), trace)
+    assert calls == [("out", HumanParams())] and trace["grader_steps"] == ["about to fail"]
+    assert verdict.status is Status.error
+    assert "ZeroDivisionError: boom" in verdict.detail
+    v7 = grader_fingerprint(case("explode"))
 
-        @register("human", version="8")
-        def wrong_type(output: str, c: EvalCase, trace: dict) -> Verdict:
-            return "yes"  # type: ignore[return-value]
+    del registry._GRADERS["explode"]
 
-        assert grade("out", case("human")).status is Status.error
-        assert grader_fingerprint(case("human")) != v7
-    finally:
-        _REGISTRY.pop("human", None)
-    assert grade("out", case("human")).status is Status.error  # nothing registered
+    @registry.grader("explode", params=HumanParams, version="8")
+    def wrong_type(output: str, c: EvalCase, params: HumanParams) -> Verdict:
+        return "yes"  # type: ignore[return-value]
+
+    assert grade("out", case("explode")).status is Status.error
+    assert grader_fingerprint(case("explode")) != v7
+    with pytest.raises(ValueError, match="already registered by test_graders"):
+        registry.grader("explode", params=HumanParams)(explode)
 
 
 def test_non_string_output_is_an_error() -> None:

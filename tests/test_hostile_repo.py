@@ -84,7 +84,7 @@ def case_for(repo: tuple[Path, str], **grader: object) -> EvalCase:
 
 def _grade_into(queue, output: str, case: EvalCase) -> None:
     trace: dict = {}
-    verdict = grade_repo_tests(output, case, trace)
+    verdict = grade_repo_tests(output, case, case.params, trace=trace)
     queue.put((verdict.status.value, verdict.detail, trace.get("steps", [])))
 
 

@@ -52,7 +52,7 @@ def test_a_misspelled_case_field_names_the_field_and_the_right_ones(tmp_path) ->
     suite.write_text("name: s\ncases:\n  - {id: a, slice: [x], grader: {kind: exact}}\n")
     proc = cli(["suite", "hash", str(suite)], {**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 2
-    assert proc.stderr.strip().endswith("slice: not a case field (known: id, inputs, reference, grader, "
+    assert proc.stderr.strip().endswith("slice: not a case field (known: id, inputs, reference, grader, extra_graders, "
                                         "slices, tags, safety, must_pass)")
 
 

@@ -334,3 +334,32 @@ def test_pass_hat_k_sits_beside_pass_at_k_and_a_single_case_slice_has_no_ci() ->
     run["slices"]["solo"] = {"cases": 1, "pass_at_1": 1.0, "pass_at_1_ci": None, "pass_at_k": {}}
     assert "| solo | 1 | 100.0% | — |" in summary_markdown(run)
     assert 'data-slice="solo"' in render_report(run, cases)
+
+
+def test_every_registered_metric_shows_alike_in_text_markdown_and_html() -> None:
+    from flows.cli import _summary_text
+
+    run, cases = build(OUTCOMES)
+    assert set(run["metrics"]) >= {"pass@1", "mean_score"}  # the built-ins, registered
+    # A plugin's metrics, as a run stores them: a fraction, a plain number, a failed one.
+    run["metrics"].update({
+        "all_or_<i>nothing</i>": {"value": 0.25, "ci": [0.0, 0.75], "percent": True},
+        "tokens_per_case": {"value": 1234.5678, "ci": None, "percent": False},
+        "broken": {"value": None, "ci": None, "percent": True, "error": "metric broken raised KeyError: 'x'"},
+    })
+    text, markdown, html = _summary_text(run), summary_markdown(run), render_report(run, cases)
+    assert "all_or_<i>nothing</i> 25.0%  [0.0%, 75.0%]" in text
+    assert "| all_or_<i>nothing</i> | 25.0% [0.0%, 75.0%] |" in markdown
+    assert "all_or_&lt;i&gt;nothing&lt;/i&gt;" in html and "<i>nothing" not in html
+    assert "25.0%" in html and "[0.0%, 75.0%]" in html
+    assert "tokens_per_case 1235  [no CI: one case]" in text and "| tokens_per_case | 1235 [no CI: one case] |" in markdown
+    assert "broken n/a: metric broken raised KeyError: 'x'" in text and "n/a: metric broken raised KeyError" in html
+    # pass@1 is the headline's, not repeated; the figures agree: percentages everywhere.
+    assert [line for line in text.splitlines() if line.startswith("pass@1 ")] == [
+        f"pass@1 {100 * run['pass_at_k']['1']:.1f}%  95% CI [{100 * run['pass_at_1_ci'][0]:.1f}%,"
+        f" {100 * run['pass_at_1_ci'][1]:.1f}%]  SE {100 * run['pass_at_1_se']:.1f}%"]
+    # A metric that does not apply (no scores in these samples: no mean score) is not shown.
+    assert run["metrics"]["mean_score"] == {"value": None, "ci": None, "percent": True}
+    assert "mean_score" not in text and "mean_score" not in markdown and "mean_score" not in html
+    run["metrics"]["mean_score"] = {"value": 0.5, "ci": [0.25, 0.75], "percent": True}
+    assert "mean_score 50.0%  [25.0%, 75.0%]" in _summary_text(run)

@@ -142,7 +142,7 @@ def test_runs_stored_before_output_keys_still_show_report_and_gate(tmp_path, mon
     assert main(["runs", "show", "old-base", "--json"]) == 0  # a reader migrates the file first
     assert json.loads(capsys.readouterr().out) == rounded(summaries["old-base"])
     assert main(["runs", "show", "old-new"]) == 0
-    assert "pass@1 0.333" in capsys.readouterr().out
+    assert "pass@1 33.3%" in capsys.readouterr().out
     assert main(["gate", "old-new", "--baseline", "old-base", "--json"]) in (0, 1)
     assert json.loads(capsys.readouterr().out)["shared_cases"] == 1
     assert main(["report", "old-new", "--out", str(tmp_path / "r.html")]) == 0

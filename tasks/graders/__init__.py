@@ -1,6 +1,7 @@
 """Graders: one total entry point, `grade(output, case) -> Verdict`, dispatching on kind.
 
-A grader module registers its function with `@register(kind, version)`. `grade` never
+A grader module registers its function with `@tasks.registry.grader(kind, params=...)`,
+as a plugin's does (importing this package registers the built-in ones). `grade` never
 raises: an exception anywhere becomes `Verdict(status=error)` with the exception type,
 message and a short traceback in `detail`. After the kind's grader, the case's
 `safety.forbidden_patterns` are applied to the output; they add to `Verdict.safety` and
@@ -13,58 +14,22 @@ import importlib
 import inspect
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from tasks.graders.safety import output_violations
 from tasks.models import EvalCase, InputError, Status, Verdict, canonical_json, sha256_hex
-from tasks.params import GRADER_PARAMS
-
-GraderFn = Callable[[str, EvalCase, dict], Verdict]
-
-
-@dataclass(frozen=True)
-class _Entry:
-    fn: GraderFn
-    version: str
-    # Extra content a grader's result depends on beyond the case (e.g. a predicate's file).
-    fingerprint: Callable[[EvalCase], Any] | None
-
-
-_REGISTRY: dict[str, _Entry] = {}
-
-
-def register(
-    kind: str, version: str = "1", *, fingerprint: Callable[[EvalCase], Any] | None = None
-) -> Callable[[GraderFn], GraderFn]:
-    """Decorator: make `fn` the grader for `kind`. `version` is the grader code version,
-    part of `grader_fingerprint`; `fingerprint(case)` may add JSON-able content the verdict
-    depends on (it must not raise for a well-formed case)."""
-
-    if kind not in GRADER_PARAMS:  # the kinds, and their parameters, are listed in one place
-        raise ValueError(f"grader kind {kind!r} has no parameter model in tasks.params")
-
-    def decorate(fn: GraderFn) -> GraderFn:
-        _REGISTRY[kind] = _Entry(fn=fn, version=version, fingerprint=fingerprint)
-        return fn
-
-    return decorate
-
-
-def registered_kinds() -> frozenset[str]:
-    return frozenset(_REGISTRY)
+from tasks.registry import grader_spec
 
 
 def grade(output: str, case: EvalCase, trace: dict | None = None) -> Verdict:
     """Grade one output. Total: never raises (KeyboardInterrupt aside), never hangs past
     the grader's own timeout."""
     trace = {} if trace is None else trace
-    try:
-        verdict = _dispatch(output, case, trace)
-    except (Exception, SystemExit) as exc:
-        verdict = error_verdict(exc, f"{case.kind} grader raised")
+    verdict = _total(output, case, trace)
+    if case.extra_graders:
+        verdict = verdict.with_safety(_grade_extra(output, case, trace))
     try:
         violations = output_violations(output, case.safety) if isinstance(output, str) else []
     except Exception as exc:
@@ -73,13 +38,39 @@ def grade(output: str, case: EvalCase, trace: dict | None = None) -> Verdict:
     return verdict.with_safety(violations)
 
 
+def _total(output: str, case: EvalCase, trace: dict) -> Verdict:
+    try:
+        return _dispatch(output, case, trace)
+    except (Exception, SystemExit) as exc:
+        return error_verdict(exc, f"{case.kind} grader raised")
+
+
+def _grade_extra(output: str, case: EvalCase, trace: dict) -> list[str]:
+    """Each of the case's `extra_graders` grades the output (totally, as the deciding one
+    does): its verdict, and what it traced, go to `trace["extra_graders"]`, in order. They
+    never change `passed`; their safety violations are the sample's."""
+    found, safety = [], []
+    for grader in case.extra_graders:
+        own: dict = {}
+        verdict = _total(output, _graded_by(grader, case), own)
+        found.append({"kind": grader["kind"], **verdict.model_dump(mode="json"), **({"trace": own} if own else {})})
+        safety.extend(verdict.safety)
+    trace["extra_graders"] = found
+    return safety
+
+
+def _graded_by(grader: dict[str, Any], case: EvalCase) -> EvalCase:
+    """The case as one of its extra graders sees it: that grader's, and no others."""
+    return case.model_copy(update={"grader": grader, "extra_graders": ()})
+
+
 def _dispatch(output: str, case: EvalCase, trace: dict) -> Verdict:
     if not isinstance(output, str):
         return Verdict.fail(Status.error, f"output is {type(output).__name__}, not str")
-    entry = _REGISTRY.get(case.kind)
+    entry = grader_spec(case.kind)
     if entry is None:
         return Verdict.fail(Status.error, f"no grader registered for kind {case.kind!r}")
-    verdict = entry.fn(output, case, trace)
+    verdict = entry(output, case, trace)
     if not isinstance(verdict, Verdict):
         return Verdict.fail(
             Status.error, f"{case.kind} grader returned {type(verdict).__name__}, not a Verdict"
@@ -98,8 +89,9 @@ def error_verdict(exc: BaseException, what: str) -> Verdict:
 
 def grader_fingerprint(case: EvalCase) -> str:
     """sha256 of what a verdict depends on besides the output: kind, parameters,
-    reference, the registered version and the grader module's source."""
-    entry = _REGISTRY.get(case.kind)
+    reference, the registered version and the grader module's source (a plugin's too, so
+    its cached verdicts are graded again when its code changes)."""
+    entry = grader_spec(case.kind)
     content: dict[str, Any] = {
         "kind": case.kind,
         "grader": case.grader,
@@ -112,11 +104,15 @@ def grader_fingerprint(case: EvalCase) -> str:
             content["extra"] = entry.fingerprint(case)
         except Exception as exc:  # grading will report it; the key just has to be stable
             content["extra"] = f"unavailable: {type(exc).__name__}: {exc}"
+    if case.extra_graders:  # absent without them: the keys of stored verdicts stay valid
+        content["extra_graders"] = [
+            grader_fingerprint(_graded_by(g, case)) for g in case.extra_graders
+        ]
     return sha256_hex(canonical_json(content))
 
 
 @lru_cache(maxsize=64)
-def _source_hash(fn: GraderFn) -> str:
+def _source_hash(fn: Callable) -> str:
     return file_hash(inspect.getsourcefile(fn) or "")
 
 

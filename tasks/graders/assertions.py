@@ -15,9 +15,10 @@ from fractions import Fraction
 from typing import Any
 
 from tasks.fences import fenced_body
-from tasks.graders import register
 from tasks.graders.safety import compile_pattern
 from tasks.models import EvalCase, InputError, Status, Verdict, canonical_json
+from tasks.params import ContainsParams, ExactParams, JsonParams, NumericParams, RegexParams
+from tasks.registry import grader
 
 
 def _verdict(ok: bool, detail: str) -> Verdict:
@@ -40,26 +41,26 @@ def normalize_text(text: str) -> str:
     return " ".join(text.split()).casefold()
 
 
-@register("exact")
-def exact(output: str, case: EvalCase, trace: dict) -> Verdict:
+@grader("exact", params=ExactParams)
+def exact(output: str, case: EvalCase, params: ExactParams) -> Verdict:
     ref = _reference_text(case)
-    if case.params.normalize:
+    if params.normalize:
         output, ref = normalize_text(output), normalize_text(ref)
     return _verdict(output == ref, f"expected {_preview(ref)}, got {_preview(output)}")
 
 
-@register("contains")
-def contains(output: str, case: EvalCase, trace: dict) -> Verdict:
+@grader("contains", params=ContainsParams)
+def contains(output: str, case: EvalCase, params: ContainsParams) -> Verdict:
     ref = _reference_text(case)
-    if not case.params.case_sensitive:
+    if not params.case_sensitive:
         output, ref = output.casefold(), ref.casefold()
     found = ref in output
     return _verdict(found, f"{_preview(ref)} {'found' if found else 'not found'} in output")
 
 
-@register("regex")
-def regex(output: str, case: EvalCase, trace: dict) -> Verdict:
-    pattern, full = case.params.pattern, case.params.fullmatch
+@grader("regex", params=RegexParams)
+def regex(output: str, case: EvalCase, params: RegexParams) -> Verdict:
+    pattern, full = params.pattern, params.fullmatch
     rx = compile_pattern(pattern, f"case {case.id!r}: grader.pattern")
     hit = rx.fullmatch(output) if full else rx.search(output)
     how = "fully matches" if full else "matches"
@@ -114,10 +115,10 @@ def _reference_number(case: EvalCase) -> float:
     raise InputError(f"case {case.id!r}: numeric grader needs a number reference, got {ref!r}")
 
 
-@register("numeric")
-def numeric(output: str, case: EvalCase, trace: dict) -> Verdict:
+@grader("numeric", params=NumericParams)
+def numeric(output: str, case: EvalCase, params: NumericParams, *, trace: dict) -> Verdict:
     ref = _reference_number(case)
-    abs_tol, rel_tol = case.params.abs_tol, case.params.rel_tol
+    abs_tol, rel_tol = params.abs_tol, params.rel_tol
     got = parse_number(output)
     trace.setdefault("grader_steps", []).append({"numeric": {"parsed": got, "reference": ref}})
     if got is None:
@@ -145,10 +146,10 @@ def parse_json(output: str) -> Any:
         raise ValueError("nested too deeply") from None
 
 
-@register("json")
-def json_grader(output: str, case: EvalCase, trace: dict) -> Verdict:
+@grader("json", params=JsonParams)
+def json_grader(output: str, case: EvalCase, params: JsonParams) -> Verdict:
     ref = case.reference
-    fields = case.params.fields
+    fields = params.fields
     if fields is not None and (not isinstance(ref, dict) or set(fields) - set(ref)):
         raise InputError(
             f"case {case.id!r}: grader.fields must all be keys of the reference object"

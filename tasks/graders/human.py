@@ -9,8 +9,9 @@ through `evalpipe labels import`, which turns each one into a verdict with
 
 from __future__ import annotations
 
-from tasks.graders import register
 from tasks.models import EvalCase, InputError, Status, Verdict
+from tasks.params import HumanParams
+from tasks.registry import grader
 
 PASS_LABELS = frozenset({"pass", "passed", "1", "true", "yes", "y", "good"})
 FAIL_LABELS = frozenset({"fail", "failed", "0", "false", "no", "n", "bad"})
@@ -35,8 +36,8 @@ def label_verdict(passed: bool, labeller: str, note: str = "") -> Verdict:
     return Verdict.ok(detail) if passed else Verdict.fail(Status.failed, detail)
 
 
-@register("human", version="1")
-def human(output: str, case: EvalCase, trace: dict) -> Verdict:
+@grader("human", params=HumanParams, oracle=False)
+def human(output: str, case: EvalCase, params: HumanParams) -> Verdict:
     return Verdict.fail(
         Status.error, "awaiting a human label: `evalpipe labels export RUN`, then `labels import`"
     )

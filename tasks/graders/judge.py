@@ -33,7 +33,6 @@ from tasks.agents import PROMPT_FIELDS, AgentError, call_user_code
 from tasks.agents.openai_client import EndpointError, OpenAIClient
 from tasks.callables import load_callable
 from tasks.fences import strip_fence_ends
-from tasks.graders import register
 from tasks.models import (
     EvalCase,
     InputError,
@@ -43,7 +42,9 @@ from tasks.models import (
     content_seed,
     sha256_hex,
 )
+from tasks.params import JudgeParams
 from tasks.redaction import redact
+from tasks.registry import grader
 
 Preference = Literal["first", "second", "tie"]
 
@@ -391,8 +392,8 @@ def _fingerprint(case: EvalCase) -> str:
     return case_judge(case).fingerprint
 
 
-@register("judge", version="1", fingerprint=_fingerprint)
-def judge(output: str, case: EvalCase, trace: dict) -> Verdict:
+@grader("judge", params=JudgeParams, oracle=False, fingerprint=_fingerprint)
+def judge(output: str, case: EvalCase, params: JudgeParams, *, trace: dict) -> Verdict:
     j = case_judge(case)
     trace["judge"] = {"spec": j.spec, "fingerprint": j.fingerprint}
     if not output.strip():

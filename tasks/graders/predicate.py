@@ -16,8 +16,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tasks.callables import source_dirs
-from tasks.graders import error_verdict, register
+from tasks.graders import error_verdict
 from tasks.models import EvalCase, InputError, Status, Verdict
+from tasks.params import PredicateParams
+from tasks.registry import grader
 from tasks.sandbox import SandboxError, ServerDied, call_in_sandbox
 
 
@@ -33,9 +35,9 @@ def _code_hash(case: EvalCase) -> str:
     return _call(case, {"op": "hash"})["code_sha256"]
 
 
-@register("predicate", fingerprint=_code_hash)
-def predicate(output: str, case: EvalCase, trace: dict) -> Verdict:
-    ref = case.params.function
+@grader("predicate", params=PredicateParams, runs_code=True, fingerprint=_code_hash)
+def predicate(output: str, case: EvalCase, params: PredicateParams) -> Verdict:
+    ref = params.function
     try:
         reply = _call(case, {"output": output, "case": case.model_dump(mode="json")})
     except ServerDied as exc:

@@ -14,15 +14,17 @@ started, or bubblewrap is missing and the run did not allow running without it),
 
 from __future__ import annotations
 
-from tasks.graders import file_hash, register
+from tasks.graders import file_hash
 from tasks.models import EvalCase, InputError, Status, Verdict
+from tasks.params import PythonTestsParams
+from tasks.registry import grader
 from tasks.sandbox import Limits, SandboxError, ServerDied, SplitProgram, run_python_program
 
 _TAIL = 2000
 
 
-def _limits(case: EvalCase) -> Limits:
-    return Limits(timeout_s=case.params.timeout_s, memory_mb=case.params.memory_mb)
+def _limits(params: PythonTestsParams) -> Limits:
+    return Limits(timeout_s=params.timeout_s, memory_mb=params.memory_mb)
 
 
 def build_program(output: str, case: EvalCase) -> SplitProgram:
@@ -46,9 +48,9 @@ def _sandbox_code(case: EvalCase) -> list[str]:
     return [file_hash(tasks.sandbox.servers.__file__), file_hash(tasks.sandbox.forkserver.__file__)]
 
 
-@register("python_tests", fingerprint=_sandbox_code)
-def python_tests(output: str, case: EvalCase, trace: dict) -> Verdict:
-    limits = _limits(case)
+@grader("python_tests", params=PythonTestsParams, runs_code=True, fingerprint=_sandbox_code)
+def python_tests(output: str, case: EvalCase, params: PythonTestsParams, *, trace: dict) -> Verdict:
+    limits = _limits(params)
     program = build_program(output, case)
     if not output.strip():
         return Verdict.fail(Status.empty, "empty output: nothing to run")

@@ -27,10 +27,11 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.graders import register
 from tasks.graders.junit import PASSED, JUnitError, parse_junit
 from tasks.graders.safety import path_violations
 from tasks.models import EvalCase, InputError, Status, Verdict
+from tasks.params import RepoTestsParams
+from tasks.registry import grader
 from tasks.repos.environments import (
     Environment,
     EnvironmentFailed,
@@ -160,8 +161,19 @@ class _Clock:
             self.timings[step] = self.timings.get(step, 0.0) + time.perf_counter() - start
 
 
-@register("repo_tests", version="1")
-def grade_repo_tests(output: str, case: EvalCase, trace: dict) -> Verdict:
+def grade_base(case: EvalCase, trace: dict | None = None) -> Verdict:
+    """The tests at the base commit with no candidate edit. `suite validate` expects this
+    to fail: a FAIL_TO_PASS test that already passes makes the case vacuous."""
+    trace = {} if trace is None else trace
+    params = parse_params(case)
+    clock = _Clock(trace)
+    with checkout(params.repo, params.base_commit) as tree:
+        return _test_tree(tree, params, {}, trace, clock)
+
+
+@grader("repo_tests", params=RepoTestsParams, runs_code=True, baseline=grade_base)
+def grade_repo_tests(output: str, case: EvalCase, typed: RepoTestsParams, *, trace: dict) -> Verdict:
+    # `parse_params` completes the typed parameters with what resolves against the case.
     if not output.strip():
         return Verdict.fail(Status.empty, "empty output")
     try:
@@ -177,16 +189,6 @@ def grade_repo_tests(output: str, case: EvalCase, trace: dict) -> Verdict:
             return _grade_tree(tree, output, params, case, trace, clock)
     except RepoError as exc:
         return Verdict.fail(Status.error, f"checkout failed: {exc}")
-
-
-def grade_base(case: EvalCase, trace: dict | None = None) -> Verdict:
-    """The tests at the base commit with no candidate edit. `suite validate` expects this
-    to fail: a FAIL_TO_PASS test that already passes makes the case vacuous."""
-    trace = {} if trace is None else trace
-    params = parse_params(case)
-    clock = _Clock(trace)
-    with checkout(params.repo, params.base_commit) as tree:
-        return _test_tree(tree, params, {}, trace, clock)
 
 
 def _grade_tree(

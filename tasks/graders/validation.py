@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from tasks.agents import reference_text
 from tasks.graders import error_verdict, grade
 from tasks.models import EvalCase, Verdict
+from tasks.registry import grader_spec
 
 
 @dataclass(frozen=True)
@@ -49,14 +50,14 @@ def check_case(case: EvalCase, reps: int) -> CaseCheck:
 
 
 def _do_nothing(case: EvalCase) -> Verdict:
-    """Grade "no change": the empty output, or for a repository case the tests at the base
-    commit (an empty patch is `empty` before any test runs, which would prove nothing)."""
-    if case.kind != "repo_tests":
+    """Grade "no change": the empty output, or the kind's registered baseline where that
+    would prove nothing (for a repository case, the tests at the base commit: an empty patch
+    is `empty` before any test runs)."""
+    spec = grader_spec(case.kind)
+    if spec is None or spec.baseline is None:
         return grade("", case)
-    from tasks.graders.repo_tests import grade_base
-
     try:
-        return grade_base(case)
+        return spec.baseline(case)
     except Exception as exc:  # noqa: BLE001 - validation reports, it does not crash
         return error_verdict(exc, "tests at the base commit")
 

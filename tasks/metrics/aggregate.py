@@ -25,6 +25,7 @@ from tasks.metrics.stats import (
     pass_hat_k,
     standard_error,
 )
+from tasks.metrics.tallies import Tallies, metric_values
 from tasks.models import InputError
 
 ALL_SLICE = "__all__"  # the overall slice's name in the `aggregates` table
@@ -84,6 +85,8 @@ class Aggregate:
     flaky_case_ids: tuple[str, ...]
     status_counts: dict[str, int]
     safety_violations: tuple[dict[str, Any], ...]
+    # Every registered metric (tasks.registry): {name: {value, ci, percent[, error]}}.
+    metrics: dict[str, dict[str, Any]]
 
     @property
     def safety_failed(self) -> bool:
@@ -123,6 +126,7 @@ class Aggregate:
             "status_counts": dict(self.status_counts),
             "safety_failed": self.safety_failed,
             "safety_violations": [dict(v) for v in self.safety_violations],
+            "metrics": {name: dict(doc) for name, doc in self.metrics.items()},
         }
 
     def rows(self) -> list[Row]:
@@ -172,7 +176,8 @@ def aggregate(
     boot = {"seed": seed, "n_boot": n_boot, "level": level}
     per_case = {k: pass_at_k(n, c, k) if k <= n.min() else None for k in ks}
     hat = {k: pass_hat_k(n, c, k) if k <= n.min() else None for k in ks}
-    scores = _case_scores(samples, case_index, n)
+    tallies = Tallies.of_samples(case_ids, case_index, n, c, _sample_scores(samples))
+    scores = tallies.mean_scores
     overall = _metrics(per_case, hat, scores, np.arange(len(case_ids)), **boot)
     slices = {
         name: _metrics(per_case, hat, scores, members, **boot)
@@ -191,6 +196,7 @@ def aggregate(
         flaky_case_ids=tuple(np.asarray(case_ids, dtype=object)[flaky]),
         status_counts=_status_counts(samples["status"]),
         safety_violations=_safety_violations(samples),
+        metrics=metric_values(tallies, **boot),
     )
 
 
@@ -234,13 +240,12 @@ def _slice_members(
     }
 
 
-def _case_scores(samples: pa.Table, case_index: NDArray[np.int64], n: NDArray[np.int64]) -> NDArray[np.float64] | None:
-    """Each case's mean score over its samples (a missing score counts as 0), or None when the
-    samples carry no score column."""
+def _sample_scores(samples: pa.Table) -> NDArray[np.float64] | None:
+    """Each sample's score (a missing score counts as 0), or None when the samples carry no
+    score column."""
     if "score" not in samples.column_names:
         return None
-    score = pc.fill_null(samples["score"], 0.0).to_numpy(zero_copy_only=False).astype(np.float64)
-    return np.bincount(case_index, weights=score, minlength=n.size) / n
+    return pc.fill_null(samples["score"], 0.0).to_numpy(zero_copy_only=False).astype(np.float64)
 
 
 def _metrics(

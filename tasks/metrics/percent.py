@@ -25,3 +25,15 @@ def with_ci(doc: Mapping[str, Any], key: str) -> str:
         return "n/a"
     fmt = (lambda x: f"{x:.3f}") if key == "kappa" else percent
     return fmt(value) + (f" [{fmt(ci[0])}, {fmt(ci[1])}]" if ci else "")
+
+
+def figure(value: float | None, as_percent: bool = True, none: str = "n/a") -> str:
+    """A reported figure: a fraction as a percentage, any other number to 4 significant digits."""
+    if value is None:
+        return none
+    return percent(value) if as_percent else f"{value:.4g}"
+
+
+def ci_text(ci: list[float] | tuple[float, float] | None, as_percent: bool = True) -> str:
+    """A CI as every renderer writes it; a figure over one case has none."""
+    return "[no CI: one case]" if ci is None else f"[{figure(ci[0], as_percent)}, {figure(ci[1], as_percent)}]"

@@ -18,6 +18,7 @@ from typing import Any
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
 from tasks.metrics.percent import percent, signed_points, with_ci
+from tasks.report.figures import metric_rows
 from tasks.report.trajectory import steps_text
 from tasks.run import RunSummary
 from tasks.run.usage import USAGE_COLUMNS, usage_rows
@@ -76,6 +77,7 @@ def render_report(
         pass_at_1=_pass_at_1(run),
         other_ks=[(k, v, run.pass_at_k_notes.get(k, "")) for k, v in _sorted_ks(run.pass_at_k) if k != "1"],
         hat_ks=[(k, v) for k, v in _sorted_ks(run.pass_hat_k or {}) if k != "1"],
+        metric_cards=metric_rows(run),
         passk=_passk_chart(run, base),
         slice_bars=_slice_chart(run, base),
         status_bars=_status_chart(run.status_counts),
@@ -123,8 +125,8 @@ def summary_markdown(
     for k, value in _sorted_ks(run.pass_hat_k or {}):
         if k != "1":
             lines.append(f"| pass^{k} (all {k} pass) | {percent(value, none='n/a')} |")
-    if run.mean_score is not None:
-        lines.append(f"| mean score | {percent(run.mean_score)} {_ci(run.mean_score_ci)} |")
+    for name, value, ci in metric_rows(run):
+        lines.append(f"| {_md_cell(name)} | {_md_cell(value)} {ci} |")
     lines.append(f"| pass@1 SE | {percent(run.pass_at_1_se)} |")
     statuses = ", ".join(f"{s} {c}" for s, c in run.status_counts.items())
     lines.append(f"| statuses | {statuses} |")

@@ -33,6 +33,17 @@ class SliceSummary(_Doc):
     mean_score_ci: list[float] | None = None
 
 
+class MetricSummary(_Doc):
+    """A registered metric's figure (tasks.registry): its value with a CI clustered by case
+    (None for one case), whether it is a fraction (shown as a percentage), and why it has no
+    value if its function failed."""
+
+    value: float | None
+    ci: list[float] | None
+    percent: bool = True
+    error: str | None = None
+
+
 class SafetyViolation(_Doc):
     case_id: str
     sample_index: int
@@ -112,6 +123,8 @@ class RunSummary(_Doc):
     budget: BudgetSummary | None = None
     unscored: list[str] | None = None
     sequential: dict[str, Any] | None = None  # `run --sequential`: the stop and the looks (flows.sequential)
+    # Every registered metric by name; absent from summaries stored before metrics were registered.
+    metrics: dict[str, MetricSummary] | None = None
 
     @classmethod
     def read(cls, doc: RunSummary | Mapping[str, Any]) -> RunSummary:
@@ -131,13 +144,16 @@ class RunSummary(_Doc):
         for key in _OPTIONAL_KEYS:
             if doc[key] is None:
                 del doc[key]
+        for figure in (doc.get("metrics") or {}).values():
+            if figure["error"] is None:
+                del figure["error"]
         return doc
 
 
 # Absent from the document when they do not apply (`flow_run_id` and `duration_s` are always there).
 _OPTIONAL_KEYS = ("env_flaky_samples", "gate", "no_baseline", "source_run", "labeller", "labelled", "unlabelled", "sandbox",
                   "agent_steps", "usage", "partial", "undrawn_samples", "budget", "unscored",
-                  "sequential")
+                  "sequential", "metrics")
 
 
 def summary_columns(spec: RunSpec) -> tuple[str, ...]:

@@ -28,7 +28,6 @@ the run allowed it (`--unsafe-no-sandbox`); otherwise `SandboxUnavailable` is ra
 from tasks.sandbox.limits import Limits, SandboxError, SandboxResult, SandboxUnavailable, ServerDied
 from tasks.sandbox.namespace import Mounts
 from tasks.sandbox.policy import (
-    CODE_KINDS,
     UNSAFE_NOTE,
     allowing_unsafe,
     bwrap_available,
@@ -44,7 +43,7 @@ from tasks.sandbox.servers import (
 )
 
 __all__ = [
-    "CODE_KINDS", "ForkServer", "Limits", "Mounts", "PidsCgroup", "SandboxError", "SandboxResult",
+    "ForkServer", "Limits", "Mounts", "PidsCgroup", "SandboxError", "SandboxResult",
     "SandboxUnavailable", "ServerDied", "SplitProgram", "UNSAFE_NOTE", "allowing_unsafe", "bwrap_available",
     "call_in_sandbox", "kill_until_gone", "run_command", "run_python", "run_python_program", "run_sandbox_mode",
     "shutdown",

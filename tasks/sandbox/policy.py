@@ -12,6 +12,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from functools import lru_cache
 
+from tasks.registry import runs_code
 from tasks.sandbox import seccomp
 from tasks.sandbox.limits import Limits, SandboxUnavailable
 from tasks.sandbox.namespace import BWRAP, bwrap_argv
@@ -23,8 +24,6 @@ log = logging.getLogger("tasks.sandbox")
 MODE_ENV = "EVALPIPE_SANDBOX"
 # "1": a run given --unsafe-no-sandbox; in the environment so process/Dask workers see it.
 UNSAFE_ENV = "EVALPIPE_UNSAFE_NO_SANDBOX"
-# Grader kinds that run code a run does not trust: a suite with one needs the sandbox.
-CODE_KINDS = frozenset({"python_tests", "repo_tests", "predicate"})
 # What every summary, report and artifact of such a run says about it.
 UNSAFE_NOTE = ("run with --unsafe-no-sandbox and no bubblewrap: the suite's code ran unprotected "
                "(it could read the harness's environment and files, and signal it)")
@@ -107,7 +106,8 @@ def run_sandbox_mode(kinds: Iterable[str], unsafe: bool) -> str:
         return "bwrap"
     if unsafe or unsafe_allowed():
         return "unsafe-no-sandbox"
-    needing = sorted(CODE_KINDS.intersection(kinds))
+    # Kinds registered with runs_code (they run code a run does not trust) need the sandbox.
+    needing = sorted(kind for kind in set(kinds) if runs_code(kind))
     if not needing:
         return "not-needed"
     raise SandboxUnavailable(f"the suite has {'/'.join(needing)} cases, but {_refusal()}")

@@ -137,9 +137,10 @@ def _build_case(raw: Any, defaults: dict[str, Any], where: str) -> EvalCase:
     if "grader_defaults" in defaults:
         # A default applies to the kinds that take it (a suite-wide `timeout_s` is not
         # an unknown key of its `exact` cases).
-        kind_keys = parameter_names(data["grader"].get("kind"))
-        applicable = {k: v for k, v in defaults["grader_defaults"].items() if kind_keys is None or k in kind_keys}
-        data["grader"] = {**applicable, **data["grader"]}
+        data["grader"] = _with_defaults(data["grader"], defaults["grader_defaults"])
+        if isinstance(data.get("extra_graders"), list):
+            data["extra_graders"] = [_with_defaults(g, defaults["grader_defaults"]) if isinstance(g, dict) else g
+                                     for g in data["extra_graders"]]
     if "safety" in defaults and "safety" not in data:
         data["safety"] = defaults["safety"]
     try:
@@ -153,6 +154,11 @@ def _build_case(raw: Any, defaults: dict[str, Any], where: str) -> EvalCase:
         msg = err["msg"].removeprefix("Value error, ")
         # Grader parameter messages name their own field (grader.KEY).
         raise SuiteError(f"{where}: {msg}" if msg.startswith(f"{field}.") else f"{where}: {field}: {msg}") from None
+
+
+def _with_defaults(grader: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    kind_keys = parameter_names(grader.get("kind"))
+    return {**{k: v for k, v in defaults.items() if kind_keys is None or k in kind_keys}, **grader}
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,226 @@
+"""The registry of grader kinds and metrics: `from tasks.registry import grader, metric`.
+
+A grader kind is one decorated function, `fn(output, case, params) -> Verdict`:
+
+    @grader("word_count", params=WordCountParams, runs_code=False)
+    def word_count(output: str, case: EvalCase, params: WordCountParams) -> Verdict: ...
+
+Its parameter model checks a suite's cases when the suite loads (exit 2 naming the case and
+field), `tasks.graders.grade` makes it total (an exception is an `error` verdict),
+`runs_code=True` makes a run refuse without bubblewrap (unless it allows running unprotected),
+and its `version`, its module's source and `fingerprint(case)` key the cached verdicts. A
+grader that declares a keyword parameter `trace` is given the sample's trace dict to record
+what it did in (docs/graders.md lists the keys the built-in graders write).
+
+A metric is `fn(tallies) -> float` over one `tasks.metrics.tallies.Tally` per case (`.n`,
+`.passes`, `.scores`); with `per_case=True`, `fn(tallies)` returns one value per case and the
+metric is their mean. Either way the run reports its value with a CI clustered by case
+(`tasks.metrics.tallies.metric_values`), in `run --json` under `metrics`.
+
+The built-in graders and metrics register the way plugins do, imported by name on first
+use (so this bottom layer imports no stage above it); then the modules of the entry-point
+group `evalpipe.plugins` and of `EVALPIPE_PLUGINS` (module names or paths of `.py` files,
+comma-separated). A plugin that fails to import is an `InputError` naming it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import importlib.util
+import inspect
+import os
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tasks.errors import InputError
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+# `tasks.models.EvalCase` and `Verdict`, named loosely: the models import this module.
+EvalCase = Verdict = Any
+
+PLUGIN_GROUP = "evalpipe.plugins"
+PLUGINS_ENV = "EVALPIPE_PLUGINS"
+BUILTIN_GRADERS = "tasks.graders"
+BUILTIN_METRICS = "tasks.metrics.standard"
+
+
+@dataclass(frozen=True)
+class GraderSpec:
+    kind: str
+    fn: Callable[..., Verdict]
+    params: type[BaseModel]
+    runs_code: bool  # runs candidate code: in the sandbox, and a run without one refuses
+    version: str  # part of the grading fingerprint, with the source of `fn`'s module
+    # Extra content a verdict depends on beyond the case (e.g. a predicate's file).
+    fingerprint: Callable[[EvalCase], Any] | None
+    # Its verdict is checked, not an opinion: what a judge may be calibrated against.
+    oracle: bool
+    # What "no change" grades as, where grading the empty output would prove nothing
+    # (`suite validate`'s vacuity check; repo_tests runs the tests at the base commit).
+    baseline: Callable[[EvalCase], Verdict] | None
+    takes_trace: bool
+
+    def __call__(self, output: str, case: EvalCase, trace: dict) -> Verdict:
+        if self.takes_trace:
+            return self.fn(output, case, case.params, trace=trace)
+        return self.fn(output, case, case.params)
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    name: str
+    fn: Callable[[Any], Any]
+    per_case: bool  # fn returns one value per case; the metric is their mean
+    percent: bool  # a fraction, shown as a percentage (else as a plain number)
+
+
+_GRADERS: dict[str, GraderSpec] = {}
+_METRICS: dict[str, MetricSpec] = {}
+_LOCK = threading.RLock()
+_LOADED: set[str] = set()
+_PLUGIN_FAILURE: list[InputError] = []
+
+
+def grader(
+    kind: str,
+    *,
+    params: type[BaseModel],
+    runs_code: bool = False,
+    version: str = "1",
+    fingerprint: Callable[[EvalCase], Any] | None = None,
+    oracle: bool = True,
+    baseline: Callable[[EvalCase], Verdict] | None = None,
+) -> Callable[[Callable[..., Verdict]], Callable[..., Verdict]]:
+    """Decorator: `fn(output, case, params[, trace=...]) -> Verdict` grades cases of `kind`,
+    whose grader parameters `params` (a pydantic model, best with `extra="forbid"`) checks."""
+    if not isinstance(kind, str) or not kind or kind != kind.strip():
+        raise ValueError(f"grader kind must be a non-empty name, got {kind!r}")
+    if not (inspect.isclass(params) and hasattr(params, "model_validate")):
+        raise ValueError(f"grader {kind!r}: params must be a pydantic model class, got {params!r}")
+
+    def decorate(fn: Callable[..., Verdict]) -> Callable[..., Verdict]:
+        takes_trace = "trace" in inspect.signature(fn).parameters
+        spec = GraderSpec(kind, fn, params, bool(runs_code), str(version), fingerprint, oracle, baseline, takes_trace)
+        _add(_GRADERS, "grader kind", kind, spec)
+        return fn
+
+    return decorate
+
+
+def metric(name: str, *, per_case: bool = False, percent: bool = True) -> Callable[[Callable], Callable]:
+    """Decorator: `fn(tallies)` is the metric `name` (see the module's docstring)."""
+    if not isinstance(name, str) or not name or name != name.strip():
+        raise ValueError(f"metric name must be a non-empty name, got {name!r}")
+
+    def decorate(fn: Callable) -> Callable:
+        _add(_METRICS, "metric", name, MetricSpec(name, fn, per_case, percent))
+        return fn
+
+    return decorate
+
+
+def _add(table: dict[str, Any], what: str, name: str, spec: GraderSpec | MetricSpec) -> None:
+    with _LOCK:
+        old = table.get(name)
+        # The same function registering again (its module reloaded) replaces itself.
+        if old is not None and _origin(old.fn) != _origin(spec.fn):
+            raise ValueError(f"{what} {name!r} is already registered by {_origin(old.fn)}")
+        table[name] = spec
+
+
+def _origin(fn: Callable) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}"
+
+
+def grader_spec(kind: str) -> GraderSpec | None:
+    """The registered grader of `kind`, or None; loads the built-ins, then the plugins, when
+    the kind is not known yet."""
+    if kind not in _GRADERS:
+        _load_builtin(BUILTIN_GRADERS)
+    if kind not in _GRADERS:
+        load_plugins()
+    return _GRADERS.get(kind)
+
+
+def grader_kinds() -> frozenset[str]:
+    _load_builtin(BUILTIN_GRADERS)
+    load_plugins()
+    return frozenset(_GRADERS)
+
+
+def runs_code(kind: str) -> bool:
+    spec = grader_spec(kind)
+    return spec is not None and spec.runs_code
+
+
+def metrics() -> dict[str, MetricSpec]:
+    """Every registered metric by name, the built-ins first."""
+    _load_builtin(BUILTIN_METRICS)
+    load_plugins()
+    return dict(_METRICS)
+
+
+def _load_builtin(module: str) -> None:
+    with _LOCK:
+        if module not in _LOADED:
+            _LOADED.add(module)  # first: a module being imported may look kinds up
+            try:
+                importlib.import_module(module)
+            except BaseException:
+                _LOADED.discard(module)  # a failure is raised again, never a silent gap
+                raise
+
+
+def load_plugins() -> None:
+    """Import the plugin modules, once per process (after the built-ins, so a plugin cannot
+    take a built-in's name). Raises `InputError` naming a plugin that fails to import, on
+    this and every later call."""
+    with _LOCK:
+        if "plugins" not in _LOADED:
+            _load_builtin(BUILTIN_GRADERS)
+            _load_builtin(BUILTIN_METRICS)
+            _LOADED.add("plugins")
+            for what, load in _plugins():
+                try:
+                    load()
+                except (Exception, SystemExit) as exc:  # reported as bad input, one line
+                    message = f"{type(exc).__name__}: {exc}".replace("\n", " ")
+                    _PLUGIN_FAILURE.append(InputError(f"plugin {what} failed to import: {message}"))
+                    break
+        if _PLUGIN_FAILURE:
+            raise _PLUGIN_FAILURE[0]
+
+
+def _plugins() -> list[tuple[str, Callable[[], Any]]]:
+    found: list[tuple[str, Callable[[], Any]]] = [
+        (f"{ep.name} ({ep.value}, entry point)", ep.load)
+        for ep in sorted(importlib.metadata.entry_points(group=PLUGIN_GROUP), key=lambda ep: ep.name)
+    ]
+    for item in filter(None, (part.strip() for part in os.environ.get(PLUGINS_ENV, "").split(","))):
+        if item.endswith(".py"):
+            found.append((f"{item} ({PLUGINS_ENV})", lambda path=item: _import_file(Path(path))))
+        else:
+            found.append((f"{item} ({PLUGINS_ENV})", lambda name=item: importlib.import_module(name)))
+    return found
+
+
+def _import_file(path: Path) -> None:
+    """A plugin given as a file: imported as module `evalpipe_plugin_<stem>`."""
+    if not path.is_file():
+        raise FileNotFoundError(f"no such file {str(path)!r}")
+    name = f"evalpipe_plugin_{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path.resolve())
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
