@@ -166,6 +166,11 @@ def test_an_installed_plugin_grades_and_measures_a_run_end_to_end(plugin_python,
     assert "all_or_nothing 50.0%  [" in shown.stdout
     assert "mean_words_seen 8  [8, 8]" in shown.stdout
     assert "pass@1 50.0%" in shown.stdout
+    # The HTML report shows the plugin's metrics too, formatted alike.
+    report = evalpipe(plugin_python, ["report", doc["run_id"], "--out", str(tmp_path / "r.html")], env, tmp_path)
+    assert report.returncode == 0, report.stderr
+    html = (tmp_path / "r.html").read_text()
+    assert "all_or_nothing" in html and "mean_words_seen" in html and "[8, 8]" in html
 
 
 def test_bad_parameters_of_a_plugin_grader_are_bad_input(plugin_python, tmp_path):

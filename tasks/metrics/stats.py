@@ -7,6 +7,8 @@ are correlated (they share the case's difficulty).
 
 from __future__ import annotations
 
+import hashlib
+import threading
 from typing import overload
 
 import numpy as np
@@ -107,6 +109,25 @@ def bootstrap_mean_ci(
     resample. Otherwise the case indices are drawn directly, in chunks.
     """
     x = np.asarray(values, dtype=np.float64).ravel()
+    # The same figure is asked for twice in a run (a registered metric equal to a headline
+    # key, e.g. mean_score): the interval is a function of its arguments, so keep the last few.
+    key = (hashlib.blake2b(x.tobytes(), digest_size=16).digest(), x.size, seed, n_boot, level)
+    with _RECENT_LOCK:
+        ci = _RECENT_CIS.get(key)
+    if ci is None:
+        ci = _bootstrap_mean_ci(x, seed, n_boot, level)
+        with _RECENT_LOCK:
+            _RECENT_CIS[key] = ci
+            while len(_RECENT_CIS) > 8:
+                del _RECENT_CIS[next(iter(_RECENT_CIS))]
+    return ci
+
+
+_RECENT_CIS: dict[tuple, tuple[float, float]] = {}
+_RECENT_LOCK = threading.Lock()
+
+
+def _bootstrap_mean_ci(x: NDArray[np.float64], seed: int, n_boot: int, level: float) -> tuple[float, float]:
     m = x.size
     if m == 0:
         raise ValueError("bootstrap of an empty set of cases")
