@@ -226,3 +226,36 @@ def test_idle_watch_reads_use_from_the_tcp_table(tmp_path: Path) -> None:
     assert last_use_age(4200, (str(table),)) == pytest.approx(20.0)
     table.write_text(header + listen + closed_20s_ago + row("0100007F:B000", "0100007F:1068", "01"))
     assert last_use_age(4200, (str(table),)) == 0.0
+
+
+def test_the_idle_stop_never_stops_a_server_under_a_command(tmp_path: Path) -> None:
+    """A command holds the server (the use lock, shared) for as long as it runs; the idle
+    stop gives way to it, whatever the TCP table says, and to a start or stop in progress."""
+    import fcntl
+
+    from server.managed import _state_lock, _use_lock, stop_if_unused
+
+    directory = tmp_path / "server"
+    (directory / "prefect").mkdir(parents=True)
+    # A process that passes for the server: its command line names prefect, it leads its group.
+    stand_in = subprocess.Popen(["python3", "-c", "import time; time.sleep(60)", "prefect"], start_new_session=True)
+    try:
+        (directory / "server.json").write_text(json.dumps({"pid": stand_in.pid, "port": 1}))
+        asked: list[bool] = []
+
+        def used_meanwhile() -> bool:
+            asked.append(True)
+            return True
+
+        with _use_lock(directory, fcntl.LOCK_SH):  # a command runs
+            assert stop_if_unused(directory, stand_in.pid, used_meanwhile) is False
+        with _state_lock(directory):  # a start or stop in progress
+            assert stop_if_unused(directory, stand_in.pid, used_meanwhile) is False
+        assert asked == []  # it gave way before looking
+        assert stop_if_unused(directory, stand_in.pid, used_meanwhile) is False and asked == [True]
+        assert stand_in.poll() is None and (directory / "server.json").exists()
+        assert stop_if_unused(directory, stand_in.pid, lambda: False) is True
+        assert stand_in.wait(10) is not None and not (directory / "server.json").exists()
+    finally:
+        stand_in.kill()
+        stand_in.wait()
