@@ -15,10 +15,12 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
+from pathlib import Path
 from typing import Any
 
 from server import local, managed
@@ -47,10 +49,16 @@ def prefect_api(json_mode: bool = False) -> Iterator[Callable[[Any], Any]]:
     server_mode, idle_s = managed.mode(), managed.idle_timeout()
     quiet_prefect()
     logging.disable(logging.NOTSET)  # undo a previous command's exit silence (flows.demo runs several)
-    api_url = _configured_api()
+    # Importing Prefect takes ~2 s, and a server ~6 s to start: when nothing can name an API
+    # but the managed server is to be used, the import runs beside its start.
+    importing = (_in_background(_configured_api)
+                 if server_mode == "managed" and not _may_name_an_api() else None)
+    api_url = None if importing else _configured_api()
     use = nullcontext(None) if api_url else managed.used(start=server_mode == "managed", idle_s=idle_s)
     with use as found:
-        server = found.server if found else None
+        if importing is not None:
+            api_url = importing()  # a setting it could not see before the import still wins
+        server = found.server if found and not api_url else None
         if server is not None:
             api_url = server.api_url
             if found.started:
@@ -66,6 +74,45 @@ def prefect_api(json_mode: bool = False) -> Iterator[Callable[[Any], Any]]:
                 print(f"evalpipe: {hint}", file=sys.stderr, flush=True)
         with _connected(api_url, server, json_mode) as watch:
             yield watch
+
+
+def _may_name_an_api() -> bool:
+    """Whether Prefect's settings might name an API, told without importing Prefect: its
+    environment variables, the profiles file, a prefect.toml, a .env or a pyproject.toml
+    that mention it. It errs on yes (then the import comes first, as before)."""
+    if any(name in os.environ for name in ("PREFECT_API_URL", "PREFECT_PROFILE", "PREFECT_PROFILES_PATH")):
+        return True
+    prefect_home = Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect")
+    for path, mark in ((prefect_home / "profiles.toml", "PREFECT_API_URL"), (Path("prefect.toml"), ""),
+                       (Path(".env"), "PREFECT_"), (Path("pyproject.toml"), "tool.prefect")):
+        try:
+            if mark in path.read_text(errors="replace"):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def _in_background(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """Start `fn` in a thread; the returned call waits for its result (or raises its error)."""
+    outcome: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            outcome["value"] = fn()
+        except BaseException as exc:  # handed to the waiting caller
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=work, name="evalpipe-import-prefect", daemon=True)
+    thread.start()
+
+    def result() -> Any:
+        thread.join()
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["value"]
+
+    return result
 
 
 def _started_line(server: managed.Managed) -> str:
@@ -87,12 +134,21 @@ def _connected(api_url: str, server: managed.Managed | None, json_mode: bool) ->
         os.environ["PREFECT_API_AUTH_STRING"] = server.auth
     import httpx
     from prefect.exceptions import PrefectHTTPStatusError
-    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
+    from prefect.settings import (
+        PREFECT_API_AUTH_STRING,
+        PREFECT_API_URL,
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+        temporary_settings,
+    )
 
-    settings = (temporary_settings(updates={PREFECT_API_URL: api_url, PREFECT_API_AUTH_STRING: server.auth})
-                if server else nullcontext())
+    # No flow run heartbeats from a command: the engine joins their thread, which sleeps in
+    # 1 s steps, at the end of every flow run (0.5 s a run on average), and a run whose
+    # process dies is found `interrupted` by evalpipe itself. Workers keep Prefect's default.
+    updates: dict[Any, Any] = {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
+    if server is not None:
+        updates |= {PREFECT_API_URL: api_url, PREFECT_API_AUTH_STRING: server.auth}
     try:
-        with settings:
+        with temporary_settings(updates=updates):
             yield (lambda flow: flow) if json_mode else _announcing
     except httpx.TransportError as exc:
         if local.healthy(api_url):

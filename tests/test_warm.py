@@ -259,3 +259,24 @@ def test_the_idle_stop_never_stops_a_server_under_a_command(tmp_path: Path) -> N
     finally:
         stand_in.kill()
         stand_in.wait()
+
+
+def test_prefect_is_imported_beside_the_server_start_only_when_nothing_can_name_an_api(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from flows.prefect_api import _may_name_an_api
+
+    for name in ("PREFECT_API_URL", "PREFECT_PROFILE", "PREFECT_PROFILES_PATH"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect-home"))
+    monkeypatch.chdir(tmp_path)
+    assert _may_name_an_api() is False
+    (tmp_path / "prefect-home").mkdir()
+    (tmp_path / "prefect-home" / "profiles.toml").write_text(
+        'active = "work"\n[profiles.work]\nPREFECT_API_URL = "http://127.0.0.1:4300/api"\n')
+    assert _may_name_an_api() is True
+    (tmp_path / "prefect-home" / "profiles.toml").unlink()
+    (tmp_path / "pyproject.toml").write_text('[tool.prefect.api]\nurl = "http://127.0.0.1:4300/api"\n')
+    assert _may_name_an_api() is True
+    (tmp_path / "pyproject.toml").unlink()
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:4300/api")
+    assert _may_name_an_api() is True
