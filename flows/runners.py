@@ -45,7 +45,7 @@ def _api_for_workers(runner: Runner) -> Iterator[None]:
     would boot a server of its own); the forwarding thread reads Prefect's global settings,
     not the caller's context, and without this it recorded the task runs on another
     database (thousands of `FOREIGN KEY constraint failed` tracebacks, task runs missing)."""
-    from prefect.context import refresh_global_settings_context
+    import prefect.context
     from prefect.settings import get_current_settings
 
     if runner == "threads":
@@ -60,14 +60,14 @@ def _api_for_workers(runner: Runner) -> Iterator[None]:
         url = SubprocessASGIServer().api_url
     wanted = {"PREFECT_API_URL": url,
               "PREFECT_API_AUTH_STRING": api.auth_string.get_secret_value() if api.auth_string else None}
-    saved = {name: os.environ.get(name) for name in wanted}
+    saved = {name: os.environ.get(name) for name in wanted}, prefect.context.GLOBAL_SETTINGS_CONTEXT
     _set_environ(wanted)
-    refresh_global_settings_context()
+    prefect.context.refresh_global_settings_context()
     try:
         yield
-    finally:
-        _set_environ(saved)
-        refresh_global_settings_context()
+    finally:  # as it was: a later command in this process chooses its API afresh
+        _set_environ(saved[0])
+        prefect.context.GLOBAL_SETTINGS_CONTEXT = saved[1]
 
 
 def _set_environ(values: dict[str, str | None]) -> None:

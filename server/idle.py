@@ -6,7 +6,8 @@ worker, a UI tab, an events websocket held through a long agent call) is use now
 closed one, lingering in TIME_WAIT for 60 s, says how long ago it closed. A command also
 holds the use lock (server/managed.py) for as long as it runs. When neither was seen for
 IDLE_S seconds, it stops the server and removes its record, then exits; it exits as well
-when the server ends otherwise (`evalpipe server stop`). It never connects to the server,
+when the server ends otherwise (`evalpipe server stop`), or when `evalpipe server start`
+made the record say it is kept until stopped. It never connects to the server,
 so it is not use itself.
 """
 
@@ -47,7 +48,7 @@ def last_use_age(port: int, tables: tuple[str, ...] = ("/proc/net/tcp", "/proc/n
 
 
 def watch(directory: Path, pid: int, port: int, idle_s: float) -> None:
-    from server.managed import stop_if_unused
+    from server.managed import idle_time, stop_if_unused
 
     try:
         server = os.pidfd_open(pid)
@@ -64,6 +65,8 @@ def watch(directory: Path, pid: int, port: int, idle_s: float) -> None:
         return time.monotonic() - last_use < idle_s
 
     while not select.select([server], [], [], poll_s)[0]:  # readable: the server exited
+        if idle_time(directory, pid) is None:  # `evalpipe server start` keeps it now, or it was replaced
+            return
         if not recently_used():
             if stop_if_unused(directory, pid, recently_used):
                 return

@@ -44,7 +44,7 @@ from server.local import (
     start_server,
 )
 from tasks.files import atomic_write
-from tasks.home import evalpipe_home
+from tasks.home import CODE_ROOT, evalpipe_home
 from tasks.models import InputError, PlatformError
 
 MODE_ENV = "EVALPIPE_SERVER"
@@ -208,15 +208,30 @@ def _use_lock(directory: Path, how: int) -> Any:
 def start_managed(port: int | None = None, home: Path | None = None,
                   idle_s: float | None = None) -> tuple[Managed, bool]:
     """Start the managed server in the background and wait until it answers; with `idle_s`
-    (> 0) it stops itself after that long unused. Returns (server, started): `started` is
-    False when it was already running. Without a port it takes 4200, or a free port when
-    4200 is in use."""
+    (> 0) it stops itself after that long unused, without it runs until stopped (also one a
+    command started). Returns (server, started): `started` is False when it was already
+    running. Without a port it takes 4200, or a free port when 4200 is in use."""
     directory = state_dir(home)
     with _state_lock(directory):
         live = _lookup(directory)[0]
         if live is not None:
+            if live.idle_s is not None and idle_s is None:  # started by a command: now kept until stopped
+                live = Managed(live.pid, live.port, directory)
+                _record(live)
             return live, False
         return _start(directory, port, idle_s), True
+
+
+def idle_time(directory: Path, pid: int) -> float | None:
+    """The idle time on record for server `pid`; None when it is kept until stopped, or the
+    record is no longer its own (its idle watch then ends)."""
+    live = _lookup(directory)[0]
+    return live.idle_s if live is not None and live.pid == pid else None
+
+
+def _record(server: Managed) -> None:
+    atomic_write(_state_file(server.directory),
+                 json.dumps({"pid": server.pid, "port": server.port, "idle_s": server.idle_s}))
 
 
 def _start(directory: Path, port: int | None, idle_s: float | None) -> Managed:
@@ -232,11 +247,12 @@ def _start(directory: Path, port: int | None, idle_s: float | None) -> Managed:
             raise PlatformError(f"{exc}; its log: {log}") from None
         idle_s = idle_s or None  # 0: never stops
         managed = Managed(server.process.pid, port, directory, idle_s)
-        atomic_write(_state_file(directory), json.dumps({"pid": managed.pid, "port": port, "idle_s": idle_s}))
+        _record(managed)
         if idle_s is not None:
-            # Its own session: it outlives this command, as the server does.
+            # Its own session: it outlives this command, as the server does. Run from our code's
+            # root, so that a `server/` folder in the user's working directory is not ours.
             subprocess.Popen([sys.executable, "-m", "server.idle", str(directory), str(managed.pid), str(port),
-                              str(idle_s)], stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                              str(idle_s)], cwd=CODE_ROOT, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                              start_new_session=True)
     return managed
 

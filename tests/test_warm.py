@@ -148,6 +148,20 @@ def test_it_stops_itself_when_unused_and_leaves_nothing_behind(warm) -> None:
 
 
 @pytest.mark.slow
+def test_server_start_keeps_a_server_a_command_started(warm, work: Path) -> None:
+    home, env, _ = warm
+    assert evalpipe(*run_args(work), env=env).returncode == 0  # starts one (the last one idled out)
+    watch = [pid for pid in processes_with("EVALPIPE_HOME", str(home))
+             if b"server.idle" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    assert len(watch) == 1 and status(env)["idle_stop_s"] == IDLE_S
+    kept = evalpipe("server", "start", env=env)
+    assert kept.returncode == 0 and "already running (kept until stopped)" in kept.stdout
+    assert wait_gone(watch, 10), "the idle watch outlived `server start`"
+    doc = status(env)
+    assert doc["running"] and doc["idle_stop_s"] is None
+
+
+@pytest.mark.slow
 def test_ci_starts_no_server(work: Path) -> None:
     home = work / "home-ci"
     env = {k: v for k, v in client_env(work, home, CI="true").items() if k != "EVALPIPE_SERVER"}
