@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench server clean
+.PHONY: demo test test-fast lint bench server clean
 
 # editable_mode=compat puts the clone itself on sys.path (a .pth line) instead of an import
 # hook that runs after it: a Dask worker puts its scratch directory, which holds a
@@ -17,12 +17,18 @@ $(STAMP): pyproject.toml Makefile
 	@touch $(STAMP)
 
 # The demo runs on evalpipe's local server (started, or reused if up) and leaves it running
-# so the runs can be looked at in its UI; `.venv/bin/evalpipe server stop` ends it.
+# so the runs can be looked at in its UI, until unused for 30 min; `.venv/bin/evalpipe server
+# stop` ends it now.
 demo: $(STAMP)
 	@$(PY) -m flows.demo
 
 test: $(STAMP)
 	@$(PY) -m pytest
+
+# Everything but the tests marked slow (Prefect servers, deployments, environment builds,
+# PyPI, the browser): a few minutes.
+test-fast: $(STAMP)
+	@$(PY) -m pytest -m "not slow"
 
 lint: $(STAMP)
 	@$(VENV)/bin/ruff check .
@@ -32,7 +38,7 @@ bench: $(STAMP)
 
 # A local Prefect server with its UI on 127.0.0.1 (PORT=4300 make server for another port).
 server: $(STAMP)
-	@$(PY) -c "from flows.server import serve; serve($${PORT:-4200})"
+	@$(PY) -c "from server.local import serve; serve($${PORT:-4200})"
 
 clean:
 	rm -rf .evalpipe

@@ -640,21 +640,23 @@ PortOpt = Annotated[int | None, typer.Option("--port", min=1, max=65535)]
 def server_cmd(ctx: typer.Context, port: PortOpt = None) -> None:
     """A local Prefect server with its UI on 127.0.0.1. Without a command: in the foreground
     until Ctrl-C (default port 4200).
-    `start` keeps one in the background for this EVALPIPE_HOME, used by every run."""
+    The first run in an EVALPIPE_HOME starts its managed server in the background (it stops
+    after EVALPIPE_SERVER_IDLE_S unused); `start` starts it by hand, kept until `stop`."""
     if ctx.invoked_subcommand is None:
-        from flows.server import DEFAULT_PORT, serve
+        from server.local import DEFAULT_PORT, serve
 
         serve(port or DEFAULT_PORT)
 
 
 @server_app.command("start")
 def server_start(port: PortOpt = None, as_json: JsonFlag = False) -> None:
-    """Start the managed server in the background (port 4200, or a free one if taken)."""
-    from flows.server import start_managed
+    """Start the managed server in the background (port 4200, or a free one if taken), kept
+    until `stop`."""
+    from server.managed import start_managed
 
     server, started = start_managed(port)
     doc = {"started": started, **server.to_json()}
-    verb = "started" if started else "already running"
+    verb = "started" if started else "already running (kept until stopped)"
     emit(doc, as_json, f"evalpipe server {verb}: Prefect UI {server.url} (pid {server.pid})\n"
                        "runs in this EVALPIPE_HOME report to it; stop it with `evalpipe server stop`")
 
@@ -662,7 +664,7 @@ def server_start(port: PortOpt = None, as_json: JsonFlag = False) -> None:
 @server_app.command("stop")
 def server_stop(as_json: JsonFlag = False) -> None:
     """Stop the managed server."""
-    from flows.server import stop_managed
+    from server.managed import stop_managed
 
     stopped, stale = stop_managed()
     doc = {"stopped": stopped is not None, "pid": stopped.pid if stopped else None,
@@ -674,7 +676,7 @@ def server_stop(as_json: JsonFlag = False) -> None:
 @server_app.command("status")
 def server_status(as_json: JsonFlag = False) -> None:
     """Whether the managed server is up, and where (exit 0 either way)."""
-    from flows.server import status
+    from server.managed import status
 
     doc = status()
     human = (f"running: Prefect UI {doc['url']} (pid {doc['pid']}, {'healthy' if doc['healthy'] else 'not answering'})"

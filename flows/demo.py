@@ -1,7 +1,8 @@
 """`make demo`: the whole pipeline on the bundled examples, on evalpipe's local server.
 
-It starts the managed server (`evalpipe server start`, reused when already up) so the runs
-can be looked at in the Prefect UI afterwards, and leaves it running. QA and HumanEval with a
+Its first run starts evalpipe's managed server, as any flow-running command does (reused
+when already up), so the runs can be looked at in the Prefect UI afterwards; the server stops
+itself once unused for EVALPIPE_SERVER_IDLE_S (30 min). QA and HumanEval with a
 deterministic demo agent that is right only some of the time, and the calc repository task
 with a mix of good, trapped and unsafe patches.
 """
@@ -13,7 +14,7 @@ import os
 from pathlib import Path
 
 from flows.cli import main as evalpipe
-from flows.server import credentials_path, running
+from server.managed import credentials_path, running
 from storage import evalpipe_home
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,7 +31,6 @@ def step(*args: str) -> int:
 
 def main() -> None:
     os.chdir(ROOT)
-    step("server", "start")
     out = evalpipe_home() / "demo"
     humaneval = out / "humaneval.jsonl"
     step("suite", "import", "humaneval", "--out", str(humaneval))
@@ -54,7 +54,7 @@ def main() -> None:
         if run["flow_run_id"]:
             print(f"  {run['suite_name']:<10} {server.url}/runs/flow-run/{run['flow_run_id']}")
     print(f"The UI asks for the server's credentials: paste the content of {credentials_path(server.directory)}.")
-    print("The server keeps running for the next runs; stop it with `evalpipe server stop`.")
+    print("The server serves the next commands too; `evalpipe server stop` stops it now.")
 
 
 if __name__ == "__main__":

@@ -2,12 +2,11 @@
 
 In order of preference:
 1. `PREFECT_API_URL`, when configured: checked reachable before any work starts.
-2. The server evalpipe manages for this EVALPIPE_HOME (`evalpipe server start`), when up:
-   a run then starts in ~4 s instead of ~12 s, and its flow run URL is printed.
-3. Prefect's ephemeral server, which this module starts itself rather than leaving it to
-   the first client call, so that it can wait long enough on a loaded machine, fail with a
-   message instead of a traceback, keep the server's output off the user's terminal, and
-   make sure the server dies with this process even on kill -9.
+2. The server evalpipe manages for this EVALPIPE_HOME (server/managed.py): started in the
+   background by the first command that needs it, announced in one line, reused by every
+   later one (a run then starts in ~4 s instead of ~12 s), stopped when idle. With
+   EVALPIPE_SERVER=temporary, or where `CI` is set, it is used only when already up.
+3. Prefect's temporary server (server/ephemeral.py), started for this command alone.
 A platform failure is a `PlatformError` (exit 3).
 """
 
@@ -16,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -23,11 +23,11 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
-from flows import server as local
-from flows.reaper import guard
+from server import local, managed
+from server.ephemeral import start_temporary
 from tasks.models import PlatformError
 
-FASTER = "`evalpipe server start` keeps a local server up and makes runs start about 3x faster"
+FASTER = "a local server kept up (`evalpipe server start`) makes runs start about 3x faster"
 RESUME = "run the command again (a run resumes from the samples it had stored)"
 
 
@@ -44,36 +44,111 @@ def prefect_api(json_mode: bool = False) -> Iterator[Callable[[Any], Any]]:
     """Connect this process to a Prefect API for the block's flow runs. Yields `watch`:
     `watch(flow)` is the flow, made to print its run's UI URL on stderr when a UI serves it
     (not in JSON mode, whose stdout is one document and stderr stays quiet)."""
-    local.start_timeout()  # a bad value is bad input, refused before Prefect is imported
+    # Bad settings are bad input, refused before Prefect is imported.
+    local.start_timeout()
+    server_mode, idle_s = managed.mode(), managed.idle_timeout()
     quiet_prefect()
     logging.disable(logging.NOTSET)  # undo a previous command's exit silence (flows.demo runs several)
-    api_url = _configured_api()
-    managed = None if api_url else local.running()
-    hint = f"this command started a temporary Prefect server; {FASTER}"
-    if managed is not None and not local.healthy(managed.api_url):
-        hint = (f"the evalpipe server at {managed.url} (pid {managed.pid}) is not answering, so this "
-                "command started a temporary one; `evalpipe server stop` then `start` renews it")
-        managed = None
-    if managed is not None:
-        api_url = managed.api_url
+    # Importing Prefect takes ~2 s, and a server ~6 s to start: when nothing can name an API
+    # but the managed server is to be used, the import runs beside its start.
+    importing = (_in_background(_configured_api)
+                 if server_mode == "managed" and not _may_name_an_api() else None)
+    api_url = None if importing else _configured_api()
+    use = nullcontext(None) if api_url else managed.used(start=server_mode == "managed", idle_s=idle_s)
+    with use as found:
+        if importing is not None:
+            api_url = importing()  # a setting it could not see before the import still wins
+        server = found.server if found and not api_url else None
+        if server is not None:
+            api_url = server.api_url
+            if found.started:
+                print(f"evalpipe: {_started_line(server)}", file=sys.stderr, flush=True)
+        elif api_url:
+            _check_reachable(api_url)
+        else:
+            api_url, started = start_temporary()
+            if started and not json_mode:  # after the start, so that a failure to start stays one line
+                hint = (f"the evalpipe server at {found.hung.url} (pid {found.hung.pid}) is not answering, so this"
+                        " command started a temporary one; `evalpipe server stop` then `start` renews it"
+                        if found.hung else f"this command started a temporary Prefect server; {FASTER}")
+                print(f"evalpipe: {hint}", file=sys.stderr, flush=True)
+        with _connected(api_url, server, json_mode) as watch:
+            yield watch
+
+
+def _may_name_an_api() -> bool:
+    """Whether Prefect's settings might name an API, told without importing Prefect: its
+    environment variables, the profiles file, a prefect.toml, a .env or a pyproject.toml
+    that mention it. It errs on yes (then the import comes first, as before)."""
+    if any(name in os.environ for name in ("PREFECT_API_URL", "PREFECT_PROFILE", "PREFECT_PROFILES_PATH")):
+        return True
+    prefect_home = Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect")
+    for path, mark in ((prefect_home / "profiles.toml", "PREFECT_API_URL"), (Path("prefect.toml"), ""),
+                       (Path(".env"), "PREFECT_"), (Path("pyproject.toml"), "tool.prefect")):
+        try:
+            if mark in path.read_text(errors="replace"):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def _in_background(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """Start `fn` in a thread; the returned call waits for its result (or raises its error)."""
+    outcome: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            outcome["value"] = fn()
+        except BaseException as exc:  # handed to the waiting caller
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=work, name="evalpipe-import-prefect", daemon=True)
+    thread.start()
+
+    def result() -> Any:
+        thread.join()
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["value"]
+
+    return result
+
+
+def _started_line(server: managed.Managed) -> str:
+    s = server.idle_s
+    idle = (f"it stops after {s / 60:g} min unused" if s and s >= 120 else f"it stops after {s:g} s unused" if s
+            else "it runs until stopped")
+    return (f"started a local Prefect server for this EVALPIPE_HOME, UI {server.url} (login: "
+            f"{managed.credentials_path(server.directory)}); later commands reuse it, {idle}, "
+            "`evalpipe server stop` stops it now")
+
+
+@contextmanager
+def _connected(api_url: str, server: managed.Managed | None, json_mode: bool) -> Iterator[Callable[[Any], Any]]:
+    """Point this process's Prefect client at `api_url` (with the managed server's
+    credentials) and turn Prefect's platform failures into one line."""
+    if server is not None:
         # Worker processes (runner=processes, dask) read the environment.
         os.environ["PREFECT_API_URL"] = api_url
-        os.environ["PREFECT_API_AUTH_STRING"] = managed.auth
-    elif api_url:
-        _check_reachable(api_url)
-    else:
-        api_url, started = _start_ephemeral()
-        if started and not json_mode:  # after the start, so that a failure to start stays one line
-            print(f"evalpipe: {hint}", file=sys.stderr, flush=True)
-
+        os.environ["PREFECT_API_AUTH_STRING"] = server.auth
     import httpx
     from prefect.exceptions import PrefectHTTPStatusError
-    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
+    from prefect.settings import (
+        PREFECT_API_AUTH_STRING,
+        PREFECT_API_URL,
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+        temporary_settings,
+    )
 
-    settings = (temporary_settings(updates={PREFECT_API_URL: api_url, PREFECT_API_AUTH_STRING: managed.auth})
-                if managed else nullcontext())
+    # No flow run heartbeats from a command: the engine joins their thread, which sleeps in
+    # 1 s steps, at the end of every flow run (0.5 s a run on average), and a run whose
+    # process dies is found `interrupted` by evalpipe itself. Workers keep Prefect's default.
+    updates: dict[Any, Any] = {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
+    if server is not None:
+        updates |= {PREFECT_API_URL: api_url, PREFECT_API_AUTH_STRING: server.auth}
     try:
-        with settings:
+        with temporary_settings(updates=updates):
             yield (lambda flow: flow) if json_mode else _announcing
     except httpx.TransportError as exc:
         if local.healthy(api_url):
@@ -86,7 +161,7 @@ def prefect_api(json_mode: bool = False) -> Iterator[Callable[[Any], Any]]:
         raise PlatformError(f"the Prefect API at {api_url} kept failing (HTTP {exc.response.status_code}):"
                             f" {RESUME}") from None
     finally:
-        if managed is not None:
+        if server is not None:
             os.environ.pop("PREFECT_API_URL", None)
             os.environ.pop("PREFECT_API_AUTH_STRING", None)
         # Work done: what Prefect's background services log while they drain at interpreter
@@ -123,65 +198,3 @@ def _announcing(flow: Any) -> Any:
             print(f"evalpipe: flow run {url}", file=sys.stderr, flush=True)
 
     return flow.with_options(on_running=[*flow.on_running_hooks, announce])
-
-
-def _start_ephemeral() -> tuple[str, bool]:
-    """Start Prefect's ephemeral server (the same singleton its client would start) with our
-    timeout, its output in PREFECT_HOME/evalpipe-ephemeral.log (beside its database: nothing
-    is written to EVALPIPE_HOME for it), and a reaper.
-    Returns (its API URL, whether this call started it)."""
-    from prefect.server.api.server import SubprocessASGIServer
-    from prefect.settings import get_current_settings
-
-    prefect_home = get_current_settings().home
-    timeout_s = local.start_timeout(prefect_home)
-    server = SubprocessASGIServer()
-    if server.running:
-        return server.api_url, False
-    prefect_home.mkdir(parents=True, exist_ok=True)
-    log = prefect_home / "evalpipe-ephemeral.log"
-    launch = server._run_uvicorn_command
-
-    def launch_guarded():
-        with _output_to(log):
-            process = launch()
-        guard(process.pid)
-        return process
-
-    # Prefect's launcher takes no stdio or pre-exec arguments; wrapping it (on this instance
-    # only) is the one hook that covers its relaunch on a port clash as well.
-    server._run_uvicorn_command = launch_guarded
-    try:
-        server.start(timeout=timeout_s)
-    except Exception as exc:  # a timeout is a RuntimeError; a bad answer an httpx error
-        process = server.server_process
-        exited = process.poll() if process else None
-        if process and exited is None:
-            process.kill()  # a terminated server logs its interrupted startup; a killed one cannot
-        server.stop()
-        what = (f"exited with status {exited} while starting" if exited is not None
-                else f"did not start within {timeout_s:g} s" if isinstance(exc, RuntimeError)
-                else f"failed to start ({type(exc).__name__})")
-        raise PlatformError(
-            f"Prefect's temporary server {what} (its log: {log}): allow longer with "
-            f"{local.START_TIMEOUT_ENV}=SECONDS, or run `evalpipe server start` once"
-        ) from None
-    return server.api_url, True
-
-
-@contextmanager
-def _output_to(path: Path) -> Iterator[None]:
-    """Point this process's stdout and stderr at `path` while a child is spawned, so the child
-    inherits the file rather than the user's terminal."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = os.dup(1), os.dup(2)
-    try:
-        with open(path, "ab") as log:
-            os.dup2(log.fileno(), 1)
-            os.dup2(log.fileno(), 2)
-        yield
-    finally:
-        for fd, copy in zip((1, 2), saved, strict=True):
-            os.dup2(copy, fd)
-            os.close(copy)

@@ -40,20 +40,42 @@ def _make(runner: Runner, workers: int, dask_address: str | None) -> TaskRunner:
 
 @contextmanager
 def _api_for_workers(runner: Runner) -> Iterator[None]:
-    """Worker processes of an ephemeral-mode run must talk to this process's temporary
-    server; without a URL each would boot a server of its own."""
+    """Worker processes, and the thread that forwards their events to the server, talk to
+    the server holding the flow run. The processes read the environment (without a URL, each
+    would boot a server of its own); the forwarding thread reads Prefect's global settings,
+    not the caller's context, and without this it recorded the task runs on another
+    database (thousands of `FOREIGN KEY constraint failed` tracebacks, task runs missing)."""
+    import prefect.context
     from prefect.settings import get_current_settings
 
-    if runner == "threads" or get_current_settings().api.url:
+    if runner == "threads":
         yield
         return
-    from prefect.server.api.server import SubprocessASGIServer
+    api = get_current_settings().api
+    if api.url:
+        url = api.url
+    else:  # ephemeral mode: the temporary server this process started
+        from prefect.server.api.server import SubprocessASGIServer
 
-    os.environ["PREFECT_API_URL"] = SubprocessASGIServer().api_url
+        url = SubprocessASGIServer().api_url
+    wanted = {"PREFECT_API_URL": url,
+              "PREFECT_API_AUTH_STRING": api.auth_string.get_secret_value() if api.auth_string else None}
+    saved = {name: os.environ.get(name) for name in wanted}, prefect.context.GLOBAL_SETTINGS_CONTEXT
+    _set_environ(wanted)
+    prefect.context.refresh_global_settings_context()
     try:
         yield
-    finally:
-        os.environ.pop("PREFECT_API_URL", None)
+    finally:  # as it was: a later command in this process chooses its API afresh
+        _set_environ(saved[0])
+        prefect.context.GLOBAL_SETTINGS_CONTEXT = saved[1]
+
+
+def _set_environ(values: dict[str, str | None]) -> None:
+    for name, value in values.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 class Mapped(Generic[Item]):

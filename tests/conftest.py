@@ -13,6 +13,21 @@ ROOT = Path(__file__).resolve().parent.parent
 pytest_plugins = ("support.sandbox_modes",)
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+# A command that finds no server would start evalpipe's managed one, which outlives it: no
+# test leaves one behind. Tests of the managed server ask for it in their commands' env and
+# stop what they start (tests/test_server.py, tests/test_warm.py).
+os.environ["EVALPIPE_SERVER"] = "temporary"
+
+
+# Tests using these carry the `slow` marker (pyproject.toml; `make test-fast` leaves them
+# out): a Prefect server for the session, and flow runs on it.
+SLOW_FIXTURES = {"prefect_harness"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture

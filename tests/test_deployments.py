@@ -21,7 +21,7 @@ import httpx
 import pytest
 from support.browser import Browser
 
-from flows.server import Server, free_port, start_server
+from server.local import Server, free_port, start_server
 from storage import db
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,7 +32,7 @@ DEADLINE_S = 120.0
 FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 WORKERS = 2
 
-pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+pytestmark = [pytest.mark.skipif(shutil.which("git") is None, reason="needs git"), pytest.mark.slow]
 
 
 @dataclass

@@ -131,6 +131,7 @@ def test_suite_level_default(tmp_path: Path, repo) -> None:
     assert load_suite(suite).case("a").grader["environment"] == OFFLINE
 
 
+@pytest.mark.slow
 def test_identity_is_the_content(repo, env_home: Path) -> None:
     path, sha = repo
     spec = parse_environment(OFFLINE)
@@ -150,6 +151,7 @@ def test_the_harness_alone_cannot_grade_it(repo, home: Path) -> None:
     assert verdict.status is Status.failed
 
 
+@pytest.mark.slow
 def test_gold_resolves_empty_and_breaking_patches_fail(repo, env_home: Path) -> None:
     case = make_case(repo)
     trace: dict = {}
@@ -174,6 +176,7 @@ def test_gold_resolves_empty_and_breaking_patches_fail(repo, env_home: Path) -> 
     assert trace["timings"]["environment"] < 1.0
 
 
+@pytest.mark.slow
 def test_graded_code_cannot_reach_the_harness(repo, env_home: Path) -> None:
     runtime = runtime_for(parse_environment(OFFLINE), str(repo[0]), repo[1], needs_pytest=True)
     probe = ("import os, sys; [print(sum(len(f) for _, _, f in os.walk(p))) for p in sys.argv[1:]];"
@@ -188,6 +191,7 @@ def test_graded_code_cannot_reach_the_harness(repo, env_home: Path) -> None:
     assert runtime.path(tree / "a" / "b.xml", tree) == f"{TESTBED}/a/b.xml"
 
 
+@pytest.mark.slow
 def test_pip_fallback_without_uv(repo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EVALPIPE_HOME", str(tmp_path / "home"))
     monkeypatch.setenv(environments.INSTALLER_ENV, "pip")
@@ -201,6 +205,7 @@ def test_pip_fallback_without_uv(repo, tmp_path: Path, monkeypatch: pytest.Monke
 # ---------------------------------------------------------------- building once, failing clearly
 
 
+@pytest.mark.slow
 def test_concurrent_processes_build_it_once(repo, tmp_path: Path) -> None:
     path, sha = repo
     spec = {"install": ["echo built >> \"$VIRTUAL_ENV/builds\"", "sleep 1"]}
@@ -239,6 +244,7 @@ def test_without_bubblewrap_it_is_an_error(repo, tmp_path, monkeypatch) -> None:
     assert verdict.status is Status.error and "needs bubblewrap" in verdict.detail
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("environment", "expected"),
     [
@@ -294,6 +300,7 @@ def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
                           text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
 
 
+@pytest.mark.slow
 def test_env_list_and_prune(repo, env_home: Path) -> None:
     runtime = runtime_for(parse_environment(OFFLINE), str(repo[0]), repo[1], needs_pytest=True)
     name = Path(runtime.python).parent.parent.parent.name
@@ -338,6 +345,7 @@ def test_import_validate_run_end_to_end(repo, env_home: Path, tmp_path: Path, pr
     assert json.loads(ran.stdout)["status_counts"] == {"passed": 1, "failed": 1, "empty": 1}
 
 
+@pytest.mark.slow
 def test_the_worked_example_with_its_pinned_pytest_from_pypi(tmp_path: Path, monkeypatch) -> None:
     """docs/repo_tests.md's example as shipped: pytest 7.4.4 from the index, not evalpipe's."""
     monkeypatch.setenv("EVALPIPE_HOME", str(tmp_path / "home"))

@@ -17,7 +17,7 @@ _spec = importlib.util.spec_from_file_location("build_pricing", ROOT / "examples
 pricing = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(pricing)
 
-pytestmark = pytest.mark.usefixtures("needs_bwrap")
+pytestmark = [pytest.mark.usefixtures("needs_bwrap"), pytest.mark.slow]
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
-"""The layers of docs/architecture.md: the core (`tasks`) never imports storage, the flows
-or Prefect, and no module of ours is part of an import cycle."""
+"""The layers of docs/architecture.md: the core (`tasks`) never imports storage, the flows,
+the server management or Prefect; the server management (`server`) imports only the core;
+and no module of ours is part of an import cycle."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("tasks", "storage", "flows")
+PACKAGES = ("tasks", "storage", "flows", "server")
 
 
 def modules(package: str) -> list[str]:
@@ -20,12 +21,12 @@ def modules(package: str) -> list[str]:
     )
 
 
-def test_importing_every_core_module_leaves_out_storage_flows_and_prefect():
+def test_importing_every_core_module_leaves_out_storage_flows_server_and_prefect():
     probe = (
         "import importlib, json, sys\n"
         f"for name in {modules('tasks')!r}:\n"
         "    importlib.import_module(name)\n"
-        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('storage', 'flows', 'prefect'))))\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('storage', 'flows', 'server', 'prefect'))))\n"
     )
     done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
@@ -45,6 +46,13 @@ def _imports(module: str) -> set[str]:
             names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
         found |= {n for n in names if n.split(".")[0] in PACKAGES}
     return found
+
+
+def test_the_server_management_imports_only_the_core():
+    """`server` starts and stops processes; which API a command uses, and the flows, are
+    `flows`' business: it may use `server`, never the other way round."""
+    ours = {d for m in modules("server") for d in _imports(m)}
+    assert {d.split(".")[0] for d in ours} <= {"server", "tasks"}, sorted(ours)
 
 
 def test_no_import_cycles():

@@ -241,6 +241,7 @@ def png_size(path: Path) -> tuple[int, int]:
     return struct.unpack(">II", data[16:24])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     not CHROMIUM.exists() and shutil.which("chromium") is None,
     reason="chromium is not installed (Debian package `chromium`)",

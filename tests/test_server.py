@@ -19,70 +19,26 @@ from pathlib import Path
 
 import httpx
 import pytest
+from support.cli import (
+    EVALPIPE,
+    ROOT,
+    alive,
+    client_env,
+    dead_pid,
+    evalpipe,
+    processes_with,
+    run_args,
+    wait_gone,
+    write_work,
+)
 
-from flows.server import free_port, start_timeout, stop_managed
-
-ROOT = Path(__file__).resolve().parent.parent
-EVALPIPE = Path(sys.executable).with_name("evalpipe")
-ONE_CASE = '{"id": "c0", "inputs": {}, "reference": "yes", "grader": {"kind": "exact"}}\n'
+from server.local import free_port, start_timeout
+from server.managed import stop_managed
 
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    work = tmp_path_factory.mktemp("server")
-    (work / "one.jsonl").write_text(ONE_CASE)
-    (work / "agent.py").write_text(
-        "import os, pathlib, time\n"
-        "def answer(inputs, ctx):\n"
-        "    if os.environ.get('MARK'):  # the slow agent: say it started, then hang\n"
-        "        pathlib.Path(os.environ['MARK']).write_text(str(os.getpid()))\n"
-        "        time.sleep(600)\n"
-        "    return 'yes'\n")
-    return work
-
-
-def client_env(work: Path, home: Path, **extra: str) -> dict[str, str]:
-    """A user's shell: no Prefect or evalpipe settings but its own homes."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "EVALPIPE_"))}
-    return env | {"EVALPIPE_HOME": str(home), "PREFECT_HOME": str(work / "prefect-home"),
-                  "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "EVALPIPE_SERVER_START_TIMEOUT": "240"} | extra
-
-
-def evalpipe(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([str(EVALPIPE), *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=600)
-
-
-def run_args(work: Path, *extra: str) -> list[str]:
-    return ["run", str(work / "one.jsonl"), "--agent", f"python:{work / 'agent.py'}:answer", *extra]
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
-def dead_pid() -> int:
-    proc = subprocess.Popen(["true"])
-    proc.wait()
-    return proc.pid
-
-
-def processes_with(key: str, value: str) -> list[int]:
-    """Live processes whose environment has key=value: what a command left behind."""
-    found = []
-    needle = f"{key}={value}".encode()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                if needle in (entry / "environ").read_bytes().split(b"\0") and alive(int(entry.name)):
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
+    return write_work(tmp_path_factory.mktemp("server"))
 
 
 # --- the managed server ---------------------------------------------------------------------
@@ -105,6 +61,7 @@ def managed(work: Path) -> Iterator[tuple[dict, dict[str, str]]]:
         stop_managed(home)
 
 
+@pytest.mark.slow
 def test_start_reports_where_the_server_is(managed: tuple[dict, dict[str, str]]) -> None:
     doc, env = managed
     assert doc["started"] is True
@@ -125,6 +82,7 @@ def basic_auth(doc: dict) -> tuple[str, str]:
     return user, password
 
 
+@pytest.mark.slow
 def test_the_managed_server_wants_its_credentials(managed: tuple[dict, dict[str, str]]) -> None:
     doc, env = managed
     credentials = Path(doc["credentials"])
@@ -143,6 +101,7 @@ def test_the_managed_server_wants_its_credentials(managed: tuple[dict, dict[str,
     assert preflight.headers.get("access-control-allow-origin") in (None, doc["url"])
 
 
+@pytest.mark.slow
 def test_second_start_says_so_and_exits_0(managed: tuple[dict, dict[str, str]]) -> None:
     doc, env = managed
     again = evalpipe("server", "start", env=env)
@@ -152,6 +111,7 @@ def test_second_start_says_so_and_exits_0(managed: tuple[dict, dict[str, str]]) 
     assert (status["running"], status["healthy"], status["pid"], status["port"]) == (True, True, doc["pid"], doc["port"])
 
 
+@pytest.mark.slow
 def test_a_run_reports_to_the_managed_server(managed: tuple[dict, dict[str, str]], work: Path) -> None:
     doc, env = managed
     proc = evalpipe(*run_args(work), env=env)
@@ -171,6 +131,7 @@ def test_a_run_reports_to_the_managed_server(managed: tuple[dict, dict[str, str]
     assert httpx.get(flow_run, auth=basic_auth(doc), timeout=30).status_code == 200
 
 
+@pytest.mark.slow
 def test_stop_stops_it(managed: tuple[dict, dict[str, str]]) -> None:
     doc, env = managed
     stopped = evalpipe("server", "stop", "--json", env=env)
@@ -207,6 +168,7 @@ def test_an_unreachable_api_is_one_line_and_exit_3(work: Path, command: str) -> 
     assert url in proc.stderr and "PREFECT_API_URL" in proc.stderr
 
 
+@pytest.mark.slow
 def test_an_ephemeral_start_timeout_is_one_line_and_exit_3(work: Path) -> None:
     home = work / "home-timeout"
     env = client_env(work, home, EVALPIPE_SERVER_START_TIMEOUT="0.01")
@@ -238,7 +200,7 @@ def test_a_bad_start_timeout_is_bad_input(work: Path) -> None:
 
 def test_the_reaper_kills_a_child_whose_parent_was_killed(tmp_path: Path) -> None:
     script = ("import subprocess, sys, time\n"
-              "from flows.reaper import guard\n"
+              "from server.reaper import guard\n"
               "child = subprocess.Popen(['sleep', '600'])\n"
               "guard(child.pid)\n"
               "print(child.pid, flush=True)\n"
@@ -252,15 +214,6 @@ def test_the_reaper_kills_a_child_whose_parent_was_killed(tmp_path: Path) -> Non
     assert wait_gone([child], 10.0), "the child outlived its parent"
 
 
-def wait_gone(pids: list[int], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while any(alive(p) for p in pids):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
-
-
 def children(pid: int) -> list[int]:
     kids = []
     for task in Path(f"/proc/{pid}/task").iterdir():
@@ -268,6 +221,7 @@ def children(pid: int) -> list[int]:
     return kids
 
 
+@pytest.mark.slow
 def test_kill_9_of_a_run_takes_its_ephemeral_server_with_it(work: Path) -> None:
     mark = work / "slow-agent-started"
     env = client_env(work, work / "home-orphan", MARK=str(mark))

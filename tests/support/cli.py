@@ -1,0 +1,83 @@
+"""evalpipe's command line as a user's shell runs it, and the processes it leaves: shared by
+the tests of the servers evalpipe starts (tests/test_server.py, tests/test_warm.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+EVALPIPE = Path(sys.executable).with_name("evalpipe")
+ONE_CASE = '{"id": "c0", "inputs": {}, "reference": "yes", "grader": {"kind": "exact"}}\n'
+# The agent of `run_args`: says yes; with MARK set, writes its pid there and hangs.
+AGENT = (
+    "import os, pathlib, time\n"
+    "def answer(inputs, ctx):\n"
+    "    if os.environ.get('MARK'):  # the slow agent: say it started, then hang\n"
+    "        pathlib.Path(os.environ['MARK']).write_text(str(os.getpid()))\n"
+    "        time.sleep(600)\n"
+    "    return 'yes'\n")
+
+
+def write_work(work: Path) -> Path:
+    """A one-case suite and the agent beside it."""
+    (work / "one.jsonl").write_text(ONE_CASE)
+    (work / "agent.py").write_text(AGENT)
+    return work
+
+
+def client_env(work: Path, home: Path, **extra: str) -> dict[str, str]:
+    """A user's shell: no Prefect or evalpipe settings but its own homes; a temporary server
+    unless the managed one is up (`extra` may ask for EVALPIPE_SERVER=managed)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "EVALPIPE_")) and k != "CI"}
+    return env | {"EVALPIPE_HOME": str(home), "PREFECT_HOME": str(work / "prefect-home"), "EVALPIPE_SERVER": "temporary",
+                  "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "EVALPIPE_SERVER_START_TIMEOUT": "240"} | extra
+
+
+def evalpipe(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([str(EVALPIPE), *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+
+
+def run_args(work: Path, *extra: str) -> list[str]:
+    return ["run", str(work / "one.jsonl"), "--agent", f"python:{work / 'agent.py'}:answer", *extra]
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def processes_with(key: str, value: str) -> list[int]:
+    """Live processes whose environment has key=value: what a command left behind."""
+    found = []
+    needle = f"{key}={value}".encode()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if needle in (entry / "environ").read_bytes().split(b"\0") and alive(int(entry.name)):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def wait_gone(pids: list[int], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while any(alive(p) for p in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
