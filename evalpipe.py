@@ -65,7 +65,8 @@ def evaluate(suite: SuiteLike, agent: AgentLike, *, name: str = "suite",
     if config.sequential:
         raise InputError("evaluate: sequential runs go through the flow: evalpipe run --sequential")
     run = prepare_run(config, store, agent=own)
-    store.snapshot(run.suite)
+    if not store.has_snapshot(run.suite):  # as the flow's snapshot task: once per version
+        store.snapshot(run.suite)
     with allowing_unsafe(config.unsafe_no_sandbox), local_stages(config) as stages:
         summary = run_loop(run.spec, config, run.suite, run.agent, store, stages, prices=run.prices,
                            progress=progress, gate=run_gate(run, config, store.home),
@@ -90,6 +91,7 @@ def _suite_ref(suite: SuiteLike, name: str, store: Any) -> str:
     else:
         raise InputError("evaluate: suite must be a path, a git URL#PATH, a stored version, or a list of"
                          " EvalCase or dicts")
-    store.snapshot(built)
+    if not store.has_snapshot(built):
+        store.snapshot(built)
     return built.version
 
