@@ -194,3 +194,20 @@ def test_a_task_takes_a_share_of_what_waits_and_never_less_than_its_time_floor(w
     assert size >= min(waiting, math.ceil(waiting / slots))
     if per_sample is not None and size > math.ceil(waiting / slots):
         assert (size - 1) * per_sample <= 0.5  # more than a share only to fill the floor
+
+
+def test_the_output_cap_comes_with_the_run_not_the_environment(tmp_path, monkeypatch):
+    monkeypatch.delenv("EVALPIPE_MAX_OUTPUT_BYTES", raising=False)
+    home, suite = tmp_path / "home", toy_suite(1)
+    agent = CallableAgent.of(lambda inputs, ctx: "y" * 100)
+    loop_run(home, suite, agent, max_output_bytes=10)
+    ((output, trace),) = rows(home, "SELECT output, trace FROM samples")
+    assert output.startswith("y" * 10 + "\n[evalpipe: output truncated at 10 bytes]")
+    assert '"cap_bytes": 10' in trace
+
+
+def test_the_flows_parameters_are_the_run_configuration():
+    """The deployment's form and `RunConfig` are one list: a new option is both or neither."""
+    from flows.evaluate import evaluate
+
+    assert set(evaluate.parameters.properties) == set(RunConfig.model_fields)
