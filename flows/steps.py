@@ -52,8 +52,7 @@ def aggregate(spec: RunSpec, suite: EvalSuite, store: SampleStore) -> RunSummary
 
 @dataclass
 class PrefectStages:
-    """The loop's stages as Prefect tasks: drawing on threads (agent calls wait, they do not
-    compute), grading on the run's task runner."""
+    """The loop's stages as Prefect tasks, each on its task runner (`prefect_stages`)."""
 
     draws: TaskRunner
     grades: TaskRunner
@@ -67,9 +66,14 @@ class PrefectStages:
 
 @contextmanager
 def prefect_stages(config: RunConfig) -> Iterator[PrefectStages]:
-    with task_runner("threads", config.draw_slots, None) as draws, \
-            task_runner(config.runner, config.grade_workers, config.dask_address) as grades:
-        yield PrefectStages(draws, grades)
+    """Grading on the run's task runner; drawing on threads of this process, or on the Dask
+    cluster too (a run that outgrows one machine draws there, the agent sent as its spec)."""
+    with task_runner(config.runner, config.grade_workers, config.dask_address) as grades:
+        if config.runner == "dask":
+            yield PrefectStages(grades, grades)
+            return
+        with task_runner("threads", config.draw_slots, None) as draws:
+            yield PrefectStages(draws, grades)
 
 
 class ShownProgress:
