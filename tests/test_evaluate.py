@@ -323,3 +323,18 @@ def test_a_task_cut_short_by_its_budget_has_the_rest_drawn_once(prefect_harness,
     assert out["samples"] == 24 and out["cached_samples"] == 0
     assert query(home, "SELECT count(DISTINCT (case_id, sample_index)) FROM samples WHERE run_id = ?",
                  out["run_id"]) == [(24,)]
+
+
+def test_drawing_and_grading_are_tasks_of_their_own_in_the_flow_run(prefect_harness, home, tmp_path):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    from flows.evaluate import evaluate
+
+    out = evaluate(suite=str(write_suite(tmp_path / "toy.yaml", 6)), agent=agent("flaky"), n=2, workers=1,
+                   agent_concurrency=3)
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[out["flow_run_id"]])))
+    names = {r.name.replace("-", " ").split(" ")[0] for r in runs}  # "sample q000…", "aggregate-4c8"
+    assert {"sample", "grade", "aggregate"} <= names
+    assert all(r.state.is_completed() for r in runs)
