@@ -306,7 +306,7 @@ def import_labels(
     from storage import db
     from tasks.metrics.labels import labelled_samples, read_labels
     from tasks.models import sha256_hex
-    from tasks.run import RunSpec, summarize
+    from tasks.run import RunSpec, RunStatus, summarize
 
     started = time.perf_counter()
     home = _home(home)
@@ -341,7 +341,7 @@ def import_labels(
         summary.usage = None  # no agent was called: the samples' usage is the source run's
         summary.labelled, summary.unlabelled = rows.num_rows, len(labels) - rows.num_rows
         summary.duration_s = round(time.perf_counter() - started, 3)
-        db.finish_run(spec.run_id, "completed", summary, home)
+        db.finish_run(spec.run_id, RunStatus.completed, summary, home)
     return summary.to_json()
 
 

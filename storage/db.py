@@ -34,6 +34,7 @@ from tasks.metrics.diff import CaseResult
 from tasks.models import EvalSuite, InputError, PlatformError
 from tasks.run import RunSpec, RunSummary
 from tasks.run.samples import SAMPLE_COLUMNS, SAMPLE_SCHEMA, sample_ddl
+from tasks.run.spec import RunStatus
 
 # How many characters of each output `output_head` keeps (`failing_samples` reads no more).
 OUTPUT_HEAD_CHARS = 4096
@@ -252,15 +253,16 @@ def start_run(spec: RunSpec, home: Path | None = None) -> None:
     owner = process.current()
     with connect(home) as con:
         running = con.execute(
-            "SELECT run_id, pid, host, process_started FROM runs WHERE status = 'running' AND pid IS NOT NULL"
+            f"SELECT run_id, pid, host, process_started FROM runs WHERE status = '{RunStatus.running}' AND pid IS NOT NULL"
         ).fetchall()
         stale = [[rid] for rid, *who in running if process.gone(process.Owner(*who))]
         if stale:
-            con.executemany("UPDATE runs SET status = 'interrupted' WHERE run_id = ? AND status = 'running'", stale)
+            con.executemany(f"UPDATE runs SET status = '{RunStatus.interrupted}' WHERE run_id = ?"
+                            f" AND status = '{RunStatus.running}'", stale)
         con.execute(
             "INSERT INTO runs (run_id, suite_version, suite_name, agent, agent_fingerprint, n, ks,"
             " seed, status, started_at, flow_run_id, config, pid, host, process_started)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?, ?, ?, ?, ?)",
+            f" VALUES (?, ?, ?, ?, ?, ?, ?, ?, '{RunStatus.running}', ?, ?, ?, ?, ?, ?)",
             [
                 spec.run_id, spec.suite_version, spec.suite_name, spec.agent,
                 spec.agent_fingerprint, spec.n, spec.ks, spec.seed, now(),
@@ -270,7 +272,7 @@ def start_run(spec: RunSpec, home: Path | None = None) -> None:
         )
 
 
-def finish_run(run_id: str, status: str, summary: RunSummary | None, home: Path | None = None) -> None:
+def finish_run(run_id: str, status: RunStatus, summary: RunSummary | None, home: Path | None = None) -> None:
     with connect(home) as con:
         con.execute(
             "UPDATE runs SET status = ?, finished_at = ?, summary = ? WHERE run_id = ?",
@@ -288,10 +290,10 @@ def recorded_run(spec: RunSpec, home: Path | None = None) -> Iterator[None]:
     try:
         yield
     except Exception:
-        finish_run(spec.run_id, "failed", None, home)
+        finish_run(spec.run_id, RunStatus.failed, None, home)
         raise
     except BaseException:
-        finish_run(spec.run_id, "interrupted", None, home)
+        finish_run(spec.run_id, RunStatus.interrupted, None, home)
         raise
 
 
@@ -399,10 +401,10 @@ def list_runs(home: Path | None = None, limit: int = 50) -> list[dict[str, Any]]
 
 def _run_dict(description, row) -> dict[str, Any]:
     run = dict(zip([d[0] for d in description], row, strict=True))
-    if run["status"] == "running" and run.get("pid") is not None and process.gone(
+    if run["status"] == RunStatus.running and run.get("pid") is not None and process.gone(
         process.Owner(run["pid"], run["host"], run["process_started"])
     ):
-        run["status"] = "interrupted"
+        run["status"] = RunStatus.interrupted.value
     for key in ("config", "summary"):
         if isinstance(run.get(key), str):
             run[key] = json.loads(run[key])
@@ -486,7 +488,7 @@ def latest_completed_run_of_suite(suite_version: str, home: Path | None = None, 
         return None
     with connect(home, read_only=True) as con:
         row = con.execute(
-            "SELECT run_id FROM runs WHERE status = 'completed' AND suite_version = ? AND run_id <> ?"
+            f"SELECT run_id FROM runs WHERE status = '{RunStatus.completed}' AND suite_version = ? AND run_id <> ?"
             " AND (? IS NULL OR started_at < (SELECT started_at FROM runs WHERE run_id = ?))"
             " ORDER BY started_at DESC LIMIT 1", [suite_version, before or "", before, before],
         ).fetchone()

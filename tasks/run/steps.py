@@ -1,29 +1,19 @@
 """The steps of a run between its spec and its summary: plan the samples, find what is
-still to draw, cut it into sampling tasks, draw and grade a batch."""
+still to draw, and name a task's samples (the loop that draws and grades them:
+`tasks.run.loop`)."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from tasks.models import EvalCase, EvalSuite
-from tasks.run.samples import row_usage, samples_table
-from tasks.run.sampling import PlannedSample, plan_samples, run_batch
+from tasks.run.samples import row_usage
+from tasks.run.sampling import PlannedSample, plan_samples
 from tasks.run.spec import RunSpec
-
-# What a kill can throw away is bounded by count and by time, whatever the suite's size: a
-# sampling task draws at most MAX_BATCH samples and starts no new one after BATCH_BUDGET_S
-# (the caller submits the rest again). Within that, aim for TASKS_PER_WORKER tasks per
-# worker: enough to balance uneven cases and move the progress bar, few enough that
-# Prefect's ~10 ms per task stays small.
-MAX_BATCH = 64
-BATCH_BUDGET_S = 2.0
-TASKS_PER_WORKER = 16
 
 
 def plan(suite: EvalSuite, spec: RunSpec) -> list[PlannedSample]:
@@ -78,17 +68,6 @@ def _with_stored_outputs(planned: Sequence[PlannedSample], stored: pa.Table) -> 
 _STORED_OUTPUT = ("output_key", "output", "latency_s", "input_tokens", "output_tokens", "usage_model", "cost_usd")
 
 
-def samples_per_task(missing: int, workers: int) -> int:
-    return max(1, min(MAX_BATCH, math.ceil(missing / (workers * TASKS_PER_WORKER))))
-
-
-def batches(missing: Sequence[PlannedSample], n: int, batch_size: int | None, workers: int) -> list[list[PlannedSample]]:
-    """The sampling tasks: `batch_size` cases each, or by default about TASKS_PER_WORKER per
-    worker of at most MAX_BATCH samples."""
-    per_batch = batch_size * n if batch_size else samples_per_task(len(missing), workers)
-    return [list(missing[i : i + per_batch]) for i in range(0, len(missing), per_batch)]
-
-
 def batch_label(chunk: Sequence[PlannedSample]) -> str:
     ids = sorted({p.case_id for p in chunk})
     return ids[0] if len(ids) == 1 else f"{ids[0]}…{ids[-1]} ({len(chunk)})"
@@ -97,15 +76,3 @@ def batch_label(chunk: Sequence[PlannedSample]) -> str:
 def batch_cases(cases: Mapping[str, EvalCase], chunk: Sequence[PlannedSample]) -> list[EvalCase]:
     """The cases a batch draws from (`cases` by id), in id order."""
     return [cases[case_id] for case_id in sorted({p.case_id for p in chunk})]
-
-
-def undrawn(chunk: Sequence[PlannedSample], drawn: pa.Table) -> list[PlannedSample]:
-    """What a batch left to draw: `draw_batch` stopped by its time budget drew a prefix of it."""
-    return list(chunk[drawn.num_rows :])
-
-
-def draw_batch(agent: Any, cases: Sequence[EvalCase], planned: Sequence[PlannedSample], spec: RunSpec) -> pa.Table:
-    """Draw and grade a batch for up to BATCH_BUDGET_S; the graded samples (a prefix of
-    `planned`) as rows of the samples table."""
-    drawn = run_batch(agent, cases, planned, spec.n, spec.regrade, BATCH_BUDGET_S)
-    return samples_table(spec.run_id, drawn, planned[: len(drawn)])
