@@ -113,7 +113,7 @@ def suite_validate(
     from tasks.sandbox import run_sandbox_mode
 
     suite = load_suite_ref(path)  # bad input exits 2 before Prefect starts
-    run_sandbox_mode((c.kind for c in suite.cases), unsafe_no_sandbox)
+    run_sandbox_mode(suite.grader_kinds, unsafe_no_sandbox)
     from flows.prefect_api import prefect_api
 
     with prefect_api(as_json) as watch:
@@ -272,7 +272,7 @@ def run(
         from tasks.metrics.rules import check_slices
 
         check_slices(slice_min, (name for c in suite_obj.cases for name in c.slices))
-    run_sandbox_mode((c.kind for c in suite_obj.cases), unsafe_no_sandbox)
+    run_sandbox_mode(suite_obj.grader_kinds, unsafe_no_sandbox)
     agent_timeout = agent_timeout or DEFAULT_AGENT_TIMEOUT_S
     load_agent(agent, agent_timeout if workspace else None, max_output_bytes)
     from tasks.metrics.cost import PriceTable
@@ -476,7 +476,7 @@ def rescore_cmd(
     from tasks.sandbox import run_sandbox_mode
 
     suite_obj, pinned = resolve_suite(suite)
-    run_sandbox_mode((c.kind for c in suite_obj.cases), unsafe_no_sandbox)
+    run_sandbox_mode(suite_obj.grader_kinds, unsafe_no_sandbox)
     from storage import db
 
     db.check()
@@ -804,7 +804,7 @@ class _DropReportedFailures(logging.Filter):
     closing one by the run id the first carried, never by their text.
 
     Sibling task runs of a failed run are not logged at all: the mapping winds them down
-    before the runner stops (`flows.runners.Mapped`). A filter remains because Prefect's task
+    before the runner stops (`tasks.run.loop`, `_wind_down`). A filter remains because Prefect's task
     engine logs a failed task run at ERROR however the task ends (raising, or returning a
     Failed state)."""
 

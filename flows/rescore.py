@@ -52,7 +52,7 @@ def rescore(
     home = store.home
     source = store.find_run(run_id)
     suite_obj, suite_source = resolve_suite(suite)
-    sandbox = run_sandbox_mode((c.kind for c in suite_obj.cases), unsafe_no_sandbox)
+    sandbox = run_sandbox_mode(suite_obj.grader_kinds, unsafe_no_sandbox)
     source_suite = source_suite_of(source, suite_obj, home)
     config = RunConfig(suite=suite, agent=source["agent"], runner=runner, workers=workers,
                        unsafe_no_sandbox=unsafe_no_sandbox)
