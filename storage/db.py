@@ -35,6 +35,7 @@ from tasks.models import EvalSuite, InputError, PlatformError
 from tasks.run import RunSpec, RunSummary
 from tasks.run.samples import SAMPLE_COLUMNS, SAMPLE_SCHEMA, sample_ddl
 from tasks.run.spec import RunStatus
+from tasks.run.steps import CACHE_LOOKUP_COLUMNS, COPY_COLUMNS
 
 # How many characters of each output `output_head` keeps (`failing_samples` reads no more).
 OUTPUT_HEAD_CHARS = 4096
@@ -300,13 +301,15 @@ def recorded_run(spec: RunSpec, home: Path | None = None) -> Iterator[None]:
 def cached_samples(planned: Sequence[tuple[str, str]], home: Path | None = None) -> pa.Table:
     """For each planned (output key, cache key): the stored sample that serves it best, one
     graded under the same cache key (and not by a failed grader) if there is one, else the
-    newest with that output. Two queries on one connection, the second only for what the
-    first did not find: an unchanged re-run costs the one lookup it always did."""
+    newest with that output; as lookup rows (`CACHE_LOOKUP_COLUMNS`: never the output,
+    which `copy_samples` and `stored_outputs` read in the database). Two queries on one
+    connection, the second only for what the first did not find: an unchanged re-run costs
+    the one lookup it always did."""
     if not planned:
-        return SAMPLE_SCHEMA.empty_table()
+        return SAMPLE_SCHEMA.select(list(CACHE_LOOKUP_COLUMNS)).empty_table()
     out_keys, wanted = zip(*planned, strict=True)
     keys = pa.table({"cache_key": pa.array(wanted, pa.string()), "output_key": pa.array(out_keys, pa.string())})
-    columns = ", ".join(f"samples.{c}" for c in SAMPLE_COLUMNS)
+    columns = ", ".join(f"samples.{c}" for c in CACHE_LOOKUP_COLUMNS)
     with connect(home) as con:
         whole = con.sql(
             f"""SELECT {columns} FROM samples JOIN keys USING (cache_key)
@@ -322,6 +325,32 @@ def cached_samples(planned: Sequence[tuple[str, str]], home: Path | None = None)
                 QUALIFY row_number() OVER (PARTITION BY samples.output_key ORDER BY run_id DESC) = 1"""
         ).to_arrow_table()
     return pa.concat_tables([whole, outputs])
+
+
+def copy_samples(run_id: str, copied: pa.Table, home: Path | None = None) -> None:
+    """Store the samples `copied` names (`COPY_COLUMNS`) as `run_id`'s cached ones, with the
+    case hashes it gives: row to row in the database, outputs and all, never through this
+    process. Rows already present are left as they are."""
+    if copied.num_rows == 0:
+        return
+    places = copied.select(list(COPY_COLUMNS)).rename_columns(["src_run", "src_case", "src_index", "new_hash"])  # noqa: F841
+    set_to = {"run_id": "?", "cached": "true", "case_hash": "places.new_hash"}
+    values = ", ".join(set_to.get(c, f"samples.{c}") for c in (*SAMPLE_COLUMNS, *DERIVED_COLUMNS))
+    with connect(home) as con:
+        con.execute(
+            f"INSERT INTO samples ({', '.join([*SAMPLE_COLUMNS, *DERIVED_COLUMNS])}) SELECT {values}"
+            " FROM samples JOIN places ON samples.run_id = places.src_run AND samples.case_id = places.src_case"
+            " AND samples.sample_index = places.src_index ON CONFLICT DO NOTHING", [run_id])
+
+
+def stored_outputs(places: pa.Table, home: Path | None = None) -> dict[str, str]:
+    """Output key → output of the stored samples `places` names (run id, case id, index)."""
+    if places.num_rows == 0:
+        return {}
+    with connect(home, read_only=True) as con:
+        rows = con.execute(
+            "SELECT output_key, output FROM samples JOIN places USING (run_id, case_id, sample_index)").fetchall()
+    return dict(rows)
 
 
 def insert_samples(rows: pa.Table, home: Path | None = None) -> None:

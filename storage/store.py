@@ -30,6 +30,12 @@ class Store:
     def cached_samples(self, keys: Sequence[tuple[str, str]]) -> pa.Table:
         return db.cached_samples(keys, self.home)
 
+    def copy_samples(self, run_id: str, copied: pa.Table) -> None:
+        db.copy_samples(run_id, copied, self.home)
+
+    def stored_outputs(self, places: pa.Table) -> dict[str, str]:
+        return db.stored_outputs(places, self.home)
+
     def insert_samples(self, rows: pa.Table) -> None:
         db.insert_samples(rows, self.home)
 

@@ -73,6 +73,15 @@ def test_the_loop_runs_without_prefect_and_a_rerun_is_served_from_the_store(tmp_
     again = loop_run(home, suite, agent, n=3, k=(1, 3), workers=2, agent_concurrency=4)
     assert again.cached_samples == 18 and len(calls) == 18  # no agent call
     assert again.pass_at_k == first.pass_at_k
+    # Copied row to row in the database: every column the same but the run's own.
+    from storage.db import DERIVED_COLUMNS
+    from tasks.run.samples import SAMPLE_COLUMNS
+
+    kept = [c for c in (*SAMPLE_COLUMNS, *DERIVED_COLUMNS) if c not in ("run_id", "cached")]
+    listed = f"SELECT {', '.join(kept)} FROM samples WHERE run_id = ? ORDER BY case_id, sample_index"
+    assert rows(home, listed, again.run_id) == rows(home, listed, first.run_id)
+    assert rows(home, "SELECT bool_and(cached), count(output_head) FROM samples WHERE run_id = ?",
+                again.run_id) == [(True, 18)]
 
 
 def test_agent_calls_run_beyond_the_graders_and_grading_starts_as_outputs_arrive(tmp_path):

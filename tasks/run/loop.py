@@ -47,7 +47,7 @@ from tasks.run.sampling import (
     timed_prefix,
 )
 from tasks.run.spec import RunSpec, RunStatus
-from tasks.run.steps import batch_cases, batch_label, pending, plan
+from tasks.run.steps import batch_cases, batch_label, pending, plan, with_stored_outputs
 from tasks.run.summary import GateSummary, RunSummary, summarize, summary_columns
 from tasks.run.usage import priced
 
@@ -59,6 +59,8 @@ class SampleStore(Protocol):
     """Where a run's samples are kept (`storage.store.Store`)."""
 
     def cached_samples(self, keys: Sequence[tuple[str, str]]) -> pa.Table: ...
+    def copy_samples(self, run_id: str, copied: pa.Table) -> None: ...
+    def stored_outputs(self, places: pa.Table) -> dict[str, str]: ...
     def insert_samples(self, rows: pa.Table) -> None: ...
     def run_samples(self, run_id: str, columns: Sequence[str] | None = None) -> pa.Table: ...
     def write_aggregates(self, run_id: str, rows: Sequence[tuple]) -> None: ...
@@ -157,10 +159,10 @@ class Drawing:
 def reuse_cached(spec: RunSpec, planned: list[PlannedSample], store: SampleStore) -> list[PlannedSample]:
     """Store the samples found in the cache as this run's; the planned samples left to draw
     (or to grade anew from a stored output)."""
-    stored = store.cached_samples([(p.output_key, p.cache_key) for p in planned])
-    reused, missing = pending(spec, planned, stored)
-    store.insert_samples(reused)
-    return missing
+    reuse = pending(spec, planned, store.cached_samples([(p.output_key, p.cache_key) for p in planned]))
+    store.copy_samples(spec.run_id, reuse.copied)  # in the database: outputs never pass through here
+    outputs = store.stored_outputs(reuse.regrade.select(["run_id", "case_id", "sample_index"]))
+    return with_stored_outputs(reuse.missing, reuse.regrade, outputs)
 
 
 @dataclass
