@@ -51,7 +51,7 @@ def main() -> None:
     os.environ["EVALPIPE_HOME"] = str(tmp / "home")
     sha = build_calc(tmp / "calc")
 
-    from tasks.graders.repo_tests import grade_repo_tests
+    from tasks.graders import grade
     from tasks.repos.worktrees import mirror
     from tasks.suites.dataset import load_suite
 
@@ -67,12 +67,12 @@ def main() -> None:
     ).stdout
     # The fix as search/replace blocks and as a unified diff (git apply), and the trap.
     outputs = [case.reference, clamp, diff]
-    grade_repo_tests(case.reference, case, {})  # warm-up: the mirror and first worktree
+    grade(case.reference, case, {})  # warm-up: the mirror and first worktree
 
     overheads, tests, statuses = [], [], []
     for i in range(args.samples):
         trace: dict = {}
-        verdict = grade_repo_tests(outputs[i % len(outputs)], case, trace)
+        verdict = grade(outputs[i % len(outputs)], case, trace)
         statuses.append(verdict.status.value)
         overheads.append(sum(trace["timings"].get(s, 0.0) for s in OVERHEAD_STEPS))
         tests.append(trace["test_run"]["duration_s"])

@@ -99,7 +99,7 @@ def main() -> None:
         subprocess.run(["git", "-C", str(dest), "checkout", "-q", "--detach", base], check=True)
         shutil.rmtree(dest)
 
-    from tasks.graders.repo_tests import grade_repo_tests
+    from tasks.graders import grade
     from tasks.models import EvalCase
 
     case = EvalCase(id="c", grader={"kind": "repo_tests", "repo": str(repo), "base_commit": base,
@@ -114,7 +114,7 @@ def main() -> None:
         enter_checkout()
         rounds["checkout"].append(timed(enter_checkout))
         trace: dict = {}
-        verdict = grade_repo_tests(patch, case, trace)
+        verdict = grade(patch, case, trace)
         assert verdict.passed, verdict.detail
         rounds["grading"].append(sum(trace["timings"].get(step, 0.0) for step in SETUP_STEPS))
         rounds["read"].append(timed(edit_and_read))
