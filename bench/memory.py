@@ -49,7 +49,7 @@ STEPS = {
     "reduce": "from storage import db; from tasks.run import RunSpec, summary_columns\n"
               "db.run_samples(RUN, HOME, summary_columns(RunSpec(suite_version='0'*64, suite_name='m',"
               " agent='b', agent_fingerprint='b', n=5, ks=[1], seed=0)))",
-    "report": "from flows.report import case_rows; case_rows(RUN, HOME)",
+    "report": "from flows.report import read_case_rows; read_case_rows(RUN, HOME)",
     "whole rows": "from storage import db; db.run_samples(RUN, HOME)",
     "junit stream": "from tasks.graders.junit import parse_junit, JUnitError\n"
                     "try:\n    parse_junit(XML)\nexcept JUnitError:\n    pass",
