@@ -265,7 +265,8 @@ def import_labels(
     from storage import db
     from tasks.metrics.labels import labelled_samples, read_labels
     from tasks.models import sha256_hex
-    from tasks.run import RunSpec, summarize
+    from tasks.run import summarize
+    from tasks.run.labelled import labelled_spec, labelled_summary
 
     started = time.perf_counter()
     home = _home(home)
@@ -273,17 +274,8 @@ def import_labels(
     run_id = source["run_id"]
     suite = _run_suite(source, home)
     labels = read_labels(path)
-    spec = RunSpec(
-        **{k: source[k] for k in ("suite_version", "suite_name", "agent", "agent_fingerprint", "n", "seed")},
-        ks=list(source["ks"]),
-        config={
-            "derived_from": run_id,
-            "grader": "human",
-            "labeller": labeller,
-            "labels_file": str(path),
-            "labels_sha256": sha256_hex(path.read_bytes()),
-        },
-    )
+    spec = labelled_spec(source, labeller=labeller, labels_file=str(path),
+                         labels_sha256=sha256_hex(path.read_bytes()))
     rows = labelled_samples(
         db.run_samples(run_id, home),
         labels,
@@ -296,10 +288,8 @@ def import_labels(
         db.insert_samples(rows, home)
         summary, aggregates = summarize(spec, suite, db.run_samples(spec.run_id, home))
         db.write_aggregates(spec.run_id, aggregates, home)
-        summary.source_run, summary.labeller = run_id, labeller
-        summary.usage = None  # no agent was called: the samples' usage is the source run's
-        summary.labelled, summary.unlabelled = rows.num_rows, len(labels) - rows.num_rows
-        summary.duration_s = round(time.perf_counter() - started, 3)
+        summary = labelled_summary(summary, source_run=run_id, labeller=labeller, labelled=rows.num_rows,
+                                   labels=len(labels), duration_s=time.perf_counter() - started)
         db.finish_run(spec.run_id, "completed", summary, home)
     return summary.to_json()
 
