@@ -18,22 +18,21 @@ def error_share(summary: Mapping[str, Any], status: str, max_share: float) -> tu
 
 def broken_agent(summary: Mapping[str, Any], max_share: float) -> str | None:
     """The exit-4 line: over `max_share` of the samples are agent_error."""
-    over = error_share(summary, "agent_error", max_share)
-    if over is None:
-        return None
-    errors, samples = over
-    return (f"{errors} of {samples} samples ({errors / samples:.0%}) are agent_error, over"
-            f" --max-agent-errors {max_share:g}: the agent is broken, so these numbers say nothing"
-            " about the model (exit 4)")
+    return _over(summary, "agent_error", max_share, "--max-agent-errors",
+                 "the agent is broken, so these numbers say nothing about the model (exit 4)")
 
 
 def broken_grader(summary: Mapping[str, Any], max_share: float, detail: str) -> str | None:
     """The exit-5 line: over `max_share` of the samples are error (a missing predicate file,
     a repository that is not there), with `detail`, the commonest error's, first line."""
-    over = error_share(summary, "error", max_share)
+    line = _over(summary, "error", max_share, "--max-grader-errors",
+                 "the grader could not run, so these numbers measure nothing (exit 5)")
+    return line and f"{line}: {detail.splitlines()[0] if detail else 'no detail'}"
+
+
+def _over(summary: Mapping[str, Any], status: str, max_share: float, option: str, meaning: str) -> str | None:
+    over = error_share(summary, status, max_share)
     if over is None:
         return None
     errors, samples = over
-    return (f"{errors} of {samples} samples ({errors / samples:.0%}) are error, over --max-grader-errors"
-            f" {max_share:g}: the grader could not run, so these numbers measure nothing (exit 5): "
-            f"{detail.splitlines()[0] if detail else 'no detail'}")
+    return f"{errors} of {samples} samples ({errors / samples:.0%}) are {status}, over {option} {max_share:g}: {meaning}"
