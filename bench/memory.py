@@ -1,5 +1,5 @@
 """Peak memory where candidates choose the size: reading back a run of 5,000 samples whose
-outputs are at the output cap (the reduce step and `report`), and a JUnit report of millions
+outputs are at the output cap (the reduce step, `report` and a fully cached re-run), and a JUnit report of millions
 of nested elements. Each figure is the peak RSS of a fresh process doing only that step,
 beside the peer: the same step reading whole rows / the whole XML tree, as evalpipe did
 before (measured on fewer samples where the whole would not fit, and scaled).
@@ -37,10 +37,11 @@ def make_run(home: Path, samples: int, output_bytes: int) -> str:
             con.execute("SET memory_limit = '6GB'")  # this writer's cache is not what is measured
             con.execute(
                 "INSERT INTO samples (run_id, case_id, sample_index, seed, output, status, passed, score, detail,"
-                " safety, trace, duration_s, cache_key, cached, case_hash, output_head)"
+                " safety, trace, duration_s, cache_key, cached, case_hash, output_key, output_head)"
                 " SELECT ?, printf('c%05d', i // 5), i % 5, 0, repeat('x', ?), 'failed', false, 0, 'wrong',"
-                " []::VARCHAR[], '{}', 0, printf('%s-%d', ?, i), false, '', repeat('x', ?) FROM range(?, ?) r(i)",
-                [spec.run_id, output_bytes, spec.run_id, min(output_bytes, db.OUTPUT_HEAD_CHARS), start,
+                " []::VARCHAR[], '{}', 0, printf('%s-%d', ?, i), false, '', printf('%s-%d', ?, i), repeat('x', ?)"
+                " FROM range(?, ?) r(i)",
+                [spec.run_id, output_bytes, spec.run_id, spec.run_id, min(output_bytes, db.OUTPUT_HEAD_CHARS), start,
                  min(samples, start + 50)])
     return spec.run_id
 
@@ -50,6 +51,15 @@ STEPS = {
               "db.run_samples(RUN, HOME, summary_columns(RunSpec(suite_version='0'*64, suite_name='m',"
               " agent='b', agent_fingerprint='b', n=5, ks=[1], seed=0)))",
     "report": "from flows.report import read_case_rows; read_case_rows(RUN, HOME)",
+    # A fully cached re-run of the stored run: its samples found and copied as a new run's.
+    "cached re-run": "from storage import db; from storage.store import Store; from tasks.run import RunSpec\n"
+                     "from tasks.run.loop import reuse_cached; from tasks.run.sampling import PlannedSample\n"
+                     "keys = db.run_samples(RUN, HOME, ['case_id', 'sample_index', 'cache_key', 'output_key'])\n"
+                     "planned = [PlannedSample(r['case_id'], r['sample_index'], 0, r['cache_key'], '',"
+                     " output_key=r['output_key']) for r in keys.to_pylist()]\n"
+                     "spec = RunSpec(suite_version='0'*64, suite_name='m', agent='b', agent_fingerprint='b', n=5,"
+                     " ks=[1], seed=0)\n"
+                     "assert reuse_cached(spec, planned, Store(HOME)) == []",
     "whole rows": "from storage import db; db.run_samples(RUN, HOME)",
     "junit stream": "from tasks.graders.junit import parse_junit, JUnitError\n"
                     "try:\n    parse_junit(XML)\nexcept JUnitError:\n    pass",
@@ -87,7 +97,7 @@ def main() -> None:
         print(f"stored {args.samples} + {PEER_SAMPLES} samples of {args.output_mb:g} MB outputs in "
               f"{time.perf_counter() - t:.1f} s (load {os.getloadavg()[0]:.1f})", file=sys.stderr)
         rows = {}
-        for step in ("reduce", "report"):
+        for step in ("reduce", "report", "cached re-run"):
             rows[f"evalpipe {step}, {args.samples} samples"] = peak(step, big, home)
         mb, s = peak("whole rows", small, home)
         rows[f"peer: whole rows, {PEER_SAMPLES} samples"] = (mb, s)

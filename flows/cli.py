@@ -8,7 +8,6 @@ Heavy imports (Prefect) happen inside the commands that need them, so `suite has
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import time
 from contextlib import contextmanager
@@ -113,7 +112,7 @@ def suite_validate(
     from tasks.sandbox import run_sandbox_mode
 
     suite = load_suite_ref(path)  # bad input exits 2 before Prefect starts
-    run_sandbox_mode((c.kind for c in suite.cases), unsafe_no_sandbox)
+    run_sandbox_mode(suite.grader_kinds, unsafe_no_sandbox)
     from flows.prefect_api import prefect_api
 
     with prefect_api(as_json) as watch:
@@ -184,7 +183,11 @@ def run(
     n: Annotated[int, typer.Option("-n", min=1, max=MAX_N, help="Samples per case.")] = 1,
     k: Annotated[str, typer.Option("-k", help="Comma-separated k values for pass@k.")] = "1",
     seed: Annotated[int, typer.Option("--seed", min=0)] = 0,
-    workers: Annotated[int | None, typer.Option("--workers", min=1, max=MAX_WORKERS)] = None,
+    workers: Annotated[int | None, typer.Option(
+        "--workers", min=1, max=MAX_WORKERS, help="Parallel graders (default: CPU count).")] = None,
+    agent_concurrency: Annotated[int | None, typer.Option(
+        "--agent-concurrency", min=1, max=MAX_WORKERS,
+        help="Agent calls in flight (default 16): they wait on an API, not on a core.")] = None,
     runner: Annotated[str, typer.Option("--runner", help="threads, processes or dask.")] = "threads",
     dask_address: Annotated[str | None, typer.Option("--dask-address")] = None,
     batch_size: Annotated[int | None, typer.Option("--batch-size", min=1)] = None,
@@ -237,11 +240,8 @@ def run(
     Exit 1 when the gate (--baseline) blocks, 4 when too many samples are agent_error,
     5 when too many are error (the grader could not run), 6 when a budget (--max-cost,
     --max-samples) left samples undrawn."""
-    from tasks.agents import DEFAULT_AGENT_TIMEOUT_S, MAX_OUTPUT_ENV, load_agent
-
-    if max_output_bytes:  # the setting every agent and worker process reads
-        os.environ[MAX_OUTPUT_ENV] = str(max_output_bytes)
     from storage.suites import resolve_suite
+    from tasks.agents import DEFAULT_AGENT_TIMEOUT_S, load_agent
     from tasks.sandbox import run_sandbox_mode
 
     ks = _parse_ks(k)
@@ -271,9 +271,9 @@ def run(
         from tasks.metrics.rules import check_slices
 
         check_slices(slice_min, (name for c in suite_obj.cases for name in c.slices))
-    run_sandbox_mode((c.kind for c in suite_obj.cases), unsafe_no_sandbox)
+    run_sandbox_mode(suite_obj.grader_kinds, unsafe_no_sandbox)
     agent_timeout = agent_timeout or DEFAULT_AGENT_TIMEOUT_S
-    load_agent(agent, agent_timeout if workspace else None)
+    load_agent(agent, agent_timeout if workspace else None, max_output_bytes)
     from tasks.metrics.cost import PriceTable
 
     price_file = PriceTable.load(prices).source  # a bad price file is bad input, before any call
@@ -282,27 +282,17 @@ def run(
     db.check()  # a damaged or locked database is reported before Prefect starts, too
     if baseline and baseline != "previous":
         baseline = db.find_run(baseline)["run_id"]
-    from flows.prefect_api import prefect_api
 
-    with prefect_api(as_json) as watch, _progress(suite_obj.name, as_json) as hook:
-        from flows.artifacts import progress_hook
-        from flows.evaluate import evaluate
-        from flows.steps import flow_result
+    from tasks.run import RunConfig
 
-        token = progress_hook.set(hook)
-        try:
-            state = watch(evaluate)(suite=pinned, agent=agent, n=n, k=ks, seed=seed, baseline=baseline,
-                                    min_pass_at_1=min_pass_at_1, max_drop=max_drop,
-                                    max_new_failures=max_new_failures, min_slice=slice_min, metric=metric,
-                                    runner=runner, workers=workers, dask_address=dask_address,
-                                    batch_size=batch_size, regrade=regrade,
-                                    unsafe_no_sandbox=unsafe_no_sandbox, workspace=workspace,
-                                    agent_timeout=agent_timeout, max_cost=max_cost,
-                                    max_samples=max_samples, prices=price_file, sequential=sequential,
-                                    sequential_rounds=rounds, return_state=True)
-            summary = flow_result(state)
-        finally:
-            progress_hook.reset(token)
+    config = RunConfig(
+        suite=pinned, agent=agent, n=n, k=ks, seed=seed, baseline=baseline, min_pass_at_1=min_pass_at_1,
+        max_drop=max_drop, max_new_failures=max_new_failures, min_slice=slice_min, metric=metric, runner=runner,
+        workers=workers, agent_concurrency=agent_concurrency, dask_address=dask_address, batch_size=batch_size,
+        regrade=regrade, unsafe_no_sandbox=unsafe_no_sandbox, max_output_bytes=max_output_bytes,
+        workspace=workspace, agent_timeout=agent_timeout, max_cost=max_cost, max_samples=max_samples,
+        prices=price_file, sequential=sequential, sequential_rounds=rounds)
+    summary = run_flow(config, as_json, suite_obj.name)
     typer.echo(json_doc(summary) if as_json else _summary_text(summary))
     broken = _broken_agent(summary, max_agent_errors)
     if broken:
@@ -323,6 +313,23 @@ def run(
 
 
 PARTIAL_EXIT = 6  # a budget left samples undrawn (docs/contract.md §10)
+
+
+def run_flow(config: Any, as_json: bool, title: str) -> dict[str, Any]:
+    """The `evaluate` flow run of `config` (a `RunConfig`) on the Prefect API the CLI picks,
+    a progress bar beside it: the `run --json` document."""
+    from flows.prefect_api import prefect_api
+
+    with prefect_api(as_json) as watch, _progress(title, as_json) as hook:
+        from flows.artifacts import progress_hook
+        from flows.evaluate import evaluate
+        from flows.steps import flow_result
+
+        token = progress_hook.set(hook)
+        try:
+            return flow_result(watch(evaluate)(**config.model_dump(), return_state=True))
+        finally:
+            progress_hook.reset(token)
 
 
 def _broken_agent(summary: dict[str, Any], max_share: float) -> str | None:
@@ -407,7 +414,7 @@ def rescore_cmd(
     from tasks.sandbox import run_sandbox_mode
 
     suite_obj, pinned = resolve_suite(suite)
-    run_sandbox_mode((c.kind for c in suite_obj.cases), unsafe_no_sandbox)
+    run_sandbox_mode(suite_obj.grader_kinds, unsafe_no_sandbox)
     from storage import db
 
     db.check()
@@ -729,7 +736,7 @@ class _DropReportedFailures(logging.Filter):
     closing one by the run id the first carried, never by their text.
 
     Sibling task runs of a failed run are not logged at all: the mapping winds them down
-    before the runner stops (`flows.runners.Mapped`). A filter remains because Prefect's task
+    before the runner stops (`tasks.run.loop`, `_wind_down`). A filter remains because Prefect's task
     engine logs a failed task run at ERROR however the task ends (raising, or returning a
     Failed state)."""
 

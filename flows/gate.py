@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from storage import db
+from storage.runs import PreparedRun
 from storage.snapshots import must_pass_cases
 from tasks.metrics.diff import METRIC_NAMES, CaseResult, Metric, RunDiff, check_metric, diff_runs
 from tasks.metrics.gate import gate_values
 from tasks.metrics.rules import GateRules, rule_blocks
 from tasks.models import InputError
-from tasks.run import RunSummary
+from tasks.run import RunConfig, RunSummary
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,22 @@ def pair_runs(run_id: str, baseline: str, *, metric: str = "pass", home: Path | 
                      run_id=run["run_id"], baseline_id=base["run_id"], metric=check_metric(metric),
                      seed=run["seed"])
     return Comparison(run, base, diff, results)
+
+
+def run_gate(run: PreparedRun, config: RunConfig,
+             home: Path | None = None) -> Callable[[RunSummary], dict[str, Any]] | None:
+    """The gate a prepared run applies to its summary (`tasks.run.loop.run_loop`), or None
+    when it has no baseline."""
+    if run.baseline is None:
+        return None
+    baseline = run.baseline
+
+    def gate(summary: RunSummary) -> dict[str, Any]:
+        return gate_runs(run.spec.run_id, baseline, min_pass_at_1=config.min_pass_at_1, max_drop=config.max_drop,
+                         home=home, safety_failed=summary.safety_failed, rules=run.rules, metric=config.metric,
+                         summary=summary)
+
+    return gate
 
 
 def gate_runs(

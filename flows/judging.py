@@ -265,7 +265,7 @@ def import_labels(
     from storage import db
     from tasks.metrics.labels import labelled_samples, read_labels
     from tasks.models import sha256_hex
-    from tasks.run import summarize
+    from tasks.run import RunStatus, summarize
     from tasks.run.labelled import labelled_spec, labelled_summary
 
     started = time.perf_counter()
@@ -290,7 +290,7 @@ def import_labels(
         db.write_aggregates(spec.run_id, aggregates, home)
         summary = labelled_summary(summary, source_run=run_id, labeller=labeller, labelled=rows.num_rows,
                                    labels=len(labels), duration_s=time.perf_counter() - started)
-        db.finish_run(spec.run_id, "completed", summary, home)
+        db.finish_run(spec.run_id, RunStatus.completed, summary, home)
     return summary.to_json()
 
 

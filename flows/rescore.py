@@ -2,13 +2,12 @@
 
 Wiring only, as `evaluate`: the plan is the one `evaluate` would make for the source run's
 agent, n and seed; `tasks.run.rescore` takes each sample's output from the source run and
-lists the cases it has none for; grading is mapped over the task runner like drawing
-(`flows.steps.draw_missing` with every output given, so no agent is ever called).
+lists the cases it has none for; grading runs on the task runner as in a run
+(`tasks.run.loop.draw_and_grade` with every output given, so no agent is ever called).
 """
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -18,12 +17,14 @@ from pydantic import Field
 
 from flows import steps
 from flows.artifacts import publish
-from flows.runners import Runner
-from storage import db, evalpipe_home
 from storage.snapshots import read_snapshot, snapshot_path
+from storage.store import Store
 from storage.suites import resolve_suite
 from tasks import run
 from tasks.models import EvalSuite, InputError
+from tasks.run import RunConfig, RunSpec, RunStatus
+from tasks.run.config import Runner
+from tasks.run.loop import draw_and_grade
 from tasks.run.rescore import rescore_plan
 from tasks.sandbox import allowing_unsafe, run_sandbox_mode
 
@@ -47,34 +48,36 @@ def rescore(
         unsafe_no_sandbox: Without bubblewrap, run the suite's code unprotected instead of refusing.
     """
     started = time.perf_counter()
-    home = evalpipe_home()
-    source = db.find_run(run_id, home)
+    store = Store.default()
+    home = store.home
+    source = store.find_run(run_id)
     suite_obj, suite_source = resolve_suite(suite)
-    sandbox = run_sandbox_mode((c.kind for c in suite_obj.cases), unsafe_no_sandbox)
+    sandbox = run_sandbox_mode(suite_obj.grader_kinds, unsafe_no_sandbox)
     source_suite = source_suite_of(source, suite_obj, home)
-    workers = workers or os.cpu_count() or 1
-    steps.snapshot_once(suite_obj, home)
-    spec = run.RunSpec(
+    config = RunConfig(suite=suite, agent=source["agent"], runner=runner, workers=workers,
+                       unsafe_no_sandbox=unsafe_no_sandbox)
+    steps.snapshot_once(suite_obj, store)
+    spec = RunSpec(
         suite_version=suite_obj.version, suite_name=suite_obj.name, agent=source["agent"],
         agent_fingerprint=source["agent_fingerprint"], n=source["n"], ks=list(source["ks"]),
         seed=source["seed"],
         config={"rescored_from": source["run_id"], "suite_ref": suite, "suite_source": suite_source,
-                "runner": runner, "workers": workers, "sandbox": sandbox},
+                "runner": runner, "workers": config.grade_workers, "sandbox": sandbox},
     )
     plan = rescore_plan(spec.run_id, run.plan(suite_obj, spec), suite_obj, source_suite,
-                        db.run_samples(source["run_id"], home))
-    with db.recorded_run(spec, home):
-        db.insert_samples(plan.failed_calls, home)
+                        store.run_samples(source["run_id"]))
+    with store.recorded_run(spec):
+        store.insert_samples(plan.failed_calls)
         total = len(plan.to_grade) + plan.failed_calls.num_rows
-        with allowing_unsafe(unsafe_no_sandbox):
-            steps.draw_missing(spec, suite_obj, None, plan.to_grade, total, home, batch_size=None,
-                               runner=runner, workers=workers, dask_address=None)
-        summary = steps.reduce_run(spec, suite_obj, str(home))
+        with allowing_unsafe(unsafe_no_sandbox), steps.prefect_stages(config) as stages:
+            draw_and_grade(spec, config, suite_obj, None, plan.to_grade, total, store, stages,
+                           progress=steps.ShownProgress())
+        summary = steps.aggregate(spec, suite_obj, store)
         summary.cases = len(suite_obj.cases) - len(plan.unscored)
         summary.source_run, summary.unscored = source["run_id"], plan.unscored
         summary.sandbox = sandbox
         summary.duration_s = round(time.perf_counter() - started, 3)
-        db.finish_run(spec.run_id, "completed", summary, home)
+        store.finish_run(spec.run_id, RunStatus.completed, summary)
     publish(summary, home)
     return summary.to_json()
 

@@ -1,20 +1,14 @@
-"""The Prefect task runner a run's sampling tasks are mapped over, and the mapping."""
+"""The Prefect task runners a run's stages run on, their workers pointed at the flow run's API."""
 
 from __future__ import annotations
 
 import os
-import queue
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from types import TracebackType
-from typing import Any, Generic, Literal, TypeVar
 
-from prefect import Task
-from prefect.futures import PrefectWrappedFuture
 from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner, ThreadPoolTaskRunner
 
-Runner = Literal["threads", "processes", "dask"]
-Item = TypeVar("Item")
+from tasks.run.config import Runner
 
 
 @contextmanager
@@ -76,52 +70,3 @@ def _set_environ(values: dict[str, str | None]) -> None:
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
-
-
-class Mapped(Generic[Item]):
-    """`task` mapped over a started task runner: one task run per item, submitted whenever,
-    taken as they finish (`finished`).
-
-    Leaving the block on an exception (a task run that failed, or the caller's own) winds the
-    task runs down before the runner is stopped: those not started are cancelled, so they
-    never run and leave no record, and the started ones end as they would have. Left in
-    flight, the runner's own stop would cancel them all, and one that a worker was just
-    picking up would be recorded, and logged, as crashed: a consequence of the failure
-    reported, not news of its own.
-    """
-
-    def __init__(self, runner: TaskRunner, task: Task[..., Any], params: Callable[[Item], dict[str, Any]]) -> None:
-        self._runner, self._task, self._params = runner, task, params
-        self._running: set[PrefectWrappedFuture] = set()
-        self._finished: queue.SimpleQueue[tuple[Item, PrefectWrappedFuture]] = queue.SimpleQueue()
-
-    @property
-    def in_flight(self) -> int:
-        return len(self._running)
-
-    def submit(self, item: Item) -> None:
-        future = self._runner.submit(self._task, self._params(item))
-        self._running.add(future)
-        future.add_done_callback(lambda f: self._finished.put((item, f)))
-
-    def finished(self) -> list[tuple[Item, Any]]:
-        """Wait for a task run to finish: the item and result of each one finished by then
-        (a failed one raises its exception)."""
-        ready = [self._finished.get()]
-        while not self._finished.empty():
-            ready.append(self._finished.get())
-        self._running.difference_update(future for _, future in ready)
-        return [(item, future.result()) for item, future in ready]
-
-    def __enter__(self) -> Mapped[Item]:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 traceback: TracebackType | None) -> None:
-        if exc_type is None:
-            return
-        # cancel() is False for a task run already started (a Dask future's is None: waiting
-        # on it returns at once once it is cancelled).
-        started = [f for f in self._running if not f.wrapped_future.cancel()]
-        for future in started:
-            future.wait()

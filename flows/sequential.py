@@ -1,7 +1,7 @@
 """`run --baseline RUN --sequential`: draw the suite's cases in a seeded random order, in rounds,
 and stop as soon as the gate's decision can no longer change (`tasks.metrics.sequential`).
 
-Each round is an ordinary draw (`flows.steps.reuse_cached`, `draw_missing`): its samples are
+Each round is an ordinary draw (`tasks.run.loop.reuse_cached`, `draw_and_grade`): its samples are
 stored as the run's, under their usual cache keys, so a later full run (or the same command
 after a kill) reuses them and draws only the rest. The order depends only on the run's seed,
 so a resumed run takes the same looks and reaches the same decision.
@@ -9,21 +9,22 @@ so a resumed run takes the same looks and reaches the same decision.
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from prefect import get_run_logger
 
-from flows import steps
 from flows.artifacts import progress_hook
-from flows.runners import Runner
-from storage import db
-from tasks.metrics.diff import Metric
+from flows.steps import ShownProgress
+from storage.store import Store
+from tasks.metrics.cost import PriceTable
 from tasks.metrics.percent import signed_points
 from tasks.metrics.sequential import Look, SequentialRecord, look_points, sequential_looks
+from tasks.metrics.stats import DEFAULT_LEVEL
 from tasks.models import EvalSuite
-from tasks.run import RunSpec, RunSummary
+from tasks.run import RunConfig, RunSpec, RunSummary
+from tasks.run.loop import Rounds, Stages, draw_and_grade, reuse_cached
 from tasks.run.sampling import PlannedSample
 
 # Mixed into the run's seed for the draw order, so the order is not the samples' own seeds.
@@ -36,31 +37,49 @@ def case_order(hashes: list[str], seed: int) -> list[str]:
     return [hashes[i] for i in rng.permutation(len(hashes))]
 
 
+def sequential_rounds(spec: RunSpec, config: RunConfig, suite: EvalSuite, agent: Any, store: Store, stages: Stages,
+                      baseline: str, prices: PriceTable) -> Rounds:
+    """The loop's drawing for `run --sequential` against `baseline`."""
+    can_pass_early = not (config.min_pass_at_1 is not None or config.max_new_failures is not None
+                          or config.min_slice or any(c.must_pass for c in suite.cases))
+
+    def draw(planned: list[PlannedSample]) -> tuple[SequentialRecord, list[PlannedSample]]:
+        return draw_sequentially(spec, config, suite, agent, planned, store, stages, baseline=baseline,
+                                 alpha=1 - DEFAULT_LEVEL, can_pass_early=can_pass_early, prices=prices)
+
+    return Rounds(draw, apply_stop)
+
+
 def draw_sequentially(
-    spec: RunSpec, suite: EvalSuite, agent: Any, planned: list[PlannedSample], home: Path, *,
-    baseline: str, max_drop: float, metric: Metric, alpha: float, rounds: int, can_pass_early: bool,
-    batch_size: int | None, runner: Runner, workers: int, dask_address: str | None,
+    spec: RunSpec, config: RunConfig, suite: EvalSuite, agent: Any, planned: list[PlannedSample], store: Store,
+    stages: Stages, *, baseline: str, alpha: float, can_pass_early: bool, prices: PriceTable,
 ) -> tuple[SequentialRecord, list[PlannedSample]]:
     """Draw `planned` round by round against `baseline` until the confidence sequence decides
     or the suite is exhausted; the samples land in the run like any others. Returns the
     record and the planned samples drawn."""
     logger = get_run_logger()
-    base = {r.case_hash: r.value(metric) for r in db.case_results(baseline, home)}
+    metric, max_drop = config.metric, config.max_drop
+    base = {r.case_hash: r.value(metric) for r in store.case_results(baseline)}
     by_hash: dict[str, list[PlannedSample]] = {}
     for p in planned:
         by_hash.setdefault(p.case_hash, []).append(p)
     paired = case_order(sorted(h for h in by_hash if h in base), spec.seed)
     unpaired = sorted(h for h in by_hash if h not in base)  # drawn only if the run goes to the end
-    points = look_points(len(paired), rounds) if paired else []
+    points = look_points(len(paired), config.sequential_rounds) if paired else []
     looks: list[Look] = []
     decision = None
     drawn = 0
     progress = _CumulativeProgress(len(planned))
+
+    def draw(chunk: list[PlannedSample]) -> None:
+        progress.draw(chunk, lambda shown: draw_and_grade(
+            spec, config, suite, agent, reuse_cached(spec, chunk, store), len(chunk), store, stages, prices=prices,
+            progress=shown))
+
     for point in points:
-        progress.draw(spec, suite, agent, [p for h in paired[drawn:point] for p in by_hash[h]], home,
-                      batch_size=batch_size, runner=runner, workers=workers, dask_address=dask_address)
+        draw([p for h in paired[drawn:point] for p in by_hash[h]])
         drawn = point
-        values = {r.case_hash: r.value(metric) for r in db.case_results(spec.run_id, home)}
+        values = {r.case_hash: r.value(metric) for r in store.case_results(spec.run_id)}
         diffs = np.array([values[h] - base[h] for h in paired[:drawn]])
         # Replayed from the first look: the same data, so only the latest look can newly decide.
         looks, decision = sequential_looks(diffs, points[: len(looks) + 1], horizon=len(paired), alpha=alpha,
@@ -72,8 +91,7 @@ def draw_sequentially(
         if decision is not None:
             break
     if decision is None:
-        progress.draw(spec, suite, agent, [p for h in unpaired for p in by_hash[h]], home, batch_size=batch_size,
-                      runner=runner, workers=workers, dask_address=dask_address)
+        draw([p for h in unpaired for p in by_hash[h]])
         drawn = len(paired) + len(unpaired)
     cases_planned = len(by_hash)
     taken = [p for h in (paired[:drawn] if decision else by_hash) for p in by_hash[h]]
@@ -93,16 +111,14 @@ class _CumulativeProgress:
     def __init__(self, total: int) -> None:
         self.done, self.total = 0, total
 
-    def draw(self, spec: RunSpec, suite: EvalSuite, agent: Any, chunk: list[PlannedSample], home: Path,
-             **runner: Any) -> None:
+    def draw(self, chunk: list[PlannedSample], draw: Callable[[ShownProgress], Any]) -> None:
         if not chunk:
             return
         hook = progress_hook.get()
         token = progress_hook.set(
             (lambda done, _total: hook(self.done + done, self.total)) if hook else None)
         try:
-            missing = steps.reuse_cached(spec, chunk, home)
-            steps.draw_missing(spec, suite, agent, missing, len(chunk), home, **runner)
+            draw(ShownProgress())
         finally:
             progress_hook.reset(token)
         self.done += len(chunk)

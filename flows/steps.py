@@ -1,68 +1,97 @@
-"""The steps of an evaluate run: its Prefect tasks (snapshot, sample mapped over the task
-runner, aggregate) and the storage each step reads or writes around them."""
+"""The Prefect side of an evaluate run: the two stages (`tasks.run.loop`) as Prefect tasks
+on their task runners, the snapshot and aggregate tasks, progress on the flow run's page,
+and the flow's final state."""
 
 from __future__ import annotations
 
 import os
-from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Completed, Failed, State
+from prefect.task_runners import TaskRunner
 
 from flows.artifacts import Progress, progress_hook
-from flows.runners import Mapped, Runner, task_runner
-from storage import db
-from storage.snapshots import snapshot_path, write_snapshot
-from tasks import run
+from flows.runners import task_runner
+from storage.store import Store
 from tasks.agents.trust import ALLOW_ENV, deployment_refusal
-from tasks.metrics.cost import PriceTable
 from tasks.metrics.percent import percent
 from tasks.models import EvalSuite, InputError
-from tasks.run import RunSpec, RunSummary, draw_batch, summarize
-from tasks.run.budget import Budget, Meter
-from tasks.run.sampling import PlannedSample
-
-# `baseline="previous"`: gate against the newest completed run of the same suite, any agent.
-PREVIOUS = "previous"
+from tasks.run import RunConfig, RunSpec, RunSummary
+from tasks.run.loop import DrawTask, GradeTask, SampleStore, reduce_run
 
 
 def _snapshot_key(context, parameters) -> str:
-    return f"evalpipe-snapshot-{parameters['home']}-{parameters['suite'].version}"
+    return f"evalpipe-snapshot-{parameters['store'].home}-{parameters['suite'].version}"
 
 
 @task(name="snapshot", cache_key_fn=_snapshot_key, task_run_name="snapshot {suite.name}")
-def snapshot(suite: EvalSuite, home: str) -> str:
+def snapshot(suite: EvalSuite, store: Store) -> str:
     """Write the suite's snapshot (once per version) and record the suite in DuckDB."""
-    path = write_snapshot(suite, Path(home))
-    db.record_suite(suite, path, Path(home))
-    return str(path)
+    return str(store.snapshot(suite))
 
 
 @task(name="sample", cache_policy=NO_CACHE, persist_result=False, task_run_name="sample {label}")
-def sample_batch(agent: Any, cases: list, planned: list[PlannedSample], spec: RunSpec, label: str):
-    return draw_batch(agent, cases, planned, spec)
+def draw(work: DrawTask, label: str) -> Any:
+    return work()
+
+
+@task(name="grade", cache_policy=NO_CACHE, persist_result=False, task_run_name="grade {label}")
+def grade(work: GradeTask, label: str) -> Any:
+    return work()
 
 
 @task(name="aggregate", cache_policy=NO_CACHE, persist_result=False)
-def reduce_run(spec: RunSpec, suite: EvalSuite, home: str) -> RunSummary:
-    """The one reduction: read the run's samples back, summarize, store the aggregates."""
-    summary, rows = summarize(spec, suite, db.run_samples(spec.run_id, Path(home), run.summary_columns(spec)))
-    db.write_aggregates(spec.run_id, rows, Path(home))
-    return summary
+def aggregate(spec: RunSpec, suite: EvalSuite, store: SampleStore) -> RunSummary:
+    return reduce_run(spec, suite, store)
 
 
 @dataclass
-class Drawn:
-    """How drawing went: the meter of what was drawn and spent, and how many samples were
-    left undrawn because the budget was spent."""
+class PrefectStages:
+    """The loop's stages as Prefect tasks, each on its task runner (`prefect_stages`)."""
 
-    meter: Meter
-    undrawn: int = 0
+    draws: TaskRunner
+    grades: TaskRunner
+
+    def draw(self, work: DrawTask) -> Any:
+        return self.draws.submit(draw, {"work": work, "label": work.label})
+
+    def grade(self, work: GradeTask) -> Any:
+        return self.grades.submit(grade, {"work": work, "label": work.label})
+
+
+@contextmanager
+def prefect_stages(config: RunConfig) -> Iterator[PrefectStages]:
+    """Grading on the run's task runner; drawing on threads of this process, or on the Dask
+    cluster too (a run that outgrows one machine draws there, the agent sent as its spec)."""
+    with task_runner(config.runner, config.grade_workers, config.dask_address) as grades:
+        if config.runner == "dask":
+            yield PrefectStages(grades, grades)
+            return
+        with task_runner("threads", config.draw_slots, None) as draws:
+            yield PrefectStages(draws, grades)
+
+
+class ShownProgress:
+    """Samples graded so far: the CLI's progress hook and, once there is work, the flow
+    run's progress artifact."""
+
+    def __init__(self) -> None:
+        self.hook = progress_hook.get()
+        self.shown: Progress | None = None
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.shown is None:
+            if self.hook:
+                self.hook(done, total)
+            if done < total:
+                self.shown = Progress(done, total, self.hook)
+            return
+        self.shown.advance(done - self.shown.done)
 
 
 def check_deployment_allows(agent: str, unsafe_no_sandbox: bool) -> None:
@@ -79,21 +108,6 @@ def check_deployment_allows(agent: str, unsafe_no_sandbox: bool) -> None:
     refusal = deployment_refusal(agent, unsafe_no_sandbox, configured, os.environ.get(ALLOW_ENV, ""))
     if refusal:
         raise InputError(refusal)
-
-
-def find_baseline(baseline: str | None, suite: EvalSuite, home: Path) -> str | None:
-    """The run id to gate against: `previous` is the newest completed run of the same suite
-    version, whatever its agent, so a changed agent is gated against the last one (none yet:
-    no gate, said in the summary); anything else, a stored run (id or prefix), found before
-    any agent call is paid for."""
-    if baseline == PREVIOUS:
-        return db.latest_completed_run_of_suite(suite.version, home)
-    return db.find_run(baseline, home)["run_id"] if baseline else None
-
-
-def no_baseline_note(suite: EvalSuite) -> str:
-    return (f"no baseline: no completed run of suite {suite.name} ({suite.version[:12]}) yet;"
-            " this run was not gated")
 
 
 def log_headline(summary: RunSummary) -> None:
@@ -113,74 +127,9 @@ def log_headline(summary: RunSummary) -> None:
         logger.warning("%s", summary.no_baseline)
 
 
-def snapshot_once(suite: EvalSuite, home: Path) -> None:
+def snapshot_once(suite: EvalSuite, store: Store) -> None:
     """The `snapshot` task, cached per suite version, run again when its file is gone."""
-    fresh = not snapshot_path(suite.version, home).exists()
-    snapshot.with_options(refresh_cache=fresh)(suite, str(home))
-
-
-def reuse_cached(spec: RunSpec, planned: list[PlannedSample], home: Path) -> list[PlannedSample]:
-    """Store the samples found in the cache as this run's; the planned samples left to draw."""
-    stored = db.cached_samples([(p.output_key, p.cache_key) for p in planned], home)
-    reused, missing = run.pending(spec, planned, stored)
-    db.insert_samples(reused, home)
-    return missing
-
-
-def draw_missing(spec: RunSpec, suite: EvalSuite, agent: Any, missing: list[PlannedSample], total: int,
-                 home: Path, *, batch_size: int | None, runner: Runner, workers: int,
-                 dask_address: str | None, budget: Budget | None = None,
-                 prices: PriceTable | None = None) -> Drawn:
-    """Map the missing samples over the task runner, `sample_batch` a batch; store the drawn
-    ones as they finish. A batch stopped by its time budget drew a prefix: the rest is
-    submitted again. Whatever finished meanwhile is stored together, as one database
-    write: opening the DuckDB file costs more than a small batch's rows.
-
-    Stored outputs to grade anew are all submitted at once; the samples to draw too, unless
-    the run has a cost budget: then one sample a task, no more than `workers` in flight,
-    and none started once the budget is spent (`tasks.run.budget`)."""
-    hook = progress_hook.get()
-    if hook:
-        hook(total - len(missing), total)
-    budget, prices = budget or Budget(), prices or PriceTable()
-    to_grade = [p for p in missing if p.output is not None]
-    to_draw, cut = budget.order([p for p in missing if p.output is None])
-    meter = Meter(budget)
-    drawn = Drawn(meter, len(cut))
-    if not to_grade and not to_draw:
-        return drawn
-    cases = {c.id: c for c in suite.cases}
-    progress = Progress(total - len(missing), total, hook)
-    paced = budget.max_cost_usd is not None
-    waiting = deque([[p] for p in to_draw] if paced else run.batches(to_draw, spec.n, batch_size, workers))
-
-    def params(chunk: list[PlannedSample]) -> dict[str, Any]:
-        return {"agent": agent, "cases": run.batch_cases(cases, chunk), "planned": chunk, "spec": spec,
-                "label": run.batch_label(chunk)}
-
-    def top_up() -> None:
-        while waiting and meter.may_draw and (not paced or mapped.in_flight < workers):
-            mapped.submit(waiting.popleft())
-
-    with task_runner(runner, workers, dask_address) as started, Mapped(started, sample_batch, params) as mapped:
-        for chunk in run.batches(to_grade, spec.n, batch_size, workers) if to_grade else []:
-            mapped.submit(chunk)
-        top_up()
-        while mapped.in_flight:
-            finished = mapped.finished()
-            rows = run.priced(pa.concat_tables([rows for _, rows in finished]), prices)
-            meter.add(rows)
-            for chunk, done in finished:  # the workers get more before this process writes
-                if rest := run.undrawn(chunk, done):
-                    if rest[0].output is not None or meter.may_draw:
-                        mapped.submit(rest)
-                    else:
-                        drawn.undrawn += len(rest)
-            top_up()
-            db.insert_samples(rows, home)
-            progress.advance(rows.num_rows)
-    drawn.undrawn += sum(len(chunk) for chunk in waiting)
-    return drawn
+    snapshot.with_options(refresh_cache=not store.has_snapshot(suite))(suite, store)
 
 
 class GateBlocked(Exception):

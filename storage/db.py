@@ -34,6 +34,8 @@ from tasks.metrics.diff import CaseResult
 from tasks.models import EvalSuite, InputError, PlatformError
 from tasks.run import RunSpec, RunSummary
 from tasks.run.samples import SAMPLE_COLUMNS, SAMPLE_SCHEMA, sample_ddl
+from tasks.run.spec import RunStatus
+from tasks.run.steps import CACHE_LOOKUP_COLUMNS, COPY_COLUMNS
 
 # How many characters of each output `output_head` keeps (`failing_samples` reads no more).
 OUTPUT_HEAD_CHARS = 4096
@@ -240,10 +242,15 @@ def record_suite(suite: EvalSuite, snapshot_path: Path, home: Path | None = None
             "INSERT INTO suites VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
             [suite.version, suite.name, len(suite.cases), str(snapshot_path), now()],
         )
-        con.executemany(
-            "INSERT INTO cases VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-            [[suite.version, c.id, c.case_hash, list(c.slices), list(c.tags)] for c in suite.cases],
-        )
+        # One statement over an Arrow table: executemany is a statement a case (seconds at 2,000).
+        new_cases = pa.table({  # noqa: F841 - read by DuckDB
+            "suite_version": pa.array([suite.version] * len(suite.cases), pa.string()),
+            "case_id": pa.array([c.id for c in suite.cases], pa.string()),
+            "case_hash": pa.array([c.case_hash for c in suite.cases], pa.string()),
+            "slices": pa.array([list(c.slices) for c in suite.cases], pa.list_(pa.string())),
+            "tags": pa.array([list(c.tags) for c in suite.cases], pa.list_(pa.string())),
+        })
+        con.execute("INSERT INTO cases SELECT * FROM new_cases ON CONFLICT DO NOTHING")
 
 
 def start_run(spec: RunSpec, home: Path | None = None) -> None:
@@ -252,15 +259,16 @@ def start_run(spec: RunSpec, home: Path | None = None) -> None:
     owner = process.current()
     with connect(home) as con:
         running = con.execute(
-            "SELECT run_id, pid, host, process_started FROM runs WHERE status = 'running' AND pid IS NOT NULL"
+            f"SELECT run_id, pid, host, process_started FROM runs WHERE status = '{RunStatus.running}' AND pid IS NOT NULL"
         ).fetchall()
         stale = [[rid] for rid, *who in running if process.gone(process.Owner(*who))]
         if stale:
-            con.executemany("UPDATE runs SET status = 'interrupted' WHERE run_id = ? AND status = 'running'", stale)
+            con.executemany(f"UPDATE runs SET status = '{RunStatus.interrupted}' WHERE run_id = ?"
+                            f" AND status = '{RunStatus.running}'", stale)
         con.execute(
             "INSERT INTO runs (run_id, suite_version, suite_name, agent, agent_fingerprint, n, ks,"
             " seed, status, started_at, flow_run_id, config, pid, host, process_started)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?, ?, ?, ?, ?)",
+            f" VALUES (?, ?, ?, ?, ?, ?, ?, ?, '{RunStatus.running}', ?, ?, ?, ?, ?, ?)",
             [
                 spec.run_id, spec.suite_version, spec.suite_name, spec.agent,
                 spec.agent_fingerprint, spec.n, spec.ks, spec.seed, now(),
@@ -270,7 +278,7 @@ def start_run(spec: RunSpec, home: Path | None = None) -> None:
         )
 
 
-def finish_run(run_id: str, status: str, summary: RunSummary | None, home: Path | None = None) -> None:
+def finish_run(run_id: str, status: RunStatus, summary: RunSummary | None, home: Path | None = None) -> None:
     with connect(home) as con:
         con.execute(
             "UPDATE runs SET status = ?, finished_at = ?, summary = ? WHERE run_id = ?",
@@ -288,23 +296,25 @@ def recorded_run(spec: RunSpec, home: Path | None = None) -> Iterator[None]:
     try:
         yield
     except Exception:
-        finish_run(spec.run_id, "failed", None, home)
+        finish_run(spec.run_id, RunStatus.failed, None, home)
         raise
     except BaseException:
-        finish_run(spec.run_id, "interrupted", None, home)
+        finish_run(spec.run_id, RunStatus.interrupted, None, home)
         raise
 
 
 def cached_samples(planned: Sequence[tuple[str, str]], home: Path | None = None) -> pa.Table:
     """For each planned (output key, cache key): the stored sample that serves it best, one
     graded under the same cache key (and not by a failed grader) if there is one, else the
-    newest with that output. Two queries on one connection, the second only for what the
-    first did not find: an unchanged re-run costs the one lookup it always did."""
+    newest with that output; as lookup rows (`CACHE_LOOKUP_COLUMNS`: never the output,
+    which `copy_samples` and `stored_outputs` read in the database). Two queries on one
+    connection, the second only for what the first did not find: an unchanged re-run costs
+    the one lookup it always did."""
     if not planned:
-        return SAMPLE_SCHEMA.empty_table()
+        return SAMPLE_SCHEMA.select(list(CACHE_LOOKUP_COLUMNS)).empty_table()
     out_keys, wanted = zip(*planned, strict=True)
     keys = pa.table({"cache_key": pa.array(wanted, pa.string()), "output_key": pa.array(out_keys, pa.string())})
-    columns = ", ".join(f"samples.{c}" for c in SAMPLE_COLUMNS)
+    columns = ", ".join(f"samples.{c}" for c in CACHE_LOOKUP_COLUMNS)
     with connect(home) as con:
         whole = con.sql(
             f"""SELECT {columns} FROM samples JOIN keys USING (cache_key)
@@ -320,6 +330,32 @@ def cached_samples(planned: Sequence[tuple[str, str]], home: Path | None = None)
                 QUALIFY row_number() OVER (PARTITION BY samples.output_key ORDER BY run_id DESC) = 1"""
         ).to_arrow_table()
     return pa.concat_tables([whole, outputs])
+
+
+def copy_samples(run_id: str, copied: pa.Table, home: Path | None = None) -> None:
+    """Store the samples `copied` names (`COPY_COLUMNS`) as `run_id`'s cached ones, with the
+    case hashes it gives: row to row in the database, outputs and all, never through this
+    process. Rows already present are left as they are."""
+    if copied.num_rows == 0:
+        return
+    places = copied.select(list(COPY_COLUMNS)).rename_columns(["src_run", "src_case", "src_index", "new_hash"])  # noqa: F841
+    set_to = {"run_id": "?", "cached": "true", "case_hash": "places.new_hash"}
+    values = ", ".join(set_to.get(c, f"samples.{c}") for c in (*SAMPLE_COLUMNS, *DERIVED_COLUMNS))
+    with connect(home) as con:
+        con.execute(
+            f"INSERT INTO samples ({', '.join([*SAMPLE_COLUMNS, *DERIVED_COLUMNS])}) SELECT {values}"
+            " FROM samples JOIN places ON samples.run_id = places.src_run AND samples.case_id = places.src_case"
+            " AND samples.sample_index = places.src_index ON CONFLICT DO NOTHING", [run_id])
+
+
+def stored_outputs(places: pa.Table, home: Path | None = None) -> dict[str, str]:
+    """Output key → output of the stored samples `places` names (run id, case id, index)."""
+    if places.num_rows == 0:
+        return {}
+    with connect(home, read_only=True) as con:
+        rows = con.execute(
+            "SELECT output_key, output FROM samples JOIN places USING (run_id, case_id, sample_index)").fetchall()
+    return dict(rows)
 
 
 def insert_samples(rows: pa.Table, home: Path | None = None) -> None:
@@ -399,10 +435,10 @@ def list_runs(home: Path | None = None, limit: int = 50) -> list[dict[str, Any]]
 
 def _run_dict(description, row) -> dict[str, Any]:
     run = dict(zip([d[0] for d in description], row, strict=True))
-    if run["status"] == "running" and run.get("pid") is not None and process.gone(
+    if run["status"] == RunStatus.running and run.get("pid") is not None and process.gone(
         process.Owner(run["pid"], run["host"], run["process_started"])
     ):
-        run["status"] = "interrupted"
+        run["status"] = RunStatus.interrupted.value
     for key in ("config", "summary"):
         if isinstance(run.get(key), str):
             run[key] = json.loads(run[key])
@@ -486,7 +522,7 @@ def latest_completed_run_of_suite(suite_version: str, home: Path | None = None, 
         return None
     with connect(home, read_only=True) as con:
         row = con.execute(
-            "SELECT run_id FROM runs WHERE status = 'completed' AND suite_version = ? AND run_id <> ?"
+            f"SELECT run_id FROM runs WHERE status = '{RunStatus.completed}' AND suite_version = ? AND run_id <> ?"
             " AND (? IS NULL OR started_at < (SELECT started_at FROM runs WHERE run_id = ?))"
             " ORDER BY started_at DESC LIMIT 1", [suite_version, before or "", before, before],
         ).fetchone()

@@ -17,7 +17,6 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 from tasks.errors import InputError as InputError
 from tasks.errors import PlatformError as PlatformError
 from tasks.params import grader_params
-from tasks.registry import runs_code
 
 
 class Status(StrEnum):
@@ -144,10 +143,6 @@ class EvalCase(_Frozen):
                 message = str(exc)
                 raise ValueError(f"{where}.{message.removeprefix('grader.')}" if message.startswith("grader.")
                                  else f"{where}: {message}") from None
-            # A run checks for the sandbox by the deciding graders' kinds (tasks.sandbox.run_sandbox_mode).
-            if runs_code(grader["kind"]):
-                raise ValueError(f"{where}: a {grader['kind']} grader runs code, so it can only be the"
-                                 " case's deciding `grader`")
         return value
 
     @property
@@ -235,6 +230,12 @@ class EvalSuite(_Frozen):
 
     def model_post_init(self, context: Any) -> None:
         self._version = sha256_hex(canonical_json([c.content() for c in self.cases]))
+
+    @property
+    def grader_kinds(self) -> frozenset[str]:
+        """Every grader kind the suite's cases use, deciding and extra (a run checks them
+        for the sandbox: tasks.sandbox.run_sandbox_mode)."""
+        return frozenset(g["kind"] for c in self.cases for g in (c.grader, *c.extra_graders))
 
     @property
     def version(self) -> str:

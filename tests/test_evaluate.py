@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import signal
 import subprocess
@@ -13,8 +12,6 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 ROOT = Path(__file__).resolve().parent.parent
 AGENTS = ROOT / "tests/support/agents.py"
@@ -126,7 +123,7 @@ def test_killed_run_resumes_without_duplicates(prefect_harness, home, tmp_path, 
     env = {**os.environ, "PREFECT_API_URL": prefect_harness, "EVALPIPE_TEST_SLEEP": "0.1",
            "PYTHONPATH": str(ROOT)}
     args = ["run", str(suite), "--agent", agent("slow"), "-n", "2", "--batch-size", "1", "--workers", "2",
-            "--json"]
+            "--agent-concurrency", "2", "--json"]
     proc = run_cli(args, env, start_new_session=True)
     deadline = time.monotonic() + 120
     while len(calls(counted)) < 12 and time.monotonic() < deadline and proc.poll() is None:
@@ -267,41 +264,29 @@ def test_regrade_counts_environment_flakes_apart_from_the_agent(prefect_harness,
     assert "environment flakes" in html
 
 
-def test_run_batch_returns_the_prefix_finished_within_its_budget(tmp_path, monkeypatch):
+def test_a_stage_task_returns_the_prefix_finished_within_its_budget(tmp_path, monkeypatch):
     from tasks.agents import load_agent
-    from tasks.run.sampling import plan_samples, run_batch
+    from tasks.run.loop import DrawTask
+    from tasks.run.sampling import plan_samples
     from tasks.suites.dataset import load_suite
 
     monkeypatch.setenv("EVALPIPE_TEST_SLEEP", "0.05")
     suite = load_suite(write_suite(tmp_path / "toy.yaml", 10))
     slow = load_agent(agent("slow"))
     planned = plan_samples(suite, slow.fingerprint, 1, 0)
-    assert len(run_batch(slow, suite.cases, planned, 1, budget_s=0)) == 1  # always at least one
-    part = run_batch(slow, suite.cases, planned, 1, budget_s=0.3)  # 10 x 0.05 s would take 0.5 s
+
+    def draw(budget_s):
+        return DrawTask(slow, list(suite.cases), planned, 1, 1 << 20, budget_s)()
+
+    assert len(draw(0)) == 1  # always at least one
+    part = draw(0.3)  # 10 x 0.05 s would take 0.5 s
     assert 1 <= len(part) < 10
-    assert [(s.case_id, s.index) for s in part] == [(p.case_id, p.index) for p in planned[: len(part)]]
-    assert len(run_batch(slow, suite.cases, planned, 1)) == 10
+    assert [d.planned for d in part] == planned[: len(part)]
+    assert len(draw(None)) == 10
 
 
-@given(missing=st.integers(1, 10**6), workers=st.integers(1, 256))
-def test_a_task_holds_at_most_max_batch_samples_and_tasks_stay_few(missing, workers):
-    from tasks.run import MAX_BATCH, TASKS_PER_WORKER, samples_per_task
-
-    size = samples_per_task(missing, workers)
-    assert 1 <= size <= MAX_BATCH
-    assert size == MAX_BATCH or math.ceil(missing / size) <= workers * TASKS_PER_WORKER
-
-
-def test_the_issue_case_is_bounded():
-    from tasks.run import samples_per_task
-
-    assert samples_per_task(2000 * 10, 2) == 64  # was 625: a kill threw away 2 x 625 draws
-
-
-def test_a_batch_draws_from_its_own_cases_and_a_cut_one_leaves_its_tail(tmp_path):
-    import pyarrow as pa
-
-    from tasks.run import batch_cases, run_title, undrawn
+def test_a_task_draws_from_its_own_cases(tmp_path):
+    from tasks.run import batch_cases, run_title
     from tasks.run.sampling import plan_samples
     from tasks.suites.dataset import load_suite
 
@@ -309,29 +294,28 @@ def test_a_batch_draws_from_its_own_cases_and_a_cut_one_leaves_its_tail(tmp_path
     cases = {c.id: c for c in suite.cases}
     chunk = plan_samples(suite, "fingerprint", 2, 0)[1:6]  # q000#1 .. q002#0
     assert [c.id for c in batch_cases(cases, chunk)] == ["q000", "q001", "q002"]
-    assert undrawn(chunk, pa.table({"drawn": [1, 2]})) == chunk[2:]
-    assert undrawn(chunk, pa.table({"drawn": [1, 2, 3, 4, 5]})) == []
     assert run_title("suites/toy.yaml", "reference", 3) == "toy · reference · n=3"
 
 
 def test_a_task_cut_short_by_its_budget_has_the_rest_drawn_once(prefect_harness, home, tmp_path, counted,
                                                                 monkeypatch):
     from flows.evaluate import evaluate
-    from tasks.run import steps
+    from tasks.run import loop
 
     sizes: list[int] = []
+    call = loop.DrawTask.__call__
 
-    def recorded_run_batch(*args):
-        drawn = run_batch(*args)
+    def recorded(self):
+        drawn = call(self)
         sizes.append(len(drawn))
         return drawn
 
-    run_batch = steps.run_batch
-    monkeypatch.setattr(steps, "run_batch", recorded_run_batch)
-    monkeypatch.setattr(steps, "BATCH_BUDGET_S", 0.2)
+    monkeypatch.setattr(loop.DrawTask, "__call__", recorded)
+    monkeypatch.setattr(loop, "BATCH_BUDGET_S", 0.2)
     monkeypatch.setenv("EVALPIPE_TEST_SLEEP", "0.05")
     suite = write_suite(tmp_path / "toy.yaml", 12)
-    out = evaluate(suite=str(suite), agent=agent("slow"), n=2, k=[1], workers=2, batch_size=6)
+    out = evaluate(suite=str(suite), agent=agent("slow"), n=2, k=[1], workers=2, agent_concurrency=2,
+                   batch_size=6)
     # Two chunks of 12 samples (0.6 s each): each task stops after ~0.2 s, the rest goes again.
     assert max(sizes) < 12 and len(sizes) > 2 and sum(sizes) == 24
     drawn = calls(counted)
@@ -339,3 +323,18 @@ def test_a_task_cut_short_by_its_budget_has_the_rest_drawn_once(prefect_harness,
     assert out["samples"] == 24 and out["cached_samples"] == 0
     assert query(home, "SELECT count(DISTINCT (case_id, sample_index)) FROM samples WHERE run_id = ?",
                  out["run_id"]) == [(24,)]
+
+
+def test_drawing_and_grading_are_tasks_of_their_own_in_the_flow_run(prefect_harness, home, tmp_path):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    from flows.evaluate import evaluate
+
+    out = evaluate(suite=str(write_suite(tmp_path / "toy.yaml", 6)), agent=agent("flaky"), n=2, workers=1,
+                   agent_concurrency=3)
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[out["flow_run_id"]])))
+    names = {r.name.replace("-", " ").split(" ")[0] for r in runs}  # "sample q000…", "aggregate-4c8"
+    assert {"sample", "grade", "aggregate"} <= names
+    assert all(r.state.is_completed() for r in runs)

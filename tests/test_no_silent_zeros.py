@@ -112,7 +112,7 @@ def test_unicode_names_and_the_home_found_from_a_subdirectory(prefect_harness, t
 def test_ctrl_c_leaves_the_run_interrupted_and_rerunning_resumes(env, home, tmp_path) -> None:
     suite = write_suite(tmp_path / "toy.yaml", 40)
     env = {**env, "EVALPIPE_TEST_SLEEP": "0.2"}
-    args = ["run", str(suite), "--agent", agent("slow"), "--workers", "1", "--json"]
+    args = ["run", str(suite), "--agent", agent("slow"), "--workers", "1", "--agent-concurrency", "1", "--json"]
     proc = subprocess.Popen([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120

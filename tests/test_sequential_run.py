@@ -145,7 +145,8 @@ def test_a_sequential_run_killed_mid_sequence_resumes_from_its_samples(env, tmp_
     calls.touch()
     slow_env = {**env, "EVALPIPE_TEST_CALLS": str(calls)}
     args = ["run", str(suite), "--agent", f"python:{agent}:answer", "--baseline", base, "--sequential",
-            "--rounds", "20", "--batch-size", "1", "--workers", "1", "--json"]
+            "--rounds", "20", "--batch-size", "1", "--workers", "1",
+            "--agent-concurrency", "1", "--json"]
     proc = subprocess.Popen([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=slow_env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 300

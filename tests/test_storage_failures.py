@@ -198,7 +198,7 @@ def test_killed_run_reads_interrupted_and_resumes(prefect_harness, tmp_path):
     env = {**os.environ, "EVALPIPE_HOME": str(home), "PREFECT_API_URL": prefect_harness,
            "EVALPIPE_TEST_SLEEP": "0.1", "EVALPIPE_TEST_CALLS": str(calls), "PYTHONPATH": str(ROOT)}
     args = ["run", str(suite_file(tmp_path / "toy.yaml", 20)), "--agent", f"python:{AGENTS}:slow",
-            "--batch-size", "1", "--workers", "2", "--json"]
+            "--batch-size", "1", "--workers", "2", "--agent-concurrency", "2", "--json"]
     proc = subprocess.Popen([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, text=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 120

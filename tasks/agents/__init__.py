@@ -19,6 +19,7 @@ Each kind is a module of its own: `python`, `cmd`, `replay`, `reference` and `ch
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -49,10 +50,19 @@ def seen_beyond_inputs(spec: str, case: EvalCase) -> dict[str, Any]:
     return {"reference": case.reference} if spec == "reference" else {}
 
 
-def load_agent(spec: str, workspace_timeout_s: float | None = None) -> Agent:
+def load_agent(spec: str, workspace_timeout_s: float | None = None, output_cap: int | None = None) -> Agent:
     """Parse and load an `--agent` spec, resolving relative paths against the working directory.
-    With `workspace_timeout_s`, a coding agent run per sample in a workspace (`--workspace`)."""
+    With `workspace_timeout_s`, a coding agent run per sample in a workspace (`--workspace`).
+    `output_cap`: the run's cap on an output in bytes (default: `max_output_bytes()`), which
+    a command agent reads no further than."""
     max_output_bytes()  # a bad setting is bad input, refused before any work
+    agent = _load(spec, workspace_timeout_s)
+    if output_cap is not None and isinstance(agent, CmdAgent):
+        return replace(agent, max_output_bytes=output_cap)
+    return agent
+
+
+def _load(spec: str, workspace_timeout_s: float | None) -> Agent:
     base = Path.cwd()
     if workspace_timeout_s is not None:
         return WorkspaceAgent.load(spec, base, workspace_timeout_s)

@@ -4,6 +4,7 @@ which judges use too: what user code raises is its failure, a real signal stops 
 from __future__ import annotations
 
 import copy
+import inspect
 import os
 import signal
 import threading
@@ -37,6 +38,38 @@ class PythonAgent(Reloadable):
     def generate(self, case: EvalCase, ctx: AgentContext) -> Any:
         # A copy: the case is a frozen value shared by every sample.
         return call_user_code(self.func, copy.deepcopy(case.inputs), ctx)
+
+
+@dataclass(frozen=True)
+class CallableAgent:
+    """A Python function given as the agent (`evalpipe.evaluate(agent=func)`), called as a
+    `python:` agent's is: `func(inputs, ctx) -> str`. Its spec names it (`callable:MOD:NAME`);
+    its fingerprint is its code, so an edited function draws anew, not from the cache. It
+    runs in the process that holds it: drawing runs on threads."""
+
+    spec: str
+    fingerprint: str
+    func: Callable[..., Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def of(cls, func: Callable[..., Any]) -> CallableAgent:
+        if not callable(func):
+            raise InputError(f"agent {func!r}: not a spec string nor a callable")
+        name = getattr(func, "__qualname__", type(func).__qualname__)
+        spec = f"callable:{getattr(func, '__module__', None) or '?'}:{name}"
+        return cls(spec, spec_fingerprint(spec, _code_of(func)), func)
+
+    def generate(self, case: EvalCase, ctx: AgentContext) -> Any:
+        return call_user_code(self.func, copy.deepcopy(case.inputs), ctx)
+
+
+def _code_of(func: Callable[..., Any]) -> str:
+    """What a function does, as text: its source, else its bytecode and constants."""
+    try:
+        return inspect.getsource(func)
+    except (OSError, TypeError):
+        code = getattr(func, "__code__", None) or getattr(type(func).__call__, "__code__", None)
+        return repr((code.co_code.hex(), code.co_consts)) if code else repr(func)
 
 
 def call_user_code(func: Callable[..., Any], *args: Any) -> Any:

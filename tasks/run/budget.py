@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import pyarrow as pa
-import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, Field
 
 from tasks.run.sampling import PlannedSample
@@ -46,17 +44,19 @@ class Meter:
         self.budget = budget
         self.drawn = 0
         self.cost_usd = 0.0
+        self.dearest = 0.0  # the dearest call so far
         self.stopped: str | None = None  # why no new agent call may start
 
-    def add(self, rows: pa.Table) -> None:
-        """Count the drawn samples (`cached` false) among stored rows."""
-        drawn = rows.filter(pc.invert(rows["cached"]))
-        self.drawn += drawn.num_rows
-        self.cost_usd += float(pc.sum(drawn["cost_usd"]).as_py() or 0.0)
+    def add(self, costs: Sequence[float | None]) -> None:
+        """Count drawn samples (never cached ones) by their cost, None where it is unknown."""
+        self.drawn += len(costs)
+        known = [c for c in costs if c is not None]
+        self.cost_usd += sum(known)
+        self.dearest = max([self.dearest, *known])
         limit = self.budget.max_cost_usd
         if limit is None or self.stopped:
             return
-        unpriced = pc.sum(pc.is_null(drawn["cost_usd"])).as_py() or 0
+        unpriced = sum(c is None for c in costs)
         if unpriced:
             # Spending that cannot be counted cannot be kept under a limit: stop, and say so.
             self.stopped = (f"--max-cost {limit:g}: {unpriced} drawn sample(s) have no known cost"

@@ -4,11 +4,13 @@ Every sample keeps its raw output, verdict, trace and timing (docs/contract.md Â
 Seeds and cache keys are pure functions of content, so planning a run is deterministic and
 a re-run can find its finished work by key.
 
-`draw_sample` is the one boundary where an agent's output enters a `Sample`, so whatever
-any agent returns (and whatever a grader or judge writes) can be stored: an output that
+Drawing (`draw_output`, I/O-bound) and grading (`grade_drawn`, CPU-bound) are two stages a
+run runs with their own concurrency (`tasks.run.loop`); `draw_sample` is both in turn.
+They are the one boundary where an agent's output enters a `Sample`, so whatever any agent
+returns (and whatever a grader or judge writes) can be stored: an output that
 is not a `str` is an `agent_error`; characters no encoding can store (lone surrogates)
 are replaced; configured secrets are masked (`tasks.redaction`); the output is capped at
-`max_output_bytes()`. The trace says what was changed.
+the run's `max_output_bytes`. The trace says what was changed.
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from tasks.agents import Agent, AgentContext, AgentError, max_output_bytes, seen_beyond_inputs
+from tasks.agents import AgentContext, AgentError, max_output_bytes, seen_beyond_inputs
 from tasks.graders import grade, grader_fingerprint
 from tasks.models import (
     EvalCase,
@@ -32,6 +34,9 @@ from tasks.models import (
     sha256_hex,
 )
 from tasks.redaction import MASK, redact
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 def sample_seed(case_id: str, inputs_hash: str, index: int, run_seed: int) -> int:
@@ -142,69 +147,104 @@ def _map_strings(value: Any, fn: Callable[[str], str]) -> Any:
     return value
 
 
-def draw_sample(
-    agent, case: EvalCase, planned: PlannedSample, n: int, regrade: int = 0, cap: int | None = None
-) -> Sample:
-    """Draw one output (or take the planned stored one) and grade it. Never raises: agent
-    failures become `agent_error`. `cap`: the output limit in bytes (default from the
-    environment, see `max_output_bytes`)."""
+@dataclass(frozen=True)
+class Drawn:
+    """An output on its way from the drawing stage to the grading stage: the planned sample,
+    the output as it is graded and stored ("" when the call failed, `error` set), what the
+    call took, and the trace the agent and the output's bounding wrote."""
+
+    planned: PlannedSample
+    output: str
+    usage: Usage
+    trace: dict[str, Any]
+    draw_s: float = 0.0
+    error: str | None = None
+
+    @property
+    def cached(self) -> bool:
+        return self.planned.output is not None
+
+
+def stored_output(planned: PlannedSample) -> Drawn:
+    """A planned sample's stored output, graded without an agent call (bounded when it was
+    drawn: a second cut would add a second marker)."""
+    assert planned.output is not None
+    return Drawn(planned, planned.output, planned.usage or Usage(), {})
+
+
+def draw_output(agent, case: EvalCase, planned: PlannedSample, n: int, cap: int) -> Drawn:
+    """Draw one output from the agent. Never raises: a failed call is a `Drawn` with its
+    `error`. `cap`: the output limit in bytes (`RunConfig.output_cap`)."""
+    if planned.output is not None:
+        return stored_output(planned)
     started = time.perf_counter()
     trace: dict = {}
     ctx = AgentContext(case_id=case.id, index=planned.index, seed=planned.seed, n=n, trace=trace)
-    usage = planned.usage or Usage()
     try:
-        if planned.output is None:
-            try:
-                raw = agent.generate(case, ctx)
-            finally:  # a failed call took its time (and maybe its tokens) too
-                usage = Usage(latency_s=time.perf_counter() - started, **ctx.reported)
-            output, notes = bounded_output(raw, max_output_bytes() if cap is None else cap)
-            trace.update(notes)
-        else:  # stored, so bounded when it was drawn: a second cut would add a second marker
-            output = planned.output
+        try:
+            raw = agent.generate(case, ctx)
+        finally:  # a failed call took its time (and maybe its tokens) too
+            usage = Usage(latency_s=time.perf_counter() - started, **ctx.reported)
+        output, notes = bounded_output(raw, cap)
     except AgentError as exc:
-        output = ""
-        verdict = Verdict.fail(Status.agent_error, f"agent failed: {exc}")
+        return Drawn(planned, "", usage, trace, time.perf_counter() - started, f"agent failed: {exc}")
+    trace.update(notes)
+    return Drawn(planned, output, usage, trace, time.perf_counter() - started)
+
+
+def grade_drawn(case: EvalCase, drawn: Drawn, regrade: int = 0) -> Sample:
+    """Grade a drawn (or stored) output into its `Sample`. Never raises: an agent failure is
+    an `agent_error`; a grader's is the grader's verdict."""
+    started = time.perf_counter()
+    trace = dict(drawn.trace)
+    if drawn.error is not None:
+        verdict = Verdict.fail(Status.agent_error, drawn.error)
     else:
-        trace["agent_s"] = round(time.perf_counter() - started, 6)
-        verdict = grade(output, case, trace)
+        trace["agent_s"] = round(drawn.draw_s, 6)
+        verdict = grade(drawn.output, case, trace)
         if regrade:
             # Same output graded again: any disagreement is the environment's flakiness.
-            again = [grade(output, case, {}).status.value for _ in range(regrade)]
+            again = [grade(drawn.output, case, {}).status.value for _ in range(regrade)]
             trace["regrade"] = again
             trace["env_flaky"] = any(s != verdict.status.value for s in again)
     # Graders and judges write text of their own (an exception, a judge's rationale).
     verdict = verdict.model_copy(
         update={"detail": storable(verdict.detail), "safety": tuple(map(storable, verdict.safety))}
     )
+    p = drawn.planned
     return Sample(
         case_id=case.id,
-        index=planned.index,
-        seed=planned.seed,
-        output=output,
+        index=p.index,
+        seed=p.seed,
+        output=drawn.output,
         verdict=verdict,
         trace=_map_strings(trace, storable),
-        duration_s=time.perf_counter() - started,
-        cached=planned.output is not None,
-        usage=usage,
+        duration_s=drawn.draw_s + time.perf_counter() - started,
+        cached=drawn.cached,
+        usage=drawn.usage,
     )
 
 
-def run_batch(
-    agent: Agent, cases: Sequence[EvalCase], planned: Sequence[PlannedSample], n: int, regrade: int = 0,
-    budget_s: float | None = None,
-) -> list[Sample]:
-    """Draw and grade planned samples in order. With `budget_s`, stop starting new ones once
-    the batch has run that long (at least one is always drawn) and return the finished
-    prefix: the caller stores it and submits the rest again, so a kill loses at most about
-    `budget_s` of work per worker. An agent sent to a worker process is re-created there
-    from its spec and refuses to run if its fingerprint moved."""
-    by_id = {c.id: c for c in cases}
-    cap = max_output_bytes()
+def draw_sample(
+    agent, case: EvalCase, planned: PlannedSample, n: int, regrade: int = 0, cap: int | None = None
+) -> Sample:
+    """Draw one output (or take the planned stored one) and grade it: both stages in turn.
+    `cap`: the output limit in bytes (default from the environment, see `max_output_bytes`)."""
+    return grade_drawn(case, draw_output(agent, case, planned, n, max_output_bytes() if cap is None else cap),
+                       regrade)
+
+
+def timed_prefix(items: Sequence[T], work: Callable[[T], R], budget_s: float | None) -> list[R]:
+    """`work` on each item in order; with `budget_s`, none started that would, at the pace so
+    far, end past that much time (at least one always is): the finished prefix. The caller
+    stores it and hands the rest out again, so a kill loses at most about `budget_s` of work
+    per worker."""
     started = time.monotonic()
-    drawn: list[Sample] = []
-    for p in planned:
-        if drawn and budget_s is not None and time.monotonic() - started >= budget_s:
-            break
-        drawn.append(draw_sample(agent, by_id[p.case_id], p, n, regrade, cap))
-    return drawn
+    done: list[R] = []
+    for item in items:
+        if done and budget_s is not None:
+            spent = time.monotonic() - started
+            if spent + spent / len(done) > budget_s:
+                break
+        done.append(work(item))
+    return done

@@ -1,16 +1,28 @@
-"""What a run is: the `RunSpec` recorded in the `runs` table when it starts."""
+"""What a run is: the `RunSpec` recorded in the `runs` table when it starts, and the
+`RunStatus` it ends in."""
 
 from __future__ import annotations
 
 import secrets
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from enum import StrEnum
 from pathlib import PurePath
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from tasks.models import InputError
+
+
+class RunStatus(StrEnum):
+    """A run's `status` in the `runs` table (docs/storage.md); the stored strings are the values."""
+
+    running = "running"
+    completed = "completed"
+    partial = "partial"  # a budget left samples undrawn
+    failed = "failed"  # the run raised an error
+    interrupted = "interrupted"  # stopped (Ctrl-C, a signal, a killed process): the same command resumes it
 
 
 def new_run_id() -> str:

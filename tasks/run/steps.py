@@ -1,29 +1,19 @@
 """The steps of a run between its spec and its summary: plan the samples, find what is
-still to draw, cut it into sampling tasks, draw and grade a batch."""
+still to draw, and name a task's samples (the loop that draws and grades them:
+`tasks.run.loop`)."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
-from typing import Any
+from dataclasses import dataclass, replace
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from tasks.models import EvalCase, EvalSuite
-from tasks.run.samples import row_usage, samples_table
-from tasks.run.sampling import PlannedSample, plan_samples, run_batch
+from tasks.run.samples import row_usage
+from tasks.run.sampling import PlannedSample, plan_samples
 from tasks.run.spec import RunSpec
-
-# What a kill can throw away is bounded by count and by time, whatever the suite's size: a
-# sampling task draws at most MAX_BATCH samples and starts no new one after BATCH_BUDGET_S
-# (the caller submits the rest again). Within that, aim for TASKS_PER_WORKER tasks per
-# worker: enough to balance uneven cases and move the progress bar, few enough that
-# Prefect's ~10 ms per task stays small.
-MAX_BATCH = 64
-BATCH_BUDGET_S = 2.0
-TASKS_PER_WORKER = 16
 
 
 def plan(suite: EvalSuite, spec: RunSpec) -> list[PlannedSample]:
@@ -31,12 +21,34 @@ def plan(suite: EvalSuite, spec: RunSpec) -> list[PlannedSample]:
     return plan_samples(suite, spec.agent_fingerprint, spec.n, spec.seed, spec.agent)
 
 
-def pending(spec: RunSpec, planned: Sequence[PlannedSample], stored: pa.Table) -> tuple[pa.Table, list[PlannedSample]]:
-    """Given the stored samples found by output key (`stored`, at most one per key): the
-    rows this run reuses whole (same output, graded the same way), and the planned samples
-    it still has to draw, or to grade anew from a stored output (`output` set): a changed
-    reference, grader or safety rule costs grading, not an agent call. With `regrade`,
-    every stored output is graded again."""
+# What the cache lookup reads of each stored sample: where it is, its keys and status, and
+# what its agent call took; never its output (at the cap, gigabytes for a re-run).
+CACHE_LOOKUP_COLUMNS = ("run_id", "case_id", "sample_index", "output_key", "cache_key", "status",
+                        "latency_s", "input_tokens", "output_tokens", "usage_model", "cost_usd")
+# Which stored sample a row names, and this run's hash of its case (`Reuse.copied`).
+COPY_COLUMNS = ("run_id", "case_id", "sample_index", "case_hash")
+
+
+@dataclass(frozen=True)
+class Reuse:
+    """What a run takes from the cache: `copied`, the stored samples it keeps whole (same
+    output, graded the same way), by their place (`COPY_COLUMNS`: the stored run id, case
+    id and index, and this run's hash of the case, which the gate pairs on: a case whose
+    slices or tags changed keeps its verdicts but has a new hash); `missing`, the planned
+    samples still to draw or to grade anew; `regrade`, the stored samples (lookup rows)
+    whose outputs some of `missing` are graded from (`with_stored_outputs`)."""
+
+    copied: pa.Table
+    missing: list[PlannedSample]
+    regrade: pa.Table
+
+
+def pending(spec: RunSpec, planned: Sequence[PlannedSample], stored: pa.Table) -> Reuse:
+    """Given the stored samples found by output key (`stored`, lookup rows of
+    `CACHE_LOOKUP_COLUMNS`, at most one per key): what the run copies whole and what it
+    still has to draw, or to grade anew from a stored output: a changed reference, grader or
+    safety rule costs grading, not an agent call. With `regrade`, every stored output is
+    graded again."""
     out_keys = pa.array([p.output_key for p in planned], pa.string())
     at = pc.index_in(stored["output_key"], value_set=out_keys)  # each stored row's planned sample
     wanted = pa.array([p.cache_key for p in planned], pa.string()).take(at)
@@ -44,11 +56,11 @@ def pending(spec: RunSpec, planned: Sequence[PlannedSample], stored: pa.Table) -
                     pc.invert(pc.is_in(stored["status"], value_set=pa.array(NOT_REUSED_STATUSES))))
     if spec.regrade:
         whole = pc.and_(whole, pa.scalar(False))
-    reused = _as_this_runs(spec.run_id, stored.filter(whole),
-                           pa.array([p.case_hash for p in planned], pa.string()).take(at.filter(whole)))
-    done = pc.is_in(out_keys, value_set=reused["output_key"]).to_pylist()
-    return reused, _with_stored_outputs([p for p, d in zip(planned, done, strict=True) if not d],
-                                        stored.filter(pc.invert(whole)))
+    kept = stored.filter(whole)
+    copied = pa.table({"run_id": kept["run_id"], "case_id": kept["case_id"], "sample_index": kept["sample_index"],
+                       "case_hash": pa.array([p.case_hash for p in planned], pa.string()).take(at.filter(whole))})
+    done = pc.is_in(out_keys, value_set=kept["output_key"]).to_pylist()
+    return Reuse(copied, [p for p, d in zip(planned, done, strict=True) if not d], stored.filter(pc.invert(whole)))
 
 
 # Graded samples not reused whole: the grader or its environment failed, which says
@@ -56,37 +68,14 @@ def pending(spec: RunSpec, planned: Sequence[PlannedSample], stored: pa.Table) -
 NOT_REUSED_STATUSES = ("error",)
 
 
-def _as_this_runs(run_id: str, rows: pa.Table, case_hashes: pa.Array) -> pa.Table:
-    """Stored rows as this run's cached samples: its run id, and its cases' hashes (a case
-    whose slices or tags changed keeps its verdicts but has a new hash, which the gate pairs on)."""
-    count = rows.num_rows
-    for name, values in (("run_id", pa.array([run_id] * count, pa.string())),
-                         ("cached", pa.array([True] * count, pa.bool_())),
-                         ("case_hash", case_hashes)):
-        rows = rows.set_column(rows.schema.get_field_index(name), name, values)
-    return rows
-
-
-def _with_stored_outputs(planned: Sequence[PlannedSample], stored: pa.Table) -> list[PlannedSample]:
-    """The planned samples with the stored output (and what its call took) of each one that
-    has one, graded rather than drawn again, so the agent is not asked twice (nor paid twice)."""
-    found = {row["output_key"]: row for row in stored.select(list(_STORED_OUTPUT)).to_pylist()}
-    return [replace(p, output=row["output"], usage=row_usage(row)) if (row := found.get(p.output_key)) else p
-            for p in planned]
-
-
-_STORED_OUTPUT = ("output_key", "output", "latency_s", "input_tokens", "output_tokens", "usage_model", "cost_usd")
-
-
-def samples_per_task(missing: int, workers: int) -> int:
-    return max(1, min(MAX_BATCH, math.ceil(missing / (workers * TASKS_PER_WORKER))))
-
-
-def batches(missing: Sequence[PlannedSample], n: int, batch_size: int | None, workers: int) -> list[list[PlannedSample]]:
-    """The sampling tasks: `batch_size` cases each, or by default about TASKS_PER_WORKER per
-    worker of at most MAX_BATCH samples."""
-    per_batch = batch_size * n if batch_size else samples_per_task(len(missing), workers)
-    return [list(missing[i : i + per_batch]) for i in range(0, len(missing), per_batch)]
+def with_stored_outputs(missing: Sequence[PlannedSample], regrade: pa.Table,
+                        outputs: Mapping[str, str]) -> list[PlannedSample]:
+    """The planned samples with the stored output (`outputs` by output key, read for
+    `regrade`'s rows) and what its call took of each one that has one, graded rather than
+    drawn again, so the agent is not asked twice (nor paid twice)."""
+    found = {row["output_key"]: row for row in regrade.to_pylist()}
+    return [replace(p, output=outputs[p.output_key], usage=row_usage(row)) if (row := found.get(p.output_key)) else p
+            for p in missing]
 
 
 def batch_label(chunk: Sequence[PlannedSample]) -> str:
@@ -97,15 +86,3 @@ def batch_label(chunk: Sequence[PlannedSample]) -> str:
 def batch_cases(cases: Mapping[str, EvalCase], chunk: Sequence[PlannedSample]) -> list[EvalCase]:
     """The cases a batch draws from (`cases` by id), in id order."""
     return [cases[case_id] for case_id in sorted({p.case_id for p in chunk})]
-
-
-def undrawn(chunk: Sequence[PlannedSample], drawn: pa.Table) -> list[PlannedSample]:
-    """What a batch left to draw: `draw_batch` stopped by its time budget drew a prefix of it."""
-    return list(chunk[drawn.num_rows :])
-
-
-def draw_batch(agent: Any, cases: Sequence[EvalCase], planned: Sequence[PlannedSample], spec: RunSpec) -> pa.Table:
-    """Draw and grade a batch for up to BATCH_BUDGET_S; the graded samples (a prefix of
-    `planned`) as rows of the samples table."""
-    drawn = run_batch(agent, cases, planned, spec.n, spec.regrade, BATCH_BUDGET_S)
-    return samples_table(spec.run_id, drawn, planned[: len(drawn)])

@@ -1,4 +1,4 @@
-"""What a run's agent calls took and cost: drawn samples priced as they are stored
+"""What a run's agent calls took and cost: drawn samples priced as they are drawn
 (`priced`), and the `usage` document of the summary (`usage_summary`), with the samples
 drawn in this run and those whose output came from the cache counted apart: the second is
 what the cache saved."""
@@ -14,23 +14,16 @@ import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict
 
 from tasks.metrics.cost import PriceTable
+from tasks.models import Usage
 
 
-def priced(rows: pa.Table, prices: PriceTable) -> pa.Table:
-    """`rows` with `cost_usd` set on every drawn sample (`cached` false) that can be priced;
-    the summary says why the others cannot (`UsageFigures.cost_note`)."""
-    if rows.num_rows == 0:
-        return rows
-    costs = rows["cost_usd"].to_pylist()
-    for i, (cached, model, inp, out) in enumerate(zip(
-        rows["cached"].to_pylist(), rows["usage_model"].to_pylist(), rows["input_tokens"].to_pylist(),
-        rows["output_tokens"].to_pylist(), strict=True,
-    )):
-        if cached:
-            continue
-        costs[i] = prices.cost(model, inp, out)[0]
-    column = rows.schema.get_field_index("cost_usd")
-    return rows.set_column(column, "cost_usd", pa.array(costs, pa.float64()))
+def priced(usage: Usage, prices: PriceTable) -> Usage:
+    """A drawn sample's usage with its `cost_usd` where it can be priced; the summary says
+    why the others cannot (`UsageFigures.cost_note`)."""
+    if usage.input_tokens is None and usage.output_tokens is None and usage.cost_usd is None:
+        return usage  # nothing to price by
+    cost = prices.cost(usage.model, usage.input_tokens, usage.output_tokens)[0]
+    return usage.model_copy(update={"cost_usd": cost})
 
 
 class UsageFigures(BaseModel):

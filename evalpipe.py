@@ -1,0 +1,97 @@
+"""evalpipe's Python API: `from evalpipe import evaluate` (docs/python-api.md).
+
+`evaluate(suite, agent, **options)` makes the run `evalpipe run` makes, with the same options
+(`RunConfig`), stored the same way in EVALPIPE_HOME, and returns its typed summary. It runs
+the plain run loop (`tasks.run.loop`) on thread pools of the calling process, without a
+Prefect server: a notebook pays neither the server nor Prefect's import, and a Python
+callable can be the agent. The run has no flow run (`flow_run_id` is null) and so no
+artifacts in the UI; everything else (samples, cache keys, aggregates, the gate) is the CLI's.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from pydantic import ValidationError
+
+__all__ = ["evaluate"]
+
+SuiteLike = str | os.PathLike | Sequence[Any]
+AgentLike = str | Callable[..., Any]
+
+
+def evaluate(suite: SuiteLike, agent: AgentLike, *, name: str = "suite",
+             progress: Callable[[int, int], None] | None = None, **options: Any):
+    """Run `agent` on `suite`, grade, store and summarize: the `RunSummary` (`.run_id`,
+    `.pass_at_k`, `.pass_at_1_ci`, `.gate`, ...; `.to_json()` is the `run --json` document).
+
+    suite: a suite file's path, a git `URL#PATH`, a stored suite version, or the cases
+        themselves (`EvalCase`s or dicts as a suite file holds them; snapshotted as any
+        suite, under `name`).
+    agent: an agent spec (`python:MOD:FUNC`, `cmd:...`, `replay:FILE`, `openai:MODEL`,
+        `reference`), or a callable `func(inputs, ctx) -> str`, called as a `python:` agent is.
+    progress: called with (samples done, samples total) as samples are stored.
+    options: `evalpipe run`'s options as keywords (`n`, `k`, `seed`, `baseline`, `workers`,
+        `agent_concurrency`, `max_cost`, ...: the fields of `tasks.run.RunConfig`).
+
+    Bad input raises `InputError` (one line naming what is wrong) before any agent call. A
+    blocked gate is in the summary (`summary.gate.decision`), not raised.
+    """
+    from flows.gate import run_gate
+    from storage import db
+    from storage.runs import prepare_run
+    from storage.store import Store
+    from tasks.agents.python import CallableAgent
+    from tasks.models import InputError
+    from tasks.run import RunConfig, RunSummary
+    from tasks.run.loop import local_stages, run_loop
+    from tasks.sandbox import allowing_unsafe
+
+    started = time.perf_counter()
+    store = Store.default()
+    db.check()
+    ref = _suite_ref(suite, name, store)
+    own = None if isinstance(agent, str) else CallableAgent.of(agent)
+    try:
+        config = RunConfig(suite=ref, agent=agent if own is None else own.spec, **options)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise InputError(f"evaluate: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+    if own is not None and config.workspace:
+        raise InputError("evaluate: workspace runs take a cmd: or python: agent spec, not a callable")
+    if config.sequential:
+        raise InputError("evaluate: sequential runs go through the flow: evalpipe run --sequential")
+    run = prepare_run(config, store, agent=own)
+    if not store.has_snapshot(run.suite):  # as the flow's snapshot task: once per version
+        store.snapshot(run.suite)
+    with allowing_unsafe(config.unsafe_no_sandbox), local_stages(config) as stages:
+        summary = run_loop(run.spec, config, run.suite, run.agent, store, stages, prices=run.prices,
+                           progress=progress, gate=run_gate(run, config, store.home),
+                           no_baseline=run.no_baseline, started=started)
+    return RunSummary.read(summary.to_json())
+
+
+def _suite_ref(suite: SuiteLike, name: str, store: Any) -> str:
+    """A reference `resolve_suite` takes: as given, or an in-memory suite's stored version."""
+    if isinstance(suite, str | os.PathLike):
+        return os.fspath(suite)
+    from tasks.models import EvalCase, EvalSuite, InputError
+    from tasks.suites.dataset import build_suite
+
+    if isinstance(suite, EvalSuite):
+        built = suite
+    elif isinstance(suite, Sequence) and all(isinstance(c, EvalCase) for c in suite) and suite:
+        built = EvalSuite(name=name, cases=tuple(suite))
+    elif isinstance(suite, Sequence) and all(isinstance(c, Mapping) for c in suite):
+        built = build_suite(name, [(f"case {i + 1}", dict(c)) for i, c in enumerate(suite)], {},
+                            source=f"evaluate({name})")
+    else:
+        raise InputError("evaluate: suite must be a path, a git URL#PATH, a stored version, or a list of"
+                         " EvalCase or dicts")
+    if not store.has_snapshot(built):
+        store.snapshot(built)
+    return built.version
+

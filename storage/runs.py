@@ -1,0 +1,74 @@
+"""A run's references resolved before it draws anything: its suite (pinned), agent, sandbox,
+prices and baseline, and the `RunSpec` recorded for it. The flow and the Python API
+(`evalpipe.evaluate`) start a run the same way from here."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from storage.store import Store
+from storage.suites import resolve_suite
+from tasks.agents import Agent, load_agent
+from tasks.metrics.cost import PriceTable
+from tasks.metrics.rules import GateRules, check_slices
+from tasks.models import EvalSuite, InputError
+from tasks.run import RunConfig, RunSpec, check_ks
+from tasks.sandbox import run_sandbox_mode
+
+# `baseline="previous"`: gate against the newest completed run of the same suite, any agent.
+PREVIOUS = "previous"
+
+
+@dataclass(frozen=True)
+class PreparedRun:
+    spec: RunSpec
+    suite: EvalSuite
+    agent: Agent
+    prices: PriceTable
+    baseline: str | None  # the run to gate against, when there is one
+    rules: GateRules
+    no_baseline: str | None  # a baseline was asked for and none exists: what the summary says
+
+
+def prepare_run(config: RunConfig, store: Store, *, agent: Agent | None = None,
+                flow_run_id: str | None = None) -> PreparedRun:
+    """Everything `config` names, found and checked (bad input raises `InputError` here,
+    before any agent call); `agent`: the agent itself when it is not a spec (a callable)."""
+    suite, suite_source = resolve_suite(config.suite)
+    sandbox = run_sandbox_mode(suite.grader_kinds, config.unsafe_no_sandbox)
+    if agent is None:
+        agent = load_agent(config.agent, config.agent_timeout_s, config.output_cap)
+        if config.workspace:  # the suite file holds the references and hidden tests
+            agent = agent.concealing(p for p in [suite_source] if os.path.isfile(p))
+    prices = PriceTable.load(config.prices)
+    if config.sequential and not config.baseline:
+        raise InputError("--sequential needs --baseline: it stops when the comparison is decided")
+    baseline = find_baseline(config.baseline, suite, store)
+    rules = GateRules(max_new_failures=config.max_new_failures, slice_min=config.min_slice or {})
+    check_slices(rules.slice_min, (name for c in suite.cases for name in c.slices))
+    spec = RunSpec(
+        suite_version=suite.version, suite_name=suite.name, agent=agent.spec,
+        agent_fingerprint=agent.fingerprint, n=config.n, ks=check_ks(config.k), seed=config.seed,
+        regrade=config.regrade, flow_run_id=flow_run_id,
+        config=config.recorded(baseline=baseline, suite_source=suite_source, sandbox=sandbox,
+                               prices=prices.source),
+    )
+    no_baseline = no_baseline_note(suite) if config.baseline and not baseline else None
+    return PreparedRun(spec, suite, agent, prices, baseline, rules, no_baseline)
+
+
+def find_baseline(baseline: str | None, suite: EvalSuite, store: Store) -> str | None:
+    """The run id to gate against: `previous` is the newest completed run of the same suite
+    version, whatever its agent, so a changed agent is gated against the last one (none yet:
+    no gate, said in the summary); anything else, a stored run (id or prefix), found before
+    any agent call is paid for."""
+    if baseline == PREVIOUS:
+        return store.latest_completed_run_of_suite(suite.version)
+    return store.find_run(baseline)["run_id"] if baseline else None
+
+
+def no_baseline_note(suite: EvalSuite) -> str:
+    return (f"no baseline: no completed run of suite {suite.name} ({suite.version[:12]}) yet;"
+            " this run was not gated")
+

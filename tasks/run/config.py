@@ -1,0 +1,90 @@
+"""How a run is made: `RunConfig`, every option of `evalpipe run` (and of the flow's parameter
+form, and of `evalpipe.evaluate`) as one typed, frozen value, built once at the top and read
+by the loop, instead of parameters threaded through each layer and environment variables."""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tasks.agents import DEFAULT_AGENT_TIMEOUT_S, max_output_bytes
+from tasks.metrics.diff import Metric
+from tasks.metrics.sequential import DEFAULT_ROUNDS
+from tasks.models import MAX_N, MAX_REGRADE, MAX_ROUNDS, MAX_WORKERS
+from tasks.run.budget import Budget
+
+Runner = Literal["threads", "processes", "dask"]
+
+# Agent calls wait on an API or a coding agent's minutes, not on a core: many may be in
+# flight on a small machine. Grading runs tests, about one per core (`workers`).
+DEFAULT_AGENT_CONCURRENCY = 16
+
+
+class RunConfig(BaseModel):
+    """A run's options; the fields are the flow's parameters (docs/contract.md: `run`'s options)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    suite: str
+    agent: str
+    n: Annotated[int, Field(ge=1, le=MAX_N)] = 1
+    k: Annotated[tuple[int, ...], Field(min_length=1)] = (1,)
+    seed: Annotated[int, Field(ge=0)] = 0
+    baseline: str | None = None
+    min_pass_at_1: Annotated[float | None, Field(ge=0, le=1)] = None
+    max_drop: Annotated[float, Field(ge=0, le=1)] = 0.0
+    max_new_failures: Annotated[int | None, Field(ge=0)] = None
+    min_slice: dict[str, Annotated[float, Field(ge=0, le=1)]] | None = None
+    metric: Metric = "pass"
+    runner: Runner = "threads"
+    workers: Annotated[int | None, Field(ge=1, le=MAX_WORKERS)] = None
+    agent_concurrency: Annotated[int | None, Field(ge=1, le=MAX_WORKERS)] = None
+    dask_address: str | None = None
+    batch_size: Annotated[int | None, Field(ge=1)] = None
+    regrade: Annotated[int, Field(ge=0, le=MAX_REGRADE)] = 0
+    unsafe_no_sandbox: bool = False
+    max_output_bytes: Annotated[int | None, Field(ge=1)] = None
+    workspace: bool = False
+    agent_timeout: Annotated[float, Field(gt=0)] = DEFAULT_AGENT_TIMEOUT_S
+    max_cost: Annotated[float | None, Field(gt=0)] = None
+    max_samples: Annotated[int | None, Field(ge=1)] = None
+    prices: str | None = None
+    sequential: bool = False
+    sequential_rounds: Annotated[int, Field(ge=1, le=MAX_ROUNDS)] = DEFAULT_ROUNDS
+
+    @property
+    def grade_workers(self) -> int:
+        """Grading's concurrency: `workers`, default one per core."""
+        return self.workers or os.cpu_count() or 1
+
+    @property
+    def draw_slots(self) -> int:
+        """Drawing's concurrency: `agent_concurrency`, default DEFAULT_AGENT_CONCURRENCY."""
+        return self.agent_concurrency or DEFAULT_AGENT_CONCURRENCY
+
+    @property
+    def output_cap(self) -> int:
+        """The cap on each agent output in bytes: `max_output_bytes`, else the environment's."""
+        return self.max_output_bytes or max_output_bytes()
+
+    @property
+    def agent_timeout_s(self) -> float | None:
+        """Seconds each coding agent run may take: with `workspace` only."""
+        return self.agent_timeout if self.workspace else None
+
+    @property
+    def budget(self) -> Budget:
+        return Budget(max_cost_usd=self.max_cost, max_samples=self.max_samples)
+
+    def recorded(self, **resolved: Any) -> dict[str, Any]:
+        """The `config` stored with the run (`runs.config`): the options that shape it, with
+        what was resolved at its start (`resolved`: the pinned suite, the sandbox, ...)."""
+        return {"runner": self.runner, "workers": self.grade_workers, "agent_concurrency": self.draw_slots,
+                "batch_size": self.batch_size, "regrade": self.regrade, "baseline": self.baseline,
+                "min_pass_at_1": self.min_pass_at_1, "max_drop": self.max_drop,
+                "max_new_failures": self.max_new_failures, "min_slice": self.min_slice, "metric": self.metric,
+                "suite_ref": self.suite, "workspace": self.workspace, "agent_timeout_s": self.agent_timeout_s,
+                "max_cost": self.max_cost, "max_samples": self.max_samples,
+                "max_output_bytes": self.max_output_bytes, **resolved}

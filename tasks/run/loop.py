@@ -1,0 +1,384 @@
+"""The run loop as plain code: plan → reuse cached → draw → grade → store → reduce → gate.
+
+Nothing here knows Prefect or DuckDB: the caller passes where the two stages run (`Stages`:
+a Prefect task runner each in the flow, two thread pools in `LocalStages`) and where the
+samples are kept (`SampleStore`: `storage.store.Store`).
+
+Drawing and grading are two stages with their own concurrency. Agent calls wait on an API
+or a coding agent (`RunConfig.draw_slots` of them in flight); tests take a core each
+(`RunConfig.grade_workers`). Grading starts as outputs arrive, and what finishes is stored
+together, one write per group.
+
+A stage's task is bounded by time, not by count: it starts no new sample after
+BATCH_BUDGET_S and hands back the rest, so a kill loses at most about that much work per
+worker, however cheap or dear a sample is. Tasks are cut from what is waiting when a slot
+frees (a share of it per slot, never fewer samples than fill CHUNK_FLOOR_S at the rate
+seen so far): cheap samples go many to a task, so the ~10 ms a Prefect task costs stays
+small, and the last tasks are small, so the slots finish together. Drawn outputs not yet
+graded are work at risk too: no new draw starts while the graders have more than
+BATCH_BUDGET_S of them waiting.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+import pyarrow as pa
+
+from tasks.metrics.cost import PriceTable
+from tasks.models import EvalCase, EvalSuite
+from tasks.run.budget import Budget, Meter, budget_summary
+from tasks.run.config import RunConfig
+from tasks.run.samples import samples_table
+from tasks.run.sampling import (
+    Drawn,
+    PlannedSample,
+    draw_output,
+    grade_drawn,
+    stored_output,
+    timed_prefix,
+)
+from tasks.run.spec import RunSpec, RunStatus
+from tasks.run.steps import batch_cases, batch_label, pending, plan, with_stored_outputs
+from tasks.run.summary import GateSummary, RunSummary, summarize, summary_columns
+from tasks.run.usage import priced
+
+BATCH_BUDGET_S = 2.0
+CHUNK_FLOOR_S = 0.5
+
+
+class SampleStore(Protocol):
+    """Where a run's samples are kept (`storage.store.Store`)."""
+
+    def cached_samples(self, keys: Sequence[tuple[str, str]]) -> pa.Table: ...
+    def copy_samples(self, run_id: str, copied: pa.Table) -> None: ...
+    def stored_outputs(self, places: pa.Table) -> dict[str, str]: ...
+    def insert_samples(self, rows: pa.Table) -> None: ...
+    def run_samples(self, run_id: str, columns: Sequence[str] | None = None) -> pa.Table: ...
+    def write_aggregates(self, run_id: str, rows: Sequence[tuple]) -> None: ...
+    def recorded_run(self, spec: RunSpec) -> AbstractContextManager[None]: ...
+    def finish_run(self, run_id: str, status: RunStatus, summary: RunSummary | None) -> None: ...
+
+
+class Future(Protocol):
+    def add_done_callback(self, fn: Callable[[Any], None]) -> None: ...
+    def result(self) -> Any: ...
+
+
+class Stages(Protocol):
+    """Where the stages run: each call starts one task (at most `RunConfig.draw_slots`
+    draws and `grade_workers` gradings are asked for at once) and returns its future."""
+
+    def draw(self, task: DrawTask) -> Future: ...
+    def grade(self, task: GradeTask) -> Future: ...
+
+
+@dataclass(frozen=True)
+class DrawTask:
+    """Draw a prefix of `planned` within `budget_s`: the drawn outputs."""
+
+    agent: Any
+    cases: list[EvalCase]
+    planned: list[PlannedSample]
+    n: int
+    cap: int
+    budget_s: float | None = BATCH_BUDGET_S
+
+    @property
+    def label(self) -> str:
+        return batch_label(self.planned)
+
+    def __call__(self) -> list[Drawn]:
+        by_id = {c.id: c for c in self.cases}
+        return timed_prefix(self.planned, lambda p: draw_output(self.agent, by_id[p.case_id], p, self.n, self.cap),
+                            self.budget_s)
+
+
+@dataclass(frozen=True)
+class GradeTask:
+    """Grade a prefix of `drawn` within `budget_s`: the graded samples as sample rows."""
+
+    run_id: str
+    cases: list[EvalCase]
+    drawn: list[Drawn]
+    regrade: int = 0
+    budget_s: float | None = BATCH_BUDGET_S
+
+    @property
+    def label(self) -> str:
+        return batch_label([d.planned for d in self.drawn])
+
+    def __call__(self) -> pa.Table:
+        by_id = {c.id: c for c in self.cases}
+        samples = timed_prefix(self.drawn, lambda d: grade_drawn(by_id[d.planned.case_id], d, self.regrade),
+                               self.budget_s)
+        return samples_table(self.run_id, samples, [d.planned for d in self.drawn[: len(samples)]])
+
+
+@dataclass
+class LocalStages:
+    """The stages on two thread pools of this process: the loop without Prefect."""
+
+    draws: ThreadPoolExecutor
+    grades: ThreadPoolExecutor
+
+    def draw(self, task: DrawTask) -> Future:
+        return self.draws.submit(task)
+
+    def grade(self, task: GradeTask) -> Future:
+        return self.grades.submit(task)
+
+
+@contextmanager
+def local_stages(config: RunConfig) -> Iterator[LocalStages]:
+    with ThreadPoolExecutor(config.draw_slots, "evalpipe-draw") as draws, \
+            ThreadPoolExecutor(config.grade_workers, "evalpipe-grade") as grades:
+        yield LocalStages(draws, grades)
+
+
+Progress = Callable[[int, int], None]  # (samples done, samples total)
+
+
+@dataclass
+class Drawing:
+    """How drawing went: the meter of what was drawn and spent, and how many samples were
+    left undrawn because the budget was spent."""
+
+    meter: Meter
+    undrawn: int = 0
+
+
+def reuse_cached(spec: RunSpec, planned: list[PlannedSample], store: SampleStore) -> list[PlannedSample]:
+    """Store the samples found in the cache as this run's; the planned samples left to draw
+    (or to grade anew from a stored output)."""
+    reuse = pending(spec, planned, store.cached_samples([(p.output_key, p.cache_key) for p in planned]))
+    store.copy_samples(spec.run_id, reuse.copied)  # in the database: outputs never pass through here
+    outputs = store.stored_outputs(reuse.regrade.select(["run_id", "case_id", "sample_index"]))
+    return with_stored_outputs(reuse.missing, reuse.regrade, outputs)
+
+
+@dataclass
+class _Pace:
+    """Seconds per sample a stage has taken so far, per slot."""
+
+    seconds: float = 0.0
+    samples: int = 0
+
+    def add(self, seconds: float, samples: int) -> None:
+        self.seconds, self.samples = self.seconds + seconds, self.samples + samples
+
+    @property
+    def per_sample(self) -> float | None:
+        return self.seconds / self.samples if self.samples else None
+
+    def chunk(self, waiting: int, slots: int) -> int:
+        """How many of `waiting` samples the next task takes."""
+        share = math.ceil(waiting / slots)
+        floor = int(CHUNK_FLOOR_S / self.per_sample) if self.per_sample else 1
+        return max(1, min(waiting, max(share, floor)))
+
+
+@dataclass
+class _Scheduler:
+    """The two stages fed from their queues, and their results stored as they finish."""
+
+    spec: RunSpec
+    config: RunConfig
+    cases: Mapping[str, EvalCase]
+    agent: Any
+    stages: Stages
+    store: SampleStore
+    prices: PriceTable
+    progress: Progress | None
+    done: int
+    total: int
+    meter: Meter
+    to_draw: deque[PlannedSample]
+    to_grade: deque[Drawn]
+    undrawn: int = 0
+    events: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
+    running: dict[Any, tuple[str, list, float]] = field(default_factory=dict)
+    draw_pace: _Pace = field(default_factory=_Pace)
+    grade_pace: _Pace = field(default_factory=_Pace)
+
+    def in_flight(self, kind: str) -> int:
+        return sum(1 for k, _, _ in self.running.values() if k == kind)
+
+    def _start(self, kind: str, items: list, future: Future) -> None:
+        self.running[id(future)] = (kind, items, time.monotonic())
+        future.add_done_callback(lambda f, key=id(future): self.events.put((key, f)))
+
+    def _take(self, waiting: deque, pace: _Pace, slots: int) -> list:
+        if self.config.batch_size:  # the user's size, in cases
+            size = self.config.batch_size * self.spec.n
+        else:
+            size = pace.chunk(len(waiting), slots)
+        return [waiting.popleft() for _ in range(min(size, len(waiting)))]
+
+    def _draw_limit(self) -> int:
+        """Draws in flight allowed now: a cost budget allows no more calls than it can still
+        pay for at the dearest call seen (one while no call has been priced)."""
+        slots = self.config.draw_slots
+        limit = self.meter.budget.max_cost_usd
+        if limit is None:
+            return slots
+        if not self.meter.dearest:
+            return 1
+        return max(1, min(slots, math.floor((limit - self.meter.cost_usd) / self.meter.dearest)))
+
+    def _backlog_ok(self) -> bool:
+        """Whether the graders' queue is short enough for more draws (work at risk)."""
+        per_sample = self.grade_pace.per_sample
+        if per_sample is None:
+            return len(self.to_grade) <= self.config.grade_workers * self.config.draw_slots
+        return len(self.to_grade) * per_sample / self.config.grade_workers <= BATCH_BUDGET_S
+
+    def top_up(self) -> None:
+        slots = self.config.grade_workers
+        while self.to_grade and self.in_flight("grade") < slots:
+            drawn = self._take(self.to_grade, self.grade_pace, slots)
+            task = GradeTask(self.spec.run_id, batch_cases(self.cases, [d.planned for d in drawn]), drawn,
+                             self.spec.regrade, BATCH_BUDGET_S)
+            self._start("grade", drawn, self.stages.grade(task))
+        while (self.to_draw and self.meter.may_draw and self.in_flight("draw") < self._draw_limit()
+               and self._backlog_ok()):
+            paced = self.meter.budget.max_cost_usd is not None
+            planned = [self.to_draw.popleft()] if paced else self._take(self.to_draw, self.draw_pace,
+                                                                         self.config.draw_slots)
+            task = DrawTask(self.agent, batch_cases(self.cases, planned), planned, self.spec.n,
+                            self.config.output_cap, BATCH_BUDGET_S)
+            self._start("draw", planned, self.stages.draw(task))
+
+    def finished(self) -> list[pa.Table]:
+        """Wait for a task to finish; handle every one finished by then: drawn outputs go to
+        the graders, graded rows are returned to be stored, the undone rest of a task that
+        ran out of time waits again at the front."""
+        ready = [self.events.get()]
+        while not self.events.empty():
+            ready.append(self.events.get())
+        rows = []
+        for (kind, items, started), future in [(self.running.pop(key), future) for key, future in ready]:
+            result = future.result()  # a failed task raises its exception
+            took = time.monotonic() - started
+            if kind == "draw":
+                drawn = [replace(d, usage=priced(d.usage, self.prices)) for d in result]
+                self.draw_pace.add(took, len(drawn))
+                self.meter.add([d.usage.cost_usd for d in drawn])
+                self.to_grade.extend(drawn)
+                rest = items[len(drawn):]
+                if self.meter.may_draw:
+                    self.to_draw.extendleft(reversed(rest))
+                else:
+                    self.undrawn += len(rest)
+            else:
+                self.grade_pace.add(took, result.num_rows)
+                self.to_grade.extendleft(reversed(items[result.num_rows:]))
+                rows.append(result)
+        return rows
+
+    def run(self) -> None:
+        try:
+            self.top_up()
+            while self.running:
+                rows = self.finished()
+                self.top_up()  # the stages get more before this thread writes
+                if rows:
+                    table = pa.concat_tables(rows)
+                    self.store.insert_samples(table)
+                    self.done += table.num_rows
+                    if self.progress:
+                        self.progress(self.done, self.total)
+        except BaseException:
+            self._wind_down()
+            raise
+        self.undrawn += len(self.to_draw)
+
+    def _wind_down(self) -> None:
+        """Wait for the tasks in flight (each ends within its time budget) before the
+        caller's runner stops, so that none is cancelled as it starts and logged as crashed."""
+        while self.running:
+            key, future = self.events.get()
+            self.running.pop(key, None)
+
+
+def draw_and_grade(spec: RunSpec, config: RunConfig, suite: EvalSuite, agent: Any, missing: list[PlannedSample],
+                   total: int, store: SampleStore, stages: Stages, *, prices: PriceTable | None = None,
+                   progress: Progress | None = None) -> Drawing:
+    """Draw the missing samples, grade them (and the stored outputs among them, without an
+    agent call) and store them as they finish. A budgeted run draws index first and starts
+    no agent call once the budget is spent; what is left is counted `undrawn`."""
+    budget = config.budget
+    if progress:
+        progress(total - len(missing), total)
+    to_draw, cut = budget.order([p for p in missing if p.output is None])
+    meter = Meter(budget)
+    stored = [stored_output(p) for p in missing if p.output is not None]
+    if not stored and not to_draw:
+        return Drawing(meter, len(cut))
+    scheduler = _Scheduler(spec, config, {c.id: c for c in suite.cases}, agent, stages, store,
+                           prices or PriceTable(), progress, total - len(missing), total, meter,
+                           deque(to_draw), deque(stored))
+    scheduler.run()
+    return Drawing(meter, len(cut) + scheduler.undrawn)
+
+
+def reduce_run(spec: RunSpec, suite: EvalSuite, store: SampleStore) -> RunSummary:
+    """The one reduction: read the run's samples back, summarize, store the aggregates."""
+    summary, rows = summarize(spec, suite, store.run_samples(spec.run_id, summary_columns(spec)))
+    store.write_aggregates(spec.run_id, rows)
+    return summary
+
+
+@dataclass(frozen=True)
+class Rounds:
+    """A sequential run's drawing (`run --sequential`): `draw` the planned samples in rounds
+    until the decision is made (the record, the samples drawn); `apply` the stop to the summary."""
+
+    draw: Callable[[list[PlannedSample]], tuple[Any, list[PlannedSample]]]
+    apply: Callable[[RunSummary, Any], None]
+
+
+def run_loop(spec: RunSpec, config: RunConfig, suite: EvalSuite, agent: Any, store: SampleStore, stages: Stages, *,
+             prices: PriceTable | None = None, progress: Progress | None = None,
+             gate: Callable[[RunSummary], GateSummary | dict[str, Any]] | None = None,
+             no_baseline: str | None = None, rounds: Rounds | None = None,
+             reduce: Callable[[RunSpec, EvalSuite, SampleStore], RunSummary] = reduce_run,
+             started: float | None = None) -> RunSummary:
+    """A whole run, recorded in `store` from `running` to its end status: plan, reuse what is
+    cached, draw and grade the rest, reduce, and `gate` the summary (a baseline was given;
+    `no_baseline`: one was asked for and none exists, said in the summary). `started`: when
+    the run began (`time.perf_counter()`), for its `duration_s`; default: now."""
+    started = time.perf_counter() if started is None else started
+    with store.recorded_run(spec):
+        planned = plan(suite, spec)
+        record = None
+        drawing = Drawing(Meter(Budget()))
+        if rounds is not None:
+            record, planned = rounds.draw(planned)
+        else:
+            missing = reuse_cached(spec, planned, store)
+            drawing = draw_and_grade(spec, config, suite, agent, missing, len(planned), store, stages,
+                                     prices=prices, progress=progress)
+        summary = reduce(spec, suite, store)
+        if config.budget.limited:
+            summary.budget = budget_summary(config.budget, drawing.meter, drawing.undrawn)
+        if drawing.undrawn:
+            summary.partial, summary.undrawn_samples = True, drawing.undrawn
+        if gate is not None:
+            summary.gate = gate(summary)
+        elif no_baseline:
+            summary.no_baseline = no_baseline
+        if rounds is not None:
+            rounds.apply(summary, record)
+        summary.sandbox = spec.config.get("sandbox")
+        summary.duration_s = round(time.perf_counter() - started, 3)
+        store.finish_run(spec.run_id, RunStatus.partial if summary.partial else RunStatus.completed, summary)
+    return summary

@@ -1,0 +1,104 @@
+"""`from evalpipe import evaluate` (docs/python-api.md): the CLI's run from Python, stored the
+same way, with a callable as the agent and a list of cases as the suite."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from evalpipe import evaluate
+from flows.output import rounded
+from tasks.models import EvalCase, InputError
+from tasks.run import RunSummary
+
+ROOT = Path(__file__).resolve().parent.parent
+AGENTS = ROOT / "tests/support/agents.py"
+SAMPLE_FIELDS = ("case_id", "sample_index", "seed", "output", "status", "passed", "score", "detail", "cache_key",
+                 "cached", "case_hash", "output_key")
+
+
+def rows(home: Path, sql: str, *params):
+    with duckdb.connect(str(home / "evalpipe.duckdb"), read_only=True) as con:
+        return con.execute(sql, list(params)).fetchall()
+
+
+CASES = [
+    {"id": "add", "inputs": {"a": 2, "b": 3}, "reference": "5", "grader": {"kind": "exact"}, "slices": ["math"]},
+    {"id": "mul", "inputs": {"a": 2, "b": 4}, "reference": "8", "grader": {"kind": "exact"}, "slices": ["math"]},
+    {"id": "neg", "inputs": {"a": -1, "b": 1}, "reference": "-1", "grader": {"kind": "exact"}},
+]
+
+
+def test_a_callable_agent_on_a_list_of_cases_returns_the_typed_summary(home):
+    calls: list[str] = []
+
+    def adder(inputs, ctx):
+        calls.append(ctx.case_id)
+        return str(inputs["a"] + inputs["b"])
+
+    seen: list[tuple[int, int]] = []
+    summary = evaluate(CASES, adder, name="arith", n=2, k=[1, 2], progress=lambda d, t: seen.append((d, t)))
+    assert isinstance(summary, RunSummary)
+    assert summary.suite_name == "arith" and summary.samples == 6 and summary.cases == 3
+    assert summary.pass_at_k["1"] == pytest.approx(1 / 3)  # only `add` is a sum
+    assert summary.slices["math"].pass_at_1 == pytest.approx(0.5)
+    assert summary.agent.startswith("callable:") and summary.flow_run_id is None
+    assert len(calls) == 6 and seen[-1] == (6, 6)
+    stored = rows(home, "SELECT status, summary FROM runs WHERE run_id = ?", summary.run_id)
+    assert stored[0][0] == "completed" and json.loads(stored[0][1]) == summary.to_json()
+    # The in-memory suite is snapshotted like any: the CLI can name it by its version.
+    assert rows(home, "SELECT name, n_cases FROM suites WHERE version = ?", summary.suite_version) == [("arith", 3)]
+
+    again = evaluate([EvalCase.model_validate(c) for c in CASES], adder, name="arith", n=2, k=[1, 2])
+    assert again.cached_samples == 6 and len(calls) == 6  # same suite, same code: from the cache
+
+    def fixed(inputs, ctx):
+        return str(inputs["a"] * inputs["b"]) if inputs["b"] == 4 else str(inputs["a"] + inputs["b"])
+
+    changed = evaluate(CASES, fixed, name="arith", n=2, baseline=summary.run_id)
+    assert changed.cached_samples == 0  # another function: drawn anew
+    assert changed.gate is not None and changed.gate.baseline == summary.run_id
+
+
+def test_bad_input_is_one_line_before_any_call(home):
+    with pytest.raises(InputError, match="n: Input should be greater than or equal to 1"):
+        evaluate(CASES, lambda inputs, ctx: "", n=0)
+    with pytest.raises(InputError, match="unknown scheme"):
+        evaluate(CASES, "nosuch:agent")
+    with pytest.raises(InputError, match="missing 'grader'"):
+        evaluate([{"id": "x", "inputs": {}}], lambda inputs, ctx: "")
+
+
+def test_the_api_stores_the_rows_the_cli_stores(prefect_harness, tmp_path, monkeypatch):
+    suite = tmp_path / "toy.yaml"
+    suite.write_text("name: toy\ncases:\n" + "".join(
+        f"  - {{id: q{i}, inputs: {{p: {0.2 + 0.15 * i}}}, reference: 'yes', grader: {{kind: exact}}}}\n"
+        for i in range(5)))
+    agent = f"python:{AGENTS}:flaky"
+    api_home, cli_home = tmp_path / "api", tmp_path / "cli"
+    monkeypatch.setenv("EVALPIPE_HOME", str(api_home))
+    summary = evaluate(str(suite), agent, n=3, k=[1, 3], seed=4, workers=2)
+
+    env = {**os.environ, "PREFECT_API_URL": prefect_harness, "PYTHONPATH": str(ROOT), "EVALPIPE_HOME": str(cli_home)}
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "run", str(suite), "--agent", agent, "-n", "3",
+                           "-k", "1,3", "--seed", "4", "--workers", "2", "--json"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+
+    query = f"SELECT {', '.join(SAMPLE_FIELDS)} FROM samples ORDER BY case_id, sample_index"
+    assert rows(api_home, query) == rows(cli_home, query)
+    api, cli = rounded(summary.to_json()), doc  # the CLI prints 6 significant digits
+    for varying in ("run_id", "flow_run_id", "duration_s", "usage"):
+        api.pop(varying, None), cli.pop(varying, None)
+    assert api == cli
+    config = "SELECT agent, agent_fingerprint, n, ks, seed, status, config FROM runs"
+    (a,), (c,) = rows(api_home, config), rows(cli_home, config)
+    assert a[:6] == c[:6]
+    assert json.loads(a[6]) == json.loads(c[6])
