@@ -50,7 +50,7 @@ STEPS = {
     "reduce": "from storage import db; from tasks.run import RunSpec, summary_columns\n"
               "db.run_samples(RUN, HOME, summary_columns(RunSpec(suite_version='0'*64, suite_name='m',"
               " agent='b', agent_fingerprint='b', n=5, ks=[1], seed=0)))",
-    "report": "from flows.report import case_rows; case_rows(RUN, HOME)",
+    "report": "from flows.report import read_case_rows; read_case_rows(RUN, HOME)",
     # A fully cached re-run of the stored run: its samples found and copied as a new run's.
     "cached re-run": "from storage import db; from storage.store import Store; from tasks.run import RunSpec\n"
                      "from tasks.run.loop import reuse_cached; from tasks.run.sampling import PlannedSample\n"

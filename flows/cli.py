@@ -22,10 +22,9 @@ from typer._click.exceptions import (  # typer's own click: not exported by name
 
 from flows.output import json_doc
 from tasks.home import evalpipe_home
-from tasks.metrics.percent import ci_text, figure
+from tasks.metrics.percent import figure
 from tasks.models import MAX_N, MAX_REGRADE, MAX_ROUNDS, MAX_WORKERS, InputError, PlatformError
 from tasks.registry import load_plugins
-from tasks.sandbox import UNSAFE_NOTE
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -334,26 +333,19 @@ def run_flow(config: Any, as_json: bool, title: str) -> dict[str, Any]:
 
 
 def _broken_agent(summary: dict[str, Any], max_share: float) -> str | None:
-    errors, samples = summary["status_counts"].get("agent_error", 0), summary["samples"]
-    if not samples or errors / samples <= max_share:
-        return None
-    return (f"{errors} of {samples} samples ({errors / samples:.0%}) are agent_error, over"
-            f" --max-agent-errors {max_share:g}: the agent is broken, so these numbers say nothing"
-            " about the model (exit 4)")
+    from tasks.run.health import broken_agent  # the core's imports (Arrow) only once a run is done
+
+    return broken_agent(summary, max_share)
 
 
 def _broken_grader(summary: dict[str, Any], max_share: float) -> str | None:
-    """The one line that says a run measured nothing because its grader could not run (a
-    missing predicate file, a repository that is not there): never a silent pass@1 of 0."""
     from storage import db
+    from tasks.run.health import broken_grader, error_share
 
-    errors, samples = summary["status_counts"].get("error", 0), summary["samples"]
-    if not samples or errors / samples <= max_share:
-        return None
+    if error_share(summary, "error", max_share) is None:
+        return None  # the commonest error's detail is read only when it will be shown
     detail, _ = db.commonest_detail(summary["run_id"], "error") or ("", 0)
-    return (f"{errors} of {samples} samples ({errors / samples:.0%}) are error, over --max-grader-errors"
-            f" {max_share:g}: the grader could not run, so these numbers measure nothing (exit 5): "
-            f"{detail.splitlines()[0] if detail else 'no detail'}")
+    return broken_grader(summary, max_share, detail)
 
 
 @contextmanager
@@ -400,64 +392,10 @@ def _stderr_console():
     return Console(stderr=True)
 
 
-def _summary_text(s: dict[str, Any]) -> str:
-    # Figures as the Markdown summary and the HTML report write them: percentages.
-    from tasks.report.figures import metric_rows
+def _summary_text(summary: dict[str, Any]) -> str:
+    from tasks.report.text import summary_text  # the core's imports (Arrow) only to print a summary
 
-    lo, hi = s["pass_at_1_ci"]
-    lines = [
-        f"run {s['run_id']}  suite {s['suite_name']} ({s['suite_version'][:12]})  agent {s['agent']}",
-        f"{s['cases']} cases x n={s['n']} = {s['samples']} samples ({s['cached_samples']} from cache)"
-        f" in {s['duration_s']:.1f}s",
-        f"pass@1 {figure(s['pass_at_k'].get('1'))}  {int(s['ci_level'] * 100)}% CI [{figure(lo)}, {figure(hi)}]"
-        f"  SE {figure(s['pass_at_1_se'])}",
-    ]
-    others = [f"pass@{k} {figure(v)}" for k, v in s["pass_at_k"].items() if k != "1"]
-    if others:
-        lines.append("  ".join(others))
-    hats = [f"pass^{k} {figure(v)}" for k, v in (s.get("pass_hat_k") or {}).items() if k != "1"]
-    if hats:
-        lines.append("  ".join(hats) + "  (all k of k samples pass)")
-    lines.extend(f"{name} {value}  {ci}".rstrip() for name, value, ci in metric_rows(s))
-    for k, note in s.get("pass_at_k_notes", {}).items():
-        lines.append(f"pass@{k}: null ({note})")
-    for name, sl in s.get("slices", {}).items():
-        lines.append(f"  slice {name:<16} {sl['cases']:>5} cases  pass@1 {figure(sl['pass_at_1'])}"
-                     f"  {ci_text(sl['pass_at_1_ci'])}")
-    lines.append(f"flaky cases {s['flaky_cases']}  statuses "
-                 + ", ".join(f"{k} {v}" for k, v in sorted(s["status_counts"].items())))
-    if "env_flaky_samples" in s:
-        lines.append(f"environment flakes (same output, different verdicts): {s['env_flaky_samples']}")
-    if "agent_steps" in s:
-        from tasks.report.trajectory import steps_text
-
-        lines.append(f"agent steps: {steps_text(s['agent_steps'])}")
-    if s.get("usage"):
-        from tasks.run.usage import usage_lines
-
-        lines.extend(usage_lines(s["usage"]))
-    if s.get("partial"):
-        lines.insert(0, f"PARTIAL: {s['undrawn_samples']} samples undrawn ({s['budget']['stopped']});"
-                        " the figures below cover the drawn samples only")
-    if s.get("unscored") is not None:
-        lines.insert(1, f"graded on the stored outputs of run {s['source_run']}, no agent call")
-        if s["unscored"]:
-            lines.append(f"unscored (no stored output in run {s['source_run']}): {', '.join(s['unscored'])}")
-    if s.get("sandbox") == "unsafe-no-sandbox":
-        lines.insert(0, f"UNSAFE: {UNSAFE_NOTE}")
-    if s["safety_failed"]:
-        lines.append(f"SAFETY FAILED: {len(s['safety_violations'])} violation(s)")
-        for v in s["safety_violations"][:10]:
-            lines.append(f"  {v['case_id']}#{v['sample_index']}: {v['violation']}")
-    if s.get("no_baseline"):
-        lines.append(f"gate: {s['no_baseline']}")
-    if s.get("sequential"):
-        lines.append(_sequential_line(s["sequential"]))
-    gate = s.get("gate")
-    if gate:
-        lines.append(f"gate vs {gate['baseline']}: {gate['decision'].upper()} ({gate['verdict']})")
-        lines.extend(f"  - {r}" for r in gate["reasons"])
-    return "\n".join(lines)
+    return summary_text(summary)
 
 
 @app.command("rescore")
@@ -500,12 +438,6 @@ def rescore_cmd(
     typer.echo(json_doc(summary) if as_json else _summary_text(summary))
 
 
-def _sequential_line(seq: dict[str, Any]) -> str:
-    how = (f"stopped early ({seq['decision']})" if seq["stopped_early"] else "ran to the end")
-    return (f"sequential: {how} after {seq['rounds']} of {seq['planned_rounds']} rounds,"
-            f" {seq['samples_drawn']} of {seq['samples_planned']} samples")
-
-
 runs_app = typer.Typer(no_args_is_help=True, help="Stored runs.")
 app.add_typer(runs_app, name="runs")
 
@@ -542,7 +474,7 @@ def runs_show(
 
     row = db.find_run(run_id)
     if case is not None:
-        from flows.samples_view import case_doc, case_text
+        from tasks.report.case_view import case_doc, case_text
 
         doc = case_doc(row["run_id"], case, db.case_samples(row["run_id"], case))
         typer.echo(json_doc(doc) if as_json else case_text(doc))

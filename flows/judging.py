@@ -31,7 +31,6 @@ JudgeOpt = Annotated[
 RubricOpt = Annotated[
     Path | None, typer.Option("--rubric", help="File with the prompt template (openai: judges).")
 ]
-LABEL_STATUS = {True: "passed", False: "failed"}
 WORKERS = 4  # judge calls in flight: endpoint latency, not CPU, is what they wait on
 
 
@@ -87,71 +86,35 @@ def calibrate_judge(
     from storage.suites import load_suite_ref
     from tasks.graders import grade, grader_fingerprint
     from tasks.graders.judge import case_judge
-    from tasks.metrics.calibration import calibrate
+    from tasks.metrics.calibration import LABEL_STATUS, JudgeItem, judge_items, measure
     from tasks.metrics.labels import read_labels
-    from tasks.models import EvalCase, canonical_json
-    from tasks.registry import grader_spec
+    from tasks.models import canonical_json
 
     suite_obj = load_suite_ref(suite)
-    rows = [r for r in read_labels(labels, need_output=True) if oracle or r.label is not None]
     overrides = {
         k: v
         for k, v in (("function", judge), ("rubric", rubric), ("samples", samples))
         if v is not None
     }
-    items = []
-    for row in rows:
-        try:
-            case = suite_obj.case(row.case_id)
-        except KeyError:
-            raise InputError(
-                f"{labels}: line {row.line}: suite {suite_obj.name} has no case {row.case_id!r}"
-            ) from None
-        if oracle and not grader_spec(case.kind).oracle:
-            raise InputError(
-                f"{labels}: line {row.line}: case {case.id!r} has no execution oracle "
-                f"(its grader is {case.kind})"
-            )
-        own = case.grader if case.kind == "judge" else {}
-        if "function" not in own and "function" not in overrides:
-            raise InputError(f"case {case.id!r}: no judge to calibrate (pass --judge)")
-        judge_case = EvalCase(**{**case.content(), "grader": {**own, **overrides, "kind": "judge"}})
-        items.append((row, case, judge_case))
-
-    if not items:
-        raise InputError(f"{labels}: no labelled rows to calibrate on")
+    items = judge_items(read_labels(labels, need_output=True), suite_obj, overrides, oracle=oracle,
+                        where=str(labels))
     # Resolved here, once and in this thread: a bad spec is bad input (not a column of
     # `error` verdicts), and user modules are loaded before the workers need them.
-    graders = {canonical_json(jc.grader): jc for *_, jc in items}.values()
+    graders = {canonical_json(i.judge_case.grader): i.judge_case for i in items}.values()
     judges = {j.fingerprint: j for j in map(case_judge, graders)}
     if len(judges) > 1:
         raise InputError(f"{labels}: the cases use {len(judges)} different judges; pass --judge")
     ((fingerprint, the_judge),) = judges.items()
     if oracle:  # the oracle graders' own user code, likewise
-        for case in {case.id: case for _, case, _ in items}.values():
+        for case in {i.case.id: i.case for i in items}.values():
             grader_fingerprint(case)
 
-    def judged(item):
-        row, case, judge_case = item
-        truth = grade(row.output, case).status.value if oracle else LABEL_STATUS[row.label]
-        return grade(row.output, judge_case).status.value, truth
+    def judged(item: JudgeItem) -> tuple[str, str]:
+        truth = grade(item.row.output, item.case).status.value if oracle else LABEL_STATUS[item.row.label]
+        return grade(item.row.output, item.judge_case).status.value, truth
 
     with ThreadPoolExecutor(max_workers=WORKERS) as pool:
-        results = list(pool.map(judged, items))
-    binary = ("passed", "failed")
-    judge_errors = sum(j not in binary for j, _ in results)
-    usable = [
-        (i, j, t) for i, (j, t) in zip(items, results, strict=True) if j in binary and t in binary
-    ]
-    if not usable:
-        raise InputError(
-            f"{labels}: the judge (or the oracle) gave no pass/fail verdict on any row"
-        )
-    stats = calibrate(
-        [j == "passed" for _, j, _ in usable],
-        [t == "passed" for _, _, t in usable],
-        [i[1].id for i, _, _ in usable],
-    )
+        verdicts = list(pool.map(judged, items))
     doc = {
         "judge": the_judge.spec,
         "judge_fingerprint": fingerprint,
@@ -159,11 +122,7 @@ def calibrate_judge(
         "suite_name": suite_obj.name,
         "truth": "oracle" if oracle else "human",
         "labels": str(labels),
-        "rows": len(results),
-        "judge_errors": judge_errors,
-        "judge_error_rate": judge_errors / len(results),
-        "truth_errors": sum(t not in binary for _, t in results),
-        **stats.to_json(),
+        **measure(items, verdicts, where=str(labels)),
     }
     return record_calibration(doc, _home(home))
 
@@ -306,7 +265,8 @@ def import_labels(
     from storage import db
     from tasks.metrics.labels import labelled_samples, read_labels
     from tasks.models import sha256_hex
-    from tasks.run import RunSpec, RunStatus, summarize
+    from tasks.run import RunStatus, summarize
+    from tasks.run.labelled import labelled_spec, labelled_summary
 
     started = time.perf_counter()
     home = _home(home)
@@ -314,17 +274,8 @@ def import_labels(
     run_id = source["run_id"]
     suite = _run_suite(source, home)
     labels = read_labels(path)
-    spec = RunSpec(
-        **{k: source[k] for k in ("suite_version", "suite_name", "agent", "agent_fingerprint", "n", "seed")},
-        ks=list(source["ks"]),
-        config={
-            "derived_from": run_id,
-            "grader": "human",
-            "labeller": labeller,
-            "labels_file": str(path),
-            "labels_sha256": sha256_hex(path.read_bytes()),
-        },
-    )
+    spec = labelled_spec(source, labeller=labeller, labels_file=str(path),
+                         labels_sha256=sha256_hex(path.read_bytes()))
     rows = labelled_samples(
         db.run_samples(run_id, home),
         labels,
@@ -337,10 +288,8 @@ def import_labels(
         db.insert_samples(rows, home)
         summary, aggregates = summarize(spec, suite, db.run_samples(spec.run_id, home))
         db.write_aggregates(spec.run_id, aggregates, home)
-        summary.source_run, summary.labeller = run_id, labeller
-        summary.usage = None  # no agent was called: the samples' usage is the source run's
-        summary.labelled, summary.unlabelled = rows.num_rows, len(labels) - rows.num_rows
-        summary.duration_s = round(time.perf_counter() - started, 3)
+        summary = labelled_summary(summary, source_run=run_id, labeller=labeller, labelled=rows.num_rows,
+                                   labels=len(labels), duration_s=time.perf_counter() - started)
         db.finish_run(spec.run_id, RunStatus.completed, summary, home)
     return summary.to_json()
 

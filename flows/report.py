@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections import Counter, defaultdict
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -12,40 +12,18 @@ from storage.calibrations import run_calibrations
 from tasks.files import atomic_write
 from tasks.models import InputError
 from tasks.report import render_report
-from tasks.report.html import MAX_OUTPUT_CHARS
-from tasks.report.trajectory import trajectory_lines
+from tasks.report.cases import MAX_OUTPUTS_PER_CASE, OUTPUT_CHARS, SAMPLE_FIELDS, case_rows
 from tasks.run import RunSummary
 
-MAX_DETAILS_PER_CASE = 5
-MAX_OUTPUTS_PER_CASE = 2
-OUTPUT_CHARS = MAX_OUTPUT_CHARS + 1  # one past what the page shows, so it still marks the cut; the rest is never read
 
-
-def case_rows(run_id: str, home: Path | None = None) -> list[dict[str, Any]]:
-    """Per-case counts, statuses, failure details and safety hits, from the samples table."""
-    samples = db.run_samples(run_id, home, ["case_id", "passed", "status", "detail", "safety"])
+def read_case_rows(run_id: str, home: Path | None = None) -> list[dict[str, Any]]:
+    """The report's per-case rows (`tasks.report.cases`) from the run's stored samples."""
     run = db.get_run(run_id, home)
-    slices = {cid: s for cid, (_, s) in db.suite_cases(run["suite_version"], home).items()}
-    grouped: dict[str, dict[str, Any]] = defaultdict(
-        lambda: {"n": 0, "c": 0, "statuses": Counter(), "details": [], "safety": [], "outputs": []}
+    return case_rows(
+        db.run_samples(run_id, home, SAMPLE_FIELDS).to_pylist(),
+        db.failing_samples(run_id, MAX_OUTPUTS_PER_CASE, OUTPUT_CHARS, home),
+        {cid: s for cid, (_, s) in db.suite_cases(run["suite_version"], home).items()},
     )
-    for failing in db.failing_samples(run_id, MAX_OUTPUTS_PER_CASE, OUTPUT_CHARS, home):
-        case = grouped[failing["case_id"]]
-        case["outputs"].append(failing["output"] or "")  # what the agent said
-        if "trajectory" not in case and (steps := trajectory_lines(json.loads(failing["trace"] or "{}"))):
-            case["trajectory"] = {"sample_index": failing["sample_index"], "lines": steps}
-    for row in samples.to_pylist():
-        case = grouped[row["case_id"]]
-        case["n"] += 1
-        case["c"] += bool(row["passed"])
-        case["statuses"][row["status"]] += 1
-        if not row["passed"] and row["detail"] and len(case["details"]) < MAX_DETAILS_PER_CASE:
-            case["details"].append(row["detail"])
-        case["safety"].extend(row["safety"] or [])
-    return [
-        {"case_id": cid, "slices": slices.get(cid, []), **{**v, "statuses": dict(v["statuses"])}}
-        for cid, v in sorted(grouped.items())
-    ]
 
 
 def write_report(run_id: str, out: Path, home: Path | None = None) -> Path:
@@ -57,7 +35,7 @@ def write_report(run_id: str, out: Path, home: Path | None = None) -> Path:
     gate = summary.gate
     base_run = db.get_run(gate.baseline, home) if gate else None
     baseline = RunSummary.read(base_run["summary"]) if base_run and base_run.get("summary") else None
-    html = render_report(summary, case_rows(run_id, home),
+    html = render_report(summary, read_case_rows(run_id, home),
                          baseline=baseline, gate=gate.model_dump(mode="json") if gate else None,
                          calibration=_calibration(summary),
                          judges=run_calibrations(run_id, home))

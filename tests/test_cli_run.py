@@ -18,8 +18,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_evaluate import agent, write_suite
 
-from flows.cli import _broken_agent, progress_lines
+from flows.cli import progress_lines
 from flows.output import rounded
+from tasks.run.health import broken_agent, broken_grader
 
 ROOT = Path(__file__).resolve().parent.parent
 PROGRESS = re.compile(r"^toy: (\d+)/(\d+) samples graded \((\d+)%\) after \d+s$")
@@ -74,9 +75,20 @@ def test_a_broken_agent_exits_4_after_printing_its_json(env, home, tmp_path):
 
 def test_agent_error_share_is_over_the_threshold_only_when_strictly_above():
     summary = {"status_counts": {"agent_error": 1, "passed": 9}, "samples": 10}
-    assert _broken_agent(summary, 0.1) is None
-    assert "1 of 10 samples (10%)" in _broken_agent(summary, 0.05)
-    assert _broken_agent({"status_counts": {}, "samples": 0}, 0.0) is None
+    assert broken_agent(summary, 0.1) is None
+    assert "1 of 10 samples (10%)" in broken_agent(summary, 0.05)
+    assert broken_agent({"status_counts": {}, "samples": 0}, 0.0) is None
+
+
+def test_grader_error_share_names_the_first_line_of_the_commonest_detail():
+    summary = {"status_counts": {"error": 3, "agent_error": 3, "failed": 4}, "samples": 10}
+    assert broken_grader(summary, 0.3, "missing predicate.py\ntraceback") is None
+    line = broken_grader(summary, 0.2, "missing predicate.py\ntraceback")
+    assert "3 of 10 samples (30%) are error, over --max-grader-errors 0.2" in line
+    assert line.endswith("(exit 5): missing predicate.py")
+    assert broken_grader(summary, 0.2, "").endswith("(exit 5): no detail")
+    # agent errors are the agent's, not the grader's
+    assert broken_grader({"status_counts": {"agent_error": 9}, "samples": 10}, 0.0, "x") is None
 
 
 def test_progress_lines_every_ten_percent_or_ten_seconds():

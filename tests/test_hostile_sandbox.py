@@ -18,11 +18,11 @@ from support.sandbox_modes import bwrap_only
 from test_python_tests import _case, _hostile
 from test_sandbox import tmp_venv
 
-from flows.cli import _summary_text
 from tasks.graders import grade, grader_fingerprint
 from tasks.graders.python_tests import build_program
 from tasks.models import EvalCase, Status
 from tasks.report import summary_markdown
+from tasks.report.text import summary_text
 from tasks.sandbox import ForkServer, Limits, SandboxUnavailable, run_command, servers, shutdown
 from tasks.sandbox import policy as sandbox
 
@@ -213,7 +213,7 @@ def test_cli_refuses_without_bwrap_and_states_unsafe_runs(prefect_harness, tmp_p
     with duckdb.connect(str(home / "evalpipe.duckdb"), read_only=True) as con:
         (config,) = con.execute("SELECT config FROM runs WHERE run_id = ?", [summary["run_id"]]).fetchone()
     assert json.loads(config)["sandbox"] == "unsafe-no-sandbox"
-    assert "NO SANDBOX" in summary_markdown(summary) and _summary_text(summary).startswith("UNSAFE: ")
+    assert "NO SANDBOX" in summary_markdown(summary) and summary_text(summary).startswith("UNSAFE: ")
     report = tmp_path / "report.html"
     assert _cli(["report", summary["run_id"], "--out", str(report)], env).returncode == 0
     assert "No sandbox" in report.read_text()

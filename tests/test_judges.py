@@ -414,3 +414,48 @@ def test_openai_judge_errors_never_carry_the_key(endpoint, monkeypatch):
     assert verdict.status is Status.error and "HTTP 401" in verdict.detail
     stored = verdict.detail + json.dumps(trace)
     assert not [key[i : i + 8] for i in range(len(key) - 7) if key[i : i + 8] in stored]
+
+
+# --- the calibration's pure steps ----------------------------------------------------------
+
+
+def test_judge_items_pair_labelled_rows_with_their_case_and_judge():
+    from tasks.metrics.calibration import judge_items
+    from tasks.metrics.labels import LabelRow
+    from tasks.models import EvalSuite
+
+    exact = EvalCase(id="x", inputs={"prompt": "2+2"}, reference="4", grader={"kind": "exact"})
+    own = judge_case(ref("says_yes"), samples=3, rubric="own rubric")
+    suite = EvalSuite(name="s", cases=(exact, own))
+    rows = [LabelRow(2, "q1", 0, "yes", True), LabelRow(3, "x", 0, "4", None), LabelRow(4, "x", 1, "5", False)]
+    with pytest.raises(InputError, match=r"case 'x': no judge to calibrate \(pass --judge\)"):
+        judge_items(rows, suite, {}, oracle=False, where="f.csv")
+    items = judge_items(rows, suite, {"samples": 1, "function": ref("coin")}, oracle=False, where="f.csv")
+    assert [(i.row.line, i.case.id) for i in items] == [(2, "q1"), (4, "x")]  # the blank label is skipped
+    assert items[0].judge_case.grader == {"kind": "judge", "function": ref("coin"), "samples": 1,
+                                          "rubric": "own rubric"}  # overrides over the case's own judge
+    assert items[1].judge_case.grader == {"kind": "judge", "function": ref("coin"), "samples": 1}
+    oracle = judge_items(rows[1:], suite, {"function": ref("coin")}, oracle=True, where="f.csv")
+    assert [i.row.line for i in oracle] == [3, 4]  # with an oracle, a blank label is graded too
+    with pytest.raises(InputError, match=r"f.csv: line 2: case 'q1' has no execution oracle"):
+        judge_items(rows[:1], suite, {}, oracle=True, where="f.csv")
+    with pytest.raises(InputError, match=r"f.csv: line 9: suite s has no case 'gone'"):
+        judge_items([LabelRow(9, "gone", 0, "", True)], suite, {}, oracle=False, where="f.csv")
+    with pytest.raises(InputError, match=r"f.csv: no labelled rows to calibrate on"):
+        judge_items([rows[1]], suite, {}, oracle=False, where="f.csv")
+
+
+def test_measure_counts_errors_apart_and_calibrates_the_rest():
+    from tasks.metrics.calibration import JudgeItem, measure
+    from tasks.metrics.labels import LabelRow
+
+    case = judge_case(ref("coin"))
+    items = [JudgeItem(LabelRow(i, case.id, i, "o", True), case, case) for i in range(5)]
+    verdicts = [("passed", "passed"), ("failed", "passed"), ("error", "passed"), ("passed", "failed"),
+                ("passed", "error")]
+    doc = measure(items, verdicts, where="f.csv")
+    assert (doc["rows"], doc["judge_errors"], doc["truth_errors"], doc["items"]) == (5, 1, 1, 3)
+    assert doc["judge_error_rate"] == 0.2
+    assert doc["confusion"] == {"tp": 1, "fp": 1, "fn": 1, "tn": 0}
+    with pytest.raises(InputError, match="f.csv: the judge .or the oracle. gave no pass/fail verdict"):
+        measure(items[:2], [("error", "passed"), ("passed", "empty")], where="f.csv")

@@ -215,3 +215,24 @@ def test_labels_commands(run, tmp_path):
             "SELECT count(*) FROM samples WHERE run_id = ?", [doc["run_id"]]
         ).fetchone()
     assert n == 7
+
+
+def test_the_labelled_run_records_its_source_labeller_and_labels() -> None:
+    from test_report import build
+
+    from tasks.run import RunSummary
+    from tasks.run.labelled import labelled_spec, labelled_summary
+
+    source = {"run_id": "r1", "suite_version": "ab" * 32, "suite_name": "s", "agent": "python:a.py:f",
+              "agent_fingerprint": "fp", "n": 2, "seed": 3, "ks": (1, 2)}
+    spec = labelled_spec(source, labeller="ada", labels_file="l.csv", labels_sha256="00")
+    assert (spec.n, spec.seed, spec.ks, spec.agent) == (2, 3, [1, 2], "python:a.py:f")
+    assert spec.config == {"derived_from": "r1", "grader": "human", "labeller": "ada", "labels_file": "l.csv",
+                           "labels_sha256": "00"}
+
+    summary = RunSummary.read(build({"add-1": [True, False]})[0])
+    doc = labelled_summary(summary, source_run="r1", labeller="ada", labelled=3, labels=5,
+                           duration_s=1.23456).to_json()
+    assert {k: doc[k] for k in ("source_run", "labeller", "labelled", "unlabelled", "duration_s")} == {
+        "source_run": "r1", "labeller": "ada", "labelled": 3, "unlabelled": 2, "duration_s": 1.235}
+    assert "usage" not in doc and "source_run" not in summary.to_json()  # the summary given is left as it was

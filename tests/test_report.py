@@ -338,7 +338,7 @@ def test_pass_hat_k_sits_beside_pass_at_k_and_a_single_case_slice_has_no_ci() ->
 
 
 def test_every_registered_metric_shows_alike_in_text_markdown_and_html() -> None:
-    from flows.cli import _summary_text
+    from tasks.report.text import summary_text
 
     run, cases = build(OUTCOMES)
     assert set(run["metrics"]) >= {"pass@1", "mean_score"}  # the built-ins, registered
@@ -348,7 +348,7 @@ def test_every_registered_metric_shows_alike_in_text_markdown_and_html() -> None
         "tokens_per_case": {"value": 1234.5678, "ci": None, "percent": False},
         "broken": {"value": None, "ci": None, "percent": True, "error": "metric broken raised KeyError: 'x'"},
     })
-    text, markdown, html = _summary_text(run), summary_markdown(run), render_report(run, cases)
+    text, markdown, html = summary_text(run), summary_markdown(run), render_report(run, cases)
     assert "all_or_<i>nothing</i> 25.0%  [0.0%, 75.0%]" in text
     assert "| all_or_<i>nothing</i> | 25.0% [0.0%, 75.0%] |" in markdown
     assert "all_or_&lt;i&gt;nothing&lt;/i&gt;" in html and "<i>nothing" not in html
@@ -363,4 +363,4 @@ def test_every_registered_metric_shows_alike_in_text_markdown_and_html() -> None
     assert run["metrics"]["mean_score"] == {"value": None, "ci": None, "percent": True}
     assert "mean_score" not in text and "mean_score" not in markdown and "mean_score" not in html
     run["metrics"]["mean_score"] = {"value": 0.5, "ci": [0.25, 0.75], "percent": True}
-    assert "mean_score 50.0%  [25.0%, 75.0%]" in _summary_text(run)
+    assert "mean_score 50.0%  [25.0%, 75.0%]" in summary_text(run)

@@ -190,10 +190,10 @@ def test_must_pass_is_in_the_suite_version_not_in_the_case_hash(home) -> None:
 
 
 def test_diff_text_shows_control_characters_in_ids_inert() -> None:
-    from flows.diffing import diff_text
+    from tasks.report.diff_text import diff_text
 
     evil = "a\x1b[2Jb\nc"
     doc = diff_runs([result(evil, 2, 0, slices=("s\x07",))], [result(evil, 2, 2, slices=("s\x07",))]).to_json()
-    text = diff_text(doc)
+    text = diff_text(doc, 30)
     assert "\x1b" not in text and "\x07" not in text and "a\ufffd[2Jb\ufffdc" in text
     assert text.splitlines()[3].split()[:2] == ["regressed", "a\ufffd[2Jb\ufffdc"]

@@ -8,20 +8,29 @@ share its difficulty, so the case is the unit of resampling, as in `tasks.metric
 - `false_pass_rate`: P(judge passes | truth fails) — the judge letting bad outputs through;
 - `false_fail_rate`: P(judge fails | truth passes).
 A rate whose condition never occurs (no failing outputs at all) is null, not 0.
+
+`judge_items` pairs each labelled output with its case and the judge to put it to;
+`measure` turns the judge's and the truth's statuses into the calibration's figures. The
+judge calls and the storage are the caller's (`flows/judging.py`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
+from tasks.metrics.labels import LabelRow
 from tasks.metrics.stats import DEFAULT_LEVEL, DEFAULT_N_BOOT, resampled_sums
+from tasks.models import EvalCase, EvalSuite, InputError
+from tasks.registry import grader_spec
 
 METRICS = ("agreement", "kappa", "false_pass_rate", "false_fail_rate")
+LABEL_STATUS = {True: "passed", False: "failed"}
+BINARY = ("passed", "failed")  # the statuses a calibration counts; any other is an error of its rater
 
 
 @dataclass(frozen=True)
@@ -102,3 +111,60 @@ def calibrate(
         cis[name] = (min(float(lo), value), max(float(hi), value))
     confusion = dict(zip(("tp", "fp", "fn", "tn"), (int(x) for x in total), strict=True))
     return Calibration(int(j.size), m, confusion, values, cis, level)
+
+
+@dataclass(frozen=True)
+class JudgeItem:
+    row: LabelRow  # the labelled output
+    case: EvalCase  # its case, whose own grader is the oracle
+    judge_case: EvalCase  # the case graded by the judge under calibration
+
+
+def judge_items(rows: Sequence[LabelRow], suite: EvalSuite, overrides: Mapping[str, Any], *, oracle: bool,
+                where: str) -> list[JudgeItem]:
+    """The outputs to calibrate on: each labelled row (every row with `oracle`, whose truth
+    is the case's own grader) with its case of `suite` and that case graded by the judge:
+    the case's own `judge` grader with `overrides` (function, rubric, samples) over it.
+    `InputError` naming `where` and the line for a row no judge or oracle can grade."""
+    items = []
+    for row in rows:
+        if not oracle and row.label is None:
+            continue
+        try:
+            case = suite.case(row.case_id)
+        except KeyError:
+            raise InputError(f"{where}: line {row.line}: suite {suite.name} has no case {row.case_id!r}") from None
+        if oracle and not grader_spec(case.kind).oracle:
+            raise InputError(
+                f"{where}: line {row.line}: case {case.id!r} has no execution oracle (its grader is {case.kind})"
+            )
+        own = case.grader if case.kind == "judge" else {}
+        if "function" not in own and "function" not in overrides:
+            raise InputError(f"case {case.id!r}: no judge to calibrate (pass --judge)")
+        judge_case = EvalCase(**{**case.content(), "grader": {**own, **overrides, "kind": "judge"}})
+        items.append(JudgeItem(row, case, judge_case))
+    if not items:
+        raise InputError(f"{where}: no labelled rows to calibrate on")
+    return items
+
+
+def measure(items: Sequence[JudgeItem], verdicts: Sequence[tuple[str, str]], *, where: str) -> dict[str, Any]:
+    """The calibration's figures from (judge status, truth status) per item: the rows, the
+    judge's and the truth's errors (any status but passed/failed), and `calibrate` over the
+    rows where both gave a pass/fail verdict."""
+    judge_errors = sum(j not in BINARY for j, _ in verdicts)
+    usable = [(item, j, t) for item, (j, t) in zip(items, verdicts, strict=True) if j in BINARY and t in BINARY]
+    if not usable:
+        raise InputError(f"{where}: the judge (or the oracle) gave no pass/fail verdict on any row")
+    stats = calibrate(
+        [j == "passed" for _, j, _ in usable],
+        [t == "passed" for _, _, t in usable],
+        [item.case.id for item, _, _ in usable],
+    )
+    return {
+        "rows": len(verdicts),
+        "judge_errors": judge_errors,
+        "judge_error_rate": judge_errors / len(verdicts),
+        "truth_errors": sum(t not in BINARY for _, t in verdicts),
+        **stats.to_json(),
+    }

@@ -1,5 +1,5 @@
-"""`evalpipe runs show RUN_ID --case ID`: what the agent said on one case, sample by sample,
-with the grader's verdict, detail and timing."""
+"""What the agent said on one case of a run, sample by sample, with the grader's verdict,
+detail and timing (`evalpipe runs show RUN_ID --case ID`): one document, as text."""
 
 from __future__ import annotations
 

@@ -1,0 +1,38 @@
+"""Whether a run's figures measure anything: too many samples where the agent failed (exit
+4) or the grader could not run (exit 5) make them meaningless, said in one line, never a
+silent pass@1 of 0 (docs/contract.md §10)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+
+def error_share(summary: Mapping[str, Any], status: str, max_share: float) -> tuple[int, int] | None:
+    """(samples with `status`, samples) when their share is over `max_share`, else None."""
+    errors, samples = summary["status_counts"].get(status, 0), summary["samples"]
+    if not samples or errors / samples <= max_share:
+        return None
+    return errors, samples
+
+
+def broken_agent(summary: Mapping[str, Any], max_share: float) -> str | None:
+    """The exit-4 line: over `max_share` of the samples are agent_error."""
+    return _over(summary, "agent_error", max_share, "--max-agent-errors",
+                 "the agent is broken, so these numbers say nothing about the model (exit 4)")
+
+
+def broken_grader(summary: Mapping[str, Any], max_share: float, detail: str) -> str | None:
+    """The exit-5 line: over `max_share` of the samples are error (a missing predicate file,
+    a repository that is not there), with `detail`, the commonest error's, first line."""
+    line = _over(summary, "error", max_share, "--max-grader-errors",
+                 "the grader could not run, so these numbers measure nothing (exit 5)")
+    return line and f"{line}: {detail.splitlines()[0] if detail else 'no detail'}"
+
+
+def _over(summary: Mapping[str, Any], status: str, max_share: float, option: str, meaning: str) -> str | None:
+    over = error_share(summary, status, max_share)
+    if over is None:
+        return None
+    errors, samples = over
+    return f"{errors} of {samples} samples ({errors / samples:.0%}) are {status}, over {option} {max_share:g}: {meaning}"
