@@ -87,6 +87,9 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=5000)
     parser.add_argument("--output-mb", type=float, default=4.0)
     parser.add_argument("--xml-depth", type=int, default=2_000_000)
+    parser.add_argument("--steps", default="reduce,report,cached re-run",
+                        help="which reads of the big run to measure (a cached re-run reads outputs a"
+                             " DuckDB vector at a time: about 2,048 outputs' worth of memory)")
     args = parser.parse_args()
     out_bytes = int(args.output_mb * (1 << 20))
     with tempfile.TemporaryDirectory() as tmp:
@@ -97,7 +100,7 @@ def main() -> None:
         print(f"stored {args.samples} + {PEER_SAMPLES} samples of {args.output_mb:g} MB outputs in "
               f"{time.perf_counter() - t:.1f} s (load {os.getloadavg()[0]:.1f})", file=sys.stderr)
         rows = {}
-        for step in ("reduce", "report", "cached re-run"):
+        for step in args.steps.split(","):
             rows[f"evalpipe {step}, {args.samples} samples"] = peak(step, big, home)
         mb, s = peak("whole rows", small, home)
         rows[f"peer: whole rows, {PEER_SAMPLES} samples"] = (mb, s)
