@@ -227,6 +227,11 @@ class _Scheduler:
         """Draws in flight allowed now: a cost budget allows no more calls than it can still
         pay for at the dearest call seen (one while no call has been priced)."""
         slots = self.config.draw_slots
+        if self.draw_pace.per_sample is None:
+            # Until one draw task has come back, as many as there are graders: a fast agent's
+            # samples then go many to a task instead of a task per slot (each a Prefect task
+            # run competing with the graders), and a slow one fans out after one time budget.
+            slots = min(slots, self.config.grade_workers)
         limit = self.meter.budget.max_cost_usd
         if limit is None:
             return slots
