@@ -14,6 +14,7 @@ from tasks.models import EvalCase, EvalSuite
 from tasks.run.samples import row_usage
 from tasks.run.sampling import PlannedSample, plan_samples
 from tasks.run.spec import RunSpec
+from tasks.run.usage import USAGE_SAMPLE_COLUMNS
 
 
 def plan(suite: EvalSuite, spec: RunSpec) -> list[PlannedSample]:
@@ -24,7 +25,7 @@ def plan(suite: EvalSuite, spec: RunSpec) -> list[PlannedSample]:
 # What the cache lookup reads of each stored sample: where it is, its keys and status, and
 # what its agent call took; never its output (at the cap, gigabytes for a re-run).
 CACHE_LOOKUP_COLUMNS = ("run_id", "case_id", "sample_index", "output_key", "cache_key", "status",
-                        "latency_s", "input_tokens", "output_tokens", "usage_model", "cost_usd")
+                        *USAGE_SAMPLE_COLUMNS)
 # Which stored sample a row names, and this run's hash of its case (`Reuse.copied`).
 COPY_COLUMNS = ("run_id", "case_id", "sample_index", "case_hash")
 
