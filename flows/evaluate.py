@@ -130,7 +130,7 @@ def run(config: RunConfig, started: float) -> RunSummary:
                                        run.prices)
         summary = run_loop(run.spec, config, run.suite, run.agent, store, stages, prices=run.prices,
                            progress=steps.ShownProgress(), gate=run_gate(run, config, store.home),
-                           no_baseline=run.no_baseline, rounds=rounds, reduce=steps.aggregate, started=started)
+                           no_baseline=run.no_baseline, rounds=rounds, reduce=steps.reduce_in_task, started=started)
     publish(summary, store.home)
     steps.log_headline(summary)
     return summary

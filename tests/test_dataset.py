@@ -194,3 +194,23 @@ def test_resolve_suite_pins_what_it_read(home, tmp_path, monkeypatch):
         resolve_suite("nope.yaml")
     with pytest.raises(SuiteError, match="neither a suite file, a git URL#PATH nor a stored suite version"):
         resolve_suite("abcdef123")
+
+
+def _dumped(value) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.none() | st.booleans() | st.integers() | st.text(alphabet=st.characters(exclude_categories=("Cs",))),
+                max_size=6), st.booleans())
+def test_flat_keys_are_written_as_json_dumps_writes_them(items, as_tuple):
+    # The direct path for flat lists (every sample's keys) must not change one byte of a key.
+    value = tuple(items) if as_tuple else items
+    assert canonical_json(value) == _dumped(items)
+
+
+def test_canonical_json_refuses_a_lone_surrogate_on_the_direct_path_too():
+    with pytest.raises(UnicodeEncodeError):
+        canonical_json(["\ud800"])
+    with pytest.raises(UnicodeEncodeError):
+        canonical_json({"k": "\ud800"})
