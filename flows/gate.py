@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +15,8 @@ from tasks.metrics.gate import gate_values
 from tasks.metrics.rules import GateRules, rule_blocks
 from tasks.models import InputError
 from tasks.run import RunConfig, RunSummary
+from tasks.run.loop import Gate
+from tasks.run.summary import Measured
 
 
 @dataclass(frozen=True)
@@ -54,20 +56,19 @@ def pair_runs(run_id: str, baseline: str, *, metric: str = "pass", home: Path | 
     return Comparison(run, base, diff, results)
 
 
-def run_gate(run: PreparedRun, config: RunConfig,
-             home: Path | None = None) -> Callable[[RunSummary], dict[str, Any]] | None:
-    """The gate a prepared run applies to its summary (`tasks.run.loop.run_loop`), or None
+def run_gate(run: PreparedRun, config: RunConfig, home: Path | None = None) -> Gate | None:
+    """The gate a prepared run applies to its figures (`tasks.run.loop.run_loop`), or None
     when it has no baseline."""
     if run.baseline is None:
         return None
     baseline = run.baseline
 
-    def gate(summary: RunSummary) -> dict[str, Any]:
+    def check(measured: Measured) -> dict[str, Any]:
         return gate_runs(run.spec.run_id, baseline, min_pass_at_1=config.min_pass_at_1, max_drop=config.max_drop,
-                         home=home, safety_failed=summary.safety_failed, rules=run.rules, metric=config.metric,
-                         summary=summary)
+                         home=home, safety_failed=measured.safety_failed, rules=run.rules, metric=config.metric,
+                         slice_values=measured.slice_values(config.metric))
 
-    return gate
+    return Gate(baseline, check)
 
 
 def gate_runs(
@@ -81,17 +82,18 @@ def gate_runs(
     safety_failed: bool | None = None,
     rules: GateRules | None = None,
     metric: str = "pass",
-    summary: RunSummary | None = None,
+    slice_values: Mapping[str, float | None] | None = None,
 ) -> dict[str, Any]:
     """Gate `run_id` against `baseline`. Runs on different suite versions are refused
     unless `shared_only`, which compares the case hashes they share and says so.
     `safety_failed`: the run's safety verdict when the caller has it (else read back).
     `rules`: the team's rules (max new failures, per-slice thresholds); the run suite's
     must-pass cases always apply. `metric`: what the paired CI compares, `pass` or `score`.
-    `summary`: the run's summary when the caller has it (a flow gating before storing it)."""
+    `slice_values`: the run's slice figures when the caller has them (a run gating before
+    its summary is stored; else read back)."""
     comparison = pair_runs(run_id, baseline, metric=metric, home=home, require_same_suite=not shared_only)
     return gate_comparison(comparison, min_pass_at_1=min_pass_at_1, max_drop=max_drop, home=home,
-                           safety_failed=safety_failed, rules=rules, summary=summary)
+                           safety_failed=safety_failed, rules=rules, slice_values=slice_values)
 
 
 def gate_comparison(
@@ -102,7 +104,7 @@ def gate_comparison(
     home: Path | None = None,
     safety_failed: bool | None = None,
     rules: GateRules | None = None,
-    summary: RunSummary | None = None,
+    slice_values: Mapping[str, float | None] | None = None,
 ) -> dict[str, Any]:
     """The `gate --json` document of a comparison (see `gate_runs`)."""
     run, base, diff = comparison.run, comparison.base, comparison.diff
@@ -122,7 +124,9 @@ def gate_comparison(
     stated = GateRules(must_pass=must_pass or frozenset(),
                        max_new_failures=rules.max_new_failures if rules else None,
                        slice_min=rules.slice_min if rules else {})
-    blocks = rule_blocks(stated, results, diff, _slice_values(summary or comparison.run_summary, metric), METRIC_NAMES[metric])
+    if slice_values is None:
+        slice_values = _slice_values(comparison.run_summary, metric)
+    blocks = rule_blocks(stated, results, diff, dict(slice_values), METRIC_NAMES[metric])
     if blocks:
         safety = [r for r in result["reasons"] if r.startswith("safety:")]
         rest = [r for r in result["reasons"] if not r.startswith("safety:")]

@@ -23,6 +23,7 @@ from tasks.metrics.percent import percent
 from tasks.models import EvalSuite, InputError
 from tasks.run import RunConfig, RunSpec, RunSummary
 from tasks.run.loop import DrawTask, GradeTask, SampleStore, reduce_run
+from tasks.run.summary import Measured
 
 
 def _snapshot_key(context, parameters) -> str:
@@ -46,7 +47,7 @@ def grade(work: GradeTask, label: str) -> Any:
 
 
 @task(name="aggregate", cache_policy=NO_CACHE, persist_result=False)
-def aggregate(spec: RunSpec, suite: EvalSuite, store: SampleStore) -> RunSummary:
+def aggregate(spec: RunSpec, suite: EvalSuite, store: SampleStore) -> Measured:
     return reduce_run(spec, suite, store)
 
 

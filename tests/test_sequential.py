@@ -93,7 +93,7 @@ def test_a_drop_within_the_allowance_passes_early_and_one_beyond_it_blocks() -> 
 
 
 def test_the_draw_order_is_fixed_by_the_seed() -> None:
-    from flows.sequential import case_order
+    from tasks.run.sequential import case_order
 
     hashes = [f"h{i:03d}" for i in range(100)]
     assert case_order(hashes, 7) == case_order(hashes, 7)
