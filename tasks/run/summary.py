@@ -125,7 +125,7 @@ class RunSummary(_Doc):
     undrawn_samples: int | None = None
     budget: BudgetSummary | None = None
     unscored: list[str] | None = None
-    sequential: dict[str, Any] | None = None  # `run --sequential`: the stop and the looks (flows.sequential)
+    sequential: dict[str, Any] | None = None  # `run --sequential`: the stop and the looks (tasks.run.sequential)
     # Every registered metric by name; absent from summaries stored before metrics were registered.
     metrics: dict[str, MetricSummary] | None = None
 
