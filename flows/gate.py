@@ -10,9 +10,9 @@ from typing import Any
 from storage import db
 from storage.runs import PreparedRun
 from storage.snapshots import must_pass_cases
-from tasks.metrics.diff import METRIC_NAMES, CaseResult, Metric, RunDiff, check_metric, diff_runs
-from tasks.metrics.gate import gate_values
-from tasks.metrics.rules import GateRules, rule_blocks
+from tasks.metrics.diff import CaseResult, RunDiff, check_metric, diff_runs
+from tasks.metrics.gate import gate_diff
+from tasks.metrics.rules import GateRules
 from tasks.models import InputError
 from tasks.run import RunConfig, RunSummary
 from tasks.run.loop import Gate
@@ -106,42 +106,14 @@ def gate_comparison(
     rules: GateRules | None = None,
     slice_values: Mapping[str, float | None] | None = None,
 ) -> dict[str, Any]:
-    """The `gate --json` document of a comparison (see `gate_runs`)."""
-    run, base, diff = comparison.run, comparison.base, comparison.diff
-    run_id, baseline = run["run_id"], base["run_id"]
-    metric: Metric = diff.metric
-    results = comparison.results
-    values = {r.case_hash: r.value(metric) for r in results}
-    base_values = {c.before.case_hash: c.before.value(metric) for c in diff.cases if c.before is not None}
-    failed = db.safety_failed(run_id, home) if safety_failed is None else safety_failed
-    pass_at_1 = sum(r.c / r.n for r in results) / len(results) if results else 0.0
-    result = gate_values(
-        values, base_values, safety_failed=failed, pass_at_1=pass_at_1, metric_name=METRIC_NAMES[metric],
-        min_pass_at_1=min_pass_at_1, max_drop=max_drop, seed=run["seed"],
-    ).to_json()
-
-    must_pass = must_pass_cases(run["suite_version"], home)
-    stated = GateRules(must_pass=must_pass or frozenset(),
-                       max_new_failures=rules.max_new_failures if rules else None,
-                       slice_min=rules.slice_min if rules else {})
+    """The `gate --json` document of a comparison (see `gate_runs`): the stored figures it
+    needs, read here, gated by `tasks.metrics.gate.gate_diff`."""
+    run, summary = comparison.run, comparison.run_summary
     if slice_values is None:
-        slice_values = _slice_values(comparison.run_summary, metric)
-    blocks = rule_blocks(stated, results, diff, dict(slice_values), METRIC_NAMES[metric])
-    if blocks:
-        safety = [r for r in result["reasons"] if r.startswith("safety:")]
-        rest = [r for r in result["reasons"] if not r.startswith("safety:")]
-        result["reasons"] = [*safety, *(b.message for b in blocks), *rest]
-        result["decision"] = "block"
-    if must_pass is None:
-        result["reasons"].append(f"must-pass cases unknown: suite {run['suite_version'][:12]} has no snapshot here")
-    result.update(run_id=run_id, baseline=baseline, metric=metric, dropped_cases=diff.dropped,
-                  blocks=[b.to_json() for b in blocks])
-    return result
+        slice_values = summary.slice_values(comparison.diff.metric) if summary else {}
+    if safety_failed is None:
+        safety_failed = db.safety_failed(run["run_id"], home)
+    return gate_diff(comparison.diff, comparison.results, seed=run["seed"], safety_failed=safety_failed,
+                     must_pass=must_pass_cases(run["suite_version"], home), suite_version=run["suite_version"],
+                     slice_values=slice_values, rules=rules, min_pass_at_1=min_pass_at_1, max_drop=max_drop)
 
-
-def _slice_values(summary: RunSummary | None, metric: Metric) -> dict[str, float | None]:
-    if summary is None:
-        return {}
-    if metric == "score":
-        return {name: s.mean_score for name, s in summary.slices.items()}
-    return {name: s.pass_at_1 for name, s in summary.slices.items()}

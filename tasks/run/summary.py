@@ -142,6 +142,10 @@ class RunSummary(_Doc):
             where = ".".join(map(str, first["loc"]))
             raise InputError(f"run {doc.get('run_id', '?')!r}: summary key {where}: {first['msg']}") from None
 
+    def slice_values(self, metric: str) -> dict[str, float | None]:
+        """Each slice's pass@1, or its mean score with `metric` "score" (the gate's slice rules)."""
+        return {name: s.mean_score if metric == "score" else s.pass_at_1 for name, s in self.slices.items()}
+
     def to_json(self) -> dict[str, Any]:
         doc = self.model_dump(mode="json")
         for key in _OPTIONAL_KEYS:
