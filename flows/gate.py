@@ -10,10 +10,9 @@ from typing import Any
 from storage import db
 from storage.runs import PreparedRun
 from storage.snapshots import must_pass_cases
-from tasks.metrics.diff import CaseResult, RunDiff, check_metric, diff_runs
+from tasks.metrics.diff import CaseResult, RunDiff, check_metric, check_same_suite, diff_runs
 from tasks.metrics.gate import gate_diff
 from tasks.metrics.rules import GateRules
-from tasks.models import InputError
 from tasks.run import RunConfig, RunSummary
 from tasks.run.loop import Gate
 from tasks.run.summary import Measured
@@ -43,12 +42,8 @@ def pair_runs(run_id: str, baseline: str, *, metric: str = "pass", home: Path | 
     versions are refused (the gate's default); otherwise they are compared on their shared
     cases and the diff counts the rest."""
     run, base = db.find_run(run_id, home), db.find_run(baseline, home)
-    if require_same_suite and run["suite_version"] != base["suite_version"]:
-        raise InputError(
-            f"run {run['run_id']} is on suite {run['suite_version'][:12]} and baseline {base['run_id']} on "
-            f"{base['suite_version'][:12]}: different suite versions (pass --shared-only to "
-            "compare the cases they share)"
-        )
+    if require_same_suite:
+        check_same_suite(run, base)
     results = db.case_results(run["run_id"], home)
     diff = diff_runs(results, db.case_results(base["run_id"], home),
                      run_id=run["run_id"], baseline_id=base["run_id"], metric=check_metric(metric),

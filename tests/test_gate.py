@@ -130,3 +130,13 @@ def test_the_rules_block_after_safety_and_before_the_ci_and_a_missing_snapshot_i
                       suite_version="0123456789abcdef", slice_values={})
     assert clean["decision"] == "pass" and clean["blocks"] == [] and clean["dropped_cases"] == 0
     assert clean["reasons"][-1] == "must-pass cases unknown: suite 0123456789ab has no snapshot here"
+
+
+def test_runs_on_different_suite_versions_are_refused_naming_both() -> None:
+    from tasks.metrics.diff import check_same_suite
+
+    run, base = {"run_id": "r2", "suite_version": "a" * 40}, {"run_id": "r1", "suite_version": "b" * 40}
+    with pytest.raises(InputError, match=f"run r2 is on suite {'a' * 12} and baseline r1 on {'b' * 12}: different"
+                                         " suite versions \\(pass --shared-only"):
+        check_same_suite(run, base)
+    check_same_suite(run, {**base, "suite_version": "a" * 40})  # the same suite: no refusal
