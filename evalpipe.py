@@ -62,8 +62,6 @@ def evaluate(suite: SuiteLike, agent: AgentLike, *, name: str = "suite",
         raise InputError(f"evaluate: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
     if own is not None and config.workspace:
         raise InputError("evaluate: workspace runs take a cmd: or python: agent spec, not a callable")
-    if config.sequential:
-        raise InputError("evaluate: sequential runs go through the flow: evalpipe run --sequential")
     run = prepare_run(config, store, agent=own)
     if not store.has_snapshot(run.suite):  # as the flow's snapshot task: once per version
         store.snapshot(run.suite)

@@ -122,15 +122,9 @@ def suite_validate(
 
         report = watch(validate_suite)(suite=path, reps=reps, workers=workers,
                                        unsafe_no_sandbox=unsafe_no_sandbox)
-    if as_json:
-        typer.echo(json_doc(report))
-    else:
-        typer.echo(f"{report['cases']} cases, reference graded {reps}x each: "
-                   + ("all sound" if report["valid"] else "problems found"))
-        for kind in ("broken", "flaky", "vacuous"):
-            for c in report[kind]:
-                typer.echo(f"  {kind:<8} {c['case_id']}: reference {'/'.join(c['reference_statuses'])},"
-                           f" empty output {c['empty_status']}  {c['detail'][:200]}")
+    from tasks.report.gate_text import validation_text
+
+    typer.echo(json_doc(report) if as_json else validation_text(report))
     if not report["valid"]:
         raise typer.Exit(1)
 
@@ -537,6 +531,7 @@ def gate_cmd(
     from flows.gate import gate_comparison, pair_runs
     from storage import db
     from tasks.metrics.rules import GateRules, parse_slice_thresholds
+    from tasks.report.gate_text import gate_lines
     from tasks.report.markdown import comparison_markdown
 
     fmt = output_format(fmt, as_json)
@@ -555,16 +550,16 @@ def gate_cmd(
         typer.echo(comparison_markdown(comparison.diff, result, comparison.run_summary, comparison.base_summary),
                    nl=False)
     else:
-        typer.echo(f"{result['decision'].upper()} ({result['verdict']})")
-        typer.echo("\n".join(f"  - {r}" for r in result["reasons"]))
+        typer.echo("\n".join(gate_lines(result)))
     if result["decision"] == "block":
         raise typer.Exit(1)
 
 
 def _no_baseline(run: dict[str, Any], fmt: str) -> NoReturn:
     """`gate --baseline previous` with nothing before the run: said, never a silent pass (exit 1)."""
-    message = (f"no baseline: no completed run of suite {run['suite_version'][:12]} before {run['run_id']};"
-               " nothing was gated")
+    from tasks.report.gate_text import no_baseline_message
+
+    message = no_baseline_message(run)
     if fmt == "json":
         typer.echo(json_doc({"decision": None, "run_id": run["run_id"], "baseline": None, "no_baseline": message}))
     else:

@@ -12,14 +12,13 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
-from prefect import flow
+from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 from pydantic import Field
 
 from flows import steps
 from flows.artifacts import publish
 from flows.gate import run_gate
-from flows.sequential import sequential_rounds
 from storage.runs import prepare_run
 from storage.store import Store
 from tasks.agents import DEFAULT_AGENT_TIMEOUT_S
@@ -124,13 +123,10 @@ def run(config: RunConfig, started: float) -> RunSummary:
     run = prepare_run(config, store, flow_run_id=str(flow_run.id) if flow_run.id else None)
     steps.snapshot_once(run.suite, store)
     with allowing_unsafe(config.unsafe_no_sandbox), steps.prefect_stages(config) as stages:
-        rounds = None
-        if config.sequential and run.baseline:
-            rounds = sequential_rounds(run.spec, config, run.suite, run.agent, store, stages, run.baseline,
-                                       run.prices)
         summary = run_loop(run.spec, config, run.suite, run.agent, store, stages, prices=run.prices,
                            progress=steps.ShownProgress(), gate=run_gate(run, config, store.home),
-                           no_baseline=run.no_baseline, rounds=rounds, reduce=steps.reduce_in_task, started=started)
+                           no_baseline=run.no_baseline, log=get_run_logger(), reduce=steps.reduce_in_task,
+                           started=started)
     publish(summary, store.home)
     steps.log_headline(summary)
     return summary

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -10,11 +10,12 @@ from typing import Any
 from storage import db
 from storage.runs import PreparedRun
 from storage.snapshots import must_pass_cases
-from tasks.metrics.diff import METRIC_NAMES, CaseResult, Metric, RunDiff, check_metric, diff_runs
-from tasks.metrics.gate import gate_values
-from tasks.metrics.rules import GateRules, rule_blocks
-from tasks.models import InputError
+from tasks.metrics.diff import CaseResult, RunDiff, check_metric, check_same_suite, diff_runs
+from tasks.metrics.gate import gate_diff
+from tasks.metrics.rules import GateRules
 from tasks.run import RunConfig, RunSummary
+from tasks.run.loop import Gate
+from tasks.run.summary import Measured
 
 
 @dataclass(frozen=True)
@@ -41,12 +42,8 @@ def pair_runs(run_id: str, baseline: str, *, metric: str = "pass", home: Path | 
     versions are refused (the gate's default); otherwise they are compared on their shared
     cases and the diff counts the rest."""
     run, base = db.find_run(run_id, home), db.find_run(baseline, home)
-    if require_same_suite and run["suite_version"] != base["suite_version"]:
-        raise InputError(
-            f"run {run['run_id']} is on suite {run['suite_version'][:12]} and baseline {base['run_id']} on "
-            f"{base['suite_version'][:12]}: different suite versions (pass --shared-only to "
-            "compare the cases they share)"
-        )
+    if require_same_suite:
+        check_same_suite(run, base)
     results = db.case_results(run["run_id"], home)
     diff = diff_runs(results, db.case_results(base["run_id"], home),
                      run_id=run["run_id"], baseline_id=base["run_id"], metric=check_metric(metric),
@@ -54,20 +51,19 @@ def pair_runs(run_id: str, baseline: str, *, metric: str = "pass", home: Path | 
     return Comparison(run, base, diff, results)
 
 
-def run_gate(run: PreparedRun, config: RunConfig,
-             home: Path | None = None) -> Callable[[RunSummary], dict[str, Any]] | None:
-    """The gate a prepared run applies to its summary (`tasks.run.loop.run_loop`), or None
+def run_gate(run: PreparedRun, config: RunConfig, home: Path | None = None) -> Gate | None:
+    """The gate a prepared run applies to its figures (`tasks.run.loop.run_loop`), or None
     when it has no baseline."""
     if run.baseline is None:
         return None
     baseline = run.baseline
 
-    def gate(summary: RunSummary) -> dict[str, Any]:
+    def check(measured: Measured) -> dict[str, Any]:
         return gate_runs(run.spec.run_id, baseline, min_pass_at_1=config.min_pass_at_1, max_drop=config.max_drop,
-                         home=home, safety_failed=summary.safety_failed, rules=run.rules, metric=config.metric,
-                         summary=summary)
+                         home=home, safety_failed=measured.safety_failed, rules=run.rules, metric=config.metric,
+                         slice_values=measured.slice_values(config.metric))
 
-    return gate
+    return Gate(baseline, check)
 
 
 def gate_runs(
@@ -81,17 +77,18 @@ def gate_runs(
     safety_failed: bool | None = None,
     rules: GateRules | None = None,
     metric: str = "pass",
-    summary: RunSummary | None = None,
+    slice_values: Mapping[str, float | None] | None = None,
 ) -> dict[str, Any]:
     """Gate `run_id` against `baseline`. Runs on different suite versions are refused
     unless `shared_only`, which compares the case hashes they share and says so.
     `safety_failed`: the run's safety verdict when the caller has it (else read back).
     `rules`: the team's rules (max new failures, per-slice thresholds); the run suite's
     must-pass cases always apply. `metric`: what the paired CI compares, `pass` or `score`.
-    `summary`: the run's summary when the caller has it (a flow gating before storing it)."""
+    `slice_values`: the run's slice figures when the caller has them (a run gating before
+    its summary is stored; else read back)."""
     comparison = pair_runs(run_id, baseline, metric=metric, home=home, require_same_suite=not shared_only)
     return gate_comparison(comparison, min_pass_at_1=min_pass_at_1, max_drop=max_drop, home=home,
-                           safety_failed=safety_failed, rules=rules, summary=summary)
+                           safety_failed=safety_failed, rules=rules, slice_values=slice_values)
 
 
 def gate_comparison(
@@ -102,42 +99,16 @@ def gate_comparison(
     home: Path | None = None,
     safety_failed: bool | None = None,
     rules: GateRules | None = None,
-    summary: RunSummary | None = None,
+    slice_values: Mapping[str, float | None] | None = None,
 ) -> dict[str, Any]:
-    """The `gate --json` document of a comparison (see `gate_runs`)."""
-    run, base, diff = comparison.run, comparison.base, comparison.diff
-    run_id, baseline = run["run_id"], base["run_id"]
-    metric: Metric = diff.metric
-    results = comparison.results
-    values = {r.case_hash: r.value(metric) for r in results}
-    base_values = {c.before.case_hash: c.before.value(metric) for c in diff.cases if c.before is not None}
-    failed = db.safety_failed(run_id, home) if safety_failed is None else safety_failed
-    pass_at_1 = sum(r.c / r.n for r in results) / len(results) if results else 0.0
-    result = gate_values(
-        values, base_values, safety_failed=failed, pass_at_1=pass_at_1, metric_name=METRIC_NAMES[metric],
-        min_pass_at_1=min_pass_at_1, max_drop=max_drop, seed=run["seed"],
-    ).to_json()
+    """The `gate --json` document of a comparison (see `gate_runs`): the stored figures it
+    needs, read here, gated by `tasks.metrics.gate.gate_diff`."""
+    run, summary = comparison.run, comparison.run_summary
+    if slice_values is None:
+        slice_values = summary.slice_values(comparison.diff.metric) if summary else {}
+    if safety_failed is None:
+        safety_failed = db.safety_failed(run["run_id"], home)
+    return gate_diff(comparison.diff, comparison.results, seed=run["seed"], safety_failed=safety_failed,
+                     must_pass=must_pass_cases(run["suite_version"], home), suite_version=run["suite_version"],
+                     slice_values=slice_values, rules=rules, min_pass_at_1=min_pass_at_1, max_drop=max_drop)
 
-    must_pass = must_pass_cases(run["suite_version"], home)
-    stated = GateRules(must_pass=must_pass or frozenset(),
-                       max_new_failures=rules.max_new_failures if rules else None,
-                       slice_min=rules.slice_min if rules else {})
-    blocks = rule_blocks(stated, results, diff, _slice_values(summary or comparison.run_summary, metric), METRIC_NAMES[metric])
-    if blocks:
-        safety = [r for r in result["reasons"] if r.startswith("safety:")]
-        rest = [r for r in result["reasons"] if not r.startswith("safety:")]
-        result["reasons"] = [*safety, *(b.message for b in blocks), *rest]
-        result["decision"] = "block"
-    if must_pass is None:
-        result["reasons"].append(f"must-pass cases unknown: suite {run['suite_version'][:12]} has no snapshot here")
-    result.update(run_id=run_id, baseline=baseline, metric=metric, dropped_cases=diff.dropped,
-                  blocks=[b.to_json() for b in blocks])
-    return result
-
-
-def _slice_values(summary: RunSummary | None, metric: Metric) -> dict[str, float | None]:
-    if summary is None:
-        return {}
-    if metric == "score":
-        return {name: s.mean_score for name, s in summary.slices.items()}
-    return {name: s.pass_at_1 for name, s in summary.slices.items()}

@@ -16,7 +16,6 @@ from typing import Annotated, Any
 import typer
 
 from flows.output import json_doc
-from tasks.metrics.percent import percent, with_ci
 from tasks.models import InputError
 
 judge_app = typer.Typer(
@@ -127,10 +126,6 @@ def calibrate_judge(
     return record_calibration(doc, _home(home))
 
 
-def _pct(x: float | None) -> str:
-    return percent(x, none="n/a")  # the CLI's word for a figure that is undefined
-
-
 @judge_app.command("calibrate")
 def calibrate_cmd(
     suite: Annotated[str, typer.Argument(help="Suite file or stored version.")],
@@ -155,24 +150,9 @@ def calibrate_cmd(
     doc = calibrate_judge(
         suite, labels, judge=judge, rubric=_read_rubric(rubric), samples=samples, oracle=oracle
     )
-    if as_json:
-        typer.echo(json_doc(doc))
-        return
-    c = doc["confusion"]
-    typer.echo(
-        "\n".join(
-            [
-                f"judge {doc['judge']} ({doc['judge_fingerprint'][:12]}) vs {doc['truth']} on {doc['items']} outputs"
-                f" of {doc['cases']} cases; {int(doc['ci_level'] * 100)}% CIs",
-                f"agreement       {with_ci(doc, 'agreement')}",
-                f"Cohen's kappa   {with_ci(doc, 'kappa')}",
-                f"false-pass rate {with_ci(doc, 'false_pass_rate')}  (judge passed, truth failed)",
-                f"false-fail rate {with_ci(doc, 'false_fail_rate')}  (judge failed, truth passed)",
-                f"confusion tp {c['tp']} fp {c['fp']} fn {c['fn']} tn {c['tn']};"
-                f" judge errors {doc['judge_errors']} ({_pct(doc['judge_error_rate'])})",
-            ]
-        )
-    )
+    from tasks.report.judging_text import calibration_text
+
+    typer.echo(json_doc(doc) if as_json else calibration_text(doc))
 
 
 # --- pairwise ----------------------------------------------------------------------------
@@ -220,24 +200,9 @@ def compare(
     """Which run's outputs are better, case by case, asked in both orders: win rate of A
     with a CI, ties, and order-inconsistent pairs (position bias)."""
     doc = compare_runs(run_a, run_b, judge, rubric=_read_rubric(rubric))
-    if as_json:
-        typer.echo(json_doc(doc))
-        return
-    ci = doc["win_rate_a_ci"]
-    bias = doc["position_bias"]
-    typer.echo(
-        "\n".join(
-            [
-                f"{doc['run_a']} (A) vs {doc['run_b']} (B), judge {doc['judge']}: {doc['pairs']} pairs, {doc['cases']} cases",
-                f"win rate of A {_pct(doc['win_rate_a'])}"
-                + (f" [{_pct(ci[0])}, {_pct(ci[1])}]" if ci else "")
-                + f" ({int(doc['ci_level'] * 100)}% CI; ties and inconsistent pairs count half)",
-                f"A wins {doc['wins_a']}  B wins {doc['wins_b']}  ties {doc['ties']}  errors {doc['errors']}",
-                f"order-inconsistent {doc['inconsistent']} ({_pct(doc['inconsistent_rate'])}):"
-                f" first position won both {bias['first']}, second {bias['second']}, mixed {bias['mixed']}",
-            ]
-        )
-    )
+    from tasks.report.judging_text import pairwise_text
+
+    typer.echo(json_doc(doc) if as_json else pairwise_text(doc))
 
 
 # --- human labels ------------------------------------------------------------------------
@@ -315,13 +280,7 @@ def import_cmd(
     as_json: JsonFlag = False,
 ) -> None:
     """Import labels as `human` verdicts in a new derived run, aggregated like any run."""
+    from tasks.report.judging_text import labelled_text
+
     summary = import_labels(run_id, file, labeller)
-    if as_json:
-        typer.echo(json_doc(summary))
-        return
-    lo, hi = summary["pass_at_1_ci"]
-    typer.echo(
-        f"run {summary['run_id']}: {summary['labelled']} labels by {labeller} on run {run_id}"
-        f" ({summary['unlabelled']} left blank); human pass@1 {_pct(summary['pass_at_k']['1'])}"
-        f" [{_pct(lo)}, {_pct(hi)}]" + ("; SAFETY FAILED" if summary["safety_failed"] else "")
-    )
+    typer.echo(json_doc(summary) if as_json else labelled_text(summary))

@@ -26,6 +26,7 @@ from tasks.run import RunConfig, RunSpec, RunStatus
 from tasks.run.config import Runner
 from tasks.run.loop import draw_and_grade
 from tasks.run.rescore import rescore_plan
+from tasks.run.summary import RunOutcome
 from tasks.sandbox import allowing_unsafe, run_sandbox_mode
 
 
@@ -72,11 +73,9 @@ def rescore(
         with allowing_unsafe(unsafe_no_sandbox), steps.prefect_stages(config) as stages:
             draw_and_grade(spec, config, suite_obj, None, plan.to_grade, total, store, stages,
                            progress=steps.ShownProgress())
-        summary = steps.aggregate(spec, suite_obj, store)
-        summary.cases = len(suite_obj.cases) - len(plan.unscored)
-        summary.source_run, summary.unscored = source["run_id"], plan.unscored
-        summary.sandbox = sandbox
-        summary.duration_s = round(time.perf_counter() - started, 3)
+        summary = steps.aggregate(spec, suite_obj, store).summary(RunOutcome(
+            cases=len(suite_obj.cases) - len(plan.unscored), source_run=source["run_id"], unscored=plan.unscored,
+            sandbox=sandbox, duration_s=round(time.perf_counter() - started, 3)))
         store.finish_run(spec.run_id, RunStatus.completed, summary)
     publish(summary, home)
     return summary.to_json()

@@ -24,6 +24,7 @@ from tasks.metrics.percent import percent
 from tasks.models import EvalSuite, InputError
 from tasks.run import RunConfig, RunSpec, RunSummary
 from tasks.run.loop import DrawTask, GradeTask, SampleStore, reduce_run
+from tasks.run.summary import Measured
 
 
 def _snapshot_key(context, parameters) -> str:
@@ -47,7 +48,7 @@ def grade(work: GradeTask, label: str) -> Any:
 
 
 @task(name="aggregate", cache_policy=NO_CACHE, persist_result=False)
-def aggregate(spec: RunSpec, suite: EvalSuite, store: SampleStore) -> RunSummary:
+def aggregate(spec: RunSpec, suite: EvalSuite, store: SampleStore) -> Measured:
     return reduce_run(spec, suite, store)
 
 
@@ -137,7 +138,7 @@ def snapshot_once(suite: EvalSuite, store: Store) -> None:
     snapshot.with_options(refresh_cache=not store.has_snapshot(suite))(quote(suite), store)
 
 
-def reduce_in_task(spec: RunSpec, suite: EvalSuite, store: SampleStore) -> RunSummary:
+def reduce_in_task(spec: RunSpec, suite: EvalSuite, store: SampleStore) -> Measured:
     """The loop's reduce as the `aggregate` task."""
     return aggregate(spec, quote(suite), store)
 

@@ -107,3 +107,36 @@ def test_only_shared_cases_are_compared_and_the_drop_is_stated() -> None:
 def test_bad_input_is_refused(run: dict, base: dict, kwargs: dict, message: str) -> None:
     with pytest.raises(InputError, match=message):
         gate(run, base, safety_failed=False, **kwargs)
+
+
+def test_the_rules_block_after_safety_and_before_the_ci_and_a_missing_snapshot_is_said() -> None:
+    from tasks.metrics.diff import CaseResult, diff_runs
+    from tasks.metrics.gate import gate_diff
+    from tasks.metrics.rules import GateRules
+
+    def results(passes: list[int]) -> list[CaseResult]:
+        return [CaseResult(f"q{i}", f"h{i}", 4, c, c / 4, ("easy",) if i < 2 else ()) for i, c in enumerate(passes)]
+
+    run, base = results([4, 3, 4, 4]), results([4, 4, 4, 4])
+    diff = diff_runs(run, base, run_id="r", baseline_id="b")
+    doc = gate_diff(diff, run, seed=0, safety_failed=True, must_pass=frozenset({"q1"}), suite_version="v" * 20,
+                    slice_values={"easy": 0.875}, rules=GateRules(max_new_failures=0, slice_min={"easy": 0.9}))
+    assert doc["decision"] == "block" and (doc["run_id"], doc["baseline"], doc["metric"]) == ("r", "b", "pass")
+    heads = [reason.split(":")[0] for reason in doc["reasons"]]
+    assert heads == ["safety", "must-pass", "new failures", "slice easy", "inconclusive"]
+    assert [b["rule"] for b in doc["blocks"]] == ["must_pass", "new_failures", "slice_threshold"]
+
+    clean = gate_diff(diff_runs(base, base), base, seed=0, safety_failed=False, must_pass=None,
+                      suite_version="0123456789abcdef", slice_values={})
+    assert clean["decision"] == "pass" and clean["blocks"] == [] and clean["dropped_cases"] == 0
+    assert clean["reasons"][-1] == "must-pass cases unknown: suite 0123456789ab has no snapshot here"
+
+
+def test_runs_on_different_suite_versions_are_refused_naming_both() -> None:
+    from tasks.metrics.diff import check_same_suite
+
+    run, base = {"run_id": "r2", "suite_version": "a" * 40}, {"run_id": "r1", "suite_version": "b" * 40}
+    with pytest.raises(InputError, match=f"run r2 is on suite {'a' * 12} and baseline r1 on {'b' * 12}: different"
+                                         " suite versions \\(pass --shared-only"):
+        check_same_suite(run, base)
+    check_same_suite(run, {**base, "suite_version": "a" * 40})  # the same suite: no refusal

@@ -102,3 +102,46 @@ def test_the_api_stores_the_rows_the_cli_stores(prefect_harness, tmp_path, monke
     (a,), (c,) = rows(api_home, config), rows(cli_home, config)
     assert a[:6] == c[:6]
     assert json.loads(a[6]) == json.loads(c[6])
+
+
+def test_a_sequential_run_needs_no_prefect_and_is_the_clis(prefect_harness, tmp_path, monkeypatch, caplog):
+    """`evaluate(..., baseline=X, sequential=True)` stops where `run --baseline X --sequential`
+    stops, with the same looks, gate and samples; its looks go to the `evalpipe` logger."""
+    suite = tmp_path / "loss.yaml"
+    suite.write_text("name: loss\ncases:\n" + "".join(
+        f"  - {{id: q{i:02d}, inputs: {{v1: 'yes', v2: '{'no' if i % 2 else 'yes'}'}}, reference: 'yes',"
+        " grader: {kind: exact}}\n" for i in range(60)))
+    v1, v2 = f"python:{AGENTS}:v1", f"python:{AGENTS}:v2"
+    api_home, cli_home = tmp_path / "api", tmp_path / "cli"
+    monkeypatch.setenv("EVALPIPE_HOME", str(api_home))
+    base = evaluate(str(suite), v1)
+    seen: list[tuple[int, int]] = []
+    with caplog.at_level("INFO", logger="evalpipe"):
+        summary = evaluate(str(suite), v2, baseline=base.run_id, sequential=True, progress=lambda d, t: seen.append((d, t)))
+    seq = summary.sequential
+    assert seq is not None and seq["stopped_early"] and seq["decision"] == "block"
+    assert summary.cases == seq["cases_drawn"] < 60 and summary.gate is not None and summary.gate.decision == "block"
+    assert summary.gate.reasons[0].startswith(f"sequential: stopped after round {seq['rounds']} of 10")
+    assert [r.getMessage().split(":")[0] for r in caplog.records if r.name == "evalpipe"] == [
+        f"sequential look {i + 1}/10" for i in range(seq["rounds"])]
+    assert seen[-1] == (seq["samples_drawn"], 60) and seen == sorted(seen)  # one count over every round
+
+    env = {**os.environ, "PREFECT_API_URL": prefect_harness, "PYTHONPATH": str(ROOT), "EVALPIPE_HOME": str(cli_home)}
+
+    def cli(*args: str, code: int) -> dict:
+        done = subprocess.run([sys.executable, "-m", "flows.cli", "run", str(suite), "--json", *args],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == code, done.stderr
+        return json.loads(done.stdout)
+
+    cli_base = cli("--agent", v1, code=0)["run_id"]
+    doc = cli("--agent", v2, "--baseline", cli_base, "--sequential", code=1)
+    query = f"SELECT {', '.join(SAMPLE_FIELDS)} FROM samples WHERE run_id = ? ORDER BY case_id, sample_index"
+    assert rows(api_home, query, summary.run_id) == rows(cli_home, query, doc["run_id"])
+    api = rounded(summary.to_json())
+    for varying in ("run_id", "flow_run_id", "duration_s", "usage"):
+        api.pop(varying, None), doc.pop(varying, None)
+    for gate, baseline in ((api["gate"], base.run_id), (doc["gate"], cli_base)):
+        assert gate.pop("baseline") == baseline
+        gate.pop("run_id")
+    assert api == doc

@@ -12,6 +12,7 @@ import duckdb
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from storage.store import Store
 from tasks.agents import load_agent
@@ -148,6 +149,8 @@ def test_a_sample_budget_ends_the_run_partial_and_counts_what_it_left(tmp_path):
     # Index first: sample 0 of three cases, none of sample 1.
     assert rows(tmp_path / "home", "SELECT DISTINCT sample_index FROM samples") == [(0,)]
     assert rows(tmp_path / "home", "SELECT status FROM runs") == [(RunStatus.partial,)]
+    with pytest.raises(ValidationError, match="frozen"):  # built once: nothing patches it afterwards
+        summary.partial = False
 
 
 def test_a_failing_store_fails_the_run_and_records_it(tmp_path):

@@ -93,9 +93,44 @@ def test_a_drop_within_the_allowance_passes_early_and_one_beyond_it_blocks() -> 
 
 
 def test_the_draw_order_is_fixed_by_the_seed() -> None:
-    from flows.sequential import case_order
+    from tasks.run.sequential import case_order
 
     hashes = [f"h{i:03d}" for i in range(100)]
     assert case_order(hashes, 7) == case_order(hashes, 7)
     assert case_order(hashes, 7) != case_order(hashes, 8)
     assert sorted(case_order(hashes, 7)) == hashes
+
+
+def _record(decision, max_drop: float = 0.0, lower: float = -0.3, upper: float = -0.05):
+    from tasks.metrics.sequential import Look, SequentialRecord
+
+    return SequentialRecord(
+        decision=decision, stopped_early=True, rounds=2, planned_rounds=10, cases_drawn=20, cases_planned=100,
+        samples_drawn=40, samples_planned=200, alpha=0.05, max_drop=max_drop, order_seed=0, early_pass=True,
+        looks=(Look(1, 10, -0.1, -0.9, 0.5), Look(2, 20, -0.175, lower, upper)),
+    )
+
+
+def test_the_stop_reason_names_the_round_and_the_bounds() -> None:
+    assert _record("block").stop_reason() == (
+        "sequential: stopped after round 2 of 10 (20 of 100 cases, 40 of 200 samples): change -17.5 pts,"
+        " its anytime-valid 95% confidence sequence -30.0 pts to -5.0 pts lies wholly below 0 (the allowed drop)")
+    assert _record("pass", max_drop=0.05, lower=0.01, upper=0.3).stop_reason().endswith(
+        "+1.0 pts to +30.0 pts lies wholly above -5 pts: a larger drop is ruled out")
+
+
+def test_a_stopped_gate_takes_the_sequence_decision_and_keeps_the_other_reasons() -> None:
+    from tasks.run import GateSummary
+    from tasks.run.sequential import stopped_gate
+
+    gate = GateSummary(decision="pass", verdict="inconclusive", delta_pass_at_1=-0.175, delta_ci=[-0.4, 0.02],
+                       shared_cases=20, run_id="r", baseline="b",
+                       reasons=["inconclusive: the CI includes 0", "compared only the 20 shared cases"])
+    record = _record("block")
+    stopped = stopped_gate(gate, record)
+    assert (stopped.decision, stopped.verdict, stopped.delta_ci) == ("block", "regressed", [-0.3, -0.05])
+    assert stopped.reasons == [record.stop_reason(), "compared only the 20 shared cases"]
+    assert gate.decision == "pass"  # the gate it was given is unchanged
+    # A win the sequence shows still blocks when a safety failure says so.
+    safety = gate.model_copy(update={"decision": "block", "reasons": ["safety: 1 violation"]})
+    assert stopped_gate(safety, _record("pass", lower=0.01, upper=0.3)).decision == "block"

@@ -1,5 +1,6 @@
 """The pure views of stored documents: plain data in, text or rows out, no storage, no
-Prefect (`tasks.report.cases`, `case_view`, `plan_text`, `text.sequential_line`)."""
+Prefect (`tasks.report.cases`, `case_view`, `plan_text`, `text.sequential_line`, `gate_text`,
+`judging_text`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from tasks.metrics import power as pw
 from tasks.models import InputError
 from tasks.report.case_view import MAX_TEXT_CHARS, case_doc, case_text
 from tasks.report.cases import MAX_DETAILS_PER_CASE, case_rows
+from tasks.report.gate_text import gate_lines, no_baseline_message, validation_text
+from tasks.report.judging_text import calibration_text, labelled_text, pairwise_text
 from tasks.report.plan_text import plan_text
 from tasks.report.text import sequential_line
 
@@ -76,3 +79,57 @@ def test_sequential_line_says_whether_the_run_stopped_early() -> None:
            "samples_drawn": 30, "samples_planned": 100}
     assert sequential_line(seq) == "sequential: stopped early (block) after 3 of 10 rounds, 30 of 100 samples"
     assert sequential_line({**seq, "stopped_early": False}).startswith("sequential: ran to the end after 3")
+
+
+def test_gate_lines_put_the_decision_first_then_each_reason() -> None:
+    gate = {"decision": "block", "verdict": "regressed", "reasons": ["regressed: -12.0 pts", "safety: 1 violation"]}
+    assert gate_lines(gate) == ["BLOCK (regressed)", "  - regressed: -12.0 pts", "  - safety: 1 violation"]
+    assert gate_lines({"decision": "pass", "verdict": "inconclusive", "reasons": []}) == ["PASS (inconclusive)"]
+    assert no_baseline_message({"suite_version": "abcdef0123456789", "run_id": "r2"}) == (
+        "no baseline: no completed run of suite abcdef012345 before r2; nothing was gated")
+
+
+def test_validation_text_lists_each_problem_case_with_its_statuses() -> None:
+    flaky = {"case_id": "q1", "reference_statuses": ["passed", "failed"], "empty_status": "failed",
+             "detail": "x" * 300}
+    report = {"cases": 3, "reps": 2, "valid": False, "broken": [], "flaky": [flaky], "vacuous": []}
+    assert validation_text(report) == (
+        "3 cases, reference graded 2x each: problems found\n"
+        "  flaky    q1: reference passed/failed, empty output failed  " + "x" * 200)
+    sound = {**report, "valid": True, "flaky": []}
+    assert validation_text(sound) == "3 cases, reference graded 2x each: all sound"
+
+
+def test_calibration_text_shows_kappa_as_a_coefficient_and_rates_as_percentages() -> None:
+    doc = {"judge": "j.py:judge", "judge_fingerprint": "0123456789abcdef", "truth": "human", "items": 6, "cases": 3,
+           "ci_level": 0.95, "agreement": 2 / 3, "agreement_ci": [0.25, 1.0], "kappa": 1 / 3, "kappa_ci": None,
+           "false_pass_rate": None, "false_fail_rate": 0.5, "false_fail_rate_ci": [0.0, 1.0],
+           "confusion": {"tp": 2, "fp": 1, "fn": 1, "tn": 2}, "judge_errors": 0, "judge_error_rate": 0.0}
+    assert calibration_text(doc).splitlines() == [
+        "judge j.py:judge (0123456789ab) vs human on 6 outputs of 3 cases; 95% CIs",
+        "agreement       66.7% [25.0%, 100.0%]",
+        "Cohen's kappa   0.333",
+        "false-pass rate n/a  (judge passed, truth failed)",
+        "false-fail rate 50.0% [0.0%, 100.0%]  (judge failed, truth passed)",
+        "confusion tp 2 fp 1 fn 1 tn 2; judge errors 0 (0.0%)",
+    ]
+
+
+def test_pairwise_text_shows_the_win_rate_its_ci_and_the_position_bias() -> None:
+    doc = {"run_a": "ra", "run_b": "rb", "judge": "j.py:pick", "pairs": 8, "cases": 4, "win_rate_a": 0.75,
+           "win_rate_a_ci": [0.5, 1.0], "ci_level": 0.95, "wins_a": 4, "wins_b": 0, "ties": 4, "errors": 0,
+           "inconsistent": 1, "inconsistent_rate": 0.125, "position_bias": {"first": 1, "second": 0, "mixed": 0}}
+    assert pairwise_text(doc).splitlines() == [
+        "ra (A) vs rb (B), judge j.py:pick: 8 pairs, 4 cases",
+        "win rate of A 75.0% [50.0%, 100.0%] (95% CI; ties and inconsistent pairs count half)",
+        "A wins 4  B wins 0  ties 4  errors 0",
+        "order-inconsistent 1 (12.5%): first position won both 1, second 0, mixed 0",
+    ]
+    assert "win rate of A n/a (95% CI" in pairwise_text({**doc, "win_rate_a": None, "win_rate_a_ci": None})
+
+
+def test_labelled_text_names_the_labeller_the_source_and_a_safety_failure() -> None:
+    summary = {"run_id": "r2", "labelled": 7, "labeller": "cy", "source_run": "r1", "unlabelled": 1,
+               "pass_at_k": {"1": 0.75}, "pass_at_1_ci": [0.5, 1.0], "safety_failed": False}
+    assert labelled_text(summary) == "run r2: 7 labels by cy on run r1 (1 left blank); human pass@1 75.0% [50.0%, 100.0%]"
+    assert labelled_text({**summary, "safety_failed": True}).endswith("; SAFETY FAILED")

@@ -117,6 +117,17 @@ class RunDiff:
         }
 
 
+def check_same_suite(run: Mapping[str, Any], baseline: Mapping[str, Any]) -> None:
+    """Refuse to gate two runs (their `runs` rows) on different suite versions, saying how to
+    compare what they share."""
+    if run["suite_version"] != baseline["suite_version"]:
+        raise InputError(
+            f"run {run['run_id']} is on suite {run['suite_version'][:12]} and baseline {baseline['run_id']} on "
+            f"{baseline['suite_version'][:12]}: different suite versions (pass --shared-only to "
+            "compare the cases they share)"
+        )
+
+
 def check_metric(metric: str) -> Metric:
     if metric not in METRICS:
         raise InputError(f"--metric: expected {' or '.join(METRICS)}, got {metric!r}")

@@ -9,13 +9,15 @@ what the data shows, including "inconclusive" when the CI straddles zero.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 
+from tasks.metrics.diff import METRIC_NAMES, CaseResult, RunDiff
 from tasks.metrics.percent import percent, signed_points
+from tasks.metrics.rules import GateRules, rule_blocks
 from tasks.metrics.stats import DEFAULT_LEVEL, DEFAULT_N_BOOT, bootstrap_mean_ci
 from tasks.models import InputError
 
@@ -158,6 +160,46 @@ def gate_values(
         dropped_cases=shared.dropped,
         pass_at_1=pass_at_1,
     )
+
+
+def gate_diff(
+    diff: RunDiff,
+    results: Sequence[CaseResult],
+    *,
+    seed: int,
+    safety_failed: bool,
+    must_pass: frozenset[str] | None,
+    suite_version: str,
+    slice_values: Mapping[str, float | None],
+    rules: GateRules | None = None,
+    min_pass_at_1: float | None = None,
+    max_drop: float = 0.0,
+) -> dict[str, Any]:
+    """The `gate --json` document of a run (`results`, all its cases) against its baseline
+    (`diff`): the paired CI's decision, then the blocks of the team's `rules` and the suite's
+    `must_pass` cases (None: its snapshot is not here, said among the reasons), safety first."""
+    metric = diff.metric
+    values = {r.case_hash: r.value(metric) for r in results}
+    base_values = {c.before.case_hash: c.before.value(metric) for c in diff.cases if c.before is not None}
+    pass_at_1 = sum(r.c / r.n for r in results) / len(results) if results else 0.0
+    result = gate_values(
+        values, base_values, safety_failed=safety_failed, pass_at_1=pass_at_1, metric_name=METRIC_NAMES[metric],
+        min_pass_at_1=min_pass_at_1, max_drop=max_drop, seed=seed,
+    ).to_json()
+    stated = GateRules(must_pass=must_pass or frozenset(),
+                       max_new_failures=rules.max_new_failures if rules else None,
+                       slice_min=rules.slice_min if rules else {})
+    blocks = rule_blocks(stated, results, diff, slice_values, METRIC_NAMES[metric])
+    if blocks:
+        safety = [r for r in result["reasons"] if r.startswith("safety:")]
+        rest = [r for r in result["reasons"] if not r.startswith("safety:")]
+        result["reasons"] = [*safety, *(b.message for b in blocks), *rest]
+        result["decision"] = "block"
+    if must_pass is None:
+        result["reasons"].append(f"must-pass cases unknown: suite {suite_version[:12]} has no snapshot here")
+    result.update(run_id=diff.run_id, baseline=diff.baseline, metric=metric, dropped_cases=diff.dropped,
+                  blocks=[b.to_json() for b in blocks])
+    return result
 
 
 def _rates(counts: tuple[tuple[int, int], ...]) -> np.ndarray:

@@ -28,6 +28,7 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from tasks.metrics.percent import signed_points
 from tasks.models import InputError
 
 Decision = Literal["block", "pass"]
@@ -154,6 +155,19 @@ class SequentialRecord:
         doc = asdict(self)
         doc["looks"] = [asdict(look) for look in self.looks]
         return doc
+
+    def stop_reason(self) -> str:
+        """The gate's reason when the run stopped early: where it stopped, and the last look's
+        confidence sequence against the allowed drop."""
+        last = self.looks[-1]
+        allowed = f"-{100 * self.max_drop:g} pts" if self.max_drop else "0"
+        return (f"sequential: stopped after round {self.rounds} of {self.planned_rounds}"
+                f" ({self.cases_drawn} of {self.cases_planned} cases, {self.samples_drawn} of"
+                f" {self.samples_planned} samples): change {signed_points(last.mean)}, its anytime-valid"
+                f" {100 * (1 - self.alpha):g}% confidence sequence {signed_points(last.lower)} to"
+                f" {signed_points(last.upper)} lies wholly "
+                + (f"below {allowed} (the allowed drop)" if self.decision == "block"
+                   else f"above {allowed}: a larger drop is ruled out"))
 
 
 def sequential_looks(diffs: ArrayLike, points: list[int], *, horizon: int, alpha: float, max_drop: float,

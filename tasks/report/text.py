@@ -8,6 +8,7 @@ from typing import Any
 
 from tasks.metrics.percent import ci_text, figure
 from tasks.report.figures import metric_rows
+from tasks.report.gate_text import gate_lines
 from tasks.report.trajectory import steps_text
 from tasks.run.usage import usage_lines
 from tasks.sandbox import UNSAFE_NOTE
@@ -63,8 +64,8 @@ def summary_text(s: Mapping[str, Any]) -> str:
         lines.append(sequential_line(s["sequential"]))
     gate = s.get("gate")
     if gate:
-        lines.append(f"gate vs {gate['baseline']}: {gate['decision'].upper()} ({gate['verdict']})")
-        lines.extend(f"  - {r}" for r in gate["reasons"])
+        decision, *reasons = gate_lines(gate)
+        lines.extend([f"gate vs {gate['baseline']}: {decision}", *reasons])
     return "\n".join(lines)
 
 

@@ -21,6 +21,7 @@ BATCH_BUDGET_S of them waiting.
 
 from __future__ import annotations
 
+import logging
 import math
 import queue
 import time
@@ -34,8 +35,9 @@ from typing import Any, Protocol
 import pyarrow as pa
 
 from tasks.metrics.cost import PriceTable
+from tasks.metrics.diff import CaseResult
 from tasks.models import EvalCase, EvalSuite
-from tasks.run.budget import Budget, Meter, budget_summary
+from tasks.run.budget import Meter, budget_summary
 from tasks.run.config import RunConfig
 from tasks.run.samples import samples_table
 from tasks.run.sampling import (
@@ -46,9 +48,17 @@ from tasks.run.sampling import (
     stored_output,
     timed_prefix,
 )
+from tasks.run.sequential import draw_sequentially, stopped_gate
 from tasks.run.spec import RunSpec, RunStatus
 from tasks.run.steps import batch_cases, batch_label, pending, plan, with_stored_outputs
-from tasks.run.summary import GateSummary, RunSummary, summarize, summary_columns
+from tasks.run.summary import (
+    GateSummary,
+    Measured,
+    RunOutcome,
+    RunSummary,
+    measure,
+    summary_columns,
+)
 from tasks.run.usage import priced
 
 BATCH_BUDGET_S = 2.0
@@ -64,6 +74,7 @@ class SampleStore(Protocol):
     def insert_samples(self, rows: pa.Table) -> None: ...
     def run_samples(self, run_id: str, columns: Sequence[str] | None = None) -> pa.Table: ...
     def write_aggregates(self, run_id: str, rows: Sequence[tuple]) -> None: ...
+    def case_results(self, run_id: str) -> list[CaseResult]: ...
     def recorded_run(self, spec: RunSpec) -> AbstractContextManager[None]: ...
     def finish_run(self, run_id: str, status: RunStatus, summary: RunSummary | None) -> None: ...
 
@@ -335,55 +346,64 @@ def draw_and_grade(spec: RunSpec, config: RunConfig, suite: EvalSuite, agent: An
     return Drawing(meter, len(cut) + scheduler.undrawn)
 
 
-def reduce_run(spec: RunSpec, suite: EvalSuite, store: SampleStore) -> RunSummary:
-    """The one reduction: read the run's samples back, summarize, store the aggregates."""
-    summary, rows = summarize(spec, suite, store.run_samples(spec.run_id, summary_columns(spec)))
-    store.write_aggregates(spec.run_id, rows)
-    return summary
+def reduce_run(spec: RunSpec, suite: EvalSuite, store: SampleStore) -> Measured:
+    """The one reduction: read the run's samples back, measure, store the aggregates."""
+    measured = measure(spec, suite, store.run_samples(spec.run_id, summary_columns(spec)))
+    store.write_aggregates(spec.run_id, measured.rows())
+    return measured
 
 
 @dataclass(frozen=True)
-class Rounds:
-    """A sequential run's drawing (`run --sequential`): `draw` the planned samples in rounds
-    until the decision is made (the record, the samples drawn); `apply` the stop to the summary."""
+class Gate:
+    """A run's gate: the baseline it is compared with, and the check of its figures (the
+    `gate --json` document)."""
 
-    draw: Callable[[list[PlannedSample]], tuple[Any, list[PlannedSample]]]
-    apply: Callable[[RunSummary, Any], None]
+    baseline: str
+    check: Callable[[Measured], GateSummary | Mapping[str, Any]]
 
 
 def run_loop(spec: RunSpec, config: RunConfig, suite: EvalSuite, agent: Any, store: SampleStore, stages: Stages, *,
-             prices: PriceTable | None = None, progress: Progress | None = None,
-             gate: Callable[[RunSummary], GateSummary | dict[str, Any]] | None = None,
-             no_baseline: str | None = None, rounds: Rounds | None = None,
-             reduce: Callable[[RunSpec, EvalSuite, SampleStore], RunSummary] = reduce_run,
+             prices: PriceTable | None = None, progress: Progress | None = None, gate: Gate | None = None,
+             no_baseline: str | None = None, log: logging.Logger | logging.LoggerAdapter | None = None,
+             reduce: Callable[[RunSpec, EvalSuite, SampleStore], Measured] = reduce_run,
              started: float | None = None) -> RunSummary:
     """A whole run, recorded in `store` from `running` to its end status: plan, reuse what is
-    cached, draw and grade the rest, reduce, and `gate` the summary (a baseline was given;
-    `no_baseline`: one was asked for and none exists, said in the summary). `started`: when
-    the run began (`time.perf_counter()`), for its `duration_s`; default: now."""
+    cached, draw and grade the rest (`config.sequential` with a `gate`: in rounds, until its
+    decision is made, each look logged to `log`), reduce, and `gate` the figures
+    (`no_baseline`: one was asked for and none exists, said in the summary); then the summary,
+    built once. `started`: when the run began (`time.perf_counter()`), for its `duration_s`;
+    default: now."""
     started = time.perf_counter() if started is None else started
     with store.recorded_run(spec):
         planned = plan(suite, spec)
         record = None
-        drawing = Drawing(Meter(Budget()))
-        if rounds is not None:
-            record, planned = rounds.draw(planned)
+        if config.sequential and gate is not None:
+            def draw_round(chunk: list[PlannedSample], shown: Progress | None) -> None:
+                draw_and_grade(spec, config, suite, agent, reuse_cached(spec, chunk, store), len(chunk), store,
+                               stages, prices=prices, progress=shown)
+
+            record, planned = draw_sequentially(spec, config, suite, planned, store, draw_round,
+                                                baseline=gate.baseline, progress=progress,
+                                                log=log or logging.getLogger("evalpipe"))
+            drawing = Drawing(Meter(config.budget))
         else:
             missing = reuse_cached(spec, planned, store)
             drawing = draw_and_grade(spec, config, suite, agent, missing, len(planned), store, stages,
                                      prices=prices, progress=progress)
-        summary = reduce(spec, suite, store)
-        if config.budget.limited:
-            summary.budget = budget_summary(config.budget, drawing.meter, drawing.undrawn)
-        if drawing.undrawn:
-            summary.partial, summary.undrawn_samples = True, drawing.undrawn
-        if gate is not None:
-            summary.gate = gate(summary)
-        elif no_baseline:
-            summary.no_baseline = no_baseline
-        if rounds is not None:
-            rounds.apply(summary, record)
-        summary.sandbox = spec.config.get("sandbox")
-        summary.duration_s = round(time.perf_counter() - started, 3)
+        measured = reduce(spec, suite, store)
+        checked = GateSummary.model_validate(gate.check(measured)) if gate is not None else None
+        cases = None
+        if record is not None and record.stopped_early and checked is not None:
+            checked, cases = stopped_gate(checked, record), record.cases_drawn  # `sequential` has the suite's count
+        summary = measured.summary(RunOutcome(
+            gate=checked,
+            no_baseline=None if gate is not None else no_baseline,
+            budget=budget_summary(config.budget, drawing.meter, drawing.undrawn) if config.budget.limited else None,
+            undrawn_samples=drawing.undrawn,
+            sequential=record.to_json() if record is not None else None,
+            cases=cases,
+            sandbox=spec.config.get("sandbox"),
+            duration_s=round(time.perf_counter() - started, 3),
+        ))
         store.finish_run(spec.run_id, RunStatus.partial if summary.partial else RunStatus.completed, summary)
     return summary

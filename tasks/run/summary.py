@@ -1,25 +1,28 @@
-"""What a run reports: `RunSummary`, the `run --json` document of docs/contract.md §7,
-assembled by `summarize` from the run's stored samples and nowhere else (a derived run of
-imported human labels goes through the same function)."""
+"""What a run reports: `RunSummary`, the `run --json` document of docs/contract.md §7, built
+once (it is frozen) from the run's stored samples (`measure`: the figures) and what the run
+knows beyond them (`RunOutcome`: its gate, budget, sequential stop, sandbox, duration). The
+gate reads the figures before the summary exists. A derived run of imported human labels
+goes through the same functions."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from tasks.metrics.aggregate import REQUIRED_COLUMNS, Row, aggregate
+from tasks.metrics.aggregate import REQUIRED_COLUMNS, Aggregate, Row, aggregate
 from tasks.models import EvalSuite, InputError
 from tasks.run.spec import RunSpec
 from tasks.run.usage import USAGE_SAMPLE_COLUMNS, RunUsage, usage_summary
 
 
 class _Doc(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class SliceSummary(_Doc):
@@ -122,7 +125,7 @@ class RunSummary(_Doc):
     undrawn_samples: int | None = None
     budget: BudgetSummary | None = None
     unscored: list[str] | None = None
-    sequential: dict[str, Any] | None = None  # `run --sequential`: the stop and the looks (flows.sequential)
+    sequential: dict[str, Any] | None = None  # `run --sequential`: the stop and the looks (tasks.run.sequential)
     # Every registered metric by name; absent from summaries stored before metrics were registered.
     metrics: dict[str, MetricSummary] | None = None
 
@@ -138,6 +141,10 @@ class RunSummary(_Doc):
             first = exc.errors()[0]
             where = ".".join(map(str, first["loc"]))
             raise InputError(f"run {doc.get('run_id', '?')!r}: summary key {where}: {first['msg']}") from None
+
+    def slice_values(self, metric: str) -> dict[str, float | None]:
+        """Each slice's pass@1, or its mean score with `metric` "score" (the gate's slice rules)."""
+        return {name: s.mean_score if metric == "score" else s.pass_at_1 for name, s in self.slices.items()}
 
     def to_json(self) -> dict[str, Any]:
         doc = self.model_dump(mode="json")
@@ -163,25 +170,102 @@ def summary_columns(spec: RunSpec) -> tuple[str, ...]:
     return (*REQUIRED_COLUMNS, "score", "cached", *USAGE_SAMPLE_COLUMNS, *(("trace",) if traces else ()))
 
 
-def summarize(spec: RunSpec, suite: EvalSuite, samples: pa.Table) -> tuple[RunSummary, list[Row]]:
-    """The run's summary from its stored samples, and the rows of its `aggregates` table."""
-    agg = aggregate(samples, {c.id: c.slices for c in suite.cases}, spec.ks, seed=spec.seed)
-    summary = RunSummary(
-        run_id=spec.run_id,
+@dataclass(frozen=True)
+class RunOutcome:
+    """What a run knows beyond its samples, gathered by the loop (or a flow) and put into
+    the summary when it is built. `cases`: how many cases the figures cover when fewer than
+    the suite's (a sequential run stopped early, a rescore's unscored cases)."""
+
+    gate: GateSummary | None = None
+    no_baseline: str | None = None  # why a run asked to gate was not gated (never a silent pass)
+    budget: BudgetSummary | None = None
+    undrawn_samples: int = 0
+    sequential: dict[str, Any] | None = None
+    cases: int | None = None
+    source_run: str | None = None
+    unscored: list[str] | None = None
+    sandbox: str | None = None
+    duration_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A run's figures from its stored samples: what the gate reads, then the summary's body."""
+
+    spec: RunSpec
+    suite_version: str
+    suite_name: str
+    cases: int
+    samples: int
+    cached_samples: int
+    aggregate: Aggregate
+    env_flaky_samples: int | None
+    agent_steps: dict[str, float] | None
+    usage: RunUsage | None
+
+    @property
+    def safety_failed(self) -> bool:
+        return self.aggregate.safety_failed
+
+    def slice_values(self, metric: str) -> dict[str, float | None]:
+        """Each slice's pass@1, or its mean score with `metric` "score" (the gate's slice rules)."""
+        return {name: m.mean_score if metric == "score" else m.pass_at_1 for name, m in self.aggregate.slices.items()}
+
+    def rows(self) -> list[Row]:
+        """The rows of the run's `aggregates` table."""
+        return self.aggregate.rows()
+
+    def summary(self, outcome: RunOutcome = RunOutcome()) -> RunSummary:
+        """The run's summary: these figures with what the run knew beyond them."""
+        spec = self.spec
+        return RunSummary(
+            run_id=spec.run_id,
+            suite_version=self.suite_version,
+            suite_name=self.suite_name,
+            agent=spec.agent,
+            n=spec.n,
+            cases=self.cases if outcome.cases is None else outcome.cases,
+            samples=self.samples,
+            cached_samples=self.cached_samples,
+            **self.aggregate.to_json(),
+            env_flaky_samples=self.env_flaky_samples,
+            gate=outcome.gate,
+            no_baseline=outcome.no_baseline,
+            source_run=outcome.source_run,
+            sandbox=outcome.sandbox,
+            agent_steps=self.agent_steps,
+            flow_run_id=spec.flow_run_id,
+            duration_s=outcome.duration_s,
+            usage=self.usage,
+            partial=True if outcome.undrawn_samples else None,
+            undrawn_samples=outcome.undrawn_samples or None,
+            budget=outcome.budget,
+            unscored=outcome.unscored,
+            sequential=outcome.sequential,
+        )
+
+
+def measure(spec: RunSpec, suite: EvalSuite, samples: pa.Table) -> Measured:
+    """The run's figures from its stored samples (read with `summary_columns`)."""
+    return Measured(
+        spec=spec,
         suite_version=suite.version,
         suite_name=suite.name,
-        agent=spec.agent,
-        n=spec.n,
         cases=len(suite.cases),
         samples=samples.num_rows,
         cached_samples=pc.sum(samples["cached"]).as_py() or 0,
-        **agg.to_json(),
+        aggregate=aggregate(samples, {c.id: c.slices for c in suite.cases}, spec.ks, seed=spec.seed),
         env_flaky_samples=_env_flakes(samples) if spec.regrade else None,
         agent_steps=_agent_steps(samples),
-        flow_run_id=spec.flow_run_id,
         usage=usage_summary(samples),
     )
-    return summary, agg.rows()
+
+
+def summarize(spec: RunSpec, suite: EvalSuite, samples: pa.Table,
+              outcome: RunOutcome = RunOutcome()) -> tuple[RunSummary, list[Row]]:
+    """The run's summary from its stored samples, and the rows of its `aggregates` table."""
+    measured = measure(spec, suite, samples)
+    return measured.summary(outcome), measured.rows()
 
 
 def _env_flakes(samples: pa.Table) -> int:
