@@ -129,8 +129,8 @@ def run(config: RunConfig, started: float) -> RunSummary:
             rounds = sequential_rounds(run.spec, config, run.suite, run.agent, store, stages, run.baseline,
                                        run.prices)
         summary = run_loop(run.spec, config, run.suite, run.agent, store, stages, prices=run.prices,
-                           progress=steps.ShownProgress(), gate=run_gate(run, config, store.home),
+                           progress=steps.ShownProgress(), gate=run_gate(run, config, store),
                            no_baseline=run.no_baseline, rounds=rounds, reduce=steps.aggregate, started=started)
-    publish(summary, store.home)
+    publish(summary, store)
     steps.log_headline(summary)
     return summary

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from storage import db
 from storage.runs import PreparedRun
-from storage.snapshots import must_pass_cases
+from storage.store import Store
 from tasks.metrics.diff import METRIC_NAMES, CaseResult, Metric, RunDiff, check_metric, diff_runs
 from tasks.metrics.gate import gate_values
 from tasks.metrics.rules import GateRules, rule_blocks
@@ -35,27 +33,27 @@ class Comparison:
         return RunSummary.read(self.base["summary"]) if self.base.get("summary") else None
 
 
-def pair_runs(run_id: str, baseline: str, *, metric: str = "pass", home: Path | None = None,
+def pair_runs(run_id: str, baseline: str, *, metric: str = "pass", store: Store,
                  require_same_suite: bool = False) -> Comparison:
     """Pair two stored runs case by case. With `require_same_suite`, runs on different suite
     versions are refused (the gate's default); otherwise they are compared on their shared
     cases and the diff counts the rest."""
-    run, base = db.find_run(run_id, home), db.find_run(baseline, home)
+    run, base = store.find_run(run_id), store.find_run(baseline)
     if require_same_suite and run["suite_version"] != base["suite_version"]:
         raise InputError(
             f"run {run['run_id']} is on suite {run['suite_version'][:12]} and baseline {base['run_id']} on "
             f"{base['suite_version'][:12]}: different suite versions (pass --shared-only to "
             "compare the cases they share)"
         )
-    results = db.case_results(run["run_id"], home)
-    diff = diff_runs(results, db.case_results(base["run_id"], home),
+    results = store.case_results(run["run_id"])
+    diff = diff_runs(results, store.case_results(base["run_id"]),
                      run_id=run["run_id"], baseline_id=base["run_id"], metric=check_metric(metric),
                      seed=run["seed"])
     return Comparison(run, base, diff, results)
 
 
 def run_gate(run: PreparedRun, config: RunConfig,
-             home: Path | None = None) -> Callable[[RunSummary], dict[str, Any]] | None:
+             store: Store) -> Callable[[RunSummary], dict[str, Any]] | None:
     """The gate a prepared run applies to its summary (`tasks.run.loop.run_loop`), or None
     when it has no baseline."""
     if run.baseline is None:
@@ -64,7 +62,7 @@ def run_gate(run: PreparedRun, config: RunConfig,
 
     def gate(summary: RunSummary) -> dict[str, Any]:
         return gate_runs(run.spec.run_id, baseline, min_pass_at_1=config.min_pass_at_1, max_drop=config.max_drop,
-                         home=home, safety_failed=summary.safety_failed, rules=run.rules, metric=config.metric,
+                         store=store, safety_failed=summary.safety_failed, rules=run.rules, metric=config.metric,
                          summary=summary)
 
     return gate
@@ -77,7 +75,7 @@ def gate_runs(
     min_pass_at_1: float | None = None,
     max_drop: float = 0.0,
     shared_only: bool = False,
-    home: Path | None = None,
+    store: Store,
     safety_failed: bool | None = None,
     rules: GateRules | None = None,
     metric: str = "pass",
@@ -89,8 +87,8 @@ def gate_runs(
     `rules`: the team's rules (max new failures, per-slice thresholds); the run suite's
     must-pass cases always apply. `metric`: what the paired CI compares, `pass` or `score`.
     `summary`: the run's summary when the caller has it (a flow gating before storing it)."""
-    comparison = pair_runs(run_id, baseline, metric=metric, home=home, require_same_suite=not shared_only)
-    return gate_comparison(comparison, min_pass_at_1=min_pass_at_1, max_drop=max_drop, home=home,
+    comparison = pair_runs(run_id, baseline, metric=metric, store=store, require_same_suite=not shared_only)
+    return gate_comparison(comparison, min_pass_at_1=min_pass_at_1, max_drop=max_drop, store=store,
                            safety_failed=safety_failed, rules=rules, summary=summary)
 
 
@@ -99,7 +97,7 @@ def gate_comparison(
     *,
     min_pass_at_1: float | None = None,
     max_drop: float = 0.0,
-    home: Path | None = None,
+    store: Store,
     safety_failed: bool | None = None,
     rules: GateRules | None = None,
     summary: RunSummary | None = None,
@@ -111,14 +109,14 @@ def gate_comparison(
     results = comparison.results
     values = {r.case_hash: r.value(metric) for r in results}
     base_values = {c.before.case_hash: c.before.value(metric) for c in diff.cases if c.before is not None}
-    failed = db.safety_failed(run_id, home) if safety_failed is None else safety_failed
+    failed = store.safety_failed(run_id) if safety_failed is None else safety_failed
     pass_at_1 = sum(r.c / r.n for r in results) / len(results) if results else 0.0
     result = gate_values(
         values, base_values, safety_failed=failed, pass_at_1=pass_at_1, metric_name=METRIC_NAMES[metric],
         min_pass_at_1=min_pass_at_1, max_drop=max_drop, seed=run["seed"],
     ).to_json()
 
-    must_pass = must_pass_cases(run["suite_version"], home)
+    must_pass = store.must_pass_cases(run["suite_version"])
     stated = GateRules(must_pass=must_pass or frozenset(),
                        max_new_failures=rules.max_new_failures if rules else None,
                        slice_min=rules.slice_min if rules else {})
