@@ -24,7 +24,7 @@ def adder(inputs, ctx):
     return str(inputs["a"] + inputs["b"])
 
 
-def test_two_stores_in_one_process_keep_their_runs_apart(home, tmp_path, capsys):
+def test_two_stores_in_one_process_keep_their_runs_apart(home, tmp_path, capsys, monkeypatch):
     """A run kept through one store is not found through another until it is exported from
     the one and imported into the other; the default home (EVALPIPE_HOME) sees neither."""
     a, b = Store(tmp_path / "a"), Store(tmp_path / "b")
@@ -51,6 +51,11 @@ def test_two_stores_in_one_process_keep_their_runs_apart(home, tmp_path, capsys)
     assert [r["run_id"] for r in a.list_runs()] == [first.run_id]  # the export left `a` as it was
     with pytest.raises(InputError, match="no such run"):
         a.find_run(second.run_id)
+    # Each command builds its store when it runs: the CLI follows EVALPIPE_HOME from one to the other.
+    for store, expected in ((a, {first.run_id}), (b, {first.run_id, second.run_id})):
+        monkeypatch.setenv("EVALPIPE_HOME", str(store.home))
+        assert main(["runs", "list", "--json"]) == 0
+        assert {r["run_id"] for r in json.loads(capsys.readouterr().out)} == expected
 
 
 def test_a_store_names_one_home_wherever_it_is_made(tmp_path, monkeypatch):
