@@ -13,9 +13,12 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
+
+if TYPE_CHECKING:
+    from storage.store import Store
 
 __all__ = ["evaluate"]
 
@@ -24,7 +27,8 @@ AgentLike = str | Callable[..., Any]
 
 
 def evaluate(suite: SuiteLike, agent: AgentLike, *, name: str = "suite",
-             progress: Callable[[int, int], None] | None = None, **options: Any):
+             progress: Callable[[int, int], None] | None = None, home: str | os.PathLike | None = None,
+             **options: Any):
     """Run `agent` on `suite`, grade, store and summarize: the `RunSummary` (`.run_id`,
     `.pass_at_k`, `.pass_at_1_ci`, `.gate`, ...; `.to_json()` is the `run --json` document).
 
@@ -34,6 +38,7 @@ def evaluate(suite: SuiteLike, agent: AgentLike, *, name: str = "suite",
     agent: an agent spec (`python:MOD:FUNC`, `cmd:...`, `replay:FILE`, `openai:MODEL`,
         `reference`), or a callable `func(inputs, ctx) -> str`, called as a `python:` agent is.
     progress: called with (samples done, samples total) as samples are stored.
+    home: the evalpipe home to keep the run in (default: `EVALPIPE_HOME`, as the CLI's).
     options: `evalpipe run`'s options as keywords (`n`, `k`, `seed`, `baseline`, `workers`,
         `agent_concurrency`, `max_cost`, ...: the fields of `tasks.run.RunConfig`).
 
@@ -41,10 +46,10 @@ def evaluate(suite: SuiteLike, agent: AgentLike, *, name: str = "suite",
     blocked gate is in the summary (`summary.gate.decision`), not raised.
     """
     from flows.gate import run_gate
-    from storage import db
     from storage.runs import prepare_run
     from storage.store import Store
     from tasks.agents.python import CallableAgent
+    from tasks.home import hide_home
     from tasks.models import InputError
     from tasks.run import RunConfig, RunSummary
     from tasks.run.loop import local_stages, run_loop
@@ -52,7 +57,10 @@ def evaluate(suite: SuiteLike, agent: AgentLike, *, name: str = "suite",
 
     started = time.perf_counter()
     store = Store.default()
-    db.check()
+    if home is not None:
+        store = Store(home)
+        hide_home(store.home)  # as EVALPIPE_HOME is: from the code graded in the sandbox
+    store.check()
     ref = _suite_ref(suite, name, store)
     own = None if isinstance(agent, str) else CallableAgent.of(agent)
     try:
@@ -67,12 +75,12 @@ def evaluate(suite: SuiteLike, agent: AgentLike, *, name: str = "suite",
         store.snapshot(run.suite)
     with allowing_unsafe(config.unsafe_no_sandbox), local_stages(config) as stages:
         summary = run_loop(run.spec, config, run.suite, run.agent, store, stages, prices=run.prices,
-                           progress=progress, gate=run_gate(run, config, store.home),
+                           progress=progress, gate=run_gate(run, config, store),
                            no_baseline=run.no_baseline, started=started)
     return RunSummary.read(summary.to_json())
 
 
-def _suite_ref(suite: SuiteLike, name: str, store: Any) -> str:
+def _suite_ref(suite: SuiteLike, name: str, store: Store) -> str:
     """A reference `resolve_suite` takes: as given, or an in-memory suite's stored version."""
     if isinstance(suite, str | os.PathLike):
         return os.fspath(suite)

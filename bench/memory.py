@@ -27,13 +27,15 @@ def make_run(home: Path, samples: int, output_bytes: int) -> str:
     (written by DuckDB itself: identical outputs compress to little on disk, and are full
     size again in memory when read)."""
     from storage import db
+    from storage.store import Store
     from tasks.run import RunSpec
 
+    store = Store(home)
     spec = RunSpec(suite_version="0" * 64, suite_name="memory", agent="bench", agent_fingerprint="bench",
                    n=5, ks=[1], seed=0)
-    db.start_run(spec, home)
+    store.start_run(spec)
     for start in range(0, samples, 50):  # a transaction a slice: DuckDB holds uncommitted rows whole
-        with db.connect(home) as con:
+        with store.connect() as con:
             con.execute("SET memory_limit = '6GB'")  # this writer's cache is not what is measured
             con.execute(
                 "INSERT INTO samples (run_id, case_id, sample_index, seed, output, status, passed, score, detail,"
@@ -47,20 +49,21 @@ def make_run(home: Path, samples: int, output_bytes: int) -> str:
 
 
 STEPS = {
-    "reduce": "from storage import db; from tasks.run import RunSpec, summary_columns\n"
-              "db.run_samples(RUN, HOME, summary_columns(RunSpec(suite_version='0'*64, suite_name='m',"
+    "reduce": "from storage.store import Store; from tasks.run import RunSpec, summary_columns\n"
+              "Store(HOME).run_samples(RUN, summary_columns(RunSpec(suite_version='0'*64, suite_name='m',"
               " agent='b', agent_fingerprint='b', n=5, ks=[1], seed=0)))",
-    "report": "from flows.report import read_case_rows; read_case_rows(RUN, HOME)",
+    "report": "from flows.report import read_case_rows; from storage.store import Store\n"
+              "read_case_rows(RUN, Store(HOME))",
     # A fully cached re-run of the stored run: its samples found and copied as a new run's.
-    "cached re-run": "from storage import db; from storage.store import Store; from tasks.run import RunSpec\n"
+    "cached re-run": "from storage.store import Store; from tasks.run import RunSpec\n"
                      "from tasks.run.loop import reuse_cached; from tasks.run.sampling import PlannedSample\n"
-                     "keys = db.run_samples(RUN, HOME, ['case_id', 'sample_index', 'cache_key', 'output_key'])\n"
+                     "keys = Store(HOME).run_samples(RUN, ['case_id', 'sample_index', 'cache_key', 'output_key'])\n"
                      "planned = [PlannedSample(r['case_id'], r['sample_index'], 0, r['cache_key'], '',"
                      " output_key=r['output_key']) for r in keys.to_pylist()]\n"
                      "spec = RunSpec(suite_version='0'*64, suite_name='m', agent='b', agent_fingerprint='b', n=5,"
                      " ks=[1], seed=0)\n"
                      "assert reuse_cached(spec, planned, Store(HOME)) == []",
-    "whole rows": "from storage import db; db.run_samples(RUN, HOME)",
+    "whole rows": "from storage.store import Store; Store(HOME).run_samples(RUN)",
     "junit stream": "from tasks.graders.junit import parse_junit, JUnitError\n"
                     "try:\n    parse_junit(XML)\nexcept JUnitError:\n    pass",
     "junit tree": "import xml.etree.ElementTree as ET; ET.fromstring(XML)",

@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from contextvars import ContextVar
-from pathlib import Path
 
 from prefect.artifacts import (
     create_markdown_artifact,
@@ -15,7 +14,7 @@ from prefect.artifacts import (
     update_progress_artifact,
 )
 
-from storage.calibrations import run_calibrations
+from storage.store import Store
 from tasks.report import slices_table, summary_markdown
 from tasks.run import RunSummary
 
@@ -23,10 +22,10 @@ from tasks.run import RunSummary
 progress_hook: ContextVar[Callable[[int, int], None] | None] = ContextVar("progress_hook", default=None)
 
 
-def publish(run: RunSummary, home: Path) -> None:
+def publish(run: RunSummary, store: Store) -> None:
     """The run's summary and per-slice table."""
     slug = artifact_slug(run.suite_name, run.suite_version)
-    judges = run_calibrations(run.run_id, home)
+    judges = store.run_calibrations(run.run_id)
     gate = run.gate.model_dump(mode="json") if run.gate else None
     create_markdown_artifact(
         key=f"evalpipe-{slug}-summary", markdown=summary_markdown(run, gate, judges),
@@ -36,7 +35,7 @@ def publish(run: RunSummary, home: Path) -> None:
         from flows.gate import pair_runs
         from tasks.report.markdown import comparison_markdown
 
-        comparison = pair_runs(run.run_id, run.gate.baseline, metric=run.gate.metric or "pass", home=home)
+        comparison = pair_runs(run.run_id, run.gate.baseline, metric=run.gate.metric or "pass", store=store)
         create_markdown_artifact(
             key=f"evalpipe-{slug}-gate",
             markdown=comparison_markdown(comparison.diff, gate, comparison.run_summary, comparison.base_summary),

@@ -14,7 +14,7 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from typer._click.exceptions import (  # typer's own click: not exported by name
@@ -23,10 +23,12 @@ from typer._click.exceptions import (  # typer's own click: not exported by name
 )
 
 from flows.output import json_doc
-from tasks.home import evalpipe_home
 from tasks.metrics.percent import figure
 from tasks.models import MAX_N, MAX_REGRADE, MAX_ROUNDS, MAX_WORKERS, InputError, PlatformError
 from tasks.registry import load_plugins
+
+if TYPE_CHECKING:
+    from storage.store import Store
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -68,9 +70,10 @@ MaxDropOpt = Annotated[float, typer.Option(
 @suite_app.command("hash")
 def suite_hash(path: SuiteArg, as_json: JsonFlag = False) -> None:
     """Print a suite's content version without writing anything."""
+    from storage.store import Store
     from storage.suites import load_suite_ref
 
-    suite = load_suite_ref(path)
+    suite = load_suite_ref(path, Store.default())
     doc = _suite_summary(suite)
     emit(doc, as_json, f"{suite.version}  {suite.name}  ({len(suite.cases)} cases)")
 
@@ -78,11 +81,12 @@ def suite_hash(path: SuiteArg, as_json: JsonFlag = False) -> None:
 @suite_app.command("snapshot")
 def suite_snapshot(path: SuiteArg, as_json: JsonFlag = False) -> None:
     """Write snapshots/<version>.parquet (once; an existing snapshot is never rewritten)."""
-    from storage.snapshots import write_snapshot
+    from storage.store import Store
     from storage.suites import load_suite_ref
 
-    suite = load_suite_ref(path)
-    out = write_snapshot(suite)
+    store = Store.default()
+    suite = load_suite_ref(path, store)
+    out = store.write_snapshot(suite)
     doc = {**_suite_summary(suite), "path": str(out)}
     emit(doc, as_json, f"{suite.version}  {suite.name}  ({len(suite.cases)} cases) -> {out}")
 
@@ -90,10 +94,12 @@ def suite_snapshot(path: SuiteArg, as_json: JsonFlag = False) -> None:
 @suite_app.command("diff")
 def suite_diff(old: SuiteArg, new: SuiteArg, as_json: JsonFlag = False) -> None:
     """Added, removed and changed case ids between two suites (files or stored versions)."""
+    from storage.store import Store
     from storage.suites import load_suite_ref
     from tasks.suites.dataset import diff_suites
 
-    a, b = load_suite_ref(old), load_suite_ref(new)
+    store = Store.default()
+    a, b = load_suite_ref(old, store), load_suite_ref(new, store)
     diff = diff_suites(a, b)
     lines = [f"{a.version[:12]} -> {b.version[:12]}"]
     for label, ids in (("added", diff.added), ("removed", diff.removed), ("changed", diff.changed)):
@@ -110,10 +116,11 @@ def suite_validate(
     as_json: JsonFlag = False,
 ) -> None:
     """Each reference must pass R/R times and the empty output must fail; exit 1 if not."""
+    from storage.store import Store
     from storage.suites import load_suite_ref
     from tasks.sandbox import run_sandbox_mode
 
-    suite = load_suite_ref(path)  # bad input exits 2 before Prefect starts
+    suite = load_suite_ref(path, Store.default())  # bad input exits 2 before Prefect starts
     run_sandbox_mode(suite.grader_kinds, unsafe_no_sandbox)
     from flows.prefect_api import prefect_api
 
@@ -236,6 +243,7 @@ def run(
     Exit 1 when the gate (--baseline) blocks, 4 when too many samples are agent_error,
     5 when too many are error (the grader could not run), 6 when a budget (--max-cost,
     --max-samples) left samples undrawn."""
+    from storage.store import Store
     from storage.suites import resolve_suite
     from tasks.agents import DEFAULT_AGENT_TIMEOUT_S, load_agent
     from tasks.sandbox import run_sandbox_mode
@@ -262,7 +270,8 @@ def run(
     # Refuse bad input here, before Prefect starts: a one-line message, not a failed flow run.
     # The flow gets the suite pinned (a git branch as the commit read here), so it runs
     # exactly the suite that was checked, even if the branch moves meanwhile.
-    suite_obj, pinned = resolve_suite(suite)
+    store = Store.default()
+    suite_obj, pinned = resolve_suite(suite, store)
     if slice_min:
         from tasks.metrics.rules import check_slices
 
@@ -273,11 +282,9 @@ def run(
     from tasks.metrics.cost import PriceTable
 
     price_file = PriceTable.load(prices).source  # a bad price file is bad input, before any call
-    from storage import db
-
-    db.check()  # a damaged or locked database is reported before Prefect starts, too
+    store.check()  # a damaged or locked database is reported before Prefect starts, too
     if baseline and baseline != "previous":
-        baseline = db.find_run(baseline)["run_id"]
+        baseline = store.find_run(baseline)["run_id"]
 
     from tasks.run import RunConfig
 
@@ -295,7 +302,7 @@ def run(
         # Exit 4 wins over a blocked gate: the numbers of a broken agent say nothing about the model.
         typer.echo(f"evalpipe: warning: {broken}", err=True)
         raise typer.Exit(4)
-    broken = _broken_grader(summary, max_grader_errors)
+    broken = _broken_grader(summary, max_grader_errors, store)
     if broken:
         typer.echo(f"evalpipe: error: {broken}", err=True)
         raise typer.Exit(5)
@@ -334,13 +341,12 @@ def _broken_agent(summary: dict[str, Any], max_share: float) -> str | None:
     return broken_agent(summary, max_share)
 
 
-def _broken_grader(summary: dict[str, Any], max_share: float) -> str | None:
-    from storage import db
+def _broken_grader(summary: dict[str, Any], max_share: float, store: Store) -> str | None:
     from tasks.run.health import broken_grader, error_share
 
     if error_share(summary, "error", max_share) is None:
         return None  # the commonest error's detail is read only when it will be shown
-    detail, _ = db.commonest_detail(summary["run_id"], "error") or ("", 0)
+    detail, _ = store.commonest_detail(summary["run_id"], "error") or ("", 0)
     return broken_grader(summary, max_share, detail)
 
 
@@ -406,19 +412,18 @@ def rescore_cmd(
 
     Cases whose id and inputs match RUN_ID's are graded; the others are reported `unscored`
     (never drawn, never counted as failures)."""
+    from storage.store import Store
     from storage.suites import resolve_suite
     from tasks.sandbox import run_sandbox_mode
 
-    suite_obj, pinned = resolve_suite(suite)
+    store = Store.default()
+    suite_obj, pinned = resolve_suite(suite, store)
     run_sandbox_mode(suite_obj.grader_kinds, unsafe_no_sandbox)
-    from storage import db
-
-    db.check()
-    source = db.find_run(run_id)
+    store.check()
+    source = store.find_run(run_id)
     from flows.rescore import source_suite_of
-    from storage import evalpipe_home
 
-    source_suite_of(source, suite_obj, evalpipe_home())  # bad input is refused before Prefect starts
+    source_suite_of(source, suite_obj, store)  # bad input is refused before Prefect starts
     from flows.prefect_api import prefect_api
 
     with prefect_api(as_json) as watch, _progress(suite_obj.name, as_json) as hook:
@@ -441,18 +446,18 @@ app.add_typer(runs_app, name="runs")
 @runs_app.command("list")
 def runs_list(as_json: JsonFlag = False, limit: Annotated[int, typer.Option("--limit", min=1)] = 50) -> None:
     """The newest runs in this EVALPIPE_HOME."""
-    from storage import db
+    from storage.store import Store
 
-    runs = db.list_runs(limit=limit)
+    store = Store.default()
+    runs = store.list_runs(limit=limit)
     keys = ("run_id", "suite_name", "suite_version", "agent", "n", "status", "started_at")
     brief = [{key: r[key] for key in keys} | {"pass_at_1": ((r.get("summary") or {}).get("pass_at_k") or {}).get("1")}
              for r in runs]
     if as_json:
         typer.echo(json_doc(brief))
         return
-    home = evalpipe_home()
-    if home.parent != Path.cwd():  # found above the working directory, or set elsewhere
-        typer.echo(f"evalpipe: reading {home}", err=True)
+    if store.home.parent != Path.cwd():  # found above the working directory, or set elsewhere
+        typer.echo(f"evalpipe: reading {store.home}", err=True)
     for r in brief:
         typer.echo(f"{r['run_id']}  {r['status']:<9}  {r['suite_name']:<14} {r['suite_version'][:12]}"
                    f"  n={r['n']:<3} pass@1 {figure(r['pass_at_1'])}  {r['agent']}")
@@ -466,13 +471,14 @@ def runs_show(
 ) -> None:
     """One run's summary (the same document `run --json` printed), or with --case what the
     agent answered on one case and how each answer was graded."""
-    from storage import db
+    from storage.store import Store
 
-    row = db.find_run(run_id)
+    store = Store.default()
+    row = store.find_run(run_id)
     if case is not None:
         from tasks.report.case_view import case_doc, case_text
 
-        doc = case_doc(row["run_id"], case, db.case_samples(row["run_id"], case))
+        doc = case_doc(row["run_id"], case, store.case_samples(row["run_id"], case))
         typer.echo(json_doc(doc) if as_json else case_text(doc))
         return
     if as_json:
@@ -494,9 +500,9 @@ def runs_export(run_id: RunArg, out: Annotated[Path, typer.Option("--out", help=
                 as_json: JsonFlag = False) -> None:
     """Write a finished run (its row, summary, samples and suite snapshot) to one file, a
     baseline another EVALPIPE_HOME can import (a CI job's artifact)."""
-    from storage.export import export_run
+    from storage.store import Store
 
-    doc = export_run(run_id, out)
+    doc = Store.default().export_run(run_id, out)
     emit(doc, as_json, f"exported run {doc['run_id']} ({doc['samples']} samples, {_size(doc['bytes'])}) to {out}")
 
 
@@ -505,9 +511,9 @@ def runs_import(path: Annotated[Path, typer.Argument(help="A file written by `ev
                 as_json: JsonFlag = False) -> None:
     """Bring an exported run into this EVALPIPE_HOME (again: nothing changes); then gate,
     diff and --baseline work against it."""
-    from storage.export import import_run
+    from storage.store import Store
 
-    doc = import_run(path)
+    doc = Store.default().import_run(path)
     verb = "imported" if doc["imported"] else "already here:"
     emit(doc, as_json, f"{verb} run {doc['run_id']} ({doc['samples']} samples, suite {doc['suite_version'][:12]})")
 
@@ -529,21 +535,22 @@ def gate_cmd(
     """Decide pass/block for RUN_ID against a baseline run; exit 1 when blocked."""
     from flows.diffing import output_format
     from flows.gate import gate_comparison, pair_runs
-    from storage import db
+    from storage.store import Store
     from tasks.metrics.rules import GateRules, parse_slice_thresholds
     from tasks.report.gate_text import gate_lines
     from tasks.report.markdown import comparison_markdown
 
     fmt = output_format(fmt, as_json)
     rules = GateRules(max_new_failures=max_new_failures, slice_min=parse_slice_thresholds(min_slice or ()))
-    run = db.find_run(run_id)
+    store = Store.default()
+    run = store.find_run(run_id)
     if baseline == "previous":
-        found = db.latest_completed_run_of_suite(run["suite_version"], before=run["run_id"])
+        found = store.latest_completed_run_of_suite(run["suite_version"], before=run["run_id"])
         if found is None:
             _no_baseline(run, fmt)
         baseline = found
-    comparison = pair_runs(run["run_id"], baseline, metric=metric, require_same_suite=not shared_only)
-    result = gate_comparison(comparison, min_pass_at_1=min_pass_at_1, max_drop=max_drop, rules=rules)
+    comparison = pair_runs(run["run_id"], baseline, metric=metric, store=store, require_same_suite=not shared_only)
+    result = gate_comparison(comparison, min_pass_at_1=min_pass_at_1, max_drop=max_drop, store=store, rules=rules)
     if fmt == "json":
         typer.echo(json_doc(result))
     elif fmt == "markdown":
@@ -635,8 +642,10 @@ def report_cmd(
 ) -> None:
     """Write a self-contained HTML report of a stored run (or of what changed against a baseline)."""
     from flows.report import write_diff_report, write_report
+    from storage.store import Store
 
-    typer.echo(f"wrote {write_diff_report(run_id, baseline, out, metric=metric) if baseline else write_report(run_id, out)}")
+    store = Store.default()
+    typer.echo(f"wrote {write_diff_report(run_id, baseline, out, store, metric=metric) if baseline else write_report(run_id, out, store)}")
 
 
 env_app = typer.Typer(no_args_is_help=True, help="Repository environments under EVALPIPE_HOME/envs/.")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from flows.cli import main as evalpipe
 from server.managed import credentials_path, running
-from storage import evalpipe_home
+from storage.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
 AGENT = "python:examples/agents/demo_agent.py:answer"
@@ -31,20 +31,19 @@ def step(*args: str) -> int:
 
 def main() -> None:
     os.chdir(ROOT)
-    out = evalpipe_home() / "demo"
+    store = Store.default()
+    out = store.home / "demo"
     humaneval = out / "humaneval.jsonl"
     step("suite", "import", "humaneval", "--out", str(humaneval))
     step("suite", "hash", "examples/qa.yaml")
     for suite, n, k in (("examples/qa.yaml", "5", "1,5"), (str(humaneval), "5", "1,5"),
                         ("examples/calc/calc.yaml", "8", "1,4")):
         step("run", suite, "--agent", AGENT, "-n", n, "-k", k)
-    from storage import db
-
-    runs = db.list_runs(limit=3)
+    runs = store.list_runs(limit=3)
     for run in runs:
         report = out / f"report-{run['suite_name']}.html"
         step("report", run["run_id"], "--out", str(report))
-    print(f"\nDuckDB: {db.db_path()}\nruns:   {json.dumps([r['run_id'] for r in runs])}")
+    print(f"\nDuckDB: {store.db_path}\nruns:   {json.dumps([r['run_id'] for r in runs])}")
     server = running()
     if server is None or os.environ.get("PREFECT_API_URL"):  # the runs went to another API
         return

@@ -36,11 +36,12 @@ def diff(
     """Which cases regressed, improved, are new or removed between BASELINE and RUN_ID,
     paired by case as the gate pairs them; per slice, the change with its paired CI."""
     from flows.gate import pair_runs
+    from storage.store import Store
     from tasks.report.diff_text import diff_text
     from tasks.report.markdown import comparison_markdown
 
     fmt = output_format(fmt, as_json)
-    comparison = pair_runs(run_id, baseline, metric=metric)
+    comparison = pair_runs(run_id, baseline, metric=metric, store=Store.default())
     if fmt == "json":
         typer.echo(json_doc(comparison.diff.to_json()))
     elif fmt == "markdown":

@@ -124,9 +124,9 @@ def run(config: RunConfig, started: float) -> RunSummary:
     steps.snapshot_once(run.suite, store)
     with allowing_unsafe(config.unsafe_no_sandbox), steps.prefect_stages(config) as stages:
         summary = run_loop(run.spec, config, run.suite, run.agent, store, stages, prices=run.prices,
-                           progress=steps.ShownProgress(), gate=run_gate(run, config, store.home),
+                           progress=steps.ShownProgress(), gate=run_gate(run, config, store),
                            no_baseline=run.no_baseline, log=get_run_logger(), reduce=steps.reduce_in_task,
                            started=started)
-    publish(summary, store.home)
+    publish(summary, store)
     steps.log_headline(summary)
     return summary

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from storage import db
 from storage.runs import PreparedRun
-from storage.snapshots import must_pass_cases
+from storage.store import Store
 from tasks.metrics.diff import CaseResult, RunDiff, check_metric, check_same_suite, diff_runs
 from tasks.metrics.gate import gate_diff
 from tasks.metrics.rules import GateRules
@@ -36,22 +34,22 @@ class Comparison:
         return RunSummary.read(self.base["summary"]) if self.base.get("summary") else None
 
 
-def pair_runs(run_id: str, baseline: str, *, metric: str = "pass", home: Path | None = None,
+def pair_runs(run_id: str, baseline: str, *, metric: str = "pass", store: Store,
                  require_same_suite: bool = False) -> Comparison:
     """Pair two stored runs case by case. With `require_same_suite`, runs on different suite
     versions are refused (the gate's default); otherwise they are compared on their shared
     cases and the diff counts the rest."""
-    run, base = db.find_run(run_id, home), db.find_run(baseline, home)
+    run, base = store.find_run(run_id), store.find_run(baseline)
     if require_same_suite:
         check_same_suite(run, base)
-    results = db.case_results(run["run_id"], home)
-    diff = diff_runs(results, db.case_results(base["run_id"], home),
+    results = store.case_results(run["run_id"])
+    diff = diff_runs(results, store.case_results(base["run_id"]),
                      run_id=run["run_id"], baseline_id=base["run_id"], metric=check_metric(metric),
                      seed=run["seed"])
     return Comparison(run, base, diff, results)
 
 
-def run_gate(run: PreparedRun, config: RunConfig, home: Path | None = None) -> Gate | None:
+def run_gate(run: PreparedRun, config: RunConfig, store: Store) -> Gate | None:
     """The gate a prepared run applies to its figures (`tasks.run.loop.run_loop`), or None
     when it has no baseline."""
     if run.baseline is None:
@@ -60,7 +58,7 @@ def run_gate(run: PreparedRun, config: RunConfig, home: Path | None = None) -> G
 
     def check(measured: Measured) -> dict[str, Any]:
         return gate_runs(run.spec.run_id, baseline, min_pass_at_1=config.min_pass_at_1, max_drop=config.max_drop,
-                         home=home, safety_failed=measured.safety_failed, rules=run.rules, metric=config.metric,
+                         store=store, safety_failed=measured.safety_failed, rules=run.rules, metric=config.metric,
                          slice_values=measured.slice_values(config.metric))
 
     return Gate(baseline, check)
@@ -73,7 +71,7 @@ def gate_runs(
     min_pass_at_1: float | None = None,
     max_drop: float = 0.0,
     shared_only: bool = False,
-    home: Path | None = None,
+    store: Store,
     safety_failed: bool | None = None,
     rules: GateRules | None = None,
     metric: str = "pass",
@@ -86,8 +84,8 @@ def gate_runs(
     must-pass cases always apply. `metric`: what the paired CI compares, `pass` or `score`.
     `slice_values`: the run's slice figures when the caller has them (a run gating before
     its summary is stored; else read back)."""
-    comparison = pair_runs(run_id, baseline, metric=metric, home=home, require_same_suite=not shared_only)
-    return gate_comparison(comparison, min_pass_at_1=min_pass_at_1, max_drop=max_drop, home=home,
+    comparison = pair_runs(run_id, baseline, metric=metric, store=store, require_same_suite=not shared_only)
+    return gate_comparison(comparison, min_pass_at_1=min_pass_at_1, max_drop=max_drop, store=store,
                            safety_failed=safety_failed, rules=rules, slice_values=slice_values)
 
 
@@ -96,7 +94,7 @@ def gate_comparison(
     *,
     min_pass_at_1: float | None = None,
     max_drop: float = 0.0,
-    home: Path | None = None,
+    store: Store,
     safety_failed: bool | None = None,
     rules: GateRules | None = None,
     slice_values: Mapping[str, float | None] | None = None,
@@ -107,8 +105,8 @@ def gate_comparison(
     if slice_values is None:
         slice_values = summary.slice_values(comparison.diff.metric) if summary else {}
     if safety_failed is None:
-        safety_failed = db.safety_failed(run["run_id"], home)
+        safety_failed = store.safety_failed(run["run_id"])
     return gate_diff(comparison.diff, comparison.results, seed=run["seed"], safety_failed=safety_failed,
-                     must_pass=must_pass_cases(run["suite_version"], home), suite_version=run["suite_version"],
+                     must_pass=store.must_pass_cases(run["suite_version"]), suite_version=run["suite_version"],
                      slice_values=slice_values, rules=rules, min_pass_at_1=min_pass_at_1, max_drop=max_drop)
 

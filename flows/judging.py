@@ -11,12 +11,15 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from flows.output import json_doc
 from tasks.models import InputError
+
+if TYPE_CHECKING:
+    from storage.store import Store
 
 judge_app = typer.Typer(
     no_args_is_help=True, help="Model judges: calibrate them before trusting them."
@@ -33,26 +36,12 @@ RubricOpt = Annotated[
 WORKERS = 4  # judge calls in flight: endpoint latency, not CPU, is what they wait on
 
 
-def _home(home: Path | None) -> Path:
-    from storage import evalpipe_home
-
-    return home or evalpipe_home()
-
-
-def _stored_run(run_id: str, home: Path) -> dict[str, Any]:
-    from storage import db
-
-    return db.find_run(run_id, home)
-
-
-def _run_suite(run: dict[str, Any], home: Path):
-    from storage.snapshots import read_snapshot, snapshot_path
-
-    if not snapshot_path(run["suite_version"], home).exists():
+def _run_suite(run: dict[str, Any], store: Store):
+    if not store.snapshot_path(run["suite_version"]).exists():
         raise InputError(
             f"run {run['run_id']}: snapshot of suite {run['suite_version'][:12]} is missing"
         )
-    return read_snapshot(run["suite_version"], home)
+    return store.read_snapshot(run["suite_version"])
 
 
 def _read_rubric(path: Path | None) -> str | None:
@@ -75,13 +64,12 @@ def calibrate_judge(
     rubric: str | None = None,
     samples: int | None = None,
     oracle: bool = False,
-    home: Path | None = None,
+    store: Store,
 ) -> dict[str, Any]:
     """Grade each labelled output with the judge and measure it against the truth: the
     human label, or with `oracle` the case's own (execution or assertion) grader.
     The judge is `judge` if given, else each case's own `judge` grader; `rubric` and
     `samples` override the case's. The result is stored under the judge's fingerprint."""
-    from storage.calibrations import record_calibration
     from storage.suites import load_suite_ref
     from tasks.graders import grade, grader_fingerprint
     from tasks.graders.judge import case_judge
@@ -89,7 +77,7 @@ def calibrate_judge(
     from tasks.metrics.labels import read_labels
     from tasks.models import canonical_json
 
-    suite_obj = load_suite_ref(suite)
+    suite_obj = load_suite_ref(suite, store)
     overrides = {
         k: v
         for k, v in (("function", judge), ("rubric", rubric), ("samples", samples))
@@ -123,7 +111,7 @@ def calibrate_judge(
         "labels": str(labels),
         **measure(items, verdicts, where=str(labels)),
     }
-    return record_calibration(doc, _home(home))
+    return store.record_calibration(doc)
 
 
 @judge_app.command("calibrate")
@@ -147,8 +135,11 @@ def calibrate_cmd(
 ) -> None:
     """Measure a judge against human labels (or an execution oracle): agreement, kappa,
     false-pass and false-fail rates with bootstrap CIs."""
+    from storage.store import Store
+
     doc = calibrate_judge(
-        suite, labels, judge=judge, rubric=_read_rubric(rubric), samples=samples, oracle=oracle
+        suite, labels, judge=judge, rubric=_read_rubric(rubric), samples=samples, oracle=oracle,
+        store=Store.default(),
     )
     from tasks.report.judging_text import calibration_text
 
@@ -165,18 +156,16 @@ def compare_runs(
     *,
     rubric: str | None = None,
     workers: int = WORKERS,
-    home: Path | None = None,
+    store: Store,
 ) -> dict[str, Any]:
     """Pairwise judgement of two runs' outputs for the same cases, in both orders."""
-    from storage import db
     from tasks.graders.judge import load_judge
     from tasks.metrics.pairwise import compare, pair_samples
 
-    home = _home(home)
-    a, b = _stored_run(run_a, home), _stored_run(run_b, home)
+    a, b = store.find_run(run_a), store.find_run(run_b)
     run_a, run_b = a["run_id"], b["run_id"]
-    cases = {c.case_hash: c for c in _run_suite(a, home).cases}
-    pairs = pair_samples(db.run_samples(run_a, home), db.run_samples(run_b, home), cases)
+    cases = {c.case_hash: c for c in _run_suite(a, store).cases}
+    pairs = pair_samples(store.run_samples(run_a), store.run_samples(run_b), cases)
     if not pairs:
         raise InputError(f"runs {run_a} and {run_b} share no (case, sample index) to compare")
     doc = compare(load_judge(judge, rubric), pairs, workers=workers, seed=a["seed"])
@@ -199,7 +188,9 @@ def compare(
 ) -> None:
     """Which run's outputs are better, case by case, asked in both orders: win rate of A
     with a CI, ties, and order-inconsistent pairs (position bias)."""
-    doc = compare_runs(run_a, run_b, judge, rubric=_read_rubric(rubric))
+    from storage.store import Store
+
+    doc = compare_runs(run_a, run_b, judge, rubric=_read_rubric(rubric), store=Store.default())
     from tasks.report.judging_text import pairwise_text
 
     typer.echo(json_doc(doc) if as_json else pairwise_text(doc))
@@ -208,54 +199,50 @@ def compare(
 # --- human labels ------------------------------------------------------------------------
 
 
-def export_labels(run_id: str, out: Path, home: Path | None = None) -> int:
+def export_labels(run_id: str, out: Path, store: Store) -> int:
     """Write the run's samples for labelling; returns the number of rows."""
-    from storage import db
     from tasks.metrics.labels import export_rows, write_label_file
 
-    home = _home(home)
-    run = _stored_run(run_id, home)
+    run = store.find_run(run_id)
     run_id = run["run_id"]
-    cases = {c.id: c for c in _run_suite(run, home).cases}
-    rows = export_rows(db.run_samples(run_id, home), cases)
+    cases = {c.id: c for c in _run_suite(run, store).cases}
+    rows = export_rows(store.run_samples(run_id), cases)
     write_label_file(rows, out)
     return len(rows)
 
 
 def import_labels(
-    run_id: str, path: Path, labeller: str, home: Path | None = None
+    run_id: str, path: Path, labeller: str, store: Store
 ) -> dict[str, Any]:
     """Store the labels as a derived run of `human` verdicts on the same samples and
     aggregate it like any run. Returns its summary (the `run --json` keys and more)."""
-    from storage import db
     from tasks.metrics.labels import labelled_samples, read_labels
     from tasks.models import sha256_hex
     from tasks.run import RunStatus, summarize
     from tasks.run.labelled import labelled_spec, labelled_summary
 
     started = time.perf_counter()
-    home = _home(home)
-    source = _stored_run(run_id, home)
+    source = store.find_run(run_id)
     run_id = source["run_id"]
-    suite = _run_suite(source, home)
+    suite = _run_suite(source, store)
     labels = read_labels(path)
     spec = labelled_spec(source, labeller=labeller, labels_file=str(path),
                          labels_sha256=sha256_hex(path.read_bytes()))
     rows = labelled_samples(
-        db.run_samples(run_id, home),
+        store.run_samples(run_id),
         labels,
         labeller=labeller,
         source_run=run_id,
         run_id=spec.run_id,
         where=str(path),
     )
-    with db.recorded_run(spec, home):
-        db.insert_samples(rows, home)
-        summary, aggregates = summarize(spec, suite, db.run_samples(spec.run_id, home))
-        db.write_aggregates(spec.run_id, aggregates, home)
+    with store.recorded_run(spec):
+        store.insert_samples(rows)
+        summary, aggregates = summarize(spec, suite, store.run_samples(spec.run_id))
+        store.write_aggregates(spec.run_id, aggregates)
         summary = labelled_summary(summary, source_run=run_id, labeller=labeller, labelled=rows.num_rows,
                                    labels=len(labels), duration_s=time.perf_counter() - started)
-        db.finish_run(spec.run_id, RunStatus.completed, summary, home)
+        store.finish_run(spec.run_id, RunStatus.completed, summary)
     return summary.to_json()
 
 
@@ -265,8 +252,10 @@ def export_cmd(
     out: Annotated[Path, typer.Option("--out", help="File to write: .csv or .jsonl.")],
 ) -> None:
     """Write a run's samples (case, sample index, prompt, output, blank label) for labelling."""
+    from storage.store import Store
+
     typer.echo(
-        f"wrote {export_labels(run_id, out)} samples to {out}; fill the label column with pass/fail"
+        f"wrote {export_labels(run_id, out, Store.default())} samples to {out}; fill the label column with pass/fail"
     )
 
 
@@ -280,7 +269,9 @@ def import_cmd(
     as_json: JsonFlag = False,
 ) -> None:
     """Import labels as `human` verdicts in a new derived run, aggregated like any run."""
+    from storage.store import Store
+
+    summary = import_labels(run_id, file, labeller, Store.default())
     from tasks.report.judging_text import labelled_text
 
-    summary = import_labels(run_id, file, labeller)
     typer.echo(json_doc(summary) if as_json else labelled_text(summary))

@@ -4,12 +4,15 @@ stored baseline run's per-case pass rates or from a stated prior pass rate. Moun
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from flows.output import json_doc
 from tasks.models import InputError
+
+if TYPE_CHECKING:
+    from storage.store import Store
 
 
 def plan(
@@ -31,6 +34,7 @@ def plan(
 ) -> None:
     """Cases x samples per case to catch a paired drop of --detect with --power; the trade-off
     table. Exit 2 (one line naming the smallest detectable drop) when the suite is too small."""
+    from storage.store import Store
     from tasks.metrics import power as pw
     from tasks.report.plan_text import plan_text
 
@@ -40,7 +44,7 @@ def plan(
         raise InputError("plan: give --baseline RUN_ID (measured variances) or --prior P (assumed), not both")
     if prior is not None and suite is None:
         raise InputError("plan: --prior needs the SUITE whose cases it plans for")
-    variance, suite_cases = _variance(baseline, prior, suite)
+    variance, suite_cases = _variance(baseline, prior, suite, Store.default())
     rho = pw.DEFAULT_CORRELATION if correlation is None else correlation
     result = pw.plan(variance, detect, suite_cases=suite_cases, power=power, alpha=alpha, correlation=rho,
                      max_samples=max_samples)
@@ -56,23 +60,21 @@ def plan(
         raise typer.Exit(2)
 
 
-def _variance(baseline: str | None, prior: float | None, suite: str | None):
+def _variance(baseline: str | None, prior: float | None, suite: str | None, store: Store):
     from tasks.metrics import power as pw
 
     suite_cases = None
     if suite is not None:
         from storage.suites import load_suite_ref
 
-        suite_cases = len(load_suite_ref(suite).cases)
+        suite_cases = len(load_suite_ref(suite, store).cases)
     if baseline is None:
         return pw.variance_from_prior(prior), suite_cases  # type: ignore[arg-type]
-    from storage import db
-
-    run = db.find_run(baseline)
-    counts = list(db.case_counts(run["run_id"]).values())
+    run = store.find_run(baseline)
+    counts = list(store.case_counts(run["run_id"]).values())
     if not counts:
         raise InputError(f"plan: baseline {run['run_id']} has no samples")
     if suite_cases is None:
-        suite_cases = len(db.suite_cases(run["suite_version"])) or len(counts)
+        suite_cases = len(store.suite_cases(run["suite_version"])) or len(counts)
     n, c = zip(*counts, strict=True)
     return pw.variance_from_counts(n, c), suite_cases

@@ -7,8 +7,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from storage import db
-from storage.calibrations import run_calibrations
+from storage.store import Store
 from tasks.files import atomic_write
 from tasks.models import InputError
 from tasks.report import render_report
@@ -16,50 +15,49 @@ from tasks.report.cases import MAX_OUTPUTS_PER_CASE, OUTPUT_CHARS, SAMPLE_FIELDS
 from tasks.run import RunSummary
 
 
-def read_case_rows(run_id: str, home: Path | None = None) -> list[dict[str, Any]]:
+def read_case_rows(run_id: str, store: Store) -> list[dict[str, Any]]:
     """The report's per-case rows (`tasks.report.cases`) from the run's stored samples."""
-    run = db.get_run(run_id, home)
+    run = store.get_run(run_id)
     return case_rows(
-        db.run_samples(run_id, home, SAMPLE_FIELDS).to_pylist(),
-        db.failing_samples(run_id, MAX_OUTPUTS_PER_CASE, OUTPUT_CHARS, home),
-        {cid: s for cid, (_, s) in db.suite_cases(run["suite_version"], home).items()},
+        store.run_samples(run_id, SAMPLE_FIELDS).to_pylist(),
+        store.failing_samples(run_id, MAX_OUTPUTS_PER_CASE, OUTPUT_CHARS),
+        {cid: s for cid, (_, s) in store.suite_cases(run["suite_version"]).items()},
     )
 
 
-def write_report(run_id: str, out: Path, home: Path | None = None) -> Path:
-    run = db.find_run(run_id, home)
+def write_report(run_id: str, out: Path, store: Store) -> Path:
+    run = store.find_run(run_id)
     run_id = run["run_id"]
     if not run.get("summary"):
         raise InputError(f"run {run_id!r} has no summary (status {run['status']}): nothing to report")
     summary = RunSummary.read(run["summary"])
     gate = summary.gate
-    base_run = db.get_run(gate.baseline, home) if gate else None
+    base_run = store.get_run(gate.baseline) if gate else None
     baseline = RunSummary.read(base_run["summary"]) if base_run and base_run.get("summary") else None
-    html = render_report(summary, read_case_rows(run_id, home),
+    html = render_report(summary, read_case_rows(run_id, store),
                          baseline=baseline, gate=gate.model_dump(mode="json") if gate else None,
                          calibration=_calibration(summary),
-                         judges=run_calibrations(run_id, home))
+                         judges=store.run_calibrations(run_id))
     atomic_write(out, html)
     return out
 
 
-def write_diff_report(run_id: str, baseline: str, out: Path, home: Path | None = None, *,
+def write_diff_report(run_id: str, baseline: str, out: Path, store: Store, *,
                       metric: str = "pass") -> Path:
     """The run against `baseline` as one HTML page: the gate at the top, the regressed and
     improved cases expanded with an output of each run side by side. Runs on different
     suite versions are compared on their shared cases (the page says how many were not)."""
     from flows.gate import gate_comparison, pair_runs
-    from storage.snapshots import case_contents
     from tasks.report.diff_html import expanded, render_diff_report
 
-    comparison = pair_runs(run_id, baseline, metric=metric, home=home)
-    gate = gate_comparison(comparison, home=home)
+    comparison = pair_runs(run_id, baseline, metric=metric, store=store)
+    gate = gate_comparison(comparison, store=store)
     changed = expanded(comparison.diff)
     ids = [c.case_id for c in changed]
-    contents = {**case_contents(comparison.base["suite_version"], ids, home),
-                **case_contents(comparison.run["suite_version"], ids, home)}
+    contents = {**store.case_contents(comparison.base["suite_version"], ids),
+                **store.case_contents(comparison.run["suite_version"], ids)}
     samples: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    for row in db.samples_of_cases([comparison.run["run_id"], comparison.base["run_id"]], ids, home):
+    for row in store.samples_of_cases([comparison.run["run_id"], comparison.base["run_id"]], ids):
         samples[(row["run_id"], row["case_id"])].append(row)
     details = {
         c.case_id: {

@@ -9,7 +9,6 @@ lists the cases it has none for; grading runs on the task runner as in a run
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Annotated, Any
 
 from prefect import flow
@@ -17,7 +16,6 @@ from pydantic import Field
 
 from flows import steps
 from flows.artifacts import publish
-from storage.snapshots import read_snapshot, snapshot_path
 from storage.store import Store
 from storage.suites import resolve_suite
 from tasks import run
@@ -50,11 +48,10 @@ def rescore(
     """
     started = time.perf_counter()
     store = Store.default()
-    home = store.home
     source = store.find_run(run_id)
-    suite_obj, suite_source = resolve_suite(suite)
+    suite_obj, suite_source = resolve_suite(suite, store)
     sandbox = run_sandbox_mode(suite_obj.grader_kinds, unsafe_no_sandbox)
-    source_suite = source_suite_of(source, suite_obj, home)
+    source_suite = source_suite_of(source, suite_obj, store)
     config = RunConfig(suite=suite, agent=source["agent"], runner=runner, workers=workers,
                        unsafe_no_sandbox=unsafe_no_sandbox)
     steps.snapshot_once(suite_obj, store)
@@ -77,17 +74,17 @@ def rescore(
             cases=len(suite_obj.cases) - len(plan.unscored), source_run=source["run_id"], unscored=plan.unscored,
             sandbox=sandbox, duration_s=round(time.perf_counter() - started, 3)))
         store.finish_run(spec.run_id, RunStatus.completed, summary)
-    publish(summary, home)
+    publish(summary, store)
     return summary.to_json()
 
 
-def source_suite_of(source: dict[str, Any], suite: EvalSuite, home: Path) -> EvalSuite:
+def source_suite_of(source: dict[str, Any], suite: EvalSuite, store: Store) -> EvalSuite:
     """The suite the stored run `source` ran (its snapshot); bad input, before any work,
     when it is gone or shares no question (case id and inputs) with `suite`."""
-    if not snapshot_path(source["suite_version"], home).exists():
+    if not store.snapshot_path(source["suite_version"]).exists():
         raise InputError(f"run {source['run_id']}: the snapshot of its suite {source['suite_version'][:12]}"
-                         f" is missing from {home / 'snapshots'}: cannot tell which questions it asked")
-    ran = read_snapshot(source["suite_version"], home)
+                         f" is missing from {store.snapshot_dir}: cannot tell which questions it asked")
+    ran = store.read_snapshot(source["suite_version"])
     asked = {(c.id, c.inputs_hash) for c in ran.cases}
     if not any((c.id, c.inputs_hash) in asked for c in suite.cases):
         raise InputError(f"run {source['run_id']} has no output for any case of suite {suite.name!r}"

@@ -10,6 +10,7 @@ from prefect.futures import as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
 from pydantic import Field
 
+from storage.store import Store
 from storage.suites import load_suite_ref
 from tasks.graders.validation import CaseCheck, check_case, validation_report
 from tasks.models import EvalCase
@@ -28,7 +29,7 @@ def validate_suite(
     workers: Annotated[int, Field(ge=1, le=64)] = 2,
     unsafe_no_sandbox: Annotated[bool, Field(description="Without bubblewrap, run code unprotected.")] = False,
 ) -> dict[str, Any]:
-    suite_obj = load_suite_ref(suite)
+    suite_obj = load_suite_ref(suite, Store.default())
     sandbox = run_sandbox_mode(suite_obj.grader_kinds, unsafe_no_sandbox)
     with allowing_unsafe(unsafe_no_sandbox), ThreadPoolTaskRunner(max_workers=workers) as runner:
         futures = [runner.submit(validate_case, {"case": c, "reps": reps}) for c in suite_obj.cases]

@@ -5,13 +5,12 @@ from __future__ import annotations
 import errno
 from pathlib import Path
 
-from tasks.home import evalpipe_home
 from tasks.models import PlatformError
 
 # The errors a write gets when the disk (or the user's quota) is full.
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
-__all__ = ["DISK_FULL_ERRNOS", "disk_full", "evalpipe_home"]
+__all__ = ["DISK_FULL_ERRNOS", "disk_full"]
 
 
 def disk_full(where: str | Path) -> PlatformError:

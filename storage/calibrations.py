@@ -8,69 +8,67 @@ a run: any run graded by a judge with that fingerprint can show it. The table is
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
-from storage.db import connect, now
+from storage.db import Database, now
 
 
-def record_calibration(doc: dict[str, Any], home: Path | None = None) -> dict[str, Any]:
-    """Store a calibration; returns it as stored, stamped with its `created_at` (so a
-    report can say when the judge was measured)."""
-    created = now()
-    stored = {**doc, "created_at": created.isoformat()}
-    with connect(home) as con:
-        con.execute(
-            "INSERT INTO calibrations VALUES (?, ?, ?, ?, ?, ?)",
-            [
-                doc["judge_fingerprint"],
-                doc["judge"],
-                doc["suite_version"],
-                doc["truth"],
-                created,
-                json.dumps(stored),
-            ],
-        )
-    return stored
+class Calibrations(Database):
+    """Judge calibrations, as methods of `storage.store.Store`."""
 
+    def record_calibration(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """Store a calibration; returns it as stored, stamped with its `created_at` (so a
+        report can say when the judge was measured)."""
+        created = now()
+        stored = {**doc, "created_at": created.isoformat()}
+        with self.connect() as con:
+            con.execute(
+                "INSERT INTO calibrations VALUES (?, ?, ?, ?, ?, ?)",
+                [
+                    doc["judge_fingerprint"],
+                    doc["judge"],
+                    doc["suite_version"],
+                    doc["truth"],
+                    created,
+                    json.dumps(stored),
+                ],
+            )
+        return stored
 
-def latest_calibrations(
-    fingerprints: list[str], home: Path | None = None
-) -> dict[str, dict[str, Any]]:
-    """fingerprint → its newest calibration document, for those that have one."""
-    if not fingerprints:
-        return {}
-    with connect(home) as con:
-        rows = con.execute(
-            "SELECT judge_fingerprint, result FROM calibrations WHERE judge_fingerprint IN"
-            f" ({', '.join('?' * len(fingerprints))})"
-            " QUALIFY row_number() OVER (PARTITION BY judge_fingerprint ORDER BY created_at DESC) = 1",
-            fingerprints,
-        ).fetchall()
-    return {fp: json.loads(result) for fp, result in rows}
+    def latest_calibrations(self, fingerprints: list[str]) -> dict[str, dict[str, Any]]:
+        """fingerprint → its newest calibration document, for those that have one."""
+        if not fingerprints:
+            return {}
+        with self.connect() as con:
+            rows = con.execute(
+                "SELECT judge_fingerprint, result FROM calibrations WHERE judge_fingerprint IN"
+                f" ({', '.join('?' * len(fingerprints))})"
+                " QUALIFY row_number() OVER (PARTITION BY judge_fingerprint ORDER BY created_at DESC) = 1",
+                fingerprints,
+            ).fetchall()
+        return {fp: json.loads(result) for fp, result in rows}
 
+    def run_judges(self, run_id: str) -> list[dict[str, Any]]:
+        """Every judge that graded a sample of the run: its spec and fingerprint, how many
+        samples it judged (an empty output is not put to the judge) and how many of those
+        errored (the instrument broke: docs/contract.md §4 makes that `error`, not `failed`)."""
+        with self.connect(read_only=True) as con:
+            rows = con.execute(
+                "SELECT json_extract_string(trace, '$.judge.fingerprint') AS fp,"
+                " any_value(json_extract_string(trace, '$.judge.spec')),"
+                " count(*) FILTER (WHERE status <> 'empty'), count(*) FILTER (WHERE status = 'error')"
+                " FROM samples WHERE run_id = ? AND fp IS NOT NULL GROUP BY fp ORDER BY fp",
+                [run_id],
+            ).fetchall()
+        return [
+            {"judge": spec, "judge_fingerprint": fp, "judged": judged, "errors": errors}
+            for fp, spec, judged, errors in rows
+        ]
 
-def run_judges(run_id: str, home: Path | None = None) -> list[dict[str, Any]]:
-    """Every judge that graded a sample of the run: its spec and fingerprint, how many
-    samples it judged (an empty output is not put to the judge) and how many of those
-    errored (the instrument broke: docs/contract.md §4 makes that `error`, not `failed`)."""
-    with connect(home, read_only=True) as con:
-        rows = con.execute(
-            "SELECT json_extract_string(trace, '$.judge.fingerprint') AS fp,"
-            " any_value(json_extract_string(trace, '$.judge.spec')),"
-            " count(*) FILTER (WHERE status <> 'empty'), count(*) FILTER (WHERE status = 'error')"
-            " FROM samples WHERE run_id = ? AND fp IS NOT NULL GROUP BY fp ORDER BY fp",
-            [run_id],
-        ).fetchall()
-    return [
-        {"judge": spec, "judge_fingerprint": fp, "judged": judged, "errors": errors}
-        for fp, spec, judged, errors in rows
-    ]
+    def run_calibrations(self, run_id: str) -> list[dict[str, Any]]:
+        """For the report: each judge that graded the run (as `run_judges`), with its newest
+        calibration under `calibration`, or None when it has never been calibrated."""
+        judges = self.run_judges(run_id)
+        found = self.latest_calibrations([j["judge_fingerprint"] for j in judges])
+        return [{**j, "calibration": found.get(j["judge_fingerprint"])} for j in judges]
 
-
-def run_calibrations(run_id: str, home: Path | None = None) -> list[dict[str, Any]]:
-    """For the report: each judge that graded the run (as `run_judges`), with its newest
-    calibration under `calibration`, or None when it has never been calibrated."""
-    judges = run_judges(run_id, home)
-    found = latest_calibrations([j["judge_fingerprint"] for j in judges], home)
-    return [{**j, "calibration": found.get(j["judge_fingerprint"])} for j in judges]

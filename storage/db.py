@@ -29,7 +29,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from storage import disk_full, evalpipe_home, process
+from storage import disk_full, process
 from tasks.metrics.diff import CaseResult
 from tasks.models import EvalSuite, InputError, PlatformError
 from tasks.run import RunSpec, RunSummary
@@ -119,10 +119,6 @@ def migrate(con: duckdb.DuckDBPyConnection) -> int:
 NOT_CACHED_STATUS = "agent_error"
 
 
-def db_path(home: Path | None = None) -> Path:
-    return (home or evalpipe_home()) / "evalpipe.duckdb"
-
-
 LOCK_WAIT_ENV = "EVALPIPE_DB_LOCK_WAIT_S"
 DEFAULT_LOCK_WAIT_S = 30.0
 
@@ -138,31 +134,6 @@ def lock_wait_s() -> float:
     if not wait >= 0:
         raise InputError(f"{LOCK_WAIT_ENV}={raw!r}: expected a number of seconds, 0 or more")
     return wait
-
-
-@contextmanager
-def connect(home: Path | None = None, *, read_only: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
-    path = db_path(home)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    read_only = read_only and path.exists()  # a reader of a new home creates the schema
-    with _platform_errors(path):
-        con = _open(path, read_only, lock_wait_s())
-        try:
-            current = not read_only or _current(con)
-        except BaseException:
-            con.close()
-            raise
-        if not current:
-            # A file from an older evalpipe: brought up to date before anything reads it.
-            con.close()
-            read_only = False
-            con = _open(path, read_only, lock_wait_s())
-        try:
-            if not read_only:
-                migrate(con)
-            yield con
-        finally:
-            con.close()
 
 
 def _current(con: duckdb.DuckDBPyConnection) -> bool:
@@ -224,146 +195,8 @@ def _platform_errors(path: Path) -> Iterator[None]:
         raise
 
 
-def check(home: Path | None = None) -> None:
-    """Read the database's runs, if there is one, so that a damaged or locked file is
-    reported before any work starts. (Damage elsewhere is reported when it is read.)"""
-    if db_path(home).exists():
-        with connect(home, read_only=True) as con:
-            con.execute("SELECT * FROM runs").fetchall()
-
-
 def now() -> datetime:
     return datetime.now(UTC)
-
-
-def record_suite(suite: EvalSuite, snapshot_path: Path, home: Path | None = None) -> None:
-    with connect(home) as con:
-        con.execute(
-            "INSERT INTO suites VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-            [suite.version, suite.name, len(suite.cases), str(snapshot_path), now()],
-        )
-        # One statement over an Arrow table: executemany is a statement a case (seconds at 2,000).
-        new_cases = pa.table({  # noqa: F841 - read by DuckDB
-            "suite_version": pa.array([suite.version] * len(suite.cases), pa.string()),
-            "case_id": pa.array([c.id for c in suite.cases], pa.string()),
-            "case_hash": pa.array([c.case_hash for c in suite.cases], pa.string()),
-            "slices": pa.array([list(c.slices) for c in suite.cases], pa.list_(pa.string())),
-            "tags": pa.array([list(c.tags) for c in suite.cases], pa.list_(pa.string())),
-        })
-        con.execute("INSERT INTO cases SELECT * FROM new_cases ON CONFLICT DO NOTHING")
-
-
-def start_run(spec: RunSpec, home: Path | None = None) -> None:
-    """Record a new `running` run owned by this process; first store as `interrupted`
-    every running run whose process is gone."""
-    owner = process.current()
-    with connect(home) as con:
-        running = con.execute(
-            f"SELECT run_id, pid, host, process_started FROM runs WHERE status = '{RunStatus.running}' AND pid IS NOT NULL"
-        ).fetchall()
-        stale = [[rid] for rid, *who in running if process.gone(process.Owner(*who))]
-        if stale:
-            con.executemany(f"UPDATE runs SET status = '{RunStatus.interrupted}' WHERE run_id = ?"
-                            f" AND status = '{RunStatus.running}'", stale)
-        con.execute(
-            "INSERT INTO runs (run_id, suite_version, suite_name, agent, agent_fingerprint, n, ks,"
-            " seed, status, started_at, flow_run_id, config, pid, host, process_started)"
-            f" VALUES (?, ?, ?, ?, ?, ?, ?, ?, '{RunStatus.running}', ?, ?, ?, ?, ?, ?)",
-            [
-                spec.run_id, spec.suite_version, spec.suite_name, spec.agent,
-                spec.agent_fingerprint, spec.n, spec.ks, spec.seed, now(),
-                spec.flow_run_id, json.dumps(spec.config),
-                owner.pid, owner.host, owner.started,
-            ],
-        )
-
-
-def finish_run(run_id: str, status: RunStatus, summary: RunSummary | None, home: Path | None = None) -> None:
-    with connect(home) as con:
-        con.execute(
-            "UPDATE runs SET status = ?, finished_at = ?, summary = ? WHERE run_id = ?",
-            [status, now(), None if summary is None else json.dumps(summary.to_json()), run_id],
-        )
-
-
-@contextmanager
-def recorded_run(spec: RunSpec, home: Path | None = None) -> Iterator[None]:
-    """The run's row from start to end: `running` now, `failed` if the body raises an error,
-    `interrupted` if it is stopped (Ctrl-C, a termination signal: anything that is not an
-    `Exception`), which the same command resumes. The body records `completed` itself, with
-    the summary."""
-    start_run(spec, home)
-    try:
-        yield
-    except Exception:
-        finish_run(spec.run_id, RunStatus.failed, None, home)
-        raise
-    except BaseException:
-        finish_run(spec.run_id, RunStatus.interrupted, None, home)
-        raise
-
-
-def cached_samples(planned: Sequence[tuple[str, str]], home: Path | None = None) -> pa.Table:
-    """For each planned (output key, cache key): the stored sample that serves it best, one
-    graded under the same cache key (and not by a failed grader) if there is one, else the
-    newest with that output; as lookup rows (`CACHE_LOOKUP_COLUMNS`: never the output,
-    which `copy_samples` and `stored_outputs` read in the database). Two queries on one
-    connection, the second only for what the first did not find: an unchanged re-run costs
-    the one lookup it always did."""
-    if not planned:
-        return SAMPLE_SCHEMA.select(list(CACHE_LOOKUP_COLUMNS)).empty_table()
-    out_keys, wanted = zip(*planned, strict=True)
-    keys = pa.table({"cache_key": pa.array(wanted, pa.string()), "output_key": pa.array(out_keys, pa.string())})
-    columns = ", ".join(f"samples.{c}" for c in CACHE_LOOKUP_COLUMNS)
-    with connect(home) as con:
-        whole = con.sql(
-            f"""SELECT {columns} FROM samples JOIN keys USING (cache_key)
-                WHERE status NOT IN ('{NOT_CACHED_STATUS}', 'error')
-                QUALIFY row_number() OVER (PARTITION BY samples.cache_key ORDER BY run_id DESC) = 1"""
-        ).to_arrow_table()
-        rest = keys.filter(pc.invert(pc.is_in(keys["output_key"], value_set=whole["output_key"])))  # noqa: F841
-        if rest.num_rows == 0:
-            return whole
-        outputs = con.sql(
-            f"""SELECT {columns} FROM samples JOIN rest USING (output_key)
-                WHERE status <> '{NOT_CACHED_STATUS}'
-                QUALIFY row_number() OVER (PARTITION BY samples.output_key ORDER BY run_id DESC) = 1"""
-        ).to_arrow_table()
-    return pa.concat_tables([whole, outputs])
-
-
-def copy_samples(run_id: str, copied: pa.Table, home: Path | None = None) -> None:
-    """Store the samples `copied` names (`COPY_COLUMNS`) as `run_id`'s cached ones, with the
-    case hashes it gives: row to row in the database, outputs and all, never through this
-    process. Rows already present are left as they are."""
-    if copied.num_rows == 0:
-        return
-    places = copied.select(list(COPY_COLUMNS)).rename_columns(["src_run", "src_case", "src_index", "new_hash"])  # noqa: F841
-    set_to = {"run_id": "?", "cached": "true", "case_hash": "places.new_hash"}
-    values = ", ".join(set_to.get(c, f"samples.{c}") for c in (*SAMPLE_COLUMNS, *DERIVED_COLUMNS))
-    with connect(home) as con:
-        con.execute(
-            f"INSERT INTO samples ({', '.join([*SAMPLE_COLUMNS, *DERIVED_COLUMNS])}) SELECT {values}"
-            " FROM samples JOIN places ON samples.run_id = places.src_run AND samples.case_id = places.src_case"
-            " AND samples.sample_index = places.src_index ON CONFLICT DO NOTHING", [run_id])
-
-
-def stored_outputs(places: pa.Table, home: Path | None = None) -> dict[str, str]:
-    """Output key → output of the stored samples `places` names (run id, case id, index)."""
-    if places.num_rows == 0:
-        return {}
-    with connect(home, read_only=True) as con:
-        rows = con.execute(
-            "SELECT output_key, output FROM samples JOIN places USING (run_id, case_id, sample_index)").fetchall()
-    return dict(rows)
-
-
-def insert_samples(rows: pa.Table, home: Path | None = None) -> None:
-    """Write samples; rows already present (same run, case, index) are left as they are."""
-    if rows.num_rows == 0:
-        return
-    with connect(home) as con:
-        insert_rows(con, rows.select(list(SAMPLE_COLUMNS)))
 
 
 def insert_rows(con: duckdb.DuckDBPyConnection, batch: pa.Table) -> None:
@@ -374,63 +207,6 @@ def insert_rows(con: duckdb.DuckDBPyConnection, batch: pa.Table) -> None:
         f"INSERT INTO samples ({', '.join([*batch.column_names, *DERIVED_COLUMNS])})"
         f" SELECT *, {derived} FROM batch ON CONFLICT DO NOTHING"
     )
-
-
-def write_aggregates(run_id: str, rows: Sequence[tuple], home: Path | None = None) -> None:
-    with connect(home) as con:
-        con.execute("DELETE FROM aggregates WHERE run_id = ?", [run_id])
-        con.executemany(
-            "INSERT INTO aggregates VALUES (?, ?, ?, ?, ?, ?)", [[run_id, *row] for row in rows]
-        )
-
-
-def run_samples(run_id: str, home: Path | None = None, columns: Sequence[str] | None = None) -> pa.Table:
-    """The run's samples in (case, index) order: every column, or only `columns` (the
-    outputs and traces of thousands of samples are gigabytes a summary never reads)."""
-    wanted = list(SAMPLE_COLUMNS if columns is None else columns)
-    unknown = set(wanted) - set(SAMPLE_COLUMNS)
-    if unknown:
-        raise ValueError(f"not sample columns: {sorted(unknown)}")
-    with connect(home, read_only=True) as con:
-        return con.sql(
-            f"SELECT {', '.join(wanted)} FROM samples WHERE run_id = ? ORDER BY case_id, sample_index",
-            params=[run_id],
-        ).to_arrow_table()
-
-
-def get_run(run_id: str, home: Path | None = None) -> dict[str, Any] | None:
-    with connect(home, read_only=True) as con:
-        cur = con.execute("SELECT * FROM runs WHERE run_id = ?", [run_id])
-        row = cur.fetchone()
-        if row is None:
-            return None
-        return _run_dict(cur.description, row)
-
-
-def find_run(ref: str, home: Path | None = None) -> dict[str, Any]:
-    """The run whose id is `ref` or, failing that, the one run whose id starts with it.
-    Unknown or ambiguous is bad input, naming the candidates."""
-    rows: list[dict[str, Any]] = []
-    if ref and db_path(home).exists():
-        with connect(home, read_only=True) as con:
-            cur = con.execute(
-                "SELECT * FROM runs WHERE starts_with(run_id, ?) ORDER BY run_id = ? DESC, run_id LIMIT 11",
-                [ref, ref])
-            rows = [_run_dict(cur.description, row) for row in cur.fetchall()]
-    if rows and (len(rows) == 1 or rows[0]["run_id"] == ref):
-        return rows[0]
-    if not rows:
-        raise InputError(f"run {ref!r}: no such run in {db_path(home)}")
-    ids = ", ".join(r["run_id"] for r in rows[:10]) + (", ..." if len(rows) > 10 else "")
-    raise InputError(f"run {ref!r} is ambiguous, it could be {ids}: give more of the id")
-
-
-def list_runs(home: Path | None = None, limit: int = 50) -> list[dict[str, Any]]:
-    if not db_path(home).exists():
-        return []
-    with connect(home, read_only=True) as con:
-        cur = con.execute("SELECT * FROM runs ORDER BY started_at DESC LIMIT ?", [limit])
-        return [_run_dict(cur.description, row) for row in cur.fetchall()]
 
 
 def _run_dict(description, row) -> dict[str, Any]:
@@ -448,105 +224,314 @@ def _run_dict(description, row) -> dict[str, Any]:
     return run
 
 
-def suite_cases(suite_version: str, home: Path | None = None) -> dict[str, tuple[str, list[str]]]:
-    """case_id → (case_hash, slices) for a stored suite version."""
-    with connect(home, read_only=True) as con:
-        rows = con.execute(
-            "SELECT case_id, case_hash, slices FROM cases WHERE suite_version = ?", [suite_version]
-        ).fetchall()
-    return {cid: (h, list(s)) for cid, h, s in rows}
+DB_FILE = "evalpipe.duckdb"
 
 
-def case_counts(run_id: str, home: Path | None = None) -> dict[str, tuple[int, int]]:
-    """case_hash → (n, c) for one run: the gate's paired input."""
-    with connect(home, read_only=True) as con:
-        rows = con.execute(
-            "SELECT case_hash, count(*), count(*) FILTER (WHERE passed) FROM samples"
-            " WHERE run_id = ? GROUP BY case_hash", [run_id]
-        ).fetchall()
-    return {h: (int(n), int(c)) for h, n, c in rows}
+class Database:
+    """The queries of one home's DuckDB file, as methods of `storage.store.Store`."""
 
+    home: Path
 
-def commonest_detail(run_id: str, status: str, home: Path | None = None) -> tuple[str, int] | None:
-    """The detail most samples of the run with `status` share, and how many share it."""
-    with connect(home, read_only=True) as con:
-        return con.execute(
-            "SELECT detail, count(*) AS n FROM samples WHERE run_id = ? AND status = ? "
-            "GROUP BY detail ORDER BY n DESC, detail LIMIT 1", [run_id, status]).fetchone()
+    @property
+    def db_path(self) -> Path:
+        return self.home / DB_FILE
 
+    @contextmanager
+    def connect(self, *, read_only: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
+        path = self.db_path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        read_only = read_only and path.exists()  # a reader of a new home creates the schema
+        with _platform_errors(path):
+            con = _open(path, read_only, lock_wait_s())
+            try:
+                current = not read_only or _current(con)
+            except BaseException:
+                con.close()
+                raise
+            if not current:
+                # A file from an older evalpipe: brought up to date before anything reads it.
+                con.close()
+                read_only = False
+                con = _open(path, read_only, lock_wait_s())
+            try:
+                if not read_only:
+                    migrate(con)
+                yield con
+            finally:
+                con.close()
 
-def failing_samples(run_id: str, per_case: int, chars: int, home: Path | None = None) -> list[dict[str, Any]]:
-    """The first `per_case` failing samples of each case of a run, in (case, index) order:
-    `case_id`, `sample_index`, the first `chars` (at most OUTPUT_HEAD_CHARS) characters of
-    `output`, and `trace`."""
-    if chars > OUTPUT_HEAD_CHARS:
-        raise ValueError(f"failing_samples reads at most {OUTPUT_HEAD_CHARS} characters of an output")
-    with connect(home, read_only=True) as con:
-        cur = con.execute(
-            "SELECT case_id, sample_index, left(output_head, ?) AS output, trace FROM samples"
-            " WHERE run_id = ? AND NOT coalesce(passed, false)"
-            " QUALIFY row_number() OVER (PARTITION BY case_id ORDER BY sample_index) <= ?"
-            " ORDER BY case_id, sample_index", [chars, run_id, per_case])
-        names = [d[0] for d in cur.description]
-        return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+    def check(self) -> None:
+        """Read the database's runs, if there is one, so that a damaged or locked file is
+        reported before any work starts. (Damage elsewhere is reported when it is read.)"""
+        if self.db_path.exists():
+            with self.connect(read_only=True) as con:
+                con.execute("SELECT * FROM runs").fetchall()
 
+    def record_suite(self, suite: EvalSuite, snapshot_path: Path) -> None:
+        with self.connect() as con:
+            con.execute(
+                "INSERT INTO suites VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                [suite.version, suite.name, len(suite.cases), str(snapshot_path), now()],
+            )
+            # One statement over an Arrow table: executemany is a statement a case (seconds at 2,000).
+            new_cases = pa.table({  # noqa: F841 - read by DuckDB
+                "suite_version": pa.array([suite.version] * len(suite.cases), pa.string()),
+                "case_id": pa.array([c.id for c in suite.cases], pa.string()),
+                "case_hash": pa.array([c.case_hash for c in suite.cases], pa.string()),
+                "slices": pa.array([list(c.slices) for c in suite.cases], pa.list_(pa.string())),
+                "tags": pa.array([list(c.tags) for c in suite.cases], pa.list_(pa.string())),
+            })
+            con.execute("INSERT INTO cases SELECT * FROM new_cases ON CONFLICT DO NOTHING")
 
-def safety_failed(run_id: str, home: Path | None = None) -> bool:
-    with connect(home, read_only=True) as con:
-        (hits,) = con.execute(
-            "SELECT count(*) FROM samples WHERE run_id = ? AND len(safety) > 0", [run_id]
-        ).fetchone()
-    return hits > 0
+    def start_run(self, spec: RunSpec) -> None:
+        """Record a new `running` run owned by this process; first store as `interrupted`
+        every running run whose process is gone."""
+        owner = process.current()
+        with self.connect() as con:
+            running = con.execute(
+                f"SELECT run_id, pid, host, process_started FROM runs WHERE status = '{RunStatus.running}' AND pid IS NOT NULL"
+            ).fetchall()
+            stale = [[rid] for rid, *who in running if process.gone(process.Owner(*who))]
+            if stale:
+                con.executemany(f"UPDATE runs SET status = '{RunStatus.interrupted}' WHERE run_id = ?"
+                                f" AND status = '{RunStatus.running}'", stale)
+            con.execute(
+                "INSERT INTO runs (run_id, suite_version, suite_name, agent, agent_fingerprint, n, ks,"
+                " seed, status, started_at, flow_run_id, config, pid, host, process_started)"
+                f" VALUES (?, ?, ?, ?, ?, ?, ?, ?, '{RunStatus.running}', ?, ?, ?, ?, ?, ?)",
+                [
+                    spec.run_id, spec.suite_version, spec.suite_name, spec.agent,
+                    spec.agent_fingerprint, spec.n, spec.ks, spec.seed, now(),
+                    spec.flow_run_id, json.dumps(spec.config),
+                    owner.pid, owner.host, owner.started,
+                ],
+            )
 
+    def finish_run(self, run_id: str, status: RunStatus, summary: RunSummary | None) -> None:
+        with self.connect() as con:
+            con.execute(
+                "UPDATE runs SET status = ?, finished_at = ?, summary = ? WHERE run_id = ?",
+                [status, now(), None if summary is None else json.dumps(summary.to_json()), run_id],
+            )
 
-def case_results(run_id: str, home: Path | None = None) -> list[CaseResult]:
-    """One `CaseResult` per case of a run (counts, mean score, the case's slices in the run's
-    suite): what `diff` and the gate's rules read."""
-    with connect(home, read_only=True) as con:
-        rows = con.execute(
-            "SELECT s.case_id, s.case_hash, count(*), count(*) FILTER (WHERE s.passed),"
-            " coalesce(avg(s.score), 0), any_value(c.slices)"
-            " FROM samples s JOIN runs r ON r.run_id = s.run_id"
-            " LEFT JOIN cases c ON c.suite_version = r.suite_version AND c.case_id = s.case_id"
-            " WHERE s.run_id = ? GROUP BY s.case_id, s.case_hash ORDER BY s.case_id", [run_id]
-        ).fetchall()
-    return [CaseResult(cid, h, int(n), int(c), float(score), tuple(slices or ()))
-            for cid, h, n, c, score, slices in rows]
+    @contextmanager
+    def recorded_run(self, spec: RunSpec) -> Iterator[None]:
+        """The run's row from start to end: `running` now, `failed` if the body raises an error,
+        `interrupted` if it is stopped (Ctrl-C, a termination signal: anything that is not an
+        `Exception`), which the same command resumes. The body records `completed` itself, with
+        the summary."""
+        self.start_run(spec)
+        try:
+            yield
+        except Exception:
+            self.finish_run(spec.run_id, RunStatus.failed, None)
+            raise
+        except BaseException:
+            self.finish_run(spec.run_id, RunStatus.interrupted, None)
+            raise
 
+    def cached_samples(self, planned: Sequence[tuple[str, str]]) -> pa.Table:
+        """For each planned (output key, cache key): the stored sample that serves it best, one
+        graded under the same cache key (and not by a failed grader) if there is one, else the
+        newest with that output; as lookup rows (`CACHE_LOOKUP_COLUMNS`: never the output,
+        which `copy_samples` and `stored_outputs` read in the database). Two queries on one
+        connection, the second only for what the first did not find: an unchanged re-run costs
+        the one lookup it always did."""
+        if not planned:
+            return SAMPLE_SCHEMA.select(list(CACHE_LOOKUP_COLUMNS)).empty_table()
+        out_keys, wanted = zip(*planned, strict=True)
+        keys = pa.table({"cache_key": pa.array(wanted, pa.string()), "output_key": pa.array(out_keys, pa.string())})
+        columns = ", ".join(f"samples.{c}" for c in CACHE_LOOKUP_COLUMNS)
+        with self.connect() as con:
+            whole = con.sql(
+                f"""SELECT {columns} FROM samples JOIN keys USING (cache_key)
+                    WHERE status NOT IN ('{NOT_CACHED_STATUS}', 'error')
+                    QUALIFY row_number() OVER (PARTITION BY samples.cache_key ORDER BY run_id DESC) = 1"""
+            ).to_arrow_table()
+            rest = keys.filter(pc.invert(pc.is_in(keys["output_key"], value_set=whole["output_key"])))  # noqa: F841
+            if rest.num_rows == 0:
+                return whole
+            outputs = con.sql(
+                f"""SELECT {columns} FROM samples JOIN rest USING (output_key)
+                    WHERE status <> '{NOT_CACHED_STATUS}'
+                    QUALIFY row_number() OVER (PARTITION BY samples.output_key ORDER BY run_id DESC) = 1"""
+            ).to_arrow_table()
+        return pa.concat_tables([whole, outputs])
 
-def latest_completed_run_of_suite(suite_version: str, home: Path | None = None, *,
-                                  before: str | None = None) -> str | None:
-    """The newest completed run of this suite version, whatever its agent (`--baseline
-    previous`); with `before`, among the runs started before that run."""
-    if not db_path(home).exists():
-        return None
-    with connect(home, read_only=True) as con:
-        row = con.execute(
-            f"SELECT run_id FROM runs WHERE status = '{RunStatus.completed}' AND suite_version = ? AND run_id <> ?"
-            " AND (? IS NULL OR started_at < (SELECT started_at FROM runs WHERE run_id = ?))"
-            " ORDER BY started_at DESC LIMIT 1", [suite_version, before or "", before, before],
-        ).fetchone()
-    return row[0] if row else None
+    def copy_samples(self, run_id: str, copied: pa.Table) -> None:
+        """Store the samples `copied` names (`COPY_COLUMNS`) as `run_id`'s cached ones, with the
+        case hashes it gives: row to row in the database, outputs and all, never through this
+        process. Rows already present are left as they are."""
+        if copied.num_rows == 0:
+            return
+        places = copied.select(list(COPY_COLUMNS)).rename_columns(["src_run", "src_case", "src_index", "new_hash"])  # noqa: F841
+        set_to = {"run_id": "?", "cached": "true", "case_hash": "places.new_hash"}
+        values = ", ".join(set_to.get(c, f"samples.{c}") for c in (*SAMPLE_COLUMNS, *DERIVED_COLUMNS))
+        with self.connect() as con:
+            con.execute(
+                f"INSERT INTO samples ({', '.join([*SAMPLE_COLUMNS, *DERIVED_COLUMNS])}) SELECT {values}"
+                " FROM samples JOIN places ON samples.run_id = places.src_run AND samples.case_id = places.src_case"
+                " AND samples.sample_index = places.src_index ON CONFLICT DO NOTHING", [run_id])
 
+    def stored_outputs(self, places: pa.Table) -> dict[str, str]:
+        """Output key → output of the stored samples `places` names (run id, case id, index)."""
+        if places.num_rows == 0:
+            return {}
+        with self.connect(read_only=True) as con:
+            rows = con.execute(
+                "SELECT output_key, output FROM samples JOIN places USING (run_id, case_id, sample_index)").fetchall()
+        return dict(rows)
 
-def case_samples(run_id: str, case_id: str, home: Path | None = None) -> list[dict[str, Any]]:
-    """Every stored sample of one case of a run, in index order (`runs show --case`)."""
-    with connect(home, read_only=True) as con:
-        cur = con.execute(
-            f"SELECT {', '.join(SAMPLE_COLUMNS)} FROM samples WHERE run_id = ? AND case_id = ? ORDER BY sample_index",
-            [run_id, case_id])
-        names = [d[0] for d in cur.description]
-        return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+    def insert_samples(self, rows: pa.Table) -> None:
+        """Write samples; rows already present (same run, case, index) are left as they are."""
+        if rows.num_rows == 0:
+            return
+        with self.connect() as con:
+            insert_rows(con, rows.select(list(SAMPLE_COLUMNS)))
 
+    def write_aggregates(self, run_id: str, rows: Sequence[tuple]) -> None:
+        with self.connect() as con:
+            con.execute("DELETE FROM aggregates WHERE run_id = ?", [run_id])
+            con.executemany(
+                "INSERT INTO aggregates VALUES (?, ?, ?, ?, ?, ?)", [[run_id, *row] for row in rows]
+            )
 
-def samples_of_cases(run_ids: Sequence[str], case_ids: Sequence[str], home: Path | None = None) -> list[dict[str, Any]]:
-    """The samples of some cases in some runs (the diff report's expanded cases), in
-    (run, case, index) order."""
-    if not case_ids:
-        return []
-    with connect(home, read_only=True) as con:
-        cur = con.execute(
-            f"SELECT {', '.join(SAMPLE_COLUMNS)} FROM samples WHERE list_contains(?, run_id) AND list_contains(?, case_id) ORDER BY run_id, case_id, sample_index",
-            [list(run_ids), list(case_ids)])
-        names = [d[0] for d in cur.description]
-        return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+    def run_samples(self, run_id: str, columns: Sequence[str] | None = None) -> pa.Table:
+        """The run's samples in (case, index) order: every column, or only `columns` (the
+        outputs and traces of thousands of samples are gigabytes a summary never reads)."""
+        wanted = list(SAMPLE_COLUMNS if columns is None else columns)
+        unknown = set(wanted) - set(SAMPLE_COLUMNS)
+        if unknown:
+            raise ValueError(f"not sample columns: {sorted(unknown)}")
+        with self.connect(read_only=True) as con:
+            return con.sql(
+                f"SELECT {', '.join(wanted)} FROM samples WHERE run_id = ? ORDER BY case_id, sample_index",
+                params=[run_id],
+            ).to_arrow_table()
+
+    def get_run(self, run_id: str) -> dict[str, Any] | None:
+        with self.connect(read_only=True) as con:
+            cur = con.execute("SELECT * FROM runs WHERE run_id = ?", [run_id])
+            row = cur.fetchone()
+            if row is None:
+                return None
+            return _run_dict(cur.description, row)
+
+    def find_run(self, ref: str) -> dict[str, Any]:
+        """The run whose id is `ref` or, failing that, the one run whose id starts with it.
+        Unknown or ambiguous is bad input, naming the candidates."""
+        rows: list[dict[str, Any]] = []
+        if ref and self.db_path.exists():
+            with self.connect(read_only=True) as con:
+                cur = con.execute(
+                    "SELECT * FROM runs WHERE starts_with(run_id, ?) ORDER BY run_id = ? DESC, run_id LIMIT 11",
+                    [ref, ref])
+                rows = [_run_dict(cur.description, row) for row in cur.fetchall()]
+        if rows and (len(rows) == 1 or rows[0]["run_id"] == ref):
+            return rows[0]
+        if not rows:
+            raise InputError(f"run {ref!r}: no such run in {self.db_path}")
+        ids = ", ".join(r["run_id"] for r in rows[:10]) + (", ..." if len(rows) > 10 else "")
+        raise InputError(f"run {ref!r} is ambiguous, it could be {ids}: give more of the id")
+
+    def list_runs(self, limit: int = 50) -> list[dict[str, Any]]:
+        if not self.db_path.exists():
+            return []
+        with self.connect(read_only=True) as con:
+            cur = con.execute("SELECT * FROM runs ORDER BY started_at DESC LIMIT ?", [limit])
+            return [_run_dict(cur.description, row) for row in cur.fetchall()]
+
+    def suite_cases(self, suite_version: str) -> dict[str, tuple[str, list[str]]]:
+        """case_id → (case_hash, slices) for a stored suite version."""
+        with self.connect(read_only=True) as con:
+            rows = con.execute(
+                "SELECT case_id, case_hash, slices FROM cases WHERE suite_version = ?", [suite_version]
+            ).fetchall()
+        return {cid: (h, list(s)) for cid, h, s in rows}
+
+    def case_counts(self, run_id: str) -> dict[str, tuple[int, int]]:
+        """case_hash → (n, c) for one run: the gate's paired input."""
+        with self.connect(read_only=True) as con:
+            rows = con.execute(
+                "SELECT case_hash, count(*), count(*) FILTER (WHERE passed) FROM samples"
+                " WHERE run_id = ? GROUP BY case_hash", [run_id]
+            ).fetchall()
+        return {h: (int(n), int(c)) for h, n, c in rows}
+
+    def commonest_detail(self, run_id: str, status: str) -> tuple[str, int] | None:
+        """The detail most samples of the run with `status` share, and how many share it."""
+        with self.connect(read_only=True) as con:
+            return con.execute(
+                "SELECT detail, count(*) AS n FROM samples WHERE run_id = ? AND status = ? "
+                "GROUP BY detail ORDER BY n DESC, detail LIMIT 1", [run_id, status]).fetchone()
+
+    def failing_samples(self, run_id: str, per_case: int, chars: int) -> list[dict[str, Any]]:
+        """The first `per_case` failing samples of each case of a run, in (case, index) order:
+        `case_id`, `sample_index`, the first `chars` (at most OUTPUT_HEAD_CHARS) characters of
+        `output`, and `trace`."""
+        if chars > OUTPUT_HEAD_CHARS:
+            raise ValueError(f"failing_samples reads at most {OUTPUT_HEAD_CHARS} characters of an output")
+        with self.connect(read_only=True) as con:
+            cur = con.execute(
+                "SELECT case_id, sample_index, left(output_head, ?) AS output, trace FROM samples"
+                " WHERE run_id = ? AND NOT coalesce(passed, false)"
+                " QUALIFY row_number() OVER (PARTITION BY case_id ORDER BY sample_index) <= ?"
+                " ORDER BY case_id, sample_index", [chars, run_id, per_case])
+            names = [d[0] for d in cur.description]
+            return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+    def safety_failed(self, run_id: str) -> bool:
+        with self.connect(read_only=True) as con:
+            (hits,) = con.execute(
+                "SELECT count(*) FROM samples WHERE run_id = ? AND len(safety) > 0", [run_id]
+            ).fetchone()
+        return hits > 0
+
+    def case_results(self, run_id: str) -> list[CaseResult]:
+        """One `CaseResult` per case of a run (counts, mean score, the case's slices in the run's
+        suite): what `diff` and the gate's rules read."""
+        with self.connect(read_only=True) as con:
+            rows = con.execute(
+                "SELECT s.case_id, s.case_hash, count(*), count(*) FILTER (WHERE s.passed),"
+                " coalesce(avg(s.score), 0), any_value(c.slices)"
+                " FROM samples s JOIN runs r ON r.run_id = s.run_id"
+                " LEFT JOIN cases c ON c.suite_version = r.suite_version AND c.case_id = s.case_id"
+                " WHERE s.run_id = ? GROUP BY s.case_id, s.case_hash ORDER BY s.case_id", [run_id]
+            ).fetchall()
+        return [CaseResult(cid, h, int(n), int(c), float(score), tuple(slices or ()))
+                for cid, h, n, c, score, slices in rows]
+
+    def latest_completed_run_of_suite(self, suite_version: str, *, before: str | None = None) -> str | None:
+        """The newest completed run of this suite version, whatever its agent (`--baseline
+        previous`); with `before`, among the runs started before that run."""
+        if not self.db_path.exists():
+            return None
+        with self.connect(read_only=True) as con:
+            row = con.execute(
+                f"SELECT run_id FROM runs WHERE status = '{RunStatus.completed}' AND suite_version = ? AND run_id <> ?"
+                " AND (? IS NULL OR started_at < (SELECT started_at FROM runs WHERE run_id = ?))"
+                " ORDER BY started_at DESC LIMIT 1", [suite_version, before or "", before, before],
+            ).fetchone()
+        return row[0] if row else None
+
+    def case_samples(self, run_id: str, case_id: str) -> list[dict[str, Any]]:
+        """Every stored sample of one case of a run, in index order (`runs show --case`)."""
+        with self.connect(read_only=True) as con:
+            cur = con.execute(
+                f"SELECT {', '.join(SAMPLE_COLUMNS)} FROM samples WHERE run_id = ? AND case_id = ? ORDER BY sample_index",
+                [run_id, case_id])
+            names = [d[0] for d in cur.description]
+            return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+    def samples_of_cases(self, run_ids: Sequence[str], case_ids: Sequence[str]) -> list[dict[str, Any]]:
+        """The samples of some cases in some runs (the diff report's expanded cases), in
+        (run, case, index) order."""
+        if not case_ids:
+            return []
+        with self.connect(read_only=True) as con:
+            cur = con.execute(
+                f"SELECT {', '.join(SAMPLE_COLUMNS)} FROM samples WHERE list_contains(?, run_id) AND list_contains(?, case_id) ORDER BY run_id, case_id, sample_index",
+                [list(run_ids), list(case_ids)])
+            names = [d[0] for d in cur.description]
+            return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+

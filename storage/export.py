@@ -29,7 +29,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from storage import db
-from storage.snapshots import read_snapshot, snapshot_path
+from storage.db import Database
+from storage.snapshots import Snapshots, read_snapshot_file
 from tasks.files import atomic_path
 from tasks.models import InputError
 from tasks.run.samples import SAMPLE_COLUMNS
@@ -39,67 +40,6 @@ FORMAT_VERSION = 1
 MEMBERS = ("run.json", "samples.parquet", "snapshot.parquet")
 # The process that ran a run is another machine's: an imported run has none.
 LOCAL_RUN_COLUMNS = ("pid", "host", "process_started")
-
-
-def export_run(run_id: str, out: Path, home: Path | None = None) -> dict[str, Any]:
-    """Write `run_id` (id or prefix) to `out`; returns what was written."""
-    run = db.find_run(run_id, home)
-    run_id = run["run_id"]
-    if not run.get("summary"):
-        raise InputError(f"run {run_id} has no summary (status {run['status']}): only a finished run can be exported")
-    snapshot = snapshot_path(run["suite_version"], home)
-    if not snapshot.exists():
-        raise InputError(f"run {run_id}: the snapshot of suite {run['suite_version'][:12]} is missing from {snapshot.parent}")
-    with db.connect(home, read_only=True) as con:
-        suite = _rows(con, "SELECT * FROM suites WHERE version = ?", run["suite_version"])
-        cases = _rows(con, "SELECT * FROM cases WHERE suite_version = ?", run["suite_version"])
-        aggregates = _rows(con, "SELECT * FROM aggregates WHERE run_id = ?", run_id)
-        samples = con.sql(f"SELECT {', '.join(SAMPLE_COLUMNS)} FROM samples WHERE run_id = ? ORDER BY case_id, sample_index",
-                          params=[run_id]).to_arrow_table()
-    row = {k: v for k, v in run.items() if k not in LOCAL_RUN_COLUMNS}
-    doc = {"run": row, "suite": suite, "cases": cases, "aggregates": aggregates}
-    parquet = io.BytesIO()
-    pq.write_table(samples, parquet)
-    members = {"run.json": json.dumps(doc, default=str).encode(), "samples.parquet": parquet.getvalue(),
-               "snapshot.parquet": snapshot.read_bytes()}
-    manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "run_id": run_id,
-                "suite_version": run["suite_version"],
-                "files": {name: hashlib.sha256(data).hexdigest() for name, data in members.items()}}
-    with atomic_path(out) as tmp, tarfile.open(tmp, "w") as tar:
-        for name, data in {"manifest.json": json.dumps(manifest, indent=1).encode(), **members}.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return {"run_id": run_id, "path": str(out), "samples": samples.num_rows, "bytes": out.stat().st_size}
-
-
-def import_run(path: Path, home: Path | None = None) -> dict[str, Any]:
-    """Bring an exported run into this home; `imported` is false when it was already here."""
-    members = _read_members(path)
-    manifest = members.pop("manifest.json")
-    try:
-        doc = json.loads(members["run.json"])
-        run, version = doc["run"], manifest["suite_version"]
-        samples = pq.read_table(pa.BufferReader(members["samples.parquet"]))
-    except (ValueError, KeyError, TypeError, pa.ArrowException) as exc:
-        raise InputError(f"{path}: damaged evalpipe export ({type(exc).__name__}: {exc})") from None
-    if run.get("run_id") != manifest["run_id"] or run.get("suite_version") != version:
-        raise InputError(f"{path}: damaged evalpipe export (its run does not match its manifest)")
-    if samples.num_rows and set(samples["run_id"].unique().to_pylist()) != {run["run_id"]}:
-        raise InputError(f"{path}: damaged evalpipe export (samples of another run)")
-    _write_snapshot(path, version, members["snapshot.parquet"], home)
-    with db.connect(home) as con:
-        con.execute("BEGIN")
-        new = not con.execute("SELECT 1 FROM runs WHERE run_id = ?", [run["run_id"]]).fetchone()
-        suites = [{**row, "snapshot_path": str(snapshot_path(version, home))} for row in doc["suite"]]  # here, not there
-        for table, rows in (("suites", suites), ("cases", doc["cases"]), ("runs", [_run_row(run)])):
-            _insert(con, table, rows)
-        if new:  # aggregates have no key: written with the run, once
-            _insert(con, "aggregates", doc["aggregates"], keyed=False)
-        columns = [c for c in _columns(con, "samples") if c in samples.column_names and c not in db.DERIVED_COLUMNS]
-        db.insert_rows(con, samples.select(columns))
-        con.execute("COMMIT")
-    return {"run_id": run["run_id"], "imported": new, "samples": samples.num_rows, "suite_version": version}
 
 
 def _read_members(path: Path) -> dict[str, Any]:
@@ -128,21 +68,6 @@ def _read_members(path: Path) -> dict[str, Any]:
     return {"manifest.json": manifest, **{name: data[name] for name in MEMBERS}}
 
 
-def _write_snapshot(path: Path, version: str, data: bytes, home: Path | None) -> None:
-    target = snapshot_path(version, home)
-    if target.exists():
-        return
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(target) as tmp:
-        tmp.write_bytes(data)
-        try:
-            found = read_snapshot(tmp).version
-        except Exception as exc:  # any failure to read it back is a damaged file
-            raise InputError(f"{path}: damaged evalpipe export (its snapshot: {exc})") from None
-        if found != version:
-            raise InputError(f"{path}: damaged evalpipe export (its snapshot is suite {found[:12]}, not {version[:12]})")
-
-
 def _run_row(run: dict[str, Any]) -> dict[str, Any]:
     row = dict(run)
     for key in ("config", "summary"):
@@ -167,3 +92,81 @@ def _insert(con, table: str, rows: list[dict[str, Any]], *, keyed: bool = True) 
         columns = [c for c in known if c in row]
         con.execute(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
                     + (" ON CONFLICT DO NOTHING" if keyed else ""), [row[c] for c in columns])
+
+
+class Exports(Database, Snapshots):
+    """Runs out of and into one home, as methods of `storage.store.Store`."""
+
+    def export_run(self, run_id: str, out: Path) -> dict[str, Any]:
+        """Write `run_id` (id or prefix) to `out`; returns what was written."""
+        run = self.find_run(run_id)
+        run_id = run["run_id"]
+        if not run.get("summary"):
+            raise InputError(f"run {run_id} has no summary (status {run['status']}): only a finished run can be exported")
+        snapshot = self.snapshot_path(run["suite_version"])
+        if not snapshot.exists():
+            raise InputError(f"run {run_id}: the snapshot of suite {run['suite_version'][:12]} is missing from {snapshot.parent}")
+        with self.connect(read_only=True) as con:
+            suite = _rows(con, "SELECT * FROM suites WHERE version = ?", run["suite_version"])
+            cases = _rows(con, "SELECT * FROM cases WHERE suite_version = ?", run["suite_version"])
+            aggregates = _rows(con, "SELECT * FROM aggregates WHERE run_id = ?", run_id)
+            samples = con.sql(f"SELECT {', '.join(SAMPLE_COLUMNS)} FROM samples WHERE run_id = ? ORDER BY case_id, sample_index",
+                              params=[run_id]).to_arrow_table()
+        row = {k: v for k, v in run.items() if k not in LOCAL_RUN_COLUMNS}
+        doc = {"run": row, "suite": suite, "cases": cases, "aggregates": aggregates}
+        parquet = io.BytesIO()
+        pq.write_table(samples, parquet)
+        members = {"run.json": json.dumps(doc, default=str).encode(), "samples.parquet": parquet.getvalue(),
+                   "snapshot.parquet": snapshot.read_bytes()}
+        manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "run_id": run_id,
+                    "suite_version": run["suite_version"],
+                    "files": {name: hashlib.sha256(data).hexdigest() for name, data in members.items()}}
+        with atomic_path(out) as tmp, tarfile.open(tmp, "w") as tar:
+            for name, data in {"manifest.json": json.dumps(manifest, indent=1).encode(), **members}.items():
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        return {"run_id": run_id, "path": str(out), "samples": samples.num_rows, "bytes": out.stat().st_size}
+
+    def import_run(self, path: Path) -> dict[str, Any]:
+        """Bring an exported run into this home; `imported` is false when it was already here."""
+        members = _read_members(path)
+        manifest = members.pop("manifest.json")
+        try:
+            doc = json.loads(members["run.json"])
+            run, version = doc["run"], manifest["suite_version"]
+            samples = pq.read_table(pa.BufferReader(members["samples.parquet"]))
+        except (ValueError, KeyError, TypeError, pa.ArrowException) as exc:
+            raise InputError(f"{path}: damaged evalpipe export ({type(exc).__name__}: {exc})") from None
+        if run.get("run_id") != manifest["run_id"] or run.get("suite_version") != version:
+            raise InputError(f"{path}: damaged evalpipe export (its run does not match its manifest)")
+        if samples.num_rows and set(samples["run_id"].unique().to_pylist()) != {run["run_id"]}:
+            raise InputError(f"{path}: damaged evalpipe export (samples of another run)")
+        self._import_snapshot(path, version, members["snapshot.parquet"])
+        with self.connect() as con:
+            con.execute("BEGIN")
+            new = not con.execute("SELECT 1 FROM runs WHERE run_id = ?", [run["run_id"]]).fetchone()
+            suites = [{**row, "snapshot_path": str(self.snapshot_path(version))} for row in doc["suite"]]  # here, not there
+            for table, rows in (("suites", suites), ("cases", doc["cases"]), ("runs", [_run_row(run)])):
+                _insert(con, table, rows)
+            if new:  # aggregates have no key: written with the run, once
+                _insert(con, "aggregates", doc["aggregates"], keyed=False)
+            columns = [c for c in _columns(con, "samples") if c in samples.column_names and c not in db.DERIVED_COLUMNS]
+            db.insert_rows(con, samples.select(columns))
+            con.execute("COMMIT")
+        return {"run_id": run["run_id"], "imported": new, "samples": samples.num_rows, "suite_version": version}
+
+    def _import_snapshot(self, path: Path, version: str, data: bytes) -> None:
+        target = self.snapshot_path(version)
+        if target.exists():
+            return
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(target) as tmp:
+            tmp.write_bytes(data)
+            try:
+                found = read_snapshot_file(tmp).version
+            except Exception as exc:  # any failure to read it back is a damaged file
+                raise InputError(f"{path}: damaged evalpipe export (its snapshot: {exc})") from None
+            if found != version:
+                raise InputError(f"{path}: damaged evalpipe export (its snapshot is suite {found[:12]}, not {version[:12]})")
+

@@ -35,7 +35,7 @@ def prepare_run(config: RunConfig, store: Store, *, agent: Agent | None = None,
                 flow_run_id: str | None = None) -> PreparedRun:
     """Everything `config` names, found and checked (bad input raises `InputError` here,
     before any agent call); `agent`: the agent itself when it is not a spec (a callable)."""
-    suite, suite_source = resolve_suite(config.suite)
+    suite, suite_source = resolve_suite(config.suite, store)
     sandbox = run_sandbox_mode(suite.grader_kinds, config.unsafe_no_sandbox)
     if agent is None:
         agent = load_agent(config.agent, config.agent_timeout_s, config.output_cap)

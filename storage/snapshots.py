@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from storage import DISK_FULL_ERRNOS, disk_full, evalpipe_home
+from storage import DISK_FULL_ERRNOS, disk_full
 from tasks.files import atomic_path
 from tasks.models import EvalCase, EvalSuite, canonical_json
 
@@ -33,54 +33,12 @@ SCHEMA = pa.schema(
 )
 
 
-def snapshot_dir(home: Path | None = None) -> Path:
-    return (home or evalpipe_home()) / "snapshots"
-
-
-def snapshot_path(version: str, home: Path | None = None) -> Path:
-    return snapshot_dir(home) / f"{version}.parquet"
-
-
 def _json(value: object) -> str:
     return canonical_json(value).decode("utf-8")
 
 
-def write_snapshot(suite: EvalSuite, home: Path | None = None) -> Path:
-    """Write the suite's snapshot unless it exists; return its path. Never rewrites."""
-    path = snapshot_path(suite.version, home)
-    if path.exists():
-        return path
-    cases = sorted(suite.cases, key=lambda c: c.id)
-    table = pa.table(
-        {
-            "case_id": [c.id for c in cases],
-            "case_hash": [c.case_hash for c in cases],
-            "inputs": [_json(c.inputs) for c in cases],
-            "reference": [_json(c.reference) for c in cases],
-            "grader": [_json(c.grader) for c in cases],
-            "slices": [list(c.slices) for c in cases],
-            "tags": [list(c.tags) for c in cases],
-            "safety": [None if c.safety is None else _json(c.safety) for c in cases],
-            "must_pass": [c.must_pass for c in cases],
-            "extra_graders": [_json(list(c.extra_graders)) if c.extra_graders else None for c in cases],
-        },
-        schema=SCHEMA.with_metadata({"evalpipe.suite_name": suite.name, "evalpipe.version": suite.version}),
-    )
-    try:
-        with atomic_path(path) as tmp:
-            pq.write_table(table, str(tmp))
-    except OSError as exc:
-        if exc.errno in DISK_FULL_ERRNOS:
-            raise disk_full(path) from None
-        raise
-    return path
-
-
-def read_snapshot(path_or_version: str | Path, home: Path | None = None) -> EvalSuite:
-    """Load a snapshot back into a suite; its version is checked against the file name."""
-    path = Path(path_or_version)
-    if not path.suffix:
-        path = snapshot_path(str(path_or_version), home)
+def read_snapshot_file(path: Path) -> EvalSuite:
+    """Load a snapshot file back into a suite; its version is checked against the file's."""
     table = pq.read_table(path)
     meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
     cases = []
@@ -106,33 +64,78 @@ def read_snapshot(path_or_version: str | Path, home: Path | None = None) -> Eval
     return suite
 
 
-def must_pass_cases(version: str, home: Path | None = None) -> frozenset[str] | None:
-    """The ids of the suite version's must-pass cases, read from its snapshot (one column,
-    not the whole suite); None when the snapshot is not in this home."""
-    path = snapshot_path(version, home)
-    if not path.exists():
-        return None
-    if "must_pass" not in pq.read_schema(path).names:
-        return frozenset()
-    table = pq.read_table(path, columns=["case_id", "must_pass"])
-    return frozenset(cid for cid, flag in zip(table["case_id"].to_pylist(), table["must_pass"].to_pylist(),
-                                               strict=True) if flag)
+class Snapshots:
+    """One home's suite snapshots, as methods of `storage.store.Store`."""
 
+    home: Path
 
-def case_contents(version: str, case_ids: list[str], home: Path | None = None) -> dict[str, dict]:
-    """case id → {inputs, reference} for some cases of a stored suite version (read with a
-    filter, not the whole suite); cases or a snapshot not found are simply absent."""
-    path = snapshot_path(version, home)
-    if not case_ids or not path.exists():
-        return {}
-    table = pq.read_table(path, columns=["case_id", "inputs", "reference"], filters=[("case_id", "in", case_ids)])
-    return {row["case_id"]: {"inputs": json.loads(row["inputs"]), "reference": json.loads(row["reference"])}
-            for row in table.to_pylist()}
+    @property
+    def snapshot_dir(self) -> Path:
+        return self.home / "snapshots"
 
+    def snapshot_path(self, version: str) -> Path:
+        return self.snapshot_dir / f"{version}.parquet"
 
-def find_snapshot(prefix: str, home: Path | None = None) -> Path | None:
-    """The snapshot whose version starts with `prefix` (a full or abbreviated version)."""
-    if len(prefix) < 6 or any(ch not in "0123456789abcdef" for ch in prefix):
-        return None
-    matches = sorted(snapshot_dir(home).glob(f"{prefix}*.parquet"))
-    return matches[0] if len(matches) == 1 else None
+    def write_snapshot(self, suite: EvalSuite) -> Path:
+        """Write the suite's snapshot unless it exists; return its path. Never rewrites."""
+        path = self.snapshot_path(suite.version)
+        if path.exists():
+            return path
+        cases = sorted(suite.cases, key=lambda c: c.id)
+        table = pa.table(
+            {
+                "case_id": [c.id for c in cases],
+                "case_hash": [c.case_hash for c in cases],
+                "inputs": [_json(c.inputs) for c in cases],
+                "reference": [_json(c.reference) for c in cases],
+                "grader": [_json(c.grader) for c in cases],
+                "slices": [list(c.slices) for c in cases],
+                "tags": [list(c.tags) for c in cases],
+                "safety": [None if c.safety is None else _json(c.safety) for c in cases],
+                "must_pass": [c.must_pass for c in cases],
+                "extra_graders": [_json(list(c.extra_graders)) if c.extra_graders else None for c in cases],
+            },
+            schema=SCHEMA.with_metadata({"evalpipe.suite_name": suite.name, "evalpipe.version": suite.version}),
+        )
+        try:
+            with atomic_path(path) as tmp:
+                pq.write_table(table, str(tmp))
+        except OSError as exc:
+            if exc.errno in DISK_FULL_ERRNOS:
+                raise disk_full(path) from None
+            raise
+        return path
+
+    def read_snapshot(self, version: str) -> EvalSuite:
+        """The stored suite `version` (its snapshot in this home)."""
+        return read_snapshot_file(self.snapshot_path(version))
+
+    def must_pass_cases(self, version: str) -> frozenset[str] | None:
+        """The ids of the suite version's must-pass cases, read from its snapshot (one column,
+        not the whole suite); None when the snapshot is not in this home."""
+        path = self.snapshot_path(version)
+        if not path.exists():
+            return None
+        if "must_pass" not in pq.read_schema(path).names:
+            return frozenset()
+        table = pq.read_table(path, columns=["case_id", "must_pass"])
+        return frozenset(cid for cid, flag in zip(table["case_id"].to_pylist(), table["must_pass"].to_pylist(),
+                                                   strict=True) if flag)
+
+    def case_contents(self, version: str, case_ids: list[str]) -> dict[str, dict]:
+        """case id → {inputs, reference} for some cases of a stored suite version (read with a
+        filter, not the whole suite); cases or a snapshot not found are simply absent."""
+        path = self.snapshot_path(version)
+        if not case_ids or not path.exists():
+            return {}
+        table = pq.read_table(path, columns=["case_id", "inputs", "reference"], filters=[("case_id", "in", case_ids)])
+        return {row["case_id"]: {"inputs": json.loads(row["inputs"]), "reference": json.loads(row["reference"])}
+                for row in table.to_pylist()}
+
+    def find_snapshot(self, prefix: str) -> Path | None:
+        """The snapshot whose version starts with `prefix` (a full or abbreviated version)."""
+        if len(prefix) < 6 or any(ch not in "0123456789abcdef" for ch in prefix):
+            return None
+        matches = sorted(self.snapshot_dir.glob(f"{prefix}*.parquet"))
+        return matches[0] if len(matches) == 1 else None
+

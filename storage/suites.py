@@ -4,28 +4,29 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from storage.snapshots import find_snapshot, read_snapshot
+from storage.snapshots import read_snapshot_file
+from storage.store import Store
 from tasks.models import EvalSuite
 from tasks.suites.dataset import SUITE_SUFFIXES, SuiteError, load_suite
 from tasks.suites.git_suite import load_git_suite, parse_git_ref
 
 
-def load_suite_ref(ref: str) -> EvalSuite:
+def load_suite_ref(ref: str, store: Store) -> EvalSuite:
     """The suite `ref` names (see `resolve_suite`)."""
-    return resolve_suite(ref)[0]
+    return resolve_suite(ref, store)[0]
 
 
-def resolve_suite(ref: str) -> tuple[EvalSuite, str]:
+def resolve_suite(ref: str, store: Store) -> tuple[EvalSuite, str]:
     """The suite `ref` names, and where it was found, pinned so that it names the same
     suite again: a file's absolute path, a git URL with the commit it was read at, or the
-    full version of a stored suite."""
+    full version of a suite stored in `store`."""
     git_ref = parse_git_ref(ref)
     if git_ref is not None:
         return load_git_suite(git_ref)
     if not Path(ref).exists():
-        snapshot = find_snapshot(ref)
+        snapshot = store.find_snapshot(ref)
         if snapshot is not None:
-            suite = read_snapshot(snapshot)
+            suite = read_snapshot_file(snapshot)
             return suite, suite.version
         if Path(ref).suffix.lower() not in SUITE_SUFFIXES:
             raise SuiteError(f"{ref}: neither a suite file, a git URL#PATH nor a stored suite version")

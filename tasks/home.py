@@ -25,3 +25,18 @@ def evalpipe_home() -> Path:
         if (directory / HOME_DIR).is_dir():
             return directory / HOME_DIR
     return cwd / HOME_DIR
+
+
+# Homes named in code (`evaluate(home=...)`) besides EVALPIPE_HOME: they hold references and
+# outputs as much as it does, so every sandbox this process starts hides them too.
+_NAMED_HOMES: set[Path] = set()
+
+
+def hide_home(path: Path) -> None:
+    """Hide `path` from every sandbox this process starts from now on, as EVALPIPE_HOME is."""
+    _NAMED_HOMES.add(Path(path).absolute())
+
+
+def hidden_homes() -> tuple[str, ...]:
+    """EVALPIPE_HOME and every home `hide_home` named: what a sandbox must not show."""
+    return tuple(sorted({str(evalpipe_home()), *map(str, _NAMED_HOMES)}))

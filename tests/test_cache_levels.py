@@ -127,10 +127,10 @@ def test_rescore_grades_stored_outputs_without_the_agent(env, tmp_path):
     assert doc["source_run"] == source["run_id"] and doc["unscored"] == ["d"]
     assert doc["cases"] == 3 and doc["samples"] == 6 and doc["cached_samples"] == 6
     assert doc["usage"]["samples"] == 0 and doc["usage"]["cached"]["samples"] == 6
-    from storage import db
+    from storage.store import Store
 
-    rows = {(r["case_id"], r["sample_index"]): r for r in db.run_samples(doc["run_id"]).to_pylist()}
-    old = {(r["case_id"], r["sample_index"]): r for r in db.run_samples(source["run_id"]).to_pylist()}
+    rows = {(r["case_id"], r["sample_index"]): r for r in Store.default().run_samples(doc["run_id"]).to_pylist()}
+    old = {(r["case_id"], r["sample_index"]): r for r in Store.default().run_samples(source["run_id"]).to_pylist()}
     assert rows.keys() == old.keys()
     for key, row in rows.items():
         assert row["output"] == old[key]["output"]

@@ -58,11 +58,11 @@ def test_a_broken_agent_exits_4_after_printing_its_json(env, home, tmp_path):
 
     # Figures print at 6 significant digits; the stored summary keeps full precision.
     assert all(float(f"{x:.6g}") == x for x in floats(doc))
-    from storage import db
+    from storage.store import Store
 
-    stored = floats(db.find_run(doc["run_id"], home)["summary"])
+    stored = floats(Store(home).find_run(doc["run_id"])["summary"])
     assert any(float(f"{x:.6g}") != x for x in stored)
-    assert rounded(db.find_run(doc["run_id"], home)["summary"])["pass_at_1_se"] == doc["pass_at_1_se"]
+    assert rounded(Store(home).find_run(doc["run_id"])["summary"])["pass_at_1_se"] == doc["pass_at_1_se"]
 
     tolerant = cli(["run", str(suite), "--agent", agent("boom"), "-n", "2", "--max-agent-errors", "0.5"], env)
     assert tolerant.returncode == 0, tolerant.stderr

@@ -179,21 +179,22 @@ def test_verdict_passed_agrees_with_status():
 
 
 def test_resolve_suite_pins_what_it_read(home, tmp_path, monkeypatch):
-    from storage.snapshots import write_snapshot
+    from storage.store import Store
     from storage.suites import resolve_suite
 
     monkeypatch.chdir(ROOT)
-    suite, pinned = resolve_suite("examples/qa.yaml")
+    store = Store(home)
+    suite, pinned = resolve_suite("examples/qa.yaml", store)
     assert pinned == str(ROOT / "examples/qa.yaml")
-    write_snapshot(suite)
-    stored, pinned_version = resolve_suite(suite.version[:10])
+    store.write_snapshot(suite)
+    stored, pinned_version = resolve_suite(suite.version[:10], store)
     assert stored == suite and pinned_version == suite.version
     # Each pinned form names the same suite when given back.
-    assert resolve_suite(pinned)[0] == resolve_suite(pinned_version)[0] == suite
+    assert resolve_suite(pinned, store)[0] == resolve_suite(pinned_version, store)[0] == suite
     with pytest.raises(SuiteError, match="nope.yaml: no such suite file"):
-        resolve_suite("nope.yaml")
+        resolve_suite("nope.yaml", store)
     with pytest.raises(SuiteError, match="neither a suite file, a git URL#PATH nor a stored suite version"):
-        resolve_suite("abcdef123")
+        resolve_suite("abcdef123", store)
 
 
 def _dumped(value) -> bytes:

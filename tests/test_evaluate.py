@@ -234,6 +234,7 @@ def test_flow_gates_against_a_baseline(prefect_harness, home, tmp_path):
 def test_regrade_counts_environment_flakes_apart_from_the_agent(prefect_harness, home, tmp_path, counted):
     from flows.evaluate import evaluate
     from flows.report import write_report
+    from storage.store import Store
 
     predicate = ROOT / "tests/support/predicates.py"
     lines = ["name: env", "cases:"]
@@ -260,7 +261,7 @@ def test_regrade_counts_environment_flakes_apart_from_the_agent(prefect_harness,
     assert json.loads(traces["stable0#0"])["env_flaky"] is False
     unstable = json.loads(traces["unstable0#1"])
     assert unstable["env_flaky"] is True and len(unstable["regrade"]) == 2
-    html = write_report(out["run_id"], tmp_path / "report.html").read_text()
+    html = write_report(out["run_id"], tmp_path / "report.html", Store(home)).read_text()
     assert "environment flakes" in html
 
 

@@ -258,21 +258,23 @@ def _labelled_suite(tmp_path: Path) -> tuple[Path, Path]:
 
 def test_calibrate_a_judge_on_a_labelled_fixture(home, tmp_path):
     from flows.judging import calibrate_judge
+    from storage.store import Store
 
     suite, labels = _labelled_suite(tmp_path)
-    doc = calibrate_judge(str(suite), labels)
+    doc = calibrate_judge(str(suite), labels, store=Store(home))
     assert doc["truth"] == "human" and doc["rows"] == 6 and doc["judge_errors"] == 0
     assert doc["confusion"] == {"tp": 2, "fp": 1, "fn": 1, "tn": 2} and doc["cases"] == 3
     # p_o = 4/6; judge and truth both pass 3/6, p_e = 0.5, kappa = (2/3 - 1/2) / (1/2) = 1/3.
     assert doc["agreement"] == pytest.approx(4 / 6) and doc["kappa"] == pytest.approx(1 / 3)
     assert doc["false_pass_rate"] == pytest.approx(1 / 3) == doc["false_fail_rate"]
 
-    override = calibrate_judge(str(suite), labels, judge=ref("says_yes"))
+    override = calibrate_judge(str(suite), labels, judge=ref("says_yes"), store=Store(home))
     assert override["judge"] == ref("says_yes") and override["confusion"]["tp"] == 1
 
 
 def test_calibrate_against_an_execution_oracle(home, tmp_path):
     from flows.judging import calibrate_judge
+    from storage.store import Store
 
     suite = tmp_path / "exact.yaml"
     suite.write_text(
@@ -286,18 +288,19 @@ def test_calibrate_against_an_execution_oracle(home, tmp_path):
         "import time\ntime.sleep(0.2)\n\ndef judge(output, case, seed):\n"
         "    return len(output) > 3\n"
     )
-    doc = calibrate_judge(str(suite), labels, judge=f"{fresh}:judge", oracle=True)
+    doc = calibrate_judge(str(suite), labels, judge=f"{fresh}:judge", oracle=True, store=Store(home))
     # exact: yes! passes, the rest fail; the length judge passes yes! and nope!.
     assert doc["truth"] == "oracle" and doc["confusion"] == {"tp": 1, "fp": 1, "fn": 0, "tn": 1}
     with pytest.raises(InputError, match="no judge to calibrate"):
-        calibrate_judge(str(suite), labels, oracle=True)
+        calibrate_judge(str(suite), labels, oracle=True, store=Store(home))
 
 
 def _judges_section(run_id: str, out: Path) -> str | None:
     """The report's Judges section for a stored run, or None when it has none."""
     from flows.report import write_report
+    from storage.store import Store
 
-    page = write_report(run_id, out).read_text(encoding="utf-8")
+    page = write_report(run_id, out, Store.default()).read_text(encoding="utf-8")
     if '<section id="judges">' not in page:
         return None
     return page.split('<section id="judges">')[1].split("</section>")[0]
@@ -306,11 +309,12 @@ def _judges_section(run_id: str, out: Path) -> str | None:
 def test_calibration_is_shown_for_runs_graded_by_that_judge(prefect_harness, home, tmp_path):
     from flows.evaluate import evaluate
     from flows.judging import calibrate_judge
-    from storage.calibrations import run_calibrations
+    from storage.store import Store
 
+    store = Store(home)
     suite, labels = _labelled_suite(tmp_path)
     run = evaluate(suite=str(suite), agent="reference", n=1)
-    [before] = run_calibrations(run["run_id"])
+    [before] = store.run_calibrations(run["run_id"])
     assert before["calibration"] is None and before["judge"] == ref("length_judge")
     assert before["judged"] == 3 and before["errors"] == 0
     section = _judges_section(run["run_id"], tmp_path / "before.html")
@@ -318,8 +322,8 @@ def test_calibration_is_shown_for_runs_graded_by_that_judge(prefect_harness, hom
     assert "not calibrated — its verdicts come from an uncalibrated instrument" in section
     assert "evalpipe judge calibrate" in section and "0 of 3 (0.0%)" in section
 
-    doc = calibrate_judge(str(suite), labels)
-    [after] = run_calibrations(run["run_id"])
+    doc = calibrate_judge(str(suite), labels, store=store)
+    [after] = store.run_calibrations(run["run_id"])
     assert after["calibration"] == doc and after["judge_fingerprint"] == doc["judge_fingerprint"]
     section = _judges_section(run["run_id"], tmp_path / "after.html")
     assert "not calibrated" not in section

@@ -12,6 +12,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from storage.store import Store
 from tasks.models import InputError
 
 CANARY = "CANARY-label"
@@ -71,10 +72,9 @@ def test_a_live_run_awaits_labels(run):
 @pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
 def test_labels_round_trip(run, tmp_path, suffix):
     from flows.judging import export_labels, import_labels
-    from storage import db
 
     out = tmp_path / f"labels{suffix}"
-    assert export_labels(run["run_id"], out) == 8
+    assert export_labels(run["run_id"], out, Store.default()) == 8
     if suffix == ".csv":
         rows = list(csv.DictReader(out.open(newline="")))
         assert [r["label"] for r in rows] == [""] * 8
@@ -96,7 +96,7 @@ def test_labels_round_trip(run, tmp_path, suffix):
         rows = _fill(rows)
         out.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
-    summary = import_labels(run["run_id"], out, "ada")
+    summary = import_labels(run["run_id"], out, "ada", Store.default())
     assert summary["source_run"] == run["run_id"] and summary["run_id"] != run["run_id"]
     assert summary["labelled"] == 7 and summary["unlabelled"] == 1 and summary["samples"] == 7
     # c0 yes/yes, c1 no/no, c2 yes+canary, c3 yes (one labelled): pass@1 = (1+0+1+1)/4.
@@ -107,9 +107,9 @@ def test_labels_round_trip(run, tmp_path, suffix):
         "c2"
     }
 
-    samples = db.run_samples(summary["run_id"]).to_pylist()
+    samples = Store.default().run_samples(summary["run_id"]).to_pylist()
     source = {
-        (s["case_id"], s["sample_index"]): s for s in db.run_samples(run["run_id"]).to_pylist()
+        (s["case_id"], s["sample_index"]): s for s in Store.default().run_samples(run["run_id"]).to_pylist()
     }
     for s in samples:
         src = source[(s["case_id"], s["sample_index"])]
@@ -122,7 +122,7 @@ def test_labels_round_trip(run, tmp_path, suffix):
         trace = json.loads(s["trace"])
         assert trace["labeller"] == "ada" and trace["source_run"] == run["run_id"]
         assert s["passed"] == (trace["label"] == "pass") and "human label by ada" in s["detail"]
-    stored = db.get_run(summary["run_id"])
+    stored = Store.default().get_run(summary["run_id"])
     assert stored["status"] == "completed" and stored["config"]["derived_from"] == run["run_id"]
     assert stored["config"]["labeller"] == "ada"
 
@@ -132,13 +132,13 @@ def test_a_label_never_clears_safety_and_the_gate_blocks(run, tmp_path):
     from flows.judging import export_labels, import_labels
 
     out = tmp_path / "labels.jsonl"
-    export_labels(run["run_id"], out)
+    export_labels(run["run_id"], out, Store.default())
     rows = [json.loads(line) | {"label": "pass"} for line in out.read_text().splitlines()]
     out.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    first = import_labels(run["run_id"], out, "bob")
-    second = import_labels(run["run_id"], out, "bob")
+    first = import_labels(run["run_id"], out, "bob", Store.default())
+    second = import_labels(run["run_id"], out, "bob", Store.default())
     assert first["pass_at_k"]["1"] == 1.0 and first["safety_failed"]
-    assert gate_runs(second["run_id"], first["run_id"])["decision"] == "block"
+    assert gate_runs(second["run_id"], first["run_id"], store=Store.default())["decision"] == "block"
 
 
 BAD_FILES = [
@@ -167,14 +167,13 @@ BAD_FILES = [
 @pytest.mark.parametrize(("text", "message"), BAD_FILES)
 def test_malformed_label_files_are_refused_naming_the_line(run, tmp_path, text, message):
     from flows.judging import import_labels
-    from storage import db
 
     path = tmp_path / "bad.jsonl"
     path.write_text(text)
-    before = len(db.list_runs())
+    before = len(Store.default().list_runs())
     with pytest.raises(InputError, match=message):
-        import_labels(run["run_id"], path, "eve")
-    assert len(db.list_runs()) == before  # nothing written
+        import_labels(run["run_id"], path, "eve", Store.default())
+    assert len(Store.default().list_runs()) == before  # nothing written
 
 
 def test_malformed_csv_and_formats(run, tmp_path):
@@ -183,14 +182,14 @@ def test_malformed_csv_and_formats(run, tmp_path):
     bad = tmp_path / "bad.csv"
     bad.write_text("case_id,sample_index\nc0,0\n")
     with pytest.raises(InputError, match="line 1: header lacks column.s. label"):
-        import_labels(run["run_id"], bad, "eve")
+        import_labels(run["run_id"], bad, "eve", Store.default())
     bad.write_text("case_id,sample_index,label\nc0,0,pass\nc0,1,pass,extra\n")
     with pytest.raises(InputError, match="line 3: more cells than header columns"):
-        import_labels(run["run_id"], bad, "eve")
+        import_labels(run["run_id"], bad, "eve", Store.default())
     with pytest.raises(InputError, match="unknown label file format '.txt'"):
-        export_labels(run["run_id"], tmp_path / "labels.txt")
+        export_labels(run["run_id"], tmp_path / "labels.txt", Store.default())
     with pytest.raises(InputError, match="no such run"):
-        export_labels("no-such-run", tmp_path / "labels.csv")
+        export_labels("no-such-run", tmp_path / "labels.csv", Store.default())
 
 
 def test_labels_commands(run, tmp_path):

@@ -107,9 +107,10 @@ def _runs(tmp_path: Path) -> tuple[str, str]:
 def test_compare_two_real_runs(prefect_harness, home, tmp_path):
     from flows.judging import compare as compare_cmd
     from flows.judging import compare_runs
+    from storage.store import Store
 
     run_a, run_b = _runs(tmp_path)
-    doc = compare_runs(run_a, run_b, ref("prefers_reference"))
+    doc = compare_runs(run_a, run_b, ref("prefers_reference"), store=Store(home))
     # c0, c1: both say yes (ties); c2, c3: A right, B wrong. Two samples each.
     assert doc["pairs"] == 8 and doc["same_suite"] and doc["cases"] == 4
     assert (doc["wins_a"], doc["wins_b"], doc["ties"], doc["inconsistent"]) == (4, 0, 4, 0)

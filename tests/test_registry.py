@@ -154,11 +154,11 @@ def test_an_installed_plugin_grades_and_measures_a_run_end_to_end(plugin_python,
     # short: 1 of 3 words scores 1/3; the error samples score 0.
     assert doc["mean_score"] == pytest.approx((1 + 1 / 3 + 1 + 0) / 4)
 
-    from storage import db
+    from storage.store import Store
 
-    detail, count = db.commonest_detail(doc["run_id"], "error", home)
+    detail, count = Store(home).commonest_detail(doc["run_id"], "error")
     assert count == 2 and "RuntimeError: the wordy grader exploded" in detail
-    traces = db.run_samples(doc["run_id"], home, columns=["case_id", "trace"]).to_pylist()
+    traces = Store(home).run_samples(doc["run_id"], columns=["case_id", "trace"]).to_pylist()
     assert {json.loads(t["trace"]).get("words") for t in traces if t["case_id"] == "long"} == {4}
 
     shown = evalpipe(plugin_python, ["runs", "show", doc["run_id"]], env, tmp_path)
@@ -332,11 +332,12 @@ def test_several_graders_on_one_case_each_give_a_verdict_and_grader_decides(scra
 
 
 def test_a_snapshot_keeps_a_case_s_extra_graders(tmp_path):
-    from storage.snapshots import read_snapshot, write_snapshot
+    from storage.snapshots import read_snapshot_file
+    from storage.store import Store
     from tasks.models import EvalCase, EvalSuite
 
     suite = EvalSuite(name="s", cases=(
         EvalCase(id="a", reference="x", grader={"kind": "exact"}, extra_graders=({"kind": "contains"},)),
         EvalCase(id="b", reference="x", grader={"kind": "exact"})))
-    back = read_snapshot(write_snapshot(suite, tmp_path))
+    back = read_snapshot_file(Store(tmp_path).write_snapshot(suite))
     assert back.version == suite.version and back.case("a").extra_graders == ({"kind": "contains"},)

@@ -168,7 +168,7 @@ def test_a_5000_case_diff_expands_only_a_bounded_number_of_changed_cases() -> No
 
 
 def test_must_pass_is_in_the_suite_version_not_in_the_case_hash(home) -> None:
-    from storage.snapshots import must_pass_cases, read_snapshot, write_snapshot
+    from storage.store import Store
     from tasks.models import EvalCase, EvalSuite
 
     def suite(must: bool) -> EvalSuite:
@@ -182,11 +182,12 @@ def test_must_pass_is_in_the_suite_version_not_in_the_case_hash(home) -> None:
     assert "must_pass" not in plain.cases[0].content()  # unmarked cases hash as before the field existed
     assert EvalSuite(name="s", cases=(EvalCase(id="a", grader={"kind": "exact"}, reference="x", must_pass=False),
                                       plain.cases[1])).version == plain.version
-    write_snapshot(marked, home)
-    assert read_snapshot(marked.version, home).version == marked.version
-    assert must_pass_cases(marked.version, home) == {"a"} and must_pass_cases(plain.version, home) is None
-    write_snapshot(plain, home)
-    assert must_pass_cases(plain.version, home) == frozenset()
+    store = Store(home)
+    store.write_snapshot(marked)
+    assert store.read_snapshot(marked.version).version == marked.version
+    assert store.must_pass_cases(marked.version) == {"a"} and store.must_pass_cases(plain.version) is None
+    store.write_snapshot(plain)
+    assert store.must_pass_cases(plain.version) == frozenset()
 
 
 def test_diff_text_shows_control_characters_in_ids_inert() -> None:

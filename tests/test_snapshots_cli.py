@@ -10,7 +10,8 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from storage.snapshots import read_snapshot, write_snapshot
+from storage.snapshots import read_snapshot_file
+from storage.store import Store
 from tasks.suites.dataset import load_suite
 from tasks.suites.importers import humaneval_suite, swebench_suite
 
@@ -27,12 +28,13 @@ def evalpipe(*args: str, home: Path, cwd: Path = ROOT) -> subprocess.CompletedPr
 
 def test_snapshot_round_trip_and_write_once(home: Path):
     suite = load_suite(ROOT / "examples/qa.yaml")
-    path = write_snapshot(suite)
+    store = Store(home)
+    path = store.write_snapshot(suite)
     assert path == home / "snapshots" / f"{suite.version}.parquet"
-    back = read_snapshot(path)
+    back = read_snapshot_file(path)
     assert back == suite and back.version == suite.version
     mtime = path.stat().st_mtime_ns
-    assert write_snapshot(suite) == path and path.stat().st_mtime_ns == mtime
+    assert store.write_snapshot(suite) == path and path.stat().st_mtime_ns == mtime
     # Nested fields are readable by DuckDB as JSON, slices as a list.
     q, slices = duckdb.execute(
         f"select inputs->>'question', slices from '{path}' where case_id = 'capital-france'"

@@ -18,7 +18,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from storage import db
+from storage.store import Store
 from tasks.run import RunSpec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -104,9 +104,9 @@ RUN = RunSpec(run_id="r-old", suite_version="v" * 64, suite_name="toy", agent="r
 
 
 def stored_db(home: Path) -> Path:
-    db.start_run(RUN, home)
-    db.finish_run(RUN.run_id, "completed", None, home)
-    return db.db_path(home)
+    Store(home).start_run(RUN)
+    Store(home).finish_run(RUN.run_id, "completed", None)
+    return Store(home).db_path
 
 
 def _truncate(data: bytes) -> bytes:
@@ -164,16 +164,16 @@ def test_locked_database_names_its_holder_after_a_bounded_wait(tmp_path):
 def test_older_database_files_gain_the_owner_columns(tmp_path):
     home = tmp_path / "home"
     home.mkdir()
-    con = duckdb.connect(str(db.db_path(home)))
+    con = duckdb.connect(str(Store(home).db_path))
     con.execute("CREATE TABLE runs (run_id VARCHAR PRIMARY KEY, suite_version VARCHAR, suite_name VARCHAR,"
                 " agent VARCHAR, agent_fingerprint VARCHAR, n INTEGER, ks INTEGER[], seed BIGINT, status VARCHAR,"
                 " started_at TIMESTAMPTZ, finished_at TIMESTAMPTZ, flow_run_id VARCHAR, config JSON, summary JSON)")
     con.execute("INSERT INTO runs (run_id, status, started_at) VALUES ('r-1', 'completed', now())")
     con.close()
-    assert [r["status"] for r in db.list_runs(home)] == ["completed"]
-    db.start_run(RUN.model_copy(update={"run_id": "r-2"}), home)
-    assert db.get_run("r-2", home)["pid"] == os.getpid()
-    assert {r["run_id"]: r["status"] for r in db.list_runs(home)} == {"r-1": "completed", "r-2": "running"}
+    assert [r["status"] for r in Store(home).list_runs()] == ["completed"]
+    Store(home).start_run(RUN.model_copy(update={"run_id": "r-2"}))
+    assert Store(home).get_run("r-2")["pid"] == os.getpid()
+    assert {r["run_id"]: r["status"] for r in Store(home).list_runs()} == {"r-1": "completed", "r-2": "running"}
 
 
 # --- who owns a run ----------------------------------------------------------------------
@@ -220,7 +220,7 @@ def test_killed_run_reads_interrupted_and_resumes(prefect_harness, tmp_path):
     resumed = json.loads(proc.stdout)
     assert resumed["cached_samples"] > 0 and resumed["samples"] == 20
     # Starting the new run stored the verdict, so other readers (SQL, a dashboard) see it.
-    con = duckdb.connect(str(db.db_path(home)), read_only=True)
+    con = duckdb.connect(str(Store(home).db_path), read_only=True)
     assert con.execute("SELECT status FROM runs WHERE run_id = ?", [killed]).fetchone() == ("interrupted",)
     con.close()
 
@@ -261,7 +261,7 @@ def test_disk_full_keeps_what_was_stored(prefect_harness, tmp_path, small_disk):
 
     (run,) = json.loads(cli(["runs", "list", "--json"], env).stdout)
     assert run["status"] in ("failed", "interrupted")
-    con = duckdb.connect(str(db.db_path(home)), read_only=True)
+    con = duckdb.connect(str(Store(home).db_path), read_only=True)
     (stored,) = con.execute("SELECT count(*) FROM samples").fetchone()
     con.close()
     assert 0 < stored < 30

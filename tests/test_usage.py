@@ -128,9 +128,9 @@ def test_a_budget_stops_the_run_partial_and_a_larger_one_draws_only_the_rest(env
     assert doc["budget"]["spent_usd"] == pytest.approx(3.0) and "--max-cost 3" in doc["budget"]["stopped"]
     assert sorted(calls(log)) == ["q0#0", "q1#0", "q2#0"]  # sample 0 of every case first
     assert "5 samples undrawn" in proc.stderr and "Traceback" not in proc.stderr
-    from storage import db
+    from storage.store import Store
 
-    assert db.get_run(doc["run_id"])["status"] == "partial"
+    assert Store.default().get_run(doc["run_id"])["status"] == "partial"
 
     proc = cli([*base, "--max-samples", "2"], env)
     assert proc.returncode == 6
@@ -144,7 +144,7 @@ def test_a_budget_stops_the_run_partial_and_a_larger_one_draws_only_the_rest(env
     assert "partial" not in doc and doc["samples"] == 8 and doc["cached_samples"] == 5
     assert doc["usage"]["cost_usd"] == pytest.approx(3.0) and doc["usage"]["cached"]["cost_usd"] == pytest.approx(5.0)
     assert len(calls(log)) == 8 and len(set(calls(log))) == 8  # every sample drawn once in all
-    assert db.get_run(doc["run_id"])["status"] == "completed"
+    assert Store.default().get_run(doc["run_id"])["status"] == "completed"
 
 
 def test_a_cost_budget_that_cannot_be_measured_stops_the_run(env, tmp_path):

@@ -428,6 +428,7 @@ def test_a_failing_case_shows_its_trajectory_in_runs_show_and_the_report(
         prefect_harness, home, tmp_path, monkeypatch, bwrap):
     from flows.evaluate import evaluate
     from flows.report import write_report
+    from storage.store import Store
 
     monkeypatch.chdir(ROOT)
     script = tmp_path / "agents" / "wrong.sh"
@@ -454,7 +455,7 @@ grep -c . ROOT/examples/coding/calc.yaml ROOT/examples/calc/calc.bundle 2>&1 | s
         "    1. tool bash: sed -i s/abs/min/ calc.py -> exit 0",
         "    2. assistant: I think <min> fixes it",
     ]
-    html = write_report(out["run_id"], tmp_path / "report.html").read_text()
+    html = write_report(out["run_id"], tmp_path / "report.html", Store(home)).read_text()
     assert "trajectory of sample 0: 2 step(s)" in html and "I think &lt;min&gt; fixes it" in html
     assert "2 in 1 trajectories (mean 2, max 2 per sample)" in html
 

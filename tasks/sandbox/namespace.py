@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from tasks.home import CODE_ROOT, evalpipe_home
+from tasks.home import CODE_ROOT, hidden_homes
 from tasks.sandbox.limits import Limits
 
 BWRAP = "bwrap"
@@ -69,10 +69,11 @@ def bwrap_argv(
     for path in _outermost((*_runtime_dirs(), *visible)):
         argv += ["--ro-bind", path, path]
     mounts = mounts or Mounts()
-    # EVALPIPE_HOME (the database, mirrors, other samples' trees) is hidden even where a
-    # bound directory holds it (a project's .evalpipe beside our code); the mounts below
-    # bring back exactly the parts of it a command needs.
-    hidden = [p for p in (*mounts.hide, str(evalpipe_home())) if os.path.isdir(p)]
+    # EVALPIPE_HOME (the database, mirrors, other samples' trees) and any other home in use
+    # (`tasks.home.hide_home`) are hidden even where a bound directory holds them (a
+    # project's .evalpipe beside our code); the mounts below bring back exactly the parts
+    # of it a command needs.
+    hidden = [p for p in (*mounts.hide, *hidden_homes()) if os.path.isdir(p)]
     for path in hidden:
         argv += ["--tmpfs", path]
     for flag, paths in (("--ro-bind", mounts.ro), ("--bind", mounts.rw)):

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tasks.home import hidden_homes
 from tasks.sandbox.forkserver import read_frame, write_frame
 from tasks.sandbox.limits import Limits, SandboxError, SandboxResult, ServerDied
 from tasks.sandbox.namespace import bwrap_argv, scrubbed_env
@@ -253,9 +254,10 @@ def run_python_program(
     no server can be started, `ServerDied` when it died mid-run (replaced next time).
     """
     pool = _current_pool()
-    server = pool.take("", lambda: ForkServer(limits))
+    key = _hiding()
+    server = pool.take(key, lambda: ForkServer(limits))
     result = server.run(program, limits, env)  # a dead server is closed, not returned
-    pool.give("", server)
+    pool.give(key, server)
     return result
 
 
@@ -264,11 +266,17 @@ def call_in_sandbox(ref: str, base: Path, visible: Iterable[str], request: Mappi
     reply. Raises `SandboxError` when none can start, `ServerDied` when it died or took
     longer than `PREDICATE_LIMITS.timeout_s`."""
     pool = _current_pool()
-    key = f"call:{base}:{ref}"
+    key = f"call:{base}:{ref}:{_hiding()}"
     server = pool.take(key, lambda: CallServer(ref, base, visible))
     reply = server.exchange(request, PREDICATE_LIMITS.timeout_s)
     pool.give(key, server)
     return reply
+
+
+def _hiding() -> str:
+    """A server's sandbox hides the homes in use when it started: one started before another
+    home was named (`tasks.home.hide_home`) is not handed out for it."""
+    return "\0".join(hidden_homes())
 
 
 def shutdown() -> None:

@@ -1,0 +1,89 @@
+"""`Store(home)`: the one object through which an evalpipe home's data is reached. Two stores
+on two homes in one process keep their data apart, and `evaluate(home=...)` keeps its run in
+the home it is given, hidden from the sandbox as EVALPIPE_HOME is."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from evalpipe import evaluate
+from flows.cli import main
+from storage.store import Store
+from tasks.models import InputError
+
+CASES = [
+    {"id": "add", "inputs": {"a": 2, "b": 3}, "reference": "5", "grader": {"kind": "exact"}},
+    {"id": "sub", "inputs": {"a": 2, "b": 1}, "reference": "1", "grader": {"kind": "exact"}},
+]
+
+
+def adder(inputs, ctx):
+    return str(inputs["a"] + inputs["b"])
+
+
+def test_two_stores_in_one_process_keep_their_runs_apart(home, tmp_path, capsys, monkeypatch):
+    """A run kept through one store is not found through another until it is exported from
+    the one and imported into the other; the default home (EVALPIPE_HOME) sees neither."""
+    a, b = Store(tmp_path / "a"), Store(tmp_path / "b")
+    first = evaluate(CASES, adder, name="arith", n=2, home=a.home)
+    second = evaluate(CASES[:1], adder, name="add", n=1, home=b.home)
+
+    assert [r["run_id"] for r in a.list_runs()] == [first.run_id]
+    assert [r["run_id"] for r in b.list_runs()] == [second.run_id]
+    assert a.find_run(first.run_id[:10])["summary"] == first.to_json()
+    with pytest.raises(InputError, match=f"no such run in {b.db_path}"):
+        b.find_run(first.run_id)
+    assert b.has_snapshot(b.read_snapshot(second.suite_version))
+    assert not a.snapshot_path(second.suite_version).exists()
+    assert not Store(home).db_path.exists()  # nothing reached EVALPIPE_HOME
+    assert main(["runs", "list", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == []
+
+    out = tmp_path / "first.tar"
+    assert a.export_run(first.run_id, out)["samples"] == 4
+    assert b.import_run(out)["imported"] is True
+    assert {r["run_id"] for r in b.list_runs()} == {first.run_id, second.run_id}
+    assert b.find_run(first.run_id)["summary"] == first.to_json()
+    assert b.run_samples(first.run_id).num_rows == 4
+    assert [r["run_id"] for r in a.list_runs()] == [first.run_id]  # the export left `a` as it was
+    with pytest.raises(InputError, match="no such run"):
+        a.find_run(second.run_id)
+    # Each command builds its store when it runs: the CLI follows EVALPIPE_HOME from one to the other.
+    for store, expected in ((a, {first.run_id}), (b, {first.run_id, second.run_id})):
+        monkeypatch.setenv("EVALPIPE_HOME", str(store.home))
+        assert main(["runs", "list", "--json"]) == 0
+        assert {r["run_id"] for r in json.loads(capsys.readouterr().out)} == expected
+
+
+def test_a_store_names_one_home_wherever_it_is_made(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("EVALPIPE_HOME", "elsewhere")
+    assert Store("rel").home == tmp_path / "rel"  # absolute: a task in another process means the same
+    assert Store.default() == Store(tmp_path / "elsewhere")
+    assert Store.default().db_path == tmp_path / "elsewhere/evalpipe.duckdb"
+
+
+def test_a_home_given_to_evaluate_is_hidden_from_the_sandbox(home, tmp_path):
+    from tasks.sandbox.limits import Limits
+    from tasks.sandbox.namespace import bwrap_argv
+
+    named = tmp_path / "named-home"
+
+    def tmpfs_over(argv: list[str]) -> set[str]:
+        return {argv[i + 1] for i, flag in enumerate(argv) if flag == "--tmpfs"}
+
+    home.mkdir()
+    assert str(named) not in tmpfs_over(bwrap_argv(Limits(), None, False))
+    evaluate(CASES, adder, name="arith", n=1, home=named)
+    assert {str(named), str(home)} <= tmpfs_over(bwrap_argv(Limits(), None, False))
+
+
+def test_a_store_on_a_home_with_nothing_yet_reads_as_empty(tmp_path: Path):
+    store = Store(tmp_path / "new")
+    assert store.list_runs() == [] and store.latest_completed_run_of_suite("0" * 64) is None
+    with pytest.raises(InputError, match="no such run"):
+        store.find_run("r")
+    assert store.find_snapshot("abcdef12") is None
