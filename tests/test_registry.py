@@ -17,6 +17,7 @@ import pytest
 
 from tasks import registry
 from tasks.metrics.tallies import Tallies, metric_values
+from tasks.trace import SampleTrace
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -303,15 +304,19 @@ def test_several_graders_on_one_case_each_give_a_verdict_and_grader_decides(scra
     suite = load_suite(path)
     a, b = suite.case("a"), suite.case("b")
     assert a.extra_graders[0] == {"kind": "contains", "case_sensitive": False}  # suite defaults apply
-    trace: dict = {}
+    trace = SampleTrace()
     verdict = grade("paris!", a, trace)
     # `grader` decides: exact fails although `contains` passes.
     assert verdict.status is Status.failed and verdict.safety == ("half saw something",)
-    extra = trace["extra_graders"]
-    assert [(e["kind"], e["status"]) for e in extra] == [("contains", "passed"), ("half", "failed"),
+    extra = trace.extra_graders
+    assert [(e.kind, e.verdict.status) for e in extra] == [("contains", "passed"), ("half", "failed"),
                                                           ("explodes", "error")]
-    assert extra[1]["score"] == 0.5 and extra[1]["trace"] == {"seen": "paris!"}
-    assert "RuntimeError: kaboom" in extra[2]["detail"]
+    assert extra[1].verdict.score == 0.5 and extra[1].trace.to_dict() == {"seen": "paris!"}
+    assert extra[0].trace is None and "RuntimeError: kaboom" in extra[2].verdict.detail
+    # Stored flat, as before the trace was typed.
+    assert trace.to_dict()["extra_graders"][1] == {
+        "kind": "half", "passed": False, "score": 0.5, "status": "failed", "detail": "half marks",
+        "safety": ("half saw something",), "trace": {"seen": "paris!"}}
     assert grade("Paris", a).passed
 
     # A case without extra graders hashes and fingerprints as before they existed.
