@@ -190,3 +190,22 @@ def test_a_trace_model_the_registry_cannot_store_is_refused_at_registration(monk
     with pytest.raises(ValueError, match="takes no `trace` parameter"):
         registry.grader("deaf", params=WordsParams, trace=WordsTrace)(lambda output, case, params: None)
     assert not {"needs", "steps", "plain", "deaf"} & registry.grader_kinds()
+
+
+def test_an_undeclared_graders_dict_lands_at_the_top_level_checked_where_it_names_a_section(monkeypatch):
+    from tasks.graders import grade
+
+    monkeypatch.setattr(registry, "_GRADERS", dict(registry._GRADERS))
+
+    @registry.grader("loose", params=WordsParams)
+    def loose(output: str, case: EvalCase, params: WordsParams, *, trace: dict) -> Verdict:
+        trace.update(json.loads(output))
+        return Verdict.ok()
+
+    case = EvalCase(id="c", reference="", grader={"kind": "loose"})
+    trace = SampleTrace()
+    assert grade('{"words": 4, "steps": ["counted"]}', case, trace).passed
+    assert trace.steps == ["counted"] and trace.to_dict() == {"words": 4, "steps": ["counted"]}
+    # A key that names a section must fit it: what does not is the grader's error, not a bad row.
+    verdict = grade('{"env_flaky": "sometimes"}', case, trace := SampleTrace())
+    assert verdict.status is Status.error and "env_flaky" in verdict.detail and trace.env_flaky is None
