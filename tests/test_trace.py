@@ -103,8 +103,9 @@ OLD_TRACE = {
 
 
 def test_an_old_shape_trace_in_the_store_still_renders(home, capsys, tmp_path):
-    summary = evaluate([{"id": "q", "inputs": {"say": "no"}, "reference": "yes", "grader": {"kind": "exact"}}],
-                       answer)
+    cases = [{"id": "q", "inputs": {"say": "no"}, "reference": "yes", "grader": {"kind": "exact"}}]
+    base = evaluate(cases, lambda inputs, ctx: "yes")
+    summary = evaluate(cases, answer)  # fails where the base passed: the diff report expands q
     old = json.dumps(OLD_TRACE)
     with duckdb.connect(str(home / "evalpipe.duckdb")) as con:
         con.execute("UPDATE samples SET trace = ? WHERE run_id = ?", [old, summary.run_id])
@@ -119,6 +120,8 @@ def test_an_old_shape_trace_in_the_store_still_renders(home, capsys, tmp_path):
     out = tmp_path / "report.html"
     assert main(["report", summary.run_id, "--out", str(out)]) == 0
     assert "tool bash: ls -&gt; README" in out.read_text()
+    assert main(["report", summary.run_id, "--baseline", base.run_id, "--out", str(out)]) == 0
+    assert "no fix found" in out.read_text()  # the trajectory beside the regressed output
 
     parsed = SampleTrace.parse(old)
     assert parsed.to_json() == old and parsed.labeller == "ada"  # an unknown key is kept
