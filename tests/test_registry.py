@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from pydantic import BaseModel
 
 from tasks import registry
 from tasks.metrics.tallies import Tallies, metric_values
@@ -43,6 +44,20 @@ def min_words(output: str, case: EvalCase, params: WordsParams, *, trace: dict) 
     if words >= params.min_words:
         return Verdict.ok(f"{words} words", score=score)
     return Verdict.fail(Status.failed, f"{words} < {params.min_words} words", score=score)
+
+
+class NoParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class LongestTrace(BaseModel):
+    longest: str = ""
+
+
+@grader("longest_word", params=NoParams, trace=LongestTrace)
+def longest_word(output: str, case: EvalCase, params: NoParams, *, trace: LongestTrace) -> Verdict:
+    trace.longest = max(output.split(), key=len, default="")
+    return Verdict.ok(trace.longest)
 
 
 @metric("all_or_nothing")
@@ -125,10 +140,14 @@ def evalpipe(python: Path, args: list[str], env: dict, cwd: Path) -> subprocess.
 
 def write_suite(path: Path, cases: list[tuple[str, str, object]]) -> Path:
     lines = ["name: wordy", "cases:"]
-    lines += [f"  - {{id: {cid}, inputs: {{text: {text!r}}}, grader: {{kind: min_words, min_words: {m}}}}}"
-              for cid, text, m in cases]
+    lines += [f"  - {{id: {cid}, inputs: {{text: {text!r}}}, grader: {{kind: min_words, min_words: {m}}},"
+              " extra_graders: [{kind: longest_word}]}" for cid, text, m in cases]
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+class Longest(BaseModel):  # the shape of the plugin's `LongestTrace`, as a reader declares it
+    longest: str = ""
 
 
 def test_an_installed_plugin_grades_and_measures_a_run_end_to_end(plugin_python, prefect_harness, home, tmp_path):
@@ -161,6 +180,10 @@ def test_an_installed_plugin_grades_and_measures_a_run_end_to_end(plugin_python,
     assert count == 2 and "RuntimeError: the wordy grader exploded" in detail
     traces = db.run_samples(doc["run_id"], home, columns=["case_id", "trace"]).to_pylist()
     assert {json.loads(t["trace"]).get("words") for t in traces if t["case_id"] == "long"} == {4}
+    # Its declared trace section, stored under its kind in its extra grader's entry, reads back typed.
+    longest = [SampleTrace.parse(t["trace"]).extra_graders[0] for t in traces if t["case_id"] == "long"]
+    assert [(e.kind, e.trace.section("longest_word", Longest)) for e in longest] == [
+        ("longest_word", Longest(longest="three"))] * 2
 
     shown = evalpipe(plugin_python, ["runs", "show", doc["run_id"]], env, tmp_path)
     assert shown.returncode == 0, shown.stderr
