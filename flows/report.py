@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ from tasks.models import InputError
 from tasks.report import render_report
 from tasks.report.cases import MAX_OUTPUTS_PER_CASE, OUTPUT_CHARS, SAMPLE_FIELDS, case_rows
 from tasks.run import RunSummary
+from tasks.trace import SampleTrace
 
 
 def read_case_rows(run_id: str, store: Store) -> list[dict[str, Any]]:
@@ -77,9 +77,9 @@ def _sample(rows: list[dict[str, Any]], *, want_pass: bool) -> dict[str, Any] | 
     if not rows:
         return None
     row = next((r for r in rows if bool(r["passed"]) == want_pass), rows[0])
-    trace = json.loads(row["trace"]) if isinstance(row["trace"], str) else (row["trace"] or {})
+    traced = SampleTrace.parse(row["trace"]).trajectory
     # A trajectory stored beside the sample (its own column) or inside its trace.
-    trajectory = row.get("trajectory") or trace.get("trajectory")
+    trajectory = row.get("trajectory") or (traced and traced.model_dump(exclude_unset=True))
     return {"index": row["sample_index"], "status": row["status"], "output": row["output"],
             "detail": row["detail"], "trajectory": trajectory}
 

@@ -1,7 +1,9 @@
-"""The data model every stage speaks (docs/contract.md §2): cases, suites, samples, verdicts.
+"""The data model every stage speaks (docs/contract.md §2): cases, suites, samples, verdicts
+(`tasks.verdict`, named here too) and a sample's trace (`tasks.trace`).
 
-All models are frozen: a case or a verdict, once made, is a value. Stages build new
-values instead of editing old ones, which is what lets the cache key on content.
+All these models are frozen: a case or a verdict, once made, is a value. Stages build new
+values instead of editing old ones, which is what lets the cache key on content. (A trace is
+the exception: its writers fill it in turn while the sample is made.)
 """
 
 from __future__ import annotations
@@ -9,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -18,19 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 from tasks.errors import InputError as InputError
 from tasks.errors import PlatformError as PlatformError
 from tasks.params import grader_params
-
-
-class Status(StrEnum):
-    """How a sample ended. Only ``passed`` has ``Verdict.passed == True``."""
-
-    passed = "passed"
-    failed = "failed"
-    empty = "empty"  # no output / empty patch
-    not_applied = "not_applied"  # patch did not apply exactly
-    scope_violation = "scope_violation"  # edited files outside allowed_files
-    timeout = "timeout"
-    error = "error"  # the grader or its environment failed
-    agent_error = "agent_error"  # the agent raised or exited non-zero
+from tasks.trace import SampleTrace
+from tasks.verdict import Status as Status
+from tasks.verdict import Verdict as Verdict
 
 
 def canonical_json(value: Any) -> bytes:
@@ -260,40 +251,6 @@ class EvalSuite(_Frozen):
         raise KeyError(case_id)
 
 
-class Verdict(_Frozen):
-    passed: bool
-    score: float = Field(ge=0.0, le=1.0)
-    status: Status
-    detail: str = ""
-    safety: tuple[str, ...] = ()
-
-    @model_validator(mode="after")
-    def _passed_iff_status_passed(self) -> Verdict:
-        if self.passed != (self.status is Status.passed):
-            raise ValueError(f"passed={self.passed} contradicts status {self.status.value!r}")
-        return self
-
-    @classmethod
-    def ok(cls, detail: str = "", score: float = 1.0, safety: tuple[str, ...] = ()) -> Verdict:
-        return cls(passed=True, score=score, status=Status.passed, detail=detail, safety=safety)
-
-    @classmethod
-    def fail(
-        cls,
-        status: Status = Status.failed,
-        detail: str = "",
-        score: float = 0.0,
-        safety: tuple[str, ...] = (),
-    ) -> Verdict:
-        return cls(passed=False, score=score, status=status, detail=detail, safety=safety)
-
-    def with_safety(self, violations: tuple[str, ...] | list[str]) -> Verdict:
-        """The same verdict with safety violations added: safety never changes ``passed``."""
-        if not violations:
-            return self
-        return self.model_copy(update={"safety": self.safety + tuple(violations)})
-
-
 class Usage(_Frozen):
     """What one agent call took: its latency and, where the agent reports them, the tokens
     it used and the model they were counted for (which prices them), and its price."""
@@ -312,7 +269,7 @@ class Sample(_Frozen):
     seed: int
     output: str
     verdict: Verdict
-    trace: dict[str, Any] = Field(default_factory=dict)
+    trace: SampleTrace = Field(default_factory=SampleTrace)
     duration_s: float = 0.0
     cached: bool = False
     usage: Usage = Usage()

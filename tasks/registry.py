@@ -8,9 +8,15 @@ A grader kind is one decorated function, `fn(output, case, params) -> Verdict`:
 Its parameter model checks a suite's cases when the suite loads (exit 2 naming the case and
 field), `tasks.graders.grade` makes it total (an exception is an `error` verdict),
 `runs_code=True` makes a run refuse without bubblewrap (unless it allows running unprotected),
-and its `version`, its module's source and `fingerprint(case)` key the cached verdicts. A
-grader that declares a keyword parameter `trace` is given the sample's trace dict to record
-what it did in (docs/graders.md lists the keys the built-in graders write).
+and its `version`, its module's source and `fingerprint(case)` key the cached verdicts.
+
+What a grader records goes to the sample's trace (`tasks.trace.SampleTrace`) through a
+keyword parameter `trace`. With `trace=Model` (a pydantic model whose fields all have
+defaults) it is given a fresh `Model()` to fill, stored under its kind unless left at the
+default and read back typed with `sample_trace.section(kind, Model)`. The built-in graders
+declare `trace=SampleTrace` and set their own sections of the trace itself. A grader that
+asks for `trace` without declaring a model is given a plain dict, whose keys are stored at
+the trace's top level (docs/graders.md lists the keys the built-in graders write).
 
 A metric is `fn(tallies) -> float` over one `tasks.metrics.tallies.Tally` per case (`.n`,
 `.passes`, `.scores`); with `per_case=True`, `fn(tallies)` returns one value per case and the
@@ -35,12 +41,12 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
 
 from tasks.errors import InputError
-
-if TYPE_CHECKING:
-    from pydantic import BaseModel
+from tasks.trace import SampleTrace
 
 # `tasks.models.EvalCase` and `Verdict`, named loosely: the models import this module.
 EvalCase = Verdict = Any
@@ -66,11 +72,18 @@ class GraderSpec:
     # (`suite validate`'s vacuity check; repo_tests runs the tests at the base commit).
     baseline: Callable[[EvalCase], Verdict] | None
     takes_trace: bool
+    trace: type[BaseModel] | None = None  # the model of what it records (see the docstring)
 
-    def __call__(self, output: str, case: EvalCase, trace: dict) -> Verdict:
-        if self.takes_trace:
+    def __call__(self, output: str, case: EvalCase, trace: SampleTrace) -> Verdict:
+        if not self.takes_trace:
+            return self.fn(output, case, case.params)
+        if self.trace is SampleTrace:
             return self.fn(output, case, case.params, trace=trace)
-        return self.fn(output, case, case.params)
+        own = self.trace() if self.trace is not None else {}
+        try:
+            return self.fn(output, case, case.params, trace=own)
+        finally:  # what it recorded before raising shows what went wrong
+            trace.record(self.kind, own)
 
 
 @dataclass(frozen=True)
@@ -97,21 +110,43 @@ def grader(
     fingerprint: Callable[[EvalCase], Any] | None = None,
     oracle: bool = True,
     baseline: Callable[[EvalCase], Verdict] | None = None,
+    trace: type[BaseModel] | None = None,
 ) -> Callable[[Callable[..., Verdict]], Callable[..., Verdict]]:
     """Decorator: `fn(output, case, params[, trace=...]) -> Verdict` grades cases of `kind`,
-    whose grader parameters `params` (a pydantic model, best with `extra="forbid"`) checks."""
+    whose grader parameters `params` (a pydantic model, best with `extra="forbid"`) checks;
+    `trace`, the model of what it records (see the module's docstring)."""
     if not isinstance(kind, str) or not kind or kind != kind.strip():
         raise ValueError(f"grader kind must be a non-empty name, got {kind!r}")
     if not (inspect.isclass(params) and hasattr(params, "model_validate")):
         raise ValueError(f"grader {kind!r}: params must be a pydantic model class, got {params!r}")
+    _check_trace_model(kind, trace)
 
     def decorate(fn: Callable[..., Verdict]) -> Callable[..., Verdict]:
         takes_trace = "trace" in inspect.signature(fn).parameters
-        spec = GraderSpec(kind, fn, params, bool(runs_code), str(version), fingerprint, oracle, baseline, takes_trace)
+        if trace is not None and not takes_trace:
+            raise ValueError(f"grader {kind!r} declares trace={trace.__name__} but takes no `trace` parameter")
+        spec = GraderSpec(kind, fn, params, bool(runs_code), str(version), fingerprint, oracle, baseline,
+                          takes_trace, trace)
         _add(_GRADERS, "grader kind", kind, spec)
         return fn
 
     return decorate
+
+
+def _check_trace_model(kind: str, model: Any) -> None:
+    """A declared trace model must build empty (the grader fills it) and its kind must not
+    name a built-in section, where it is stored."""
+    if model is None or model is SampleTrace:
+        return
+    if not (inspect.isclass(model) and issubclass(model, BaseModel)):
+        raise ValueError(f"grader {kind!r}: trace must be a pydantic model class, got {model!r}")
+    if kind in SampleTrace.model_fields:
+        raise ValueError(f"grader {kind!r}: its kind names a built-in trace section, where its own would go")
+    try:
+        model()
+    except ValidationError as exc:
+        raise ValueError(f"grader {kind!r}: trace model {model.__name__} needs a default for every field: "
+                         f"{exc.errors()[0]['loc']}") from None
 
 
 def metric(name: str, *, per_case: bool = False, percent: bool = True) -> Callable[[Callable], Callable]:

@@ -29,6 +29,7 @@ from tasks.agents.openai_client import OpenAIClient
 from tasks.models import EvalCase, InputError, Sample, Status
 from tasks.run.sampling import PlannedSample, bounded_output, draw_sample, truncation_marker
 from tasks.suites.dataset import load_suite
+from tasks.trace import SampleTrace
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = f"python:{ROOT}/examples/agents/demo_agent.py:answer"
@@ -582,25 +583,26 @@ ANY_TEXT = st.text(st.characters(codec=None, categories=None), max_size=50)
 @settings(deadline=None)
 @given(ANY_TEXT, st.integers(1, 80))
 def test_bounded_output_is_always_storable_and_keeps_what_it_can(text: str, cap: int) -> None:
-    output, notes = bounded_output(text, cap)
-    pa.array([output, json.dumps(notes)], pa.string())  # what failed to store before
+    notes = SampleTrace()
+    output = bounded_output(text, cap, notes)
+    pa.array([output, notes.to_json()], pa.string())  # what failed to store before
     kept = output.removesuffix(truncation_marker(cap))
     assert len(kept.encode()) <= cap
     try:
         data = text.encode()
     except UnicodeEncodeError:
-        assert notes["output_replaced_chars"] >= 1
+        assert notes.output_replaced_chars >= 1
     else:
-        assert "output_replaced_chars" not in notes
+        assert notes.output_replaced_chars is None
         if len(data) <= cap:
-            assert output == text and not notes
+            assert output == text and not notes.to_dict()
         else:
-            assert data.startswith(kept.encode()) and notes["output_truncated"]["bytes"] == len(data)
+            assert data.startswith(kept.encode()) and notes.output_truncated.bytes == len(data)
 
 
 def test_a_valid_surrogate_pair_becomes_its_character(hostile: Path) -> None:
     sample = draw(load_agent("python:hostile.py:pair"))
-    assert sample.output == "😀" and "output_replaced_chars" not in sample.trace
+    assert sample.output == "😀" and sample.trace.output_replaced_chars is None
 
 
 @pytest.mark.parametrize(("func", "kind"), [("as_bytes", "bytes"), ("nothing", "NoneType")])
@@ -731,12 +733,12 @@ def test_outputs_over_the_cap_are_truncated_with_a_marker(
         assert sample.output.endswith(truncation_marker(1001)), spec
         kept = sample.output.removesuffix(truncation_marker(1001))
         assert len(kept.encode()) in (1000, 1001) and len(set(kept)) == 1  # no half "é"
-        assert sample.trace["output_truncated"]["cap_bytes"] == 1001
-        assert sample.trace["output_truncated"]["bytes"] > 1001
+        assert sample.trace.output_truncated.cap_bytes == 1001
+        assert sample.trace.output_truncated.bytes > 1001
         assert sample.verdict.status is Status.failed  # graded, as truncated
         stored = PlannedSample("c1", 0, 7, "key", case().case_hash, output=sample.output)
         regraded = draw_sample(None, case(), stored, 1, cap=1001)  # `--regrade`
-        assert regraded.output == sample.output and "output_truncated" not in regraded.trace
+        assert regraded.output == sample.output and regraded.trace.output_truncated is None
     monkeypatch.setenv("EVALPIPE_MAX_OUTPUT_BYTES", "4MB")
     with pytest.raises(InputError, match="EVALPIPE_MAX_OUTPUT_BYTES='4MB' is not a whole"):
         load_agent("python:hostile.py:huge")

@@ -31,6 +31,7 @@ from tasks.repos.environments import (
 from tasks.sandbox import Limits
 from tasks.suites.dataset import load_suite
 from tasks.suites.importers import swebench_suite
+from tasks.trace import SampleTrace
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples/pricing"
@@ -154,10 +155,11 @@ def test_the_harness_alone_cannot_grade_it(repo, home: Path) -> None:
 @pytest.mark.slow
 def test_gold_resolves_empty_and_breaking_patches_fail(repo, env_home: Path) -> None:
     case = make_case(repo)
-    trace: dict = {}
+    trace = SampleTrace()
     verdict = grade(GOLD, case, trace)
     assert verdict.status is Status.passed, verdict.detail
-    name = trace["environment"]["name"]
+    name = trace.environment.name
+    assert SampleTrace.parse(trace.to_json()).environment == trace.environment  # stored, parsed back
     built = json.loads((env_home / "envs" / name / "env.json").read_text())
     assert built["pytest"] == importlib.metadata.version("pytest")
 
@@ -170,10 +172,10 @@ def test_gold_resolves_empty_and_breaking_patches_fail(repo, env_home: Path) -> 
     assert "tests/test_cart.py::test_receipt" in broken.detail and "FAIL_TO_PASS" not in broken.detail
 
     # Reused, not rebuilt: the same env.json, and well under a second of overhead.
-    trace = {}
+    trace = SampleTrace()
     assert grade(GOLD, case, trace).passed
     assert json.loads((env_home / "envs" / name / "env.json").read_text())["built_at"] == built["built_at"]
-    assert trace["timings"]["environment"] < 1.0
+    assert trace.timings["environment"] < 1.0
 
 
 @pytest.mark.slow
@@ -195,10 +197,10 @@ def test_graded_code_cannot_reach_the_harness(repo, env_home: Path) -> None:
 def test_pip_fallback_without_uv(repo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EVALPIPE_HOME", str(tmp_path / "home"))
     monkeypatch.setenv(environments.INSTALLER_ENV, "pip")
-    trace: dict = {}
+    trace = SampleTrace()
     verdict = grade(GOLD, make_case(repo), trace)
     assert verdict.status is Status.passed, verdict.detail
-    meta = json.loads((tmp_path / "home/envs" / trace["environment"]["name"] / "env.json").read_text())
+    meta = json.loads((tmp_path / "home/envs" / trace.environment.name / "env.json").read_text())
     assert meta["installer"] == "pip"
 
 
@@ -353,8 +355,8 @@ def test_the_worked_example_with_its_pinned_pytest_from_pypi(tmp_path: Path, mon
     sha = pricing.build(root / "evalpipe__pricing")
     (case,) = swebench_suite(EXAMPLE / "instances.jsonl", root, EXAMPLE / "environments.yaml").cases
     assert case.grader["base_commit"] == sha  # instances.jsonl pins the commit the script builds
-    trace: dict = {}
+    trace = SampleTrace()
     assert grade(case.reference, case, trace).status is Status.passed
-    assert trace["environment"]["pytest"] == "7.4.4" != importlib.metadata.version("pytest")
+    assert trace.environment.pytest == "7.4.4" != importlib.metadata.version("pytest")
     assert grade_base(case).status is Status.failed
 

@@ -14,6 +14,7 @@ from tasks.graders import grade, grader_fingerprint
 from tasks.graders.assertions import parse_number
 from tasks.graders.safety import output_violations, path_violations
 from tasks.models import EvalCase, InputError, Status, Verdict
+from tasks.trace import SampleTrace
 
 
 def case(kind: str, reference: Any = None, safety: dict | None = None, **params: Any) -> EvalCase:
@@ -201,13 +202,13 @@ def test_registry_decorator_and_total_wrapper(monkeypatch) -> None:
     @registry.grader("explode", params=HumanParams, version="7")
     def explode(output: str, c: EvalCase, params: HumanParams, *, trace: dict) -> Verdict:
         calls.append((output, params))
-        trace["grader_steps"] = ["about to fail"]
+        trace["notes"] = ["about to fail"]
         raise ZeroDivisionError("boom")
 
     assert "explode" in registry.grader_kinds()
-    trace: dict = {}
+    trace = SampleTrace()
     verdict = grade("out", case("explode"), trace)
-    assert calls == [("out", HumanParams())] and trace["grader_steps"] == ["about to fail"]
+    assert calls == [("out", HumanParams())] and trace.to_dict() == {"notes": ["about to fail"]}
     assert verdict.status is Status.error
     assert "ZeroDivisionError: boom" in verdict.detail
     v7 = grader_fingerprint(case("explode"))

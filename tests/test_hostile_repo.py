@@ -15,6 +15,7 @@ from tasks.graders.repo_tests import grade_repo_tests
 from tasks.models import EvalCase
 from tasks.repos.worktrees import RepoError, checkout, run_git
 from tasks.sandbox import bwrap_available
+from tasks.trace import SampleTrace
 
 CALC = "def add(a, b):\n    return abs(a) + b\n"
 FIX = "calc.py\n<<<<<<< SEARCH\n    return abs(a) + b\n=======\n    return a + b\n>>>>>>> REPLACE\n"
@@ -83,9 +84,9 @@ def case_for(repo: tuple[Path, str], **grader: object) -> EvalCase:
 
 
 def _grade_into(queue, output: str, case: EvalCase) -> None:
-    trace: dict = {}
+    trace = SampleTrace()
     verdict = grade_repo_tests(output, case, case.params, trace=trace)
-    queue.put((verdict.status.value, verdict.detail, trace.get("steps", [])))
+    queue.put((verdict.status.value, verdict.detail, trace.steps or []))
 
 
 def bounded(target, args: tuple, timeout: float, what: str):

@@ -16,6 +16,7 @@ from tasks.graders import grade, grader_fingerprint
 from tasks.graders.judge import delimit, parse_reply, render
 from tasks.metrics.calibration import calibrate
 from tasks.models import EvalCase, InputError, Status
+from tasks.trace import SampleTrace
 
 CANARY = "CANARY-7f3a"
 
@@ -35,18 +36,18 @@ def judge_case(function: str, samples: int = 1, **grader) -> EvalCase:
 
 def test_judge_verdict_trace_and_determinism():
     case = judge_case(ref("coin"), samples=5)
-    first, second = {}, {}
+    first, second = SampleTrace(), SampleTrace()
     v1, v2 = grade("maybe", case, first), grade("maybe", case, second)
     assert v1 == v2 and first == second  # seeds come from content: the same output, same draws
-    record = first["judge"]
-    assert len(record["seeds"]) == 5 == len(set(record["seeds"])) == len(record["draws"])
-    passes = sum(d["passed"] for d in record["draws"])
-    assert record["passes"] == passes and record["agreement"] == max(passes, 5 - passes) / 5
+    record = first.judge
+    assert len(record.seeds) == 5 == len(set(record.seeds)) == len(record.draws)
+    passes = sum(d.passed for d in record.draws)
+    assert record.passes == passes and record.agreement == max(passes, 5 - passes) / 5
     assert v1.passed == (passes >= 3) and f"{passes}/5 draw(s) pass" in v1.detail
-    assert len(record["fingerprint"]) == 64 and record["spec"] == ref("coin")
-    other = {}
+    assert len(record.fingerprint) == 64 and record.spec == ref("coin")
+    other = SampleTrace()
     grade("maybe not", case, other)
-    assert other["judge"]["seeds"] != record["seeds"]
+    assert other.judge.seeds != record.seeds
 
 
 def test_judge_fingerprint_follows_the_judge():
@@ -58,10 +59,10 @@ def test_judge_fingerprint_follows_the_judge():
 
 @pytest.mark.parametrize("function", ["boom", "garbage"])
 def test_a_failing_judge_is_an_error_not_a_fail(function):
-    trace = {}
+    trace = SampleTrace()
     verdict = grade("yes", judge_case(ref(function), samples=3), trace)
     assert verdict.status is Status.error and not verdict.passed
-    assert trace["judge"]["errors"] == 3 and trace["judge"]["agreement"] is None
+    assert trace.judge.errors == 3 and trace.judge.agreement is None
 
 
 def test_judge_spec_problems_are_errors():
@@ -136,13 +137,13 @@ def test_openai_judge_grades_through_the_endpoint(endpoint):
         case = judge_case(
             "openai:judge-model", samples=2, rubric=RUBRIC, params={"temperature": 0.7}
         )
-        trace = {}
+        trace = SampleTrace()
         good, bad = grade("yes", case, trace), grade("no", case)
     assert good.passed and good.score == pytest.approx(0.9) and bad.status is Status.failed
     assert len(server.requests) == 4
     body = server.requests[0]
     assert body["model"] == "judge-model" and body["temperature"] == 0.7
-    assert body["seed"] == trace["judge"]["seeds"][0] and body["_auth"] == "Bearer sk-test-judge"
+    assert body["seed"] == trace.judge.seeds[0] and body["_auth"] == "Bearer sk-test-judge"
     assert user_text(body) == (
         f"Question: Is the sky blue?\nReference: yes\nAnswer: {delimit('yes')}\nIs the answer right?"
     )
@@ -397,13 +398,13 @@ def test_calibrate_command(home, tmp_path):
 def test_a_judge_raising_keyboard_interrupt_is_an_error_draw(tmp_path):
     judge = tmp_path / "interrupting.py"
     judge.write_text("def judge(output, case, seed):\n    raise KeyboardInterrupt('judge')\n")
-    trace = {}
+    trace = SampleTrace()
     try:
         verdict = grade("yes", judge_case(f"{judge}:judge", samples=2), trace)
     except BaseException as exc:  # noqa: BLE001 - what used to end the run
         pytest.fail(f"the judge's {type(exc).__name__} escaped the verdict")
     assert verdict.status is Status.error and "KeyboardInterrupt: judge" in verdict.detail
-    assert trace["judge"]["errors"] == 2
+    assert trace.judge.errors == 2
 
 
 def test_openai_judge_errors_never_carry_the_key(endpoint, monkeypatch):
@@ -413,10 +414,10 @@ def test_openai_judge_errors_never_carry_the_key(endpoint, monkeypatch):
     # the point where the message is cut.
     with endpoint(lambda body: (401, "." * 200 + body["_auth"])):
         monkeypatch.setenv("OPENAI_API_KEY", key)
-        trace = {}
+        trace = SampleTrace()
         verdict = grade("yes", judge_case("openai:m", rubric=RUBRIC), trace)
     assert verdict.status is Status.error and "HTTP 401" in verdict.detail
-    stored = verdict.detail + json.dumps(trace)
+    stored = verdict.detail + json.dumps(trace.to_dict())
     assert not [key[i : i + 8] for i in range(len(key) - 7) if key[i : i + 8] in stored]
 
 

@@ -83,6 +83,8 @@ STAGES = (
         "tasks.errors",
         "tasks.registry",
         "tasks.models",
+        "tasks.verdict",
+        "tasks.trace",
         "tasks.params",
         "tasks.home",
         "tasks.callables",

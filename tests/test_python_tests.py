@@ -15,6 +15,7 @@ from tasks.graders.python_tests import build_program
 from tasks.models import EvalCase, Status
 from tasks.sandbox import ForkServer, Limits
 from tasks.suites.importers import humaneval_suite
+from tasks.trace import SampleTrace
 
 # Every test here runs under bubblewrap and in the fallback a run may allow.
 pytestmark = pytest.mark.usefixtures("mode")
@@ -86,10 +87,10 @@ def test_empty_output_is_empty_not_run(suite) -> None:
 
 
 def test_trace_records_what_protected_the_run(suite, mode: str) -> None:
-    trace: dict = {}
+    trace = SampleTrace()
     grade(suite.cases[0].reference, suite.cases[0], trace)
-    assert trace["python_tests"]["completed"] is True
-    assert trace["python_tests"]["isolation"] == mode
+    assert trace.python_tests.completed is True
+    assert trace.python_tests.isolation == mode
 
 
 def test_printing_passed_does_not_forge_completion() -> None:
@@ -166,20 +167,20 @@ def test_write_outside_the_work_dir_does_not_appear(tmp_path: Path, mode: str) -
 
 def test_fifty_megabytes_of_output_are_captured_and_capped() -> None:
     program, expect = _hostile("big_output")
-    trace: dict = {}
+    trace = SampleTrace()
     verdict = grade(program, _case(), trace)
     assert verdict.status is expect
-    assert trace["python_tests"]["stdout_truncated"] is True
-    assert set(trace["python_tests"]["stdout"]) == {"x"}
+    assert trace.python_tests.stdout_truncated is True
+    assert set(trace.python_tests.stdout) == {"x"}
 
 
 def test_non_utf8_stdout_is_kept_as_text() -> None:
     program, expect = _hostile("non_utf8_stdout")
-    trace: dict = {}
+    trace = SampleTrace()
     verdict = grade(program, _case(), trace)
     assert verdict.status is expect
-    assert "not utf-8" in trace["python_tests"]["stdout"]
-    assert "\ufffd" in trace["python_tests"]["stdout"]
+    assert "not utf-8" in trace.python_tests.stdout
+    assert "\ufffd" in trace.python_tests.stdout
 
 
 def test_parent_environment_does_not_leak(monkeypatch: pytest.MonkeyPatch) -> None:

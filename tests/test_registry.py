@@ -14,9 +14,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from pydantic import BaseModel
 
 from tasks import registry
 from tasks.metrics.tallies import Tallies, metric_values
+from tasks.trace import SampleTrace
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -42,6 +44,20 @@ def min_words(output: str, case: EvalCase, params: WordsParams, *, trace: dict) 
     if words >= params.min_words:
         return Verdict.ok(f"{words} words", score=score)
     return Verdict.fail(Status.failed, f"{words} < {params.min_words} words", score=score)
+
+
+class NoParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class LongestTrace(BaseModel):
+    longest: str = ""
+
+
+@grader("longest_word", params=NoParams, trace=LongestTrace)
+def longest_word(output: str, case: EvalCase, params: NoParams, *, trace: LongestTrace) -> Verdict:
+    trace.longest = max(output.split(), key=len, default="")
+    return Verdict.ok(trace.longest)
 
 
 @metric("all_or_nothing")
@@ -124,10 +140,14 @@ def evalpipe(python: Path, args: list[str], env: dict, cwd: Path) -> subprocess.
 
 def write_suite(path: Path, cases: list[tuple[str, str, object]]) -> Path:
     lines = ["name: wordy", "cases:"]
-    lines += [f"  - {{id: {cid}, inputs: {{text: {text!r}}}, grader: {{kind: min_words, min_words: {m}}}}}"
-              for cid, text, m in cases]
+    lines += [f"  - {{id: {cid}, inputs: {{text: {text!r}}}, grader: {{kind: min_words, min_words: {m}}},"
+              " extra_graders: [{kind: longest_word}]}" for cid, text, m in cases]
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+class Longest(BaseModel):  # the shape of the plugin's `LongestTrace`, as a reader declares it
+    longest: str = ""
 
 
 def test_an_installed_plugin_grades_and_measures_a_run_end_to_end(plugin_python, prefect_harness, home, tmp_path):
@@ -160,6 +180,10 @@ def test_an_installed_plugin_grades_and_measures_a_run_end_to_end(plugin_python,
     assert count == 2 and "RuntimeError: the wordy grader exploded" in detail
     traces = Store(home).run_samples(doc["run_id"], columns=["case_id", "trace"]).to_pylist()
     assert {json.loads(t["trace"]).get("words") for t in traces if t["case_id"] == "long"} == {4}
+    # Its declared trace section, stored under its kind in its extra grader's entry, reads back typed.
+    longest = [SampleTrace.parse(t["trace"]).extra_graders[0] for t in traces if t["case_id"] == "long"]
+    assert [(e.kind, e.trace.section("longest_word", Longest)) for e in longest] == [
+        ("longest_word", Longest(longest="three"))] * 2
 
     shown = evalpipe(plugin_python, ["runs", "show", doc["run_id"]], env, tmp_path)
     assert shown.returncode == 0, shown.stderr
@@ -303,15 +327,19 @@ def test_several_graders_on_one_case_each_give_a_verdict_and_grader_decides(scra
     suite = load_suite(path)
     a, b = suite.case("a"), suite.case("b")
     assert a.extra_graders[0] == {"kind": "contains", "case_sensitive": False}  # suite defaults apply
-    trace: dict = {}
+    trace = SampleTrace()
     verdict = grade("paris!", a, trace)
     # `grader` decides: exact fails although `contains` passes.
     assert verdict.status is Status.failed and verdict.safety == ("half saw something",)
-    extra = trace["extra_graders"]
-    assert [(e["kind"], e["status"]) for e in extra] == [("contains", "passed"), ("half", "failed"),
+    extra = trace.extra_graders
+    assert [(e.kind, e.verdict.status) for e in extra] == [("contains", "passed"), ("half", "failed"),
                                                           ("explodes", "error")]
-    assert extra[1]["score"] == 0.5 and extra[1]["trace"] == {"seen": "paris!"}
-    assert "RuntimeError: kaboom" in extra[2]["detail"]
+    assert extra[1].verdict.score == 0.5 and extra[1].trace.to_dict() == {"seen": "paris!"}
+    assert extra[0].trace is None and "RuntimeError: kaboom" in extra[2].verdict.detail
+    # Stored flat, as before the trace was typed.
+    assert trace.to_dict()["extra_graders"][1] == {
+        "kind": "half", "passed": False, "score": 0.5, "status": "failed", "detail": "half marks",
+        "safety": ("half saw something",), "trace": {"seen": "paris!"}}
     assert grade("Paris", a).passed
 
     # A case without extra graders hashes and fingerprints as before they existed.

@@ -30,6 +30,7 @@ from tasks.repos.workspaces import read_change, workspace
 from tasks.repos.worktrees import checkout
 from tasks.run.sampling import PlannedSample, draw_sample
 from tasks.sandbox import policy as sandbox
+from tasks.trace import SampleTrace, Truncation
 
 ROOT = Path(__file__).resolve().parent.parent
 CALC_SHA = "4d48fe8a75740cd8d064a48e17d2cadbddfa8692"
@@ -196,12 +197,16 @@ echo '{"tool": "bash", "input": "sed"}' >> "$EVALPIPE_TRAJECTORY"
 echo 'not json' >> "$EVALPIPE_TRAJECTORY"
 """
     sample = draw(script_agent(tmp_path, body), calc_case(repo))
-    assert sample.verdict.status is Status.passed, (sample.verdict.detail, sample.trace.get("agent_run"))
+    assert sample.verdict.status is Status.passed, (sample.verdict.detail, sample.trace.agent_run)
     assert sample.output.startswith("diff --git a/calc.py b/calc.py") and "python 3" not in sample.output
-    assert "python 3" in sample.trace["agent_run"]["stdout_tail"]
-    assert sample.trace["agent_run"]["isolation"] == "bwrap"
-    assert sample.trace["trajectory"] == {"steps": 2, "entries": [{"tool": "bash", "input": "sed"},
-                                                                  {"text": "not json"}]}
+    assert "python 3" in sample.trace.agent_run.stdout_tail
+    assert sample.trace.agent_run.isolation == "bwrap"
+    assert sample.trace.trajectory.model_dump(exclude_unset=True) == {
+        "steps": 2, "entries": [{"tool": "bash", "input": "sed"}, {"text": "not json"}]}
+    # Stored and parsed back: the agent's sections, then the sampler's and the grader's.
+    assert SampleTrace.parse(sample.trace.to_json()) == sample.trace
+    assert list(sample.trace.to_dict()) == ["agent_run", "trajectory", "workspace", "agent_s", "timings", "steps",
+                                            "edited_files", "test_run", "tests"]
 
 
 def test_the_database_other_workspaces_and_the_host_are_out_of_reach(home, calc_repo, tmp_path, bwrap,
@@ -233,13 +238,13 @@ test "$HOME" != "{Path.home()}" && echo "scratch home"
 touch marker.txt
 """
     sample = draw(script_agent(tmp_path, body).concealing([answers]), calc_case(repo))
-    out = sample.trace["agent_run"]["stdout_tail"]
+    out = sample.trace.agent_run.stdout_tail
     assert "READ" not in out and "WROTE" not in out and not outside.exists(), out
     listing = out.split("LS: ", 1)[1].split("\n", 1)[0]
     assert "evalpipe.duckdb" not in listing and "worktrees" not in listing and ".git" not in listing, listing
     assert "home is writable" in out and "scratch home" in out
     assert (home / "evalpipe.duckdb").read_text() == "the database"
-    assert sample.trace["workspace"]["files"] == ["marker.txt"]
+    assert sample.trace.workspace.files == ["marker.txt"]
 
 
 def test_environment_passes_only_the_documented_variables_and_secrets_are_masked(
@@ -253,8 +258,8 @@ def test_environment_passes_only_the_documented_variables_and_secrets_are_masked
 printf '{"content": "%s"}\\n' "$OPENAI_API_KEY" >> "$EVALPIPE_TRAJECTORY"
 """
     sample = draw(script_agent(tmp_path, body), calc_case(repo))
-    assert sample.trace["agent_run"]["stdout_tail"] == "key=*** private=unset added=added-value\n"
-    assert sample.trace["trajectory"]["entries"] == [{"content": "***"}]
+    assert sample.trace.agent_run.stdout_tail == "key=*** private=unset added=added-value\n"
+    assert sample.trace.trajectory.entries == [{"content": "***"}]
     assert sample.verdict.status is Status.empty  # an agent that changes nothing
 
 
@@ -263,7 +268,7 @@ def test_leftover_processes_are_killed_and_a_timeout_is_an_agent_error(home, cal
     token = f"{os.getpid()}.{time.monotonic_ns() % 10**6}"
     sample = draw(script_agent(tmp_path, f"sleep 1{token} &\nsetsid sleep 2{token} &\necho started\n"),
                   calc_case(repo))
-    assert sample.trace["agent_run"]["returncode"] == 0
+    assert sample.trace.agent_run.returncode == 0
     alive = [p for p in os.listdir("/proc") if p.isdigit() and token in _cmdline(p)]
     assert alive == []
 
@@ -275,7 +280,7 @@ def test_leftover_processes_are_killed_and_a_timeout_is_an_agent_error(home, cal
                                           "echo broken >&2\nexit 3\n"), calc_case(repo))
     assert crashed.verdict.status is Status.agent_error
     assert crashed.verdict.detail == "agent failed: exited with status 3: broken"
-    assert crashed.trace["trajectory"]["steps"] == 1  # kept: it shows what went wrong
+    assert crashed.trace.trajectory.steps == 1  # kept: it shows what went wrong
 
 
 def _cmdline(pid: str) -> str:
@@ -316,7 +321,7 @@ def test_without_bubblewrap_a_workspace_run_is_refused_unless_allowed(home, calc
     assert refused.verdict.status is Status.agent_error and "--unsafe-no-sandbox" in refused.verdict.detail
     monkeypatch.setenv(sandbox.UNSAFE_ENV, "1")
     allowed = draw(agent, calc_case(repo))
-    assert allowed.verdict.status is Status.passed and allowed.trace["agent_run"]["isolation"] == "rlimits"
+    assert allowed.verdict.status is Status.passed and allowed.trace.agent_run.isolation == "rlimits"
     sandbox._bwrap_problem.cache_clear()
 
 
@@ -332,9 +337,9 @@ def solve(inputs, ctx):
     return "done"
 """)
     sample = draw(load_agent(f"python:{module}:solve", 60.0), calc_case(repo))
-    assert sample.verdict.status is Status.passed, (sample.verdict.detail, sample.trace.get("agent_run"))
-    assert sample.trace["trajectory"]["entries"] == [{"tool": "edit", "path": "calc.py", "issue": "fix add"}]
-    assert sample.trace["agent_run"]["stdout_tail"] == "done\n"
+    assert sample.verdict.status is Status.passed, (sample.verdict.detail, sample.trace.agent_run)
+    assert sample.trace.trajectory.entries == [{"tool": "edit", "path": "calc.py", "issue": "fix add"}]
+    assert sample.trace.agent_run.stdout_tail == "done\n"
 
 
 def test_the_memory_cap_holds(home, calc_repo, tmp_path, bwrap, monkeypatch):
@@ -343,7 +348,7 @@ def test_the_memory_cap_holds(home, calc_repo, tmp_path, bwrap, monkeypatch):
     body = '"$EVALPIPE_PYTHON" -c "b = bytearray(400 << 20)" || { echo "no room" >&2; exit 5; }\n'
     sample = draw(script_agent(tmp_path, body), calc_case(repo))
     assert sample.verdict.status is Status.agent_error and "exited with status 5" in sample.verdict.detail
-    assert "MemoryError" in sample.trace["agent_run"]["stderr_tail"]
+    assert "MemoryError" in sample.trace.agent_run.stderr_tail
 
 
 def test_a_trajectory_is_capped_at_whole_lines_and_never_read_through_a_link(tmp_path):
@@ -352,8 +357,8 @@ def test_a_trajectory_is_capped_at_whole_lines_and_never_read_through_a_link(tmp
     path = tmp_path / "t.jsonl"
     path.write_text("".join(json.dumps({"i": i}) + "\n" for i in range(1000)))
     doc = read_trajectory(path, 100)
-    assert doc["entries"] == [{"i": i} for i in range(len(doc["entries"]))] and 0 < doc["steps"] < 12
-    assert doc["truncated"] == {"cap_bytes": 100, "bytes": path.stat().st_size}
+    assert doc.entries == [{"i": i} for i in range(len(doc.entries))] and 0 < doc.steps < 12
+    assert doc.truncated == Truncation(cap_bytes=100, bytes=path.stat().st_size)
     secret = tmp_path / "secret"
     secret.write_text('{"leak": 1}\n')
     (tmp_path / "link.jsonl").symlink_to(secret)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol, Self, TypeVar
 
 from tasks.models import EvalCase, InputError, Usage, canonical_json, sha256_hex
+from tasks.trace import SampleTrace
 
 MAX_OUTPUT_ENV = "EVALPIPE_MAX_OUTPUT_BYTES"
 DEFAULT_MAX_OUTPUT_BYTES = 4 << 20
@@ -29,8 +30,8 @@ class AgentContext:
     # A coding agent's (`--workspace`): its checkout, and the file for its steps.
     workspace: Path | None = None
     trajectory: Path | None = None
-    # What the agent adds to its sample's trace (its output's tails, its trajectory).
-    trace: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    # What the agent adds to its sample's trace (its run's tails, its trajectory).
+    trace: SampleTrace = field(default_factory=SampleTrace, compare=False, repr=False)
 
     def record(self, step: dict[str, Any]) -> None:
         """Append one step (a JSON object) to the trajectory; nothing without one."""

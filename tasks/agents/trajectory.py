@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.agents.base import env_positive
+from tasks.trace import Trajectory, Truncation
 
 TRAJECTORY_ENV = "EVALPIPE_TRAJECTORY"
 MAX_TRAJECTORY_ENV = "EVALPIPE_MAX_TRAJECTORY_BYTES"
@@ -27,7 +28,7 @@ def max_trajectory_bytes() -> int:
     return env_positive(MAX_TRAJECTORY_ENV, DEFAULT_MAX_TRAJECTORY_BYTES, int, "a whole number of bytes")
 
 
-def read_trajectory(path: Path, cap: int) -> dict[str, Any] | None:
+def read_trajectory(path: Path, cap: int) -> Trajectory | None:
     """`{"steps": N, "entries": [...]}` from the JSON lines at `path` (None if there is no
     such regular file), its first `cap` bytes; `truncated` says how much more there was.
     Never follows a link: the agent made the file and could have pointed it anywhere."""
@@ -44,10 +45,9 @@ def read_trajectory(path: Path, cap: int) -> dict[str, Any] | None:
     if info.st_size > cap and len(lines) > 1:
         lines = lines[:-1]  # the last line was cut at the cap
     entries = [_entry(line) for line in lines if line.strip()]
-    doc: dict[str, Any] = {"steps": len(entries), "entries": entries}
     if info.st_size > cap:
-        doc["truncated"] = {"cap_bytes": cap, "bytes": info.st_size}
-    return doc
+        return Trajectory(steps=len(entries), entries=entries, truncated=Truncation(cap_bytes=cap, bytes=info.st_size))
+    return Trajectory(steps=len(entries), entries=entries)
 
 
 def _entry(line: bytes) -> dict[str, Any]:

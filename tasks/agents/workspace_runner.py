@@ -30,7 +30,6 @@ import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from tasks.agents.base import AgentContext, AgentError, env_positive, spec_fingerprint
 from tasks.agents.cmd import STDERR_TAIL, CmdAgent
@@ -44,6 +43,7 @@ from tasks.repos.environments import TESTBED, EnvironmentFailed, runtime_for
 from tasks.repos.workspaces import Change, Workspace, read_change, workspace
 from tasks.repos.worktrees import RepoError, is_url
 from tasks.sandbox import Limits, Mounts, SandboxError, bwrap_available, run_command
+from tasks.trace import ProcessRun, WorkspaceChange
 
 DEFAULT_AGENT_TIMEOUT_S = 1800.0
 AGENT_MEMORY_ENV = "EVALPIPE_AGENT_MEMORY_MB"
@@ -165,14 +165,14 @@ class WorkspaceAgent:
                 *self.argv]
         result = run_command(argv, workdir=ws.tree, limits=limits, env=env, network=True, mounts=mounts,
                              visible=self.visible)
-        ctx.trace.update(agent_run={
-            "returncode": result.returncode, "duration_s": round(result.duration_s, 3),
-            "isolation": result.isolation, "stdout_tail": _tail(result.stdout, OUTPUT_TAIL),
-            "stderr_tail": _tail(result.stderr, OUTPUT_TAIL),
-        })
+        ctx.trace.agent_run = ProcessRun(
+            returncode=result.returncode, duration_s=round(result.duration_s, 3),
+            isolation=result.isolation, stdout_tail=_tail(result.stdout, OUTPUT_TAIL),
+            stderr_tail=_tail(result.stderr, OUTPUT_TAIL),
+        )
         trajectory = read_trajectory(ws.trajectory, max_trajectory_bytes())
         if trajectory is not None:
-            ctx.trace["trajectory"] = trajectory
+            ctx.trace.trajectory = trajectory
         if result.timed_out:
             raise AgentError(f"timed out after {self.timeout_s:g} s")
         if result.returncode != 0:
@@ -181,7 +181,7 @@ class WorkspaceAgent:
             tail = redact(result.stderr.decode("utf-8", "replace")).strip()[-STDERR_TAIL:]
             raise AgentError(f"{how}: {tail}" if tail else how)
         change = read_change(ws)
-        ctx.trace["workspace"] = _change_note(change)
+        ctx.trace.workspace = _change_note(change)
         if change.binary:
             raise AgentError(
                 f"the change has binary files, which a patch cannot carry: {', '.join(change.binary)} "
@@ -189,11 +189,10 @@ class WorkspaceAgent:
         return change.patch
 
 
-def _change_note(change: Change) -> dict[str, Any]:
-    note: dict[str, Any] = {"files": list(change.files)}
+def _change_note(change: Change) -> WorkspaceChange:
     if change.removed:
-        note["removed"] = list(change.removed)
-    return note
+        return WorkspaceChange(files=list(change.files), removed=list(change.removed))
+    return WorkspaceChange(files=list(change.files))
 
 
 def _tail(data: bytes, size: int) -> str:

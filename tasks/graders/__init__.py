@@ -21,12 +21,13 @@ from typing import Any
 from tasks.graders.safety import output_violations
 from tasks.models import EvalCase, InputError, Status, Verdict, canonical_json, sha256_hex
 from tasks.registry import grader_spec
+from tasks.trace import ExtraGrader, SampleTrace
 
 
-def grade(output: str, case: EvalCase, trace: dict | None = None) -> Verdict:
-    """Grade one output. Total: never raises (KeyboardInterrupt aside), never hangs past
-    the grader's own timeout."""
-    trace = {} if trace is None else trace
+def grade(output: str, case: EvalCase, trace: SampleTrace | None = None) -> Verdict:
+    """Grade one output, recording in `trace` what the graders did. Total: never raises
+    (KeyboardInterrupt aside), never hangs past the grader's own timeout."""
+    trace = SampleTrace() if trace is None else trace
     verdict = _total(output, case, trace)
     if case.extra_graders:
         verdict = verdict.with_safety(_grade_extra(output, case, trace))
@@ -38,24 +39,25 @@ def grade(output: str, case: EvalCase, trace: dict | None = None) -> Verdict:
     return verdict.with_safety(violations)
 
 
-def _total(output: str, case: EvalCase, trace: dict) -> Verdict:
+def _total(output: str, case: EvalCase, trace: SampleTrace) -> Verdict:
     try:
         return _dispatch(output, case, trace)
     except (Exception, SystemExit) as exc:
         return error_verdict(exc, f"{case.kind} grader raised")
 
 
-def _grade_extra(output: str, case: EvalCase, trace: dict) -> list[str]:
+def _grade_extra(output: str, case: EvalCase, trace: SampleTrace) -> list[str]:
     """Each of the case's `extra_graders` grades the output (totally, as the deciding one
-    does): its verdict, and what it traced, go to `trace["extra_graders"]`, in order. They
+    does): its verdict, and what it traced, go to `trace.extra_graders`, in order. They
     never change `passed`; their safety violations are the sample's."""
     found, safety = [], []
     for grader in case.extra_graders:
-        own: dict = {}
+        own = SampleTrace()
         verdict = _total(output, _graded_by(grader, case), own)
-        found.append({"kind": grader["kind"], **verdict.model_dump(mode="json"), **({"trace": own} if own else {})})
+        traced = {"trace": own} if own.to_dict() else {}
+        found.append(ExtraGrader(kind=grader["kind"], verdict=verdict, **traced))
         safety.extend(verdict.safety)
-    trace["extra_graders"] = found
+    trace.extra_graders = found
     return safety
 
 
@@ -64,7 +66,7 @@ def _graded_by(grader: dict[str, Any], case: EvalCase) -> EvalCase:
     return case.model_copy(update={"grader": grader, "extra_graders": ()})
 
 
-def _dispatch(output: str, case: EvalCase, trace: dict) -> Verdict:
+def _dispatch(output: str, case: EvalCase, trace: SampleTrace) -> Verdict:
     if not isinstance(output, str):
         return Verdict.fail(Status.error, f"output is {type(output).__name__}, not str")
     entry = grader_spec(case.kind)

@@ -19,6 +19,7 @@ from tasks.graders.safety import compile_pattern
 from tasks.models import EvalCase, InputError, Status, Verdict, canonical_json
 from tasks.params import ContainsParams, ExactParams, JsonParams, NumericParams, RegexParams
 from tasks.registry import grader
+from tasks.trace import GraderStep, NumericCheck, SampleTrace
 
 
 def _verdict(ok: bool, detail: str) -> Verdict:
@@ -115,12 +116,12 @@ def _reference_number(case: EvalCase) -> float:
     raise InputError(f"case {case.id!r}: numeric grader needs a number reference, got {ref!r}")
 
 
-@grader("numeric", params=NumericParams)
-def numeric(output: str, case: EvalCase, params: NumericParams, *, trace: dict) -> Verdict:
+@grader("numeric", params=NumericParams, trace=SampleTrace)
+def numeric(output: str, case: EvalCase, params: NumericParams, *, trace: SampleTrace) -> Verdict:
     ref = _reference_number(case)
     abs_tol, rel_tol = params.abs_tol, params.rel_tol
     got = parse_number(output)
-    trace.setdefault("grader_steps", []).append({"numeric": {"parsed": got, "reference": ref}})
+    trace.grader_steps = [*(trace.grader_steps or ()), GraderStep(numeric=NumericCheck(parsed=got, reference=ref))]
     if got is None:
         return Verdict.fail(Status.failed, f"no number found in output (expected {ref:g})")
     close = math.isclose(got, ref, rel_tol=rel_tol, abs_tol=abs_tol)

@@ -45,6 +45,7 @@ from tasks.models import (
 from tasks.params import JudgeParams
 from tasks.redaction import redact
 from tasks.registry import grader
+from tasks.trace import JudgeDraw, JudgeTrace, SampleTrace
 
 Preference = Literal["first", "second", "tie"]
 
@@ -91,15 +92,11 @@ class Draw:
     error: str | None = None
     safety: tuple[str, ...] = ()
 
-    def to_json(self) -> dict[str, Any]:
+    def traced(self) -> JudgeDraw:
         if self.passed is None:
-            return {"seed": self.seed, "error": self.error}
-        return {
-            "seed": self.seed,
-            "passed": self.passed,
-            "score": self.score,
-            "rationale": self.rationale[:RATIONALE_CHARS],
-        }
+            return JudgeDraw(seed=self.seed, error=self.error)
+        return JudgeDraw(seed=self.seed, passed=self.passed, score=self.score,
+                         rationale=self.rationale[:RATIONALE_CHARS])
 
 
 @dataclass(frozen=True)
@@ -360,13 +357,14 @@ def preference_from_result(result: Any) -> Preference:
 
 
 def majority(draws: list[Draw], spec: str) -> tuple[Verdict, dict[str, Any]]:
-    """The J draws folded into one verdict, and what the trace records about them."""
+    """The J draws folded into one verdict, and what the trace records about them (the
+    fields of `JudgeTrace` after its spec and fingerprint)."""
     safety = tuple(v for d in draws for v in d.safety)
     errors = [d for d in draws if d.passed is None]
     passes = sum(bool(d.passed) for d in draws)
     record: dict[str, Any] = {
         "seeds": [d.seed for d in draws],
-        "draws": [d.to_json() for d in draws],
+        "draws": [d.traced() for d in draws],
         "passes": passes,
         "errors": len(errors),
     }
@@ -392,10 +390,10 @@ def _fingerprint(case: EvalCase) -> str:
     return case_judge(case).fingerprint
 
 
-@grader("judge", params=JudgeParams, oracle=False, fingerprint=_fingerprint)
-def judge(output: str, case: EvalCase, params: JudgeParams, *, trace: dict) -> Verdict:
+@grader("judge", params=JudgeParams, oracle=False, fingerprint=_fingerprint, trace=SampleTrace)
+def judge(output: str, case: EvalCase, params: JudgeParams, *, trace: SampleTrace) -> Verdict:
     j = case_judge(case)
-    trace["judge"] = {"spec": j.spec, "fingerprint": j.fingerprint}
+    trace.judge = JudgeTrace(spec=j.spec, fingerprint=j.fingerprint)
     if not output.strip():
         return Verdict.fail(Status.empty, "empty output: nothing to judge")
     draws = [
@@ -403,5 +401,5 @@ def judge(output: str, case: EvalCase, params: JudgeParams, *, trace: dict) -> V
         for i in range(j.samples)
     ]
     verdict, record = majority(draws, j.spec)
-    trace["judge"].update(record)
+    trace.judge = JudgeTrace(spec=j.spec, fingerprint=j.fingerprint, **record)
     return verdict

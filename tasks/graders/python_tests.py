@@ -19,6 +19,7 @@ from tasks.models import EvalCase, InputError, Status, Verdict
 from tasks.params import PythonTestsParams
 from tasks.registry import grader
 from tasks.sandbox import Limits, SandboxError, ServerDied, SplitProgram, run_python_program
+from tasks.trace import PythonTestsTrace, SampleTrace
 
 _TAIL = 2000
 
@@ -48,8 +49,8 @@ def _sandbox_code(case: EvalCase) -> list[str]:
     return [file_hash(tasks.sandbox.servers.__file__), file_hash(tasks.sandbox.forkserver.__file__)]
 
 
-@grader("python_tests", params=PythonTestsParams, runs_code=True, fingerprint=_sandbox_code)
-def python_tests(output: str, case: EvalCase, params: PythonTestsParams, *, trace: dict) -> Verdict:
+@grader("python_tests", params=PythonTestsParams, runs_code=True, fingerprint=_sandbox_code, trace=SampleTrace)
+def python_tests(output: str, case: EvalCase, params: PythonTestsParams, *, trace: SampleTrace) -> Verdict:
     limits = _limits(params)
     program = build_program(output, case)
     if not output.strip():
@@ -61,17 +62,17 @@ def python_tests(output: str, case: EvalCase, params: PythonTestsParams, *, trac
     except SandboxError as exc:
         return Verdict.fail(Status.error, f"sandbox could not start: {exc}")
     res = run.result
-    trace["python_tests"] = {
-        "isolation": res.isolation,
-        "returncode": res.returncode,
-        "timed_out": res.timed_out,
-        "completed": run.completed,
-        "duration_s": res.duration_s,
-        "stdout": _tail(res.stdout),
-        "stderr": _tail(res.stderr),
-        "stdout_truncated": res.stdout_truncated,
-        "stderr_truncated": res.stderr_truncated,
-    }
+    trace.python_tests = PythonTestsTrace(
+        isolation=res.isolation,
+        returncode=res.returncode,
+        timed_out=res.timed_out,
+        completed=run.completed,
+        duration_s=res.duration_s,
+        stdout=_tail(res.stdout),
+        stderr=_tail(res.stderr),
+        stdout_truncated=res.stdout_truncated,
+        stderr_truncated=res.stderr_truncated,
+    )
     if run.completed:
         return Verdict.ok("check() returned")
     if res.timed_out:

@@ -11,8 +11,9 @@ The verdict follows docs/contract.md §4 step by step, and each step fails close
    the tree, JUnit read: `passed` only if every FAIL_TO_PASS and PASS_TO_PASS test
    passed; a missing, skipped or errored test, or no JUnit report at all, is a failure.
 
-`trace` gets `steps` (what happened), `timings` (seconds per step) and `tests` (the
-outcome of every graded test id).
+The trace (`tasks.trace.SampleTrace`) gets `steps` (what happened), `timings` (seconds per
+step), `edited_files`, `environment`, `test_run` and `tests` (the outcome of every graded
+test id).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from tasks.repos.worktrees import (
     scan_tree,
 )
 from tasks.sandbox import Limits, SandboxError
+from tasks.trace import ProcessRun, SampleTrace
 
 DEFAULT_TEST_FILES = ("tests/**", "test_*.py", "*_test.py", "conftest.py")
 # What decides how pytest starts (options, plugins, code run before any test), at any
@@ -147,10 +149,12 @@ def is_runner_file(path: str) -> bool:
 
 
 class _Clock:
-    """Seconds per step, into `trace["timings"]`."""
+    """Seconds per step, into `trace.timings`."""
 
-    def __init__(self, trace: dict) -> None:
-        self.timings: dict[str, float] = trace.setdefault("timings", {})
+    def __init__(self, trace: SampleTrace) -> None:
+        if trace.timings is None:
+            trace.timings = {}
+        self.timings = trace.timings
 
     @contextmanager
     def __call__(self, step: str) -> Iterator[None]:
@@ -161,18 +165,25 @@ class _Clock:
             self.timings[step] = self.timings.get(step, 0.0) + time.perf_counter() - start
 
 
-def grade_base(case: EvalCase, trace: dict | None = None) -> Verdict:
+def _steps(trace: SampleTrace) -> list[str]:
+    """`trace.steps`, begun if it is not yet."""
+    if trace.steps is None:
+        trace.steps = []
+    return trace.steps
+
+
+def grade_base(case: EvalCase, trace: SampleTrace | None = None) -> Verdict:
     """The tests at the base commit with no candidate edit. `suite validate` expects this
     to fail: a FAIL_TO_PASS test that already passes makes the case vacuous."""
-    trace = {} if trace is None else trace
+    trace = SampleTrace() if trace is None else trace
     params = parse_params(case)
     clock = _Clock(trace)
     with checkout(params.repo, params.base_commit) as tree:
         return _test_tree(tree, params, {}, trace, clock)
 
 
-@grader("repo_tests", params=RepoTestsParams, runs_code=True, baseline=grade_base)
-def grade_repo_tests(output: str, case: EvalCase, typed: RepoTestsParams, *, trace: dict) -> Verdict:
+@grader("repo_tests", params=RepoTestsParams, runs_code=True, baseline=grade_base, trace=SampleTrace)
+def grade_repo_tests(output: str, case: EvalCase, typed: RepoTestsParams, *, trace: SampleTrace) -> Verdict:
     # `parse_params` completes the typed parameters with what resolves against the case.
     if not output.strip():
         return Verdict.fail(Status.empty, "empty output")
@@ -185,16 +196,16 @@ def grade_repo_tests(output: str, case: EvalCase, typed: RepoTestsParams, *, tra
         with ExitStack() as held:
             with clock("checkout"):
                 tree = held.enter_context(checkout(params.repo, params.base_commit))
-            trace.setdefault("steps", []).append(f"checked out {params.base_commit[:12]}")
+            _steps(trace).append(f"checked out {params.base_commit[:12]}")
             return _grade_tree(tree, output, params, case, trace, clock)
     except RepoError as exc:
         return Verdict.fail(Status.error, f"checkout failed: {exc}")
 
 
 def _grade_tree(
-    tree: Path, output: str, params: Params, case: EvalCase, trace: dict, clock: _Clock
+    tree: Path, output: str, params: Params, case: EvalCase, trace: SampleTrace, clock: _Clock
 ) -> Verdict:
-    steps: list[str] = trace["steps"]
+    steps = _steps(trace)
     with clock("apply"):
         applied = apply_patch(tree, output)
     if applied.empty:
@@ -204,7 +215,7 @@ def _grade_tree(
     with clock("scope"):
         changed = changed_paths(tree)
     steps.append(f"applied: {len(changed)} path(s) changed")
-    trace["edited_files"] = sorted(changed)
+    trace.edited_files = sorted(changed)
     if not changed:
         return Verdict.fail(Status.empty, "the patch changes no file")
     # A forbidden file is out of scope whatever allowed_files says.
@@ -222,10 +233,10 @@ def _grade_tree(
     return _test_tree(tree, params, changed, trace, clock)
 
 
-def _test_tree(tree: Path, params: Params, changed: dict, trace: dict, clock: _Clock) -> Verdict:
+def _test_tree(tree: Path, params: Params, changed: dict, trace: SampleTrace, clock: _Clock) -> Verdict:
     """Restore test files, apply test_patch, run setup and the tests: the part of grading
     after the candidate's edits are on disk."""
-    steps: list[str] = trace.setdefault("steps", [])
+    steps = _steps(trace)
     try:
         with clock("environment"):
             runtime = runtime_for(params.environment, params.repo, params.base_commit,
@@ -303,7 +314,7 @@ def _test_argv(params: Params, junit: str, python: str) -> list[str]:
 
 
 def _run_tests(
-    tree: Path, params: Params, limits: Limits, trace: dict, clock: _Clock, runtime: Runtime
+    tree: Path, params: Params, limits: Limits, trace: SampleTrace, clock: _Clock, runtime: Runtime
 ) -> Verdict:
     # The report goes to a directory made just now under a random name (no file from the
     # patch, nor one left by an earlier sample, can stand in for it), in the sandbox's copy
@@ -324,13 +335,13 @@ def _run_tests(
             return Verdict.fail(Status.error, f"the test command could not start: {exc}")
         out.seek(0)
         handed = out.read(JUNIT_CAP_BYTES + 1)
-    trace["test_run"] = {
-        "returncode": result.returncode,
-        "duration_s": result.duration_s,
-        "isolation": result.isolation,
-        "stdout_tail": _tail(result.stdout),
-        "stderr_tail": _tail(result.stderr),
-    }
+    trace.test_run = ProcessRun(
+        returncode=result.returncode,
+        duration_s=result.duration_s,
+        isolation=result.isolation,
+        stdout_tail=_tail(result.stdout),
+        stderr_tail=_tail(result.stderr),
+    )
     if result.timed_out:
         return Verdict.fail(
             Status.timeout, f"the tests did not finish within {params.timeout_s:g}s"
@@ -354,7 +365,7 @@ def _run_tests(
         outcomes = {
             test: report.outcome(test) for test in params.fail_to_pass + params.pass_to_pass
         }
-    trace["tests"] = outcomes
+    trace.tests = outcomes
     return _verdict(params, outcomes)
 
 

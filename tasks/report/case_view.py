@@ -8,6 +8,7 @@ from typing import Any
 
 from tasks.models import InputError
 from tasks.report.trajectory import trajectory_lines
+from tasks.trace import SampleTrace
 
 # The text form clips each output and detail; `--json` has them whole.
 MAX_TEXT_CHARS = 4000
@@ -40,8 +41,9 @@ def case_text(doc: dict[str, Any]) -> str:
         for violation in s["safety"] or []:
             lines.append(f"  SAFETY: {violation}")
         lines.append(f"  output: {_clip(s['output'])!r}")
-        steps = trajectory_lines(s["trace"] or {})  # a coding agent's steps (--workspace)
-        lines += [f"  trajectory: {len(steps)} step(s)", *(f"  {step}" for step in steps)] if steps else []
+        trajectory = SampleTrace.parse(s["trace"]).trajectory  # a coding agent's steps (--workspace)
+        if steps := trajectory_lines(trajectory):
+            lines += [f"  trajectory: {trajectory.steps} step(s)", *(f"  {step}" for step in steps)]
     return "\n".join(lines)
 
 

@@ -3,13 +3,13 @@ first failure details and failing outputs (what the agent said), safety hits and
 
 from __future__ import annotations
 
-import json
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from tasks.report.html import MAX_OUTPUT_CHARS
 from tasks.report.trajectory import trajectory_lines
+from tasks.trace import SampleTrace
 
 MAX_DETAILS_PER_CASE = 5
 MAX_OUTPUTS_PER_CASE = 2
@@ -30,7 +30,7 @@ def case_rows(samples: Iterable[Mapping[str, Any]], failing: Iterable[Mapping[st
         case = grouped[sample["case_id"]]
         case["outputs"].append(sample["output"] or "")
         # The first failing sample that has a coding agent's steps shows them.
-        if "trajectory" not in case and (steps := trajectory_lines(json.loads(sample["trace"] or "{}"))):
+        if "trajectory" not in case and (steps := trajectory_lines(SampleTrace.parse(sample["trace"]).trajectory)):
             case["trajectory"] = {"sample_index": sample["sample_index"], "lines": steps}
     for row in samples:
         case = grouped[row["case_id"]]

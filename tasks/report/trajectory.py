@@ -1,4 +1,4 @@
-"""A sample's trajectory (`trace["trajectory"]`, see `tasks.agents.trajectory`) as text lines:
+"""A sample's trajectory (`SampleTrace.trajectory`, see `tasks.agents.trajectory`) as text lines:
 one line per step, for `runs show RUN --case ID` and the HTML report's failing and flaky
 cases. Plain text; the report escapes it where it prints it."""
 
@@ -9,18 +9,19 @@ import textwrap
 from collections.abc import Mapping
 from typing import Any
 
+from tasks.trace import Trajectory
+
 STEP_CHARS = 600  # of one step's line; the stored trajectory keeps all of it
 
 
-def trajectory_lines(trace: Mapping[str, Any], step_chars: int = STEP_CHARS) -> list[str]:
-    """The steps of the trajectory in `trace`, numbered; [] when the sample has none."""
-    doc = trace.get("trajectory")
-    if not isinstance(doc, Mapping):
+def trajectory_lines(doc: Trajectory | None, step_chars: int = STEP_CHARS) -> list[str]:
+    """The steps of a sample's trajectory, numbered; [] when it has none."""
+    if doc is None:
         return []
     lines = [f"{i:>3}. {textwrap.shorten(_step_text(step), step_chars, placeholder=' …')}"
-             for i, step in enumerate(doc.get("entries", []), 1)]
-    if truncated := doc.get("truncated"):
-        lines.append(f"     [trajectory cut at {truncated['cap_bytes']} of its {truncated['bytes']} bytes]")
+             for i, step in enumerate(doc.entries, 1)]
+    if cut := doc.truncated:
+        lines.append(f"     [trajectory cut at {cut.cap_bytes} of its {cut.bytes} bytes]")
     return lines
 
 

@@ -47,6 +47,7 @@ from tasks.params import Environment
 from tasks.redaction import MIN_SECRET_CHARS, redact
 from tasks.repos.worktrees import RepoError, checkout, ensure_commit, mirror, source_of
 from tasks.sandbox import Limits, Mounts, SandboxError, SandboxResult, run_command
+from tasks.trace import EnvironmentTrace, SampleTrace
 
 # Where every tree appears inside the sandbox, at build and at test time (a path under
 # the sandbox's private /tmp: bubblewrap cannot create one in the read-only root).
@@ -160,7 +161,7 @@ HOST = Runtime(python=sys.executable, env={})
 
 
 def runtime_for(spec: Environment | None, repo: str, base_commit: str, *, needs_pytest: bool,
-                trace: dict | None = None, home: Path | None = None) -> Runtime:
+                trace: SampleTrace | None = None, home: Path | None = None) -> Runtime:
     """The runtime for a sample's tests: HOST without a spec; otherwise the environment,
     built first if it is not yet. Raises `EnvironmentFailed`."""
     if spec is None:
@@ -170,8 +171,8 @@ def runtime_for(spec: Environment | None, repo: str, base_commit: str, *, needs_
     path = home / "envs" / ident.name
     meta = _ensure_built(ident, spec, path)
     if trace is not None:
-        trace["environment"] = {"name": ident.name, "python": ident.interpreter.version,
-                                "pytest": meta.get("pytest")}
+        trace.environment = EnvironmentTrace(name=ident.name, python=ident.interpreter.version,
+                                             pytest=meta.get("pytest"))
     if needs_pytest and not meta.get("pytest"):
         raise EnvironmentFailed(f"{ident.describe()} has no pytest, which the default test "
                                 "command needs: add it to install")

@@ -3,7 +3,6 @@ its DDL are derived, and the conversion of graded `Sample`s into such rows."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -51,7 +50,7 @@ def samples_table(run_id: str, samples: Sequence[Sample], planned: Sequence[Plan
         for col, value in (
             ("run_id", run_id), ("case_id", s.case_id), ("sample_index", s.index), ("seed", s.seed),
             ("output", s.output), ("status", v.status.value), ("passed", v.passed), ("score", v.score),
-            ("detail", v.detail), ("safety", list(v.safety)), ("trace", json.dumps(s.trace, default=str)),
+            ("detail", v.detail), ("safety", list(v.safety)), ("trace", s.trace.to_json()),
             ("duration_s", s.duration_s), ("cache_key", p.cache_key), ("cached", s.cached),
             ("case_hash", p.case_hash), ("output_key", p.output_key or None),
             ("latency_s", s.usage.latency_s), ("input_tokens", s.usage.input_tokens),

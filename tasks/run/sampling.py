@@ -34,6 +34,7 @@ from tasks.models import (
     sha256_hex,
 )
 from tasks.redaction import MASK, redact
+from tasks.trace import SampleTrace, Truncation
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -116,25 +117,24 @@ def truncation_marker(cap: int) -> str:
     return f"\n[evalpipe: output truncated at {cap} bytes]"
 
 
-def bounded_output(output: Any, cap: int) -> tuple[str, dict[str, Any]]:
-    """An agent's output as it is graded and stored, and what the trace says about it.
+def bounded_output(output: Any, cap: int, trace: SampleTrace) -> str:
+    """An agent's output as it is graded and stored; `trace` records what was changed.
     `AgentError` if it is not a `str`: converting it would hide a bug (a `None` from a
     missing `return` would grade as "None")."""
     if not isinstance(output, str):
         raise AgentError(f"returned {type(output).__name__}, expected str")
-    notes: dict[str, Any] = {}
     text, replaced = encodable(output)
     if replaced:
-        notes["output_replaced_chars"] = replaced
+        trace.output_replaced_chars = replaced
     masked = redact(text)
     if masked != text:
-        notes["output_redacted"] = masked.count(MASK) - text.count(MASK)
+        trace.output_redacted = masked.count(MASK) - text.count(MASK)
     data = masked.encode("utf-8")
     if len(data) > cap:
-        notes["output_truncated"] = {"cap_bytes": cap, "bytes": len(data)}
+        trace.output_truncated = Truncation(cap_bytes=cap, bytes=len(data))
         # `ignore` drops a character cut in half at the cap.
         masked = data[:cap].decode("utf-8", "ignore") + truncation_marker(cap)
-    return masked, notes
+    return masked
 
 
 def _map_strings(value: Any, fn: Callable[[str], str]) -> Any:
@@ -147,6 +147,13 @@ def _map_strings(value: Any, fn: Callable[[str], str]) -> Any:
     return value
 
 
+def _storable_trace(trace: SampleTrace) -> SampleTrace:
+    """`trace` with every string storable (parsed anew only if one changed: most never do)."""
+    written = trace.to_dict()
+    cleaned = _map_strings(written, storable)
+    return trace if cleaned == written else SampleTrace.model_validate(cleaned)
+
+
 @dataclass(frozen=True)
 class Drawn:
     """An output on its way from the drawing stage to the grading stage: the planned sample,
@@ -156,7 +163,7 @@ class Drawn:
     planned: PlannedSample
     output: str
     usage: Usage
-    trace: dict[str, Any]
+    trace: SampleTrace
     draw_s: float = 0.0
     error: str | None = None
 
@@ -169,7 +176,7 @@ def stored_output(planned: PlannedSample) -> Drawn:
     """A planned sample's stored output, graded without an agent call (bounded when it was
     drawn: a second cut would add a second marker)."""
     assert planned.output is not None
-    return Drawn(planned, planned.output, planned.usage or Usage(), {})
+    return Drawn(planned, planned.output, planned.usage or Usage(), SampleTrace())
 
 
 def draw_output(agent, case: EvalCase, planned: PlannedSample, n: int, cap: int) -> Drawn:
@@ -178,17 +185,16 @@ def draw_output(agent, case: EvalCase, planned: PlannedSample, n: int, cap: int)
     if planned.output is not None:
         return stored_output(planned)
     started = time.perf_counter()
-    trace: dict = {}
+    trace = SampleTrace()
     ctx = AgentContext(case_id=case.id, index=planned.index, seed=planned.seed, n=n, trace=trace)
     try:
         try:
             raw = agent.generate(case, ctx)
         finally:  # a failed call took its time (and maybe its tokens) too
             usage = Usage(latency_s=time.perf_counter() - started, **ctx.reported)
-        output, notes = bounded_output(raw, cap)
+        output = bounded_output(raw, cap, trace)
     except AgentError as exc:
         return Drawn(planned, "", usage, trace, time.perf_counter() - started, f"agent failed: {exc}")
-    trace.update(notes)
     return Drawn(planned, output, usage, trace, time.perf_counter() - started)
 
 
@@ -196,17 +202,17 @@ def grade_drawn(case: EvalCase, drawn: Drawn, regrade: int = 0) -> Sample:
     """Grade a drawn (or stored) output into its `Sample`. Never raises: an agent failure is
     an `agent_error`; a grader's is the grader's verdict."""
     started = time.perf_counter()
-    trace = dict(drawn.trace)
+    trace = drawn.trace.model_copy()
     if drawn.error is not None:
         verdict = Verdict.fail(Status.agent_error, drawn.error)
     else:
-        trace["agent_s"] = round(drawn.draw_s, 6)
+        trace.agent_s = round(drawn.draw_s, 6)
         verdict = grade(drawn.output, case, trace)
         if regrade:
             # Same output graded again: any disagreement is the environment's flakiness.
-            again = [grade(drawn.output, case, {}).status.value for _ in range(regrade)]
-            trace["regrade"] = again
-            trace["env_flaky"] = any(s != verdict.status.value for s in again)
+            again = [grade(drawn.output, case).status for _ in range(regrade)]
+            trace.regrade = again
+            trace.env_flaky = any(s != verdict.status for s in again)
     # Graders and judges write text of their own (an exception, a judge's rationale).
     verdict = verdict.model_copy(
         update={"detail": storable(verdict.detail), "safety": tuple(map(storable, verdict.safety))}
@@ -218,7 +224,7 @@ def grade_drawn(case: EvalCase, drawn: Drawn, regrade: int = 0) -> Sample:
         seed=p.seed,
         output=drawn.output,
         verdict=verdict,
-        trace=_map_strings(trace, storable),
+        trace=_storable_trace(trace),
         duration_s=drawn.draw_s + time.perf_counter() - started,
         cached=drawn.cached,
         usage=drawn.usage,

@@ -6,7 +6,6 @@ goes through the same functions."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -19,6 +18,7 @@ from tasks.metrics.aggregate import REQUIRED_COLUMNS, Aggregate, Row, aggregate
 from tasks.models import EvalSuite, InputError
 from tasks.run.spec import RunSpec
 from tasks.run.usage import USAGE_SAMPLE_COLUMNS, RunUsage, usage_summary
+from tasks.trace import SampleTrace
 
 
 class _Doc(BaseModel):
@@ -269,15 +269,14 @@ def summarize(spec: RunSpec, suite: EvalSuite, samples: pa.Table,
 
 
 def _env_flakes(samples: pa.Table) -> int:
-    return sum(bool(json.loads(t).get("env_flaky")) for t in samples["trace"].to_pylist())
+    return sum(bool(SampleTrace.parse(t).env_flaky) for t in samples["trace"].to_pylist())
 
 
 def _agent_steps(samples: pa.Table) -> dict[str, float] | None:
     """Steps per sample of the samples that kept a trajectory; None when none did."""
     if "trace" not in samples.column_names:  # not a --workspace run: no trajectories
         return None
-    steps = [t["trajectory"]["steps"] for t in map(json.loads, samples["trace"].to_pylist())
-             if isinstance(t.get("trajectory"), dict)]
+    steps = [t.trajectory.steps for t in map(SampleTrace.parse, samples["trace"].to_pylist()) if t.trajectory]
     if not steps:
         return None
     return {"samples": len(steps), "total": sum(steps), "mean": round(sum(steps) / len(steps), 3),

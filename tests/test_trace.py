@@ -1,0 +1,214 @@
+"""The typed trace (`tasks.trace.SampleTrace`): each section as its real writer records it,
+stored in a real DuckDB file by a real run and parsed back; old-shape rows still render;
+a registered grader's declared section lands typed under its kind."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import duckdb
+import pytest
+from pydantic import BaseModel
+from support.judges import ref
+
+from evalpipe import evaluate
+from flows.cli import main
+from tasks import registry
+from tasks.models import EvalCase, Status, Verdict
+from tasks.trace import JudgeDraw, SampleTrace
+
+LONG = "x" * 3000
+PROGRAM = "    return x + 1\n"
+
+
+def stored_traces(home: Path, run_id: str) -> dict[str, str]:
+    """Each case's `samples.trace` text (one sample per case), read from the DuckDB file."""
+    with duckdb.connect(str(home / "evalpipe.duckdb"), read_only=True) as con:
+        return dict(con.execute("SELECT case_id, trace FROM samples WHERE run_id = ?", [run_id]).fetchall())
+
+
+def answer(inputs, ctx) -> str:
+    # A lone surrogate no encoding can store: the trace says it was replaced.
+    return inputs["say"] + ("\ud800" if ctx.case_id == "judged" else "")
+
+
+CASES = [
+    {"id": "numeric", "inputs": {"say": "about 5.0"}, "reference": "5", "grader": {"kind": "numeric"}},
+    {"id": "judged", "inputs": {"say": "yes"}, "reference": "yes",
+     "grader": {"kind": "judge", "function": ref("says_yes"), "samples": 3},
+     "extra_graders": [{"kind": "contains"}, {"kind": "judge", "function": ref("coin"), "samples": 2}]},
+    {"id": "long", "inputs": {"say": LONG}, "reference": "x", "grader": {"kind": "contains"}},
+    {"id": "program", "inputs": {"prompt": "def f(x):\n", "say": PROGRAM}, "reference": PROGRAM,
+     "grader": {"kind": "python_tests", "entry_point": "f", "test": "def check(c):\n    assert c(1) == 2\n"}},
+]
+
+
+def test_each_section_round_trips_from_its_writer_through_the_store(home):
+    summary = evaluate(CASES, answer, regrade=1, max_output_bytes=2000)
+    traces = stored_traces(home, summary.run_id)
+    parsed = {case_id: SampleTrace.parse(text) for case_id, text in traces.items()}
+    # Parsed and stored again: the same text, byte for byte (what older readers read).
+    assert {c: t.to_json() for c, t in parsed.items()} == traces
+
+    for trace in parsed.values():  # the sampler's sections, on every sample
+        assert trace.agent_s > 0 and trace.regrade == [Status.passed] and trace.env_flaky is False
+
+    numeric = parsed["numeric"].grader_steps
+    assert [(s.numeric.parsed, s.numeric.reference) for s in numeric] == [(5.0, 5.0)]
+
+    judged = parsed["judged"]
+    assert judged.output_replaced_chars == 1
+    assert judged.judge.spec == ref("says_yes") and len(judged.judge.fingerprint) == 64
+    assert judged.judge.passes == 3 and judged.judge.agreement == 1.0 and judged.judge.errors == 0
+    assert all(isinstance(d, JudgeDraw) and d.passed and d.rationale == "r" for d in judged.judge.draws)
+    assert judged.judge.seeds == [d.seed for d in judged.judge.draws]
+    contains, coin = judged.extra_graders
+    assert (contains.kind, contains.verdict.status, contains.trace) == ("contains", Status.passed, None)
+    assert coin.kind == "judge" and coin.trace.judge.spec == ref("coin") and len(coin.trace.judge.draws) == 2
+    assert coin.verdict.passed == (coin.trace.judge.passes == 2)
+    # The stored shape every evalpipe wrote: the same keys in the same order, the extra
+    # graders' verdicts flat beside their kind.
+    raw = json.loads(traces["judged"])
+    assert list(raw) == ["output_replaced_chars", "agent_s", "judge", "extra_graders", "regrade", "env_flaky"]
+    assert list(raw["judge"]) == ["spec", "fingerprint", "seeds", "draws", "passes", "errors", "agreement"]
+    assert list(raw["extra_graders"][1]) == ["kind", "passed", "score", "status", "detail", "safety", "trace"]
+
+    assert parsed["long"].output_truncated.cap_bytes == 2000 and parsed["long"].output_truncated.bytes == 3000
+
+    program = parsed["program"].python_tests
+    assert program.completed and program.returncode == 0 and program.isolation in ("bwrap", "rlimits")
+
+    # The SQL that reads a key of the stored JSON (storage/calibrations.py) still finds it.
+    with duckdb.connect(str(home / "evalpipe.duckdb"), read_only=True) as con:
+        (fingerprint,), = con.execute("SELECT json_extract_string(trace, '$.judge.fingerprint') FROM samples"
+                                      " WHERE case_id = 'judged'").fetchall()
+    assert fingerprint == judged.judge.fingerprint
+
+
+# A trace as an older evalpipe stored it: a coding agent's run and trajectory, the keys of a
+# human label (which no section models) and a judge that was an extra grader.
+OLD_TRACE = {
+    "agent_run": {"returncode": 0, "duration_s": 1.5, "isolation": "bwrap", "stdout_tail": "done\n",
+                  "stderr_tail": ""},
+    "trajectory": {"steps": 2, "entries": [{"tool": "bash", "input": "ls", "output": "README"},
+                                           {"role": "assistant", "content": "no fix found"}],
+                   "truncated": {"cap_bytes": 100, "bytes": 5000}},
+    "workspace": {"files": []},
+    "agent_s": 1.6,
+    "extra_graders": [{"kind": "judge", "passed": False, "score": 0.0, "status": "failed", "detail": "no",
+                       "safety": [], "trace": {"judge": {"spec": "s", "fingerprint": "f"}}}],
+    "labeller": "ada",
+}
+
+
+def test_an_old_shape_trace_in_the_store_still_renders(home, capsys, tmp_path):
+    cases = [{"id": "q", "inputs": {"say": "no"}, "reference": "yes", "grader": {"kind": "exact"}}]
+    base = evaluate(cases, lambda inputs, ctx: "yes")
+    summary = evaluate(cases, answer)  # fails where the base passed: the diff report expands q
+    old = json.dumps(OLD_TRACE)
+    with duckdb.connect(str(home / "evalpipe.duckdb")) as con:
+        con.execute("UPDATE samples SET trace = ? WHERE run_id = ?", [old, summary.run_id])
+
+    assert main(["runs", "show", summary.run_id, "--case", "q"]) == 0
+    shown = capsys.readouterr().out
+    assert "trajectory: 2 step(s)" in shown and "1. tool bash: ls -> README" in shown
+    assert "2. assistant: no fix found" in shown and "[trajectory cut at 100 of its 5000 bytes]" in shown
+    assert main(["runs", "show", summary.run_id, "--case", "q", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["samples"][0]["trace"] == OLD_TRACE  # as stored
+
+    out = tmp_path / "report.html"
+    assert main(["report", summary.run_id, "--out", str(out)]) == 0
+    assert "tool bash: ls -&gt; README" in out.read_text()
+    assert main(["report", summary.run_id, "--baseline", base.run_id, "--out", str(out)]) == 0
+    assert "no fix found" in out.read_text()  # the trajectory beside the regressed output
+
+    parsed = SampleTrace.parse(old)
+    assert parsed.to_json() == old and parsed.labeller == "ada"  # an unknown key is kept
+    assert parsed.extra_graders[0].trace.judge.draws == []  # a key it lacks is the default
+
+
+def test_a_section_that_does_not_fit_is_left_out_and_the_rest_read():
+    parsed = SampleTrace.parse('{"trajectory": "garbled", "agent_s": 2.0, "env_flaky": true}')
+    assert parsed.trajectory is None and parsed.agent_s == 2.0 and parsed.env_flaky is True
+    assert SampleTrace.parse(None) == SampleTrace.parse("[]") == SampleTrace()
+
+
+class WordsParams(BaseModel):
+    pass
+
+
+class WordsTrace(BaseModel):
+    words: int = 0
+    longest: str = ""
+
+
+@pytest.fixture
+def wordy(monkeypatch):
+    """A grader registered for this test, declaring its trace section."""
+    monkeypatch.setattr(registry, "_GRADERS", dict(registry._GRADERS))  # undone after the test
+
+    @registry.grader("wordy", params=WordsParams, trace=WordsTrace)
+    def wordy_grader(output: str, case: EvalCase, params: WordsParams, *, trace: WordsTrace) -> Verdict:
+        if output:  # an empty output records nothing
+            trace.words = len(output.split())
+            trace.longest = max(output.split(), key=len)
+        return Verdict.ok() if trace.words >= 3 else Verdict.fail(Status.failed, "too short")
+
+
+def test_a_registered_graders_declared_section_lands_typed_under_its_kind(home, wordy):
+    cases = [
+        {"id": "decides", "inputs": {"say": "three short words"}, "reference": "", "grader": {"kind": "wordy"}},
+        {"id": "beside", "inputs": {"say": "yes indeed"}, "reference": "yes", "grader": {"kind": "contains"},
+         "extra_graders": [{"kind": "wordy"}]},
+        {"id": "silent", "inputs": {"say": ""}, "reference": "", "grader": {"kind": "wordy"}},
+    ]
+    summary = evaluate(cases, answer)
+    traces = stored_traces(home, summary.run_id)
+    parsed = {case_id: SampleTrace.parse(text) for case_id, text in traces.items()}
+
+    assert parsed["decides"].section("wordy", WordsTrace) == WordsTrace(words=3, longest="three")
+    assert json.loads(traces["decides"])["wordy"] == {"words": 3, "longest": "three"}
+    (extra,) = parsed["beside"].extra_graders
+    assert extra.verdict.status is Status.failed
+    assert extra.trace.section("wordy", WordsTrace) == WordsTrace(words=2, longest="indeed")
+    # Left at its default, the section is not stored at all.
+    assert "wordy" not in json.loads(traces["silent"]) and parsed["silent"].section("wordy", WordsTrace) is None
+
+
+def test_a_trace_model_the_registry_cannot_store_is_refused_at_registration(monkeypatch):
+    monkeypatch.setattr(registry, "_GRADERS", dict(registry._GRADERS))
+
+    class Required(BaseModel):
+        words: int
+
+    def takes(output, case, params, *, trace): ...
+
+    with pytest.raises(ValueError, match="needs a default for every field"):
+        registry.grader("needs", params=WordsParams, trace=Required)(takes)
+    with pytest.raises(ValueError, match="names a built-in trace section"):
+        registry.grader("steps", params=WordsParams, trace=WordsTrace)(takes)
+    with pytest.raises(ValueError, match="must be a pydantic model class"):
+        registry.grader("plain", params=WordsParams, trace=dict)(takes)
+    with pytest.raises(ValueError, match="takes no `trace` parameter"):
+        registry.grader("deaf", params=WordsParams, trace=WordsTrace)(lambda output, case, params: None)
+    assert not {"needs", "steps", "plain", "deaf"} & registry.grader_kinds()
+
+
+def test_an_undeclared_graders_dict_lands_at_the_top_level_checked_where_it_names_a_section(monkeypatch):
+    from tasks.graders import grade
+
+    monkeypatch.setattr(registry, "_GRADERS", dict(registry._GRADERS))
+
+    @registry.grader("loose", params=WordsParams)
+    def loose(output: str, case: EvalCase, params: WordsParams, *, trace: dict) -> Verdict:
+        trace.update(json.loads(output))
+        return Verdict.ok()
+
+    case = EvalCase(id="c", reference="", grader={"kind": "loose"})
+    trace = SampleTrace()
+    assert grade('{"words": 4, "steps": ["counted"]}', case, trace).passed
+    assert trace.steps == ["counted"] and trace.to_dict() == {"words": 4, "steps": ["counted"]}
+    # A key that names a section must fit it: what does not is the grader's error, not a bad row.
+    verdict = grade('{"env_flaky": "sometimes"}', case, trace := SampleTrace())
+    assert verdict.status is Status.error and "env_flaky" in verdict.detail and trace.env_flaky is None
