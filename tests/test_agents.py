@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from tasks.agents import AgentContext, AgentError, load_agent, parse_replay, reference_text
 from tasks.agents.openai_client import OpenAIClient
-from tasks.models import EvalCase, InputError, Sample, Status
+from tasks.models import EvalCase, InputError, Sample, Status, Usage
 from tasks.run.sampling import PlannedSample, bounded_output, draw_sample, truncation_marker
 from tasks.suites.dataset import load_suite
 from tasks.trace import SampleTrace
@@ -845,6 +845,20 @@ def test_no_secret_reaches_a_stored_sample(
     leaked = [p for p in _pieces(KEY) + _pieces(token) if p in stored]
     assert not leaked, leaked
     assert stored.count("***") >= 4
+
+
+def test_a_secret_set_after_start_is_masked_in_every_string_a_sample_stores(monkeypatch) -> None:
+    # The secrets are read once per sample (not per string): one set since the last sample counts.
+    from tasks.run.sampling import Drawn, grade_drawn
+    from tasks.trace import ProcessRun
+
+    monkeypatch.setenv("LATE_TOKEN", "late-" + "Q1w2E3r4" * 3)
+    secret = os.environ["LATE_TOKEN"]
+    trace = SampleTrace(agent_run=ProcessRun(stderr_tail=f"auth {secret} refused"), steps=[f"used {secret}"])
+    planned = PlannedSample("c1", 0, 7, "ck", "ch", output_key="ok")
+    sample = grade_drawn(case(), Drawn(planned, "", Usage(), trace, error=f"agent printed {secret}"))
+    stored = sample.trace.to_json() + sample.verdict.detail
+    assert secret not in stored and stored.count("***") == 3
 
 
 def test_openai_error_is_masked_before_it_is_cut(serve) -> None:

@@ -15,6 +15,7 @@ the run's `max_output_bytes`. The trace says what was changed.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ from tasks.models import (
     content_seed,
     sha256_hex,
 )
-from tasks.redaction import MASK, redact
+from tasks.redaction import MASK, redact, secret_values
 from tasks.trace import SampleTrace, Truncation
 
 T = TypeVar("T")
@@ -108,9 +109,10 @@ def encodable(text: str) -> tuple[str, int]:
     return text, 0
 
 
-def storable(text: str) -> str:
-    """Any string as it may be stored: encodable, secrets masked."""
-    return redact(encodable(text)[0])
+def storable(text: str, secrets: Sequence[str] | None = None) -> str:
+    """Any string as it may be stored: encodable, secrets masked (`secrets`: read once by a
+    caller with many strings, see `tasks.redaction.redact`)."""
+    return redact(encodable(text)[0], secrets=secrets)
 
 
 def truncation_marker(cap: int) -> str:
@@ -147,10 +149,10 @@ def _map_strings(value: Any, fn: Callable[[str], str]) -> Any:
     return value
 
 
-def _storable_trace(trace: SampleTrace) -> SampleTrace:
+def _storable_trace(trace: SampleTrace, secrets: Sequence[str]) -> SampleTrace:
     """`trace` with every string storable (parsed anew only if one changed: most never do)."""
     written = trace.to_dict()
-    cleaned = _map_strings(written, storable)
+    cleaned = _map_strings(written, functools.partial(storable, secrets=secrets))
     return trace if cleaned == written else SampleTrace.model_validate(cleaned)
 
 
@@ -214,9 +216,9 @@ def grade_drawn(case: EvalCase, drawn: Drawn, regrade: int = 0) -> Sample:
             trace.regrade = again
             trace.env_flaky = any(s != verdict.status for s in again)
     # Graders and judges write text of their own (an exception, a judge's rationale).
-    verdict = verdict.model_copy(
-        update={"detail": storable(verdict.detail), "safety": tuple(map(storable, verdict.safety))}
-    )
+    secrets = secret_values()
+    verdict = verdict.model_copy(update={"detail": storable(verdict.detail, secrets),
+                                         "safety": tuple(storable(v, secrets) for v in verdict.safety)})
     p = drawn.planned
     return Sample(
         case_id=case.id,
@@ -224,7 +226,7 @@ def grade_drawn(case: EvalCase, drawn: Drawn, regrade: int = 0) -> Sample:
         seed=p.seed,
         output=drawn.output,
         verdict=verdict,
-        trace=_storable_trace(trace),
+        trace=_storable_trace(trace, secrets),
         duration_s=drawn.draw_s + time.perf_counter() - started,
         cached=drawn.cached,
         usage=drawn.usage,
