@@ -212,3 +212,14 @@ def test_an_undeclared_graders_dict_lands_at_the_top_level_checked_where_it_name
     # A key that names a section must fit it: what does not is the grader's error, not a bad row.
     verdict = grade('{"env_flaky": "sometimes"}', case, trace := SampleTrace())
     assert verdict.status is Status.error and "env_flaky" in verdict.detail and trace.env_flaky is None
+
+
+def test_grade_given_a_plain_dict_fills_it_as_the_trace_is_stored():
+    # Scripts and benches written against the untyped trace pass a dict and read keys back.
+    from tasks.graders import grade
+
+    case = EvalCase(id="c", reference="4", grader={"kind": "exact"},
+                    extra_graders=[{"kind": "numeric"}])
+    typed, plain = SampleTrace(), {}
+    assert grade("4", case, typed) == grade("4", case, plain)
+    assert plain == typed.to_dict() and plain["extra_graders"][0]["kind"] == "numeric"

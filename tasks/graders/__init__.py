@@ -24,9 +24,16 @@ from tasks.registry import grader_spec
 from tasks.trace import ExtraGrader, SampleTrace
 
 
-def grade(output: str, case: EvalCase, trace: SampleTrace | None = None) -> Verdict:
+def grade(output: str, case: EvalCase, trace: SampleTrace | dict | None = None) -> Verdict:
     """Grade one output, recording in `trace` what the graders did. Total: never raises
-    (KeyboardInterrupt aside), never hangs past the grader's own timeout."""
+    (KeyboardInterrupt aside), never hangs past the grader's own timeout. A plain `dict`
+    (the untyped trace earlier evalpipe took, which scripts and benches still pass) is
+    filled with the sections as they are stored."""
+    if isinstance(trace, dict):
+        typed = SampleTrace()
+        verdict = grade(output, case, typed)
+        trace.update(typed.to_dict())
+        return verdict
     trace = SampleTrace() if trace is None else trace
     verdict = _total(output, case, trace)
     if case.extra_graders:
