@@ -20,7 +20,7 @@ from flows.artifacts import Progress, progress_hook
 from flows.runners import task_runner
 from storage.store import Store
 from tasks.agents.trust import ALLOW_ENV, deployment_refusal
-from tasks.metrics.percent import percent
+from tasks.metrics.percent import headline_ci, percent
 from tasks.models import EvalSuite, InputError
 from tasks.run import RunConfig, RunSpec, RunSummary
 from tasks.run.loop import DrawTask, GradeTask, SampleStore, reduce_run
@@ -115,9 +115,9 @@ def check_deployment_allows(agent: str, unsafe_no_sandbox: bool) -> None:
 def log_headline(summary: RunSummary) -> None:
     """The headline figures and the gate's decision in the flow run's log (the UI's Logs tab)."""
     logger = get_run_logger()
-    pass_at_1, ci = summary.pass_at_k.get("1"), summary.pass_at_1_ci
-    logger.info("%s: pass@1 %s (CI %s to %s) over %d cases x n=%d; %d flaky; safety %s", summary.suite_name,
-                percent(pass_at_1), percent(ci[0]), percent(ci[1]), summary.cases, summary.n, summary.flaky_cases,
+    logger.info("%s: pass@1 %s (%s) over %d cases x n=%d; %d flaky; safety %s", summary.suite_name,
+                percent(summary.pass_at_k.get("1")), headline_ci(summary.pass_at_1_ci, summary.cases, summary.ci_level),
+                summary.cases, summary.n, summary.flaky_cases,
                 "FAILED" if summary.safety_failed else "clean")
     hats = ", ".join(f"pass^{k} {percent(v)}" for k, v in (summary.pass_hat_k or {}).items() if k != "1")
     if hats:

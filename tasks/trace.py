@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_serializer, model_validator
 
@@ -168,6 +168,12 @@ class SampleTrace(Section):
     # `--regrade`: the statuses of the same output graded again, and whether any differed.
     regrade: list[Status] | None = None
     env_flaky: bool | None = None
+    # A human label (`labels import`, tasks.metrics.labels): who gave it, on which run's
+    # sample, the label and the labeller's note (stored even when null).
+    labeller: str | None = None
+    source_run: str | None = None
+    label: Literal["pass", "fail"] | None = None
+    note: str | None = None
 
     @classmethod
     def parse(cls, stored: str | Mapping[str, Any] | None) -> SampleTrace:

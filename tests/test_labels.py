@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from storage.store import Store
 from tasks.models import InputError
+from tasks.trace import SampleTrace
 
 CANARY = "CANARY-label"
 
@@ -122,6 +123,9 @@ def test_labels_round_trip(run, tmp_path, suffix):
         trace = json.loads(s["trace"])
         assert trace["labeller"] == "ada" and trace["source_run"] == run["run_id"]
         assert s["passed"] == (trace["label"] == "pass") and "human label by ada" in s["detail"]
+        # Stored as before the trace was typed: these four keys, in this order, a null note kept.
+        assert list(trace) == ["labeller", "source_run", "label", "note"]
+        assert SampleTrace.parse(s["trace"]).label == trace["label"]
     stored = Store.default().get_run(summary["run_id"])
     assert stored["status"] == "completed" and stored["config"]["derived_from"] == run["run_id"]
     assert stored["config"]["labeller"] == "ada"

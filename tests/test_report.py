@@ -364,3 +364,19 @@ def test_every_registered_metric_shows_alike_in_text_markdown_and_html() -> None
     assert "mean_score" not in text and "mean_score" not in markdown and "mean_score" not in html
     run["metrics"]["mean_score"] = {"value": 0.5, "ci": [0.25, 0.75], "percent": True}
     assert "mean_score 50.0%  [25.0%, 75.0%]" in summary_text(run)
+
+
+def test_a_one_case_run_says_it_has_no_ci_in_every_renderer() -> None:
+    # The case-clustered bootstrap has one case to resample: its zero-width pair would claim
+    # a certainty one case cannot give. The --json document keeps the pair as computed.
+    from tasks.report.text import summary_text
+
+    one, cases = build({"add-2": [True, False, True, False, False, False, True, False]})
+    assert one["pass_at_1_ci"][0] == one["pass_at_1_ci"][1]
+    headline = next(line for line in summary_text(one).splitlines() if line.startswith("pass@1 "))
+    assert headline == "pass@1 37.5%  no CI: one case"
+    assert summary_markdown(one).splitlines()[0].endswith("pass@1 37.5% (no CI: one case)")
+    assert "no CI: one case" in render_report(one, cases)
+    assert slices_table(one)[0]["ci_lo"] is None
+    two, _ = build(OUTCOMES)
+    assert "95% CI [" in summary_text(two) and "SE " in summary_text(two)

@@ -130,6 +130,7 @@ def test_pairwise_text_shows_the_win_rate_its_ci_and_the_position_bias() -> None
 
 def test_labelled_text_names_the_labeller_the_source_and_a_safety_failure() -> None:
     summary = {"run_id": "r2", "labelled": 7, "labeller": "cy", "source_run": "r1", "unlabelled": 1,
-               "pass_at_k": {"1": 0.75}, "pass_at_1_ci": [0.5, 1.0], "safety_failed": False}
+               "pass_at_k": {"1": 0.75}, "pass_at_1_ci": [0.5, 1.0], "cases": 4, "safety_failed": False}
     assert labelled_text(summary) == "run r2: 7 labels by cy on run r1 (1 left blank); human pass@1 75.0% [50.0%, 100.0%]"
     assert labelled_text({**summary, "safety_failed": True}).endswith("; SAFETY FAILED")
+    assert labelled_text({**summary, "cases": 1}).endswith("human pass@1 75.0% [no CI: one case]")

@@ -6,8 +6,9 @@ Import reads the filled file back. A label is pass/fail (1/0, yes/no, true/false
 blank label means "not labelled" and is skipped. Each labelled row becomes a sample of a
 *derived run*: the same case, index, seed and output as the source sample, the verdict
 from the label, the source sample's safety violations kept (a label never clears
-safety), and the trace `{labeller, source_run, label, note}`. The derived run is stored
-and aggregated like any other run, so the gate and the report read it unchanged.
+safety), and the trace's label fields (`SampleTrace`: labeller, source_run, label,
+note). The derived run is stored and aggregated like any other run, so the gate and the
+report read it unchanged.
 
 A malformed file is refused as a whole with an `InputError` naming the file and line:
 nothing is half imported.
@@ -28,6 +29,7 @@ from tasks.graders.human import label_verdict, parse_label
 from tasks.graders.judge import render
 from tasks.models import EvalCase, InputError, canonical_json, sha256_hex
 from tasks.suites.jsonl import object_lines
+from tasks.trace import SampleTrace
 
 COLUMNS = ("case_id", "sample_index", "prompt", "output", "label", "note")
 FORMATS = (".csv", ".jsonl")
@@ -197,12 +199,8 @@ def labelled_samples(
         if row.label is None:
             continue
         verdict = label_verdict(row.label, labeller, row.note).with_safety(sample["safety"] or [])
-        trace = {
-            "labeller": labeller,
-            "source_run": source_run,
-            "label": "pass" if row.label else "fail",
-            "note": row.note,
-        }
+        trace = SampleTrace(labeller=labeller, source_run=source_run, label="pass" if row.label else "fail",
+                            note=row.note)
         out.append(
             {
                 **sample,
@@ -212,7 +210,7 @@ def labelled_samples(
                 "score": verdict.score,
                 "detail": verdict.detail,
                 "safety": list(verdict.safety),
-                "trace": json.dumps(trace),
+                "trace": trace.to_json(),
                 "duration_s": 0.0,
                 "cached": False,
                 # A key no planned sample can have: a label must never be served as the

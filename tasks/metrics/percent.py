@@ -37,3 +37,16 @@ def figure(value: float | None, as_percent: bool = True, none: str = "n/a") -> s
 def ci_text(ci: list[float] | tuple[float, float] | None, as_percent: bool = True) -> str:
     """A CI as every renderer writes it; a figure over one case has none."""
     return "[no CI: one case]" if ci is None else f"[{figure(ci[0], as_percent)}, {figure(ci[1], as_percent)}]"
+
+
+def shown_ci(ci: list[float] | tuple[float, float] | None, cases: int) -> list[float] | tuple[float, float] | None:
+    """A run's pass@1 CI as its renderers show it: none over a single case, where the
+    case-clustered bootstrap has nothing to resample (the `--json` document keeps the
+    zero-width pair it computes, as it always has)."""
+    return ci if cases > 1 else None
+
+
+def headline_ci(ci: list[float] | tuple[float, float] | None, cases: int, level: float) -> str:
+    """A run's pass@1 CI in a headline: "95% CI [55.0%, 67.0%]", or that one case has none."""
+    shown = shown_ci(ci, cases)
+    return f"{100 * level:g}% CI {ci_text(shown)}" if shown else "no CI: one case"

@@ -17,7 +17,7 @@ from typing import Any
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
-from tasks.metrics.percent import percent, signed_points, with_ci
+from tasks.metrics.percent import headline_ci, percent, shown_ci, signed_points, with_ci
 from tasks.report.figures import metric_rows
 from tasks.report.trajectory import steps_text
 from tasks.run import RunSummary
@@ -75,6 +75,7 @@ def render_report(
         meta=_meta(run),
         level=_level(run),
         pass_at_1=_pass_at_1(run),
+        pass_at_1_ci=shown_ci(run.pass_at_1_ci, run.cases),
         other_ks=[(k, v, run.pass_at_k_notes.get(k, "")) for k, v in _sorted_ks(run.pass_at_k) if k != "1"],
         hat_ks=[(k, v) for k, v in _sorted_ks(run.pass_hat_k or {}) if k != "1"],
         metric_cards=metric_rows(run),
@@ -111,7 +112,7 @@ def summary_markdown(
                   " the figures cover the drawn samples only.", ""]
     lines += [
         f"# {run.suite_name}: pass@1 {percent(_pass_at_1(run))} "
-        f"({_level(run)} CI {_ci(run.pass_at_1_ci)})",
+        f"({headline_ci(run.pass_at_1_ci, run.cases, run.ci_level)})",
         "",
         f"run `{run.run_id}` · agent `{run.agent}` · suite `{run.suite_version[:12]}` · "
         f"{run.cases} cases × n={run.n} · {run.flaky_cases} flaky",
@@ -165,7 +166,7 @@ def summary_markdown(
 def slices_table(run: Summary) -> list[dict[str, Any]]:
     """One row per slice (the whole suite first, as ``__all__``) for a Prefect table artifact."""
     run = RunSummary.read(run)
-    overall = (run.cases, _pass_at_1(run), run.pass_at_1_ci, run.pass_at_k)
+    overall = (run.cases, _pass_at_1(run), shown_ci(run.pass_at_1_ci, run.cases), run.pass_at_k)
     rows = []
     for name, (cases, pass_at_1, ci, pass_at_k) in [
         ("__all__", overall),
@@ -205,7 +206,7 @@ def _passk_chart(run: RunSummary, baseline: RunSummary | None) -> dict[str, Any]
             continue
         points = [(x_of[int(k)], y(v), k, v) for k, v in _sorted_ks(doc.pass_at_k) if v is not None]
         series.append({"label": label, "cls": cls, "color": color, "dashed": dashed, "points": points})
-    ci = run.pass_at_1_ci
+    ci = shown_ci(run.pass_at_1_ci, run.cases)
     return {
         "width": width, "height": height, "left": left, "right": width - right, "top": top,
         "grid": _y_grid(y),

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tasks.metrics.percent import figure, with_ci
+from tasks.metrics.percent import ci_text, figure, shown_ci, with_ci
 
 
 def calibration_text(doc: Mapping[str, Any]) -> str:
@@ -40,8 +40,8 @@ def pairwise_text(doc: Mapping[str, Any]) -> str:
 
 def labelled_text(summary: Mapping[str, Any]) -> str:
     """The derived run of imported labels (its `run --json` document) in one line."""
-    lo, hi = summary["pass_at_1_ci"]
+    ci = shown_ci(summary["pass_at_1_ci"], summary["cases"])
     return (f"run {summary['run_id']}: {summary['labelled']} labels by {summary['labeller']} on run"
             f" {summary['source_run']} ({summary['unlabelled']} left blank); human pass@1"
-            f" {figure(summary['pass_at_k']['1'])} [{figure(lo)}, {figure(hi)}]"
+            f" {figure(summary['pass_at_k']['1'])} {ci_text(ci)}"
             + ("; SAFETY FAILED" if summary["safety_failed"] else ""))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tasks.metrics.percent import ci_text, figure
+from tasks.metrics.percent import ci_text, figure, headline_ci
 from tasks.report.figures import metric_rows
 from tasks.report.gate_text import gate_lines
 from tasks.report.trajectory import steps_text
@@ -17,13 +17,12 @@ from tasks.sandbox import UNSAFE_NOTE
 def summary_text(s: Mapping[str, Any]) -> str:
     """The `run --json` document as lines: headline, other metrics, slices, statuses, then
     what qualifies the figures (partial, rescored, unsafe, safety, sequential, the gate)."""
-    lo, hi = s["pass_at_1_ci"]
     lines = [
         f"run {s['run_id']}  suite {s['suite_name']} ({s['suite_version'][:12]})  agent {s['agent']}",
         f"{s['cases']} cases x n={s['n']} = {s['samples']} samples ({s['cached_samples']} from cache)"
         f" in {s['duration_s']:.1f}s",
-        f"pass@1 {figure(s['pass_at_k'].get('1'))}  {int(s['ci_level'] * 100)}% CI [{figure(lo)}, {figure(hi)}]"
-        f"  SE {figure(s['pass_at_1_se'])}",
+        f"pass@1 {figure(s['pass_at_k'].get('1'))}  {headline_ci(s['pass_at_1_ci'], s['cases'], s['ci_level'])}"
+        + (f"  SE {figure(s['pass_at_1_se'])}" if s["cases"] > 1 else ""),
     ]
     others = [f"pass@{k} {figure(v)}" for k, v in s["pass_at_k"].items() if k != "1"]
     if others:
