@@ -206,3 +206,12 @@ def test_usage_partial_and_unscored_show_in_the_report_and_the_artifact():
     assert "tokens 1,234 in, 56 out" in markdown and "$0.012300" in markdown and "zeta" in markdown
     html = render_report(summary, [])
     assert 'id="partial"' in html and 'id="usage"' in html and "1,234" in html and "zeta" in html
+
+
+@pytest.mark.parametrize(("latency", "shown"), [(0.000023, "23µs"), (0.0123, "12.3ms"), (1.5, "1.5s"),
+                                                (12.345, "12.3s"), (1234.5, "1,234.5s")])
+def test_latency_reads_in_a_unit_that_fits(latency, shown):
+    from tasks.run.usage import usage_lines, usage_summary
+
+    line = usage_lines(usage_summary(_rows((False, 100, 10, "m", 0.5, latency))))[0]
+    assert f"agent latency p50 {shown} p95 {shown}" in line and "e-0" not in line

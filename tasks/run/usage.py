@@ -120,7 +120,12 @@ def _row(label: str, f: UsageFigures) -> tuple[str, ...]:
         return "n/a" if x is None else f"{x:,}"
 
     def seconds(x: float | None) -> str:
-        return "n/a" if x is None else f"{x:.3g}s"
+        # A fast agent takes microseconds: a unit that fits, never "2.3e-05s".
+        if x is None:
+            return "n/a"
+        if x < 1e-3:
+            return f"{x * 1e6:.0f}µs"
+        return f"{x * 1e3:.3g}ms" if x < 1 else f"{x:,.1f}s" if x >= 100 else f"{x:.3g}s"
 
     cost = "n/a" if f.cost_usd is None else f"${f.cost_usd:,.6f}"
     return (label, str(f.samples), tokens(f.input_tokens), tokens(f.output_tokens), cost,
