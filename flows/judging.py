@@ -2,14 +2,13 @@
 
 Each command is a typer wrapper over a plain function of the same purpose
 (`calibrate_judge`, `compare_runs`, `export_labels`, `import_labels`), which tests and
-other flows call directly. The lead mounts the apps in `flows/cli.py`; as there, the storage
+other flows call directly. `flows/cli.py` mounts the apps; as there, the storage
 and core imports are inside the commands, so `evalpipe --help` loads neither DuckDB nor Arrow.
 """
 
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -71,46 +70,16 @@ def calibrate_judge(
     The judge is `judge` if given, else each case's own `judge` grader; `rubric` and
     `samples` override the case's. The result is stored under the judge's fingerprint."""
     from storage.suites import load_suite_ref
-    from tasks.graders import grade, grader_fingerprint
-    from tasks.graders.judge import case_judge
-    from tasks.metrics.calibration import LABEL_STATUS, JudgeItem, judge_items, measure
+    from tasks.metrics.calibration import judge_calibration
     from tasks.metrics.labels import read_labels
-    from tasks.models import canonical_json
 
-    suite_obj = load_suite_ref(suite, store)
     overrides = {
         k: v
         for k, v in (("function", judge), ("rubric", rubric), ("samples", samples))
         if v is not None
     }
-    items = judge_items(read_labels(labels, need_output=True), suite_obj, overrides, oracle=oracle,
-                        where=str(labels))
-    # Resolved here, once and in this thread: a bad spec is bad input (not a column of
-    # `error` verdicts), and user modules are loaded before the workers need them.
-    graders = {canonical_json(i.judge_case.grader): i.judge_case for i in items}.values()
-    judges = {j.fingerprint: j for j in map(case_judge, graders)}
-    if len(judges) > 1:
-        raise InputError(f"{labels}: the cases use {len(judges)} different judges; pass --judge")
-    ((fingerprint, the_judge),) = judges.items()
-    if oracle:  # the oracle graders' own user code, likewise
-        for case in {i.case.id: i.case for i in items}.values():
-            grader_fingerprint(case)
-
-    def judged(item: JudgeItem) -> tuple[str, str]:
-        truth = grade(item.row.output, item.case).status.value if oracle else LABEL_STATUS[item.row.label]
-        return grade(item.row.output, item.judge_case).status.value, truth
-
-    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
-        verdicts = list(pool.map(judged, items))
-    doc = {
-        "judge": the_judge.spec,
-        "judge_fingerprint": fingerprint,
-        "suite_version": suite_obj.version,
-        "suite_name": suite_obj.name,
-        "truth": "oracle" if oracle else "human",
-        "labels": str(labels),
-        **measure(items, verdicts, where=str(labels)),
-    }
+    doc = judge_calibration(read_labels(labels, need_output=True), load_suite_ref(suite, store), overrides,
+                            oracle=oracle, where=str(labels), workers=WORKERS)
     return store.record_calibration(doc)
 
 

@@ -10,22 +10,26 @@ share its difficulty, so the case is the unit of resampling, as in `tasks.metric
 A rate whose condition never occurs (no failing outputs at all) is null, not 0.
 
 `judge_items` pairs each labelled output with its case and the judge to put it to;
-`measure` turns the judge's and the truth's statuses into the calibration's figures. The
-judge calls and the storage are the caller's (`flows/judging.py`).
+`judge_calibration` puts them to the judge (and the oracle) and `measure` turns the judge's
+and the truth's statuses into the calibration's figures. Reading the suite and the labels,
+and storing the result, are the caller's (`flows/judging.py`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
+from tasks.graders import grade, grader_fingerprint
+from tasks.graders.judge import case_judge
 from tasks.metrics.labels import LabelRow
 from tasks.metrics.stats import DEFAULT_LEVEL, DEFAULT_N_BOOT, resampled_sums
-from tasks.models import EvalCase, EvalSuite, InputError
+from tasks.models import EvalCase, EvalSuite, InputError, canonical_json
 from tasks.registry import grader_spec
 
 METRICS = ("agreement", "kappa", "false_pass_rate", "false_fail_rate")
@@ -167,4 +171,39 @@ def measure(items: Sequence[JudgeItem], verdicts: Sequence[tuple[str, str]], *, 
         "judge_error_rate": judge_errors / len(verdicts),
         "truth_errors": sum(t not in BINARY for _, t in verdicts),
         **stats.to_json(),
+    }
+
+
+def judge_calibration(rows: Sequence[LabelRow], suite: EvalSuite, overrides: Mapping[str, Any], *, oracle: bool,
+                      where: str, workers: int) -> dict[str, Any]:
+    """The calibration document (before it is stored): each labelled row of `rows` graded by
+    the judge (`judge_items`; `workers` judge calls in flight) against its truth, the human
+    label or with `oracle` the case's own grader, and `measure`d. One judge only: cases
+    naming several are bad input, as is a judge spec that does not load."""
+    items = judge_items(rows, suite, overrides, oracle=oracle, where=where)
+    # Resolved here, once and in this thread: a bad spec is bad input (not a column of
+    # `error` verdicts), and user modules are loaded before the workers need them.
+    graders = {canonical_json(i.judge_case.grader): i.judge_case for i in items}.values()
+    judges = {j.fingerprint: j for j in map(case_judge, graders)}
+    if len(judges) > 1:
+        raise InputError(f"{where}: the cases use {len(judges)} different judges; pass --judge")
+    ((fingerprint, the_judge),) = judges.items()
+    if oracle:  # the oracle graders' own user code, likewise
+        for case in {i.case.id: i.case for i in items}.values():
+            grader_fingerprint(case)
+
+    def judged(item: JudgeItem) -> tuple[str, str]:
+        truth = grade(item.row.output, item.case).status.value if oracle else LABEL_STATUS[item.row.label]
+        return grade(item.row.output, item.judge_case).status.value, truth
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        verdicts = list(pool.map(judged, items))
+    return {
+        "judge": the_judge.spec,
+        "judge_fingerprint": fingerprint,
+        "suite_version": suite.version,
+        "suite_name": suite.name,
+        "truth": "oracle" if oracle else "human",
+        "labels": where,
+        **measure(items, verdicts, where=where),
     }
