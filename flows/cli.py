@@ -1,7 +1,8 @@
 """`evalpipe`: the command line. Parsing and printing only; the work is in `tasks/` and `flows/`.
 
 Exit status: 0 success, 1 gate blocked, 2 bad input, 3 platform failure (both one line on
-stderr, no traceback), 4 a run whose agent failed on too many samples (docs/contract.md §10).
+stderr, no traceback), 4 a run whose agent failed on too many samples, 5 one whose grader
+did, 6 a run a budget left `partial`, 130 interrupted (docs/contract.md §10).
 Heavy imports (Prefect) happen inside the commands that need them, so `suite hash` is fast.
 """
 

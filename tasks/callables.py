@@ -5,8 +5,8 @@ The `python:` agent and `judge` use it in the harness; `predicate` only inside t
 change to the user's code must change every cache key that depends on it.
 
 Import rules, chosen to match what a user running a script from the project root expects:
-- `module:function` is imported with the base directory (the working directory by default)
-  on `sys.path`, so a module beside the suite imports even under the `evalpipe` script.
+- `module:function` is imported with the base directory (the working directory by default;
+  a suite's callables pass the suite file's directory) on `sys.path`, so a module beside the suite imports even under the `evalpipe` script.
 - `file.py:function` is executed as a module of its own, named after its path and content:
   loading the same file twice is free, and an edited file is loaded afresh.
 """

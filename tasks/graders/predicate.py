@@ -1,7 +1,7 @@
 """`predicate`: a suite's Python callable decides, `fn(output, case)`.
 
-`function` is `module:function` or `path/to/file.py:function` (relative to the working
-directory). Truthy → passed, falsy → failed, a returned `Verdict` is used as is; raising,
+`function` is `module:function` or `path/to/file.py:function` (relative to the suite file's
+directory: `EvalCase.local_path`). Truthy → passed, falsy → failed, a returned `Verdict` is used as is; raising,
 or returning something whose truth is undefined (a numpy array), → `status: error`.
 
 A suite is not trusted (it may come from a git URL), so the callable it names is never

@@ -1,6 +1,6 @@
 """The sandboxed side of `predicate`: `python -I -m tasks.graders.predicate_host REF BASE [--pidns]`.
 
-Started by `tasks.sandbox.CallServer` inside bubblewrap, as its pid namespace's init (a
+Started by `tasks.sandbox.servers.CallServer` inside bubblewrap, as its pid namespace's init (a
 process it starts cannot kill it). It loads the suite's callable `REF` relative to
 `BASE` and answers framed JSON requests (`tasks.sandbox.forkserver` protocol) one at a time:
 - `{"op": "hash"}` → `{"code_sha256": ...}` (the grader fingerprint's part), and
