@@ -70,6 +70,12 @@ def evaluate(suite: SuiteLike, agent: AgentLike, *, name: str = "suite",
         raise InputError(f"evaluate: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
     if own is not None and config.workspace:
         raise InputError("evaluate: workspace runs take a cmd: or python: agent spec, not a callable")
+    if config.runner != "threads" or config.dask_address:
+        # Accepted and ignored, a Dask address would look used: the API has no task runners.
+        raise InputError(f"evaluate: runner={config.runner!r}"
+                         + (f", dask_address={config.dask_address!r}" if config.dask_address else "")
+                         + ": the Python API grades on this process's threads; other runners are"
+                           " `evalpipe run --runner`'s")
     run = prepare_run(config, store, agent=own)
     if not store.has_snapshot(run.suite):  # as the flow's snapshot task: once per version
         store.snapshot(run.suite)

@@ -73,6 +73,11 @@ def test_bad_input_is_one_line_before_any_call(home):
         evaluate(CASES, "nosuch:agent")
     with pytest.raises(InputError, match="missing 'grader'"):
         evaluate([{"id": "x", "inputs": {}}], lambda inputs, ctx: "")
+    # Runners are the flow's: asked for here, they would be silently ignored.
+    with pytest.raises(InputError, match="runner='dask', dask_address='tcp://127.0.0.1:1'"):
+        evaluate(CASES, lambda inputs, ctx: "", runner="dask", dask_address="tcp://127.0.0.1:1")
+    with pytest.raises(InputError, match="runner='processes'"):
+        evaluate(CASES, lambda inputs, ctx: "", runner="processes")
 
 
 def test_the_api_stores_the_rows_the_cli_stores(prefect_harness, tmp_path, monkeypatch):
