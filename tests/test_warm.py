@@ -15,6 +15,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -259,7 +260,9 @@ def test_the_idle_stop_never_stops_a_server_under_a_command(tmp_path: Path) -> N
     directory = tmp_path / "server"
     (directory / "prefect").mkdir(parents=True)
     # A process that passes for the server: its command line names prefect, it leads its group.
-    stand_in = subprocess.Popen(["python3", "-c", "import time; time.sleep(60)", "prefect"], start_new_session=True)
+    # The interpreter itself: a `python3` shim (pyenv) execs several times, and a lookup
+    # caught between two execs finds no prefect in the command line.
+    stand_in = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "prefect"], start_new_session=True)
     try:
         (directory / "server.json").write_text(json.dumps({"pid": stand_in.pid, "port": 1}))
         asked: list[bool] = []
