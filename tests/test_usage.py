@@ -209,9 +209,10 @@ def test_usage_partial_and_unscored_show_in_the_report_and_the_artifact():
 
 
 @pytest.mark.parametrize(("latency", "shown"), [(0.000023, "23µs"), (0.0123, "12.3ms"), (1.5, "1.5s"),
-                                                (12.345, "12.3s"), (1234.5, "1,234.5s")])
+                                                (0.9996, "1s"), (0.0009996, "1ms"), (12.345, "12.3s"),
+                                                (1234.5, "1,234.5s")])
 def test_latency_reads_in_a_unit_that_fits(latency, shown):
     from tasks.run.usage import usage_lines, usage_summary
 
     line = usage_lines(usage_summary(_rows((False, 100, 10, "m", 0.5, latency))))[0]
-    assert f"agent latency p50 {shown} p95 {shown}" in line and "e-0" not in line
+    assert f"agent latency p50 {shown} p95 {shown}" in line and "e-0" not in line and "e+0" not in line

@@ -120,12 +120,14 @@ def _row(label: str, f: UsageFigures) -> tuple[str, ...]:
         return "n/a" if x is None else f"{x:,}"
 
     def seconds(x: float | None) -> str:
-        # A fast agent takes microseconds: a unit that fits, never "2.3e-05s".
+        # A fast agent takes microseconds: the smallest unit the figure fits in three digits
+        # of, never "2.3e-05s" (nor "1e+03ms" just under a second).
         if x is None:
             return "n/a"
-        if x < 1e-3:
-            return f"{x * 1e6:.0f}µs"
-        return f"{x * 1e3:.3g}ms" if x < 1 else f"{x:,.1f}s" if x >= 100 else f"{x:.3g}s"
+        for unit, scale in (("µs", 1e6), ("ms", 1e3)):
+            if x * scale < 999.5:
+                return f"{x * scale:.3g}{unit}"
+        return f"{x:.3g}s" if x < 99.95 else f"{x:,.1f}s"
 
     cost = "n/a" if f.cost_usd is None else f"${f.cost_usd:,.6f}"
     return (label, str(f.samples), tokens(f.input_tokens), tokens(f.output_tokens), cost,
