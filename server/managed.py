@@ -172,20 +172,12 @@ def running(home: Path | None = None) -> Managed | None:
 def _is_prefect_process(pid: int) -> bool:
     """Alive (not a zombie) and a Prefect server: a recycled pid is someone else's process."""
     try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
-    return not _exited(pid) and b"prefect" in cmdline
-
-
-def _exited(pid: int) -> bool:
-    """Gone or a zombie. (An exiting process's cmdline reads empty before it is a zombie,
-    so "no longer a Prefect process" is not yet "stopped".)"""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    state = stat.rsplit(")", 1)[1].split()[0]
+    return state not in ("Z", "X") and b"prefect" in cmdline
 
 
 @contextmanager
@@ -331,9 +323,9 @@ def _stop_group(pid: int) -> None:
         except ProcessLookupError:
             return
         deadline = time.monotonic() + wait_s
-        while not _exited(pid) and time.monotonic() < deadline:
+        while _is_prefect_process(pid) and time.monotonic() < deadline:
             time.sleep(0.1)
-        if _exited(pid):
+        if not _is_prefect_process(pid):
             return
     raise PlatformError(f"the Prefect server (pid {pid}) did not stop, even on SIGKILL")
 
