@@ -63,7 +63,7 @@ SuiteArg = Annotated[str, typer.Argument(help="Suite file, git URL#PATH (URL@REF
 RunArg = Annotated[str, typer.Argument(help="A run id, or an unambiguous prefix of one.")]
 MinPassOpt = Annotated[float | None, typer.Option(
     "--min-pass-at-1", min=0.0, max=1.0, help="Block when the run's pass@1 is below this.")]
-MaxDropOpt = Annotated[float, typer.Option(
+MaxDropOpt = Annotated[float | None, typer.Option(
     "--max-drop", min=0.0, max=1.0,
     help="Block only when the drop in pass@1 vs the baseline is surely larger than this (CI wholly below -D).")]
 
@@ -199,7 +199,9 @@ def run(
     baseline: Annotated[str | None, typer.Option(
         "--baseline", help="Gate against this run (id, unambiguous prefix, or 'previous').")] = None,
     min_pass_at_1: MinPassOpt = None,
-    max_drop: MaxDropOpt = 0.0,
+    max_drop: Annotated[float, typer.Option(
+        "--max-drop", min=0.0, max=1.0,
+        help="Block only when the drop in pass@1 vs the baseline is surely larger than this (CI wholly below -D).")] = 0.0,
     max_new_failures: Annotated[int | None, typer.Option(
         "--max-new-failures", min=0, help="Gate rule: block when more than N always-passing cases now fail.")] = None,
     min_slice: Annotated[list[str] | None, typer.Option(
@@ -525,7 +527,7 @@ def gate_cmd(
     baseline: Annotated[str, typer.Option(
         "--baseline", help="The run to compare with (id, unambiguous prefix, or 'previous').")],
     min_pass_at_1: MinPassOpt = None,
-    max_drop: MaxDropOpt = 0.0,
+    max_drop: MaxDropOpt = None,
     max_new_failures: MaxNewFailuresOpt = None,
     min_slice: MinSliceOpt = None,
     metric: Annotated[str, typer.Option("--metric", help="Compare on pass (pass@1) or score (mean score).")] = "pass",
@@ -533,25 +535,18 @@ def gate_cmd(
     fmt: Annotated[str, typer.Option("--format", help="text, json or markdown (a pull-request comment).")] = "text",
     as_json: JsonFlag = False,
 ) -> None:
-    """Decide pass/block for RUN_ID against a baseline run; exit 1 when blocked."""
+    """Decide pass/block for RUN_ID against a baseline run; exit 1 when blocked (and only then).
+
+    With no rule option, a run gated against the same baseline when it ran shows that stored
+    decision; rule options decide anew by them. Every output states the rules and the baseline."""
     from flows.diffing import output_format
-    from flows.gate import gate_comparison, pair_runs
-    from storage.store import Store
-    from tasks.metrics.rules import GateRules, parse_slice_thresholds
+    from tasks.metrics.diff import check_metric
     from tasks.report.gate_text import gate_lines
     from tasks.report.markdown import comparison_markdown
 
     fmt = output_format(fmt, as_json)
-    rules = GateRules(max_new_failures=max_new_failures, slice_min=parse_slice_thresholds(min_slice or ()))
-    store = Store.default()
-    run = store.find_run(run_id)
-    if baseline == "previous":
-        found = store.latest_completed_run_of_suite(run["suite_version"], before=run["run_id"])
-        if found is None:
-            _no_baseline(run, fmt)
-        baseline = found
-    comparison = pair_runs(run["run_id"], baseline, metric=metric, store=store, require_same_suite=not shared_only)
-    result = gate_comparison(comparison, min_pass_at_1=min_pass_at_1, max_drop=max_drop, store=store, rules=rules)
+    rules = _rules(min_pass_at_1, max_drop, max_new_failures, min_slice)
+    result, comparison = _decision(run_id, baseline, rules, check_metric(metric), shared_only, fmt)
     if fmt == "json":
         typer.echo(json_doc(result))
     elif fmt == "markdown":
@@ -563,16 +558,45 @@ def gate_cmd(
         raise typer.Exit(1)
 
 
-def _no_baseline(run: dict[str, Any], fmt: str) -> NoReturn:
-    """`gate --baseline previous` with nothing before the run: said, never a silent pass (exit 1)."""
-    from tasks.report.gate_text import no_baseline_message
+def _rules(min_pass_at_1: float | None, max_drop: float | None, max_new_failures: int | None,
+           min_slice: list[str] | None):
+    """The gate rules given on the command line, or None when no rule option is (then a
+    decision stored with the run is shown as it was made)."""
+    from tasks.metrics.rules import GateRules, parse_slice_thresholds
 
-    message = no_baseline_message(run)
-    if fmt == "json":
-        typer.echo(json_doc({"decision": None, "run_id": run["run_id"], "baseline": None, "no_baseline": message}))
+    if min_pass_at_1 is None and max_drop is None and max_new_failures is None and not min_slice:
+        return None
+    return GateRules(max_new_failures=max_new_failures, slice_min=parse_slice_thresholds(min_slice or ()),
+                     min_pass_at_1=min_pass_at_1, max_drop=max_drop or 0.0)
+
+
+def _decision(run_id: str, baseline: str, rules: Any, metric: str, shared_only: bool, fmt: str):
+    """`gate`'s and `report --baseline`'s decision (`flows.gate.decision`) with the comparison
+    it renders; `previous` resolved to the suite's latest completed run before RUN_ID and
+    compared on the shared cases; none: said on one line (`decision` null in JSON), exit 0."""
+    from flows.gate import decision, pair_runs
+    from storage.runs import PREVIOUS
+    from storage.store import Store
+    from tasks.report.gate_text import no_baseline_message, previous_choice
+
+    store = Store.default()
+    run = store.find_run(run_id)
+    choice = None
+    if baseline == PREVIOUS:
+        found = store.latest_completed_run_of_suite(run["suite_name"], before=run["run_id"])
+        if found is None:
+            message = no_baseline_message(run["suite_name"], run["run_id"])
+            if fmt == "json":
+                typer.echo(json_doc({"decision": None, "run_id": run["run_id"], "baseline": None,
+                                     "no_baseline": message}))
+            else:
+                typer.echo(f"evalpipe: {message}", err=fmt == "text")
+            raise typer.Exit(0)
+        baseline, choice, shared_only = found, previous_choice(run["suite_name"]), True
     else:
-        typer.echo(f"evalpipe: {message}", err=fmt == "text")
-    raise typer.Exit(1)
+        baseline = store.find_run(baseline)["run_id"]
+    result = decision(run, baseline, rules, metric=metric, store=store, shared_only=shared_only, choice=choice)
+    return result, pair_runs(run["run_id"], baseline, metric=metric, store=store)
 
 
 server_app = typer.Typer()
@@ -638,15 +662,31 @@ def report_cmd(
     run_id: RunArg,
     out: Annotated[Path, typer.Option("--out", help="HTML file to write.")],
     baseline: Annotated[str | None, typer.Option(
-        "--baseline", help="Write the diff against this run instead: the gate, then the changed cases side by side.")] = None,
+        "--baseline", help="Write the diff against this run (id, prefix or 'previous') instead: the gate's"
+                           " decision, then the changed cases side by side.")] = None,
+    min_pass_at_1: MinPassOpt = None,
+    max_drop: MaxDropOpt = None,
+    max_new_failures: MaxNewFailuresOpt = None,
+    min_slice: MinSliceOpt = None,
     metric: Annotated[str, typer.Option("--metric", help="With --baseline: pass (pass@1) or score.")] = "pass",
 ) -> None:
-    """Write a self-contained HTML report of a stored run (or of what changed against a baseline)."""
+    """Write a self-contained HTML report of a stored run (or of what changed against a baseline).
+
+    With --baseline the page shows the decision `gate` gives with the same options: the one
+    stored with the run when no rule option is given, else decided by them; it says which."""
     from flows.report import write_diff_report, write_report
     from storage.store import Store
+    from tasks.metrics.diff import check_metric
 
-    store = Store.default()
-    typer.echo(f"wrote {write_diff_report(run_id, baseline, out, store, metric=metric) if baseline else write_report(run_id, out, store)}")
+    rules = _rules(min_pass_at_1, max_drop, max_new_failures, min_slice)
+    if baseline is None:
+        if rules is not None:
+            bad_input("--min-pass-at-1, --max-drop, --max-new-failures and --min-slice go with --baseline")
+        typer.echo(f"wrote {write_report(run_id, out, Store.default())}")
+        return
+    # The page compares runs on different suite versions on their shared cases, and says so.
+    result, comparison = _decision(run_id, baseline, rules, check_metric(metric), True, "text")
+    typer.echo(f"wrote {write_diff_report(comparison, result, out, Store.default())}")
 
 
 env_app = typer.Typer(no_args_is_help=True, help="Repository environments under EVALPIPE_HOME/envs/.")

@@ -76,8 +76,8 @@ def evaluate(
         k: The k of each pass@k to report.
         seed: Run seed; with a deterministic agent, the same seed gives the same run.
         baseline: A run id to gate against at the end, or 'previous': the latest completed
-            run of the same suite version, whatever its agent (none yet: no gate, and the
-            summary says so).
+            run of the suite of the same name, whatever its version or agent, on the shared
+            cases (none yet: no gate, and the summary says so).
         min_pass_at_1: Gate threshold: block when pass@1 is below this.
         max_drop: Gate threshold: block only when the drop in pass@1 against the baseline
             is surely (its whole CI) larger than this.

@@ -51,62 +51,62 @@ def pair_runs(run_id: str, baseline: str, *, metric: str = "pass", store: Store,
 
 def run_gate(run: PreparedRun, config: RunConfig, store: Store) -> Gate | None:
     """The gate a prepared run applies to its figures (`tasks.run.loop.run_loop`), or None
-    when it has no baseline."""
+    when it has no baseline. A baseline on another suite version is compared on the cases
+    the two share (the decision says how many were shared, added and removed)."""
     if run.baseline is None:
         return None
     baseline = run.baseline
 
     def check(measured: Measured) -> dict[str, Any]:
-        return gate_runs(run.spec.run_id, baseline, min_pass_at_1=config.min_pass_at_1, max_drop=config.max_drop,
-                         store=store, safety_failed=measured.safety_failed, rules=run.rules, metric=config.metric,
-                         slice_values=measured.slice_values(config.metric))
+        comparison = pair_runs(run.spec.run_id, baseline.run_id, metric=config.metric, store=store)
+        return gate_comparison(comparison, rules=run.rules, store=store, safety_failed=measured.safety_failed,
+                               slice_values=measured.slice_values(config.metric), choice=baseline.choice)
 
-    return Gate(baseline, check)
+    return Gate(baseline.run_id, check)
 
 
-def gate_runs(
-    run_id: str,
-    baseline: str,
-    *,
-    min_pass_at_1: float | None = None,
-    max_drop: float = 0.0,
-    shared_only: bool = False,
-    store: Store,
-    safety_failed: bool | None = None,
-    rules: GateRules | None = None,
-    metric: str = "pass",
-    slice_values: Mapping[str, float | None] | None = None,
-) -> dict[str, Any]:
-    """Gate `run_id` against `baseline`. Runs on different suite versions are refused
-    unless `shared_only`, which compares the case hashes they share and says so.
-    `safety_failed`: the run's safety verdict when the caller has it (else read back).
-    `rules`: the team's rules (max new failures, per-slice thresholds); the run suite's
-    must-pass cases always apply. `metric`: what the paired CI compares, `pass` or `score`.
-    `slice_values`: the run's slice figures when the caller has them (a run gating before
-    its summary is stored; else read back)."""
+def gate_runs(run_id: str, baseline: str, *, rules: GateRules = GateRules(), shared_only: bool = False,
+              store: Store, metric: str = "pass") -> dict[str, Any]:
+    """Gate `run_id` against `baseline` by `rules`. Runs on different suite versions are
+    refused unless `shared_only`, which compares the case hashes they share and says so."""
     comparison = pair_runs(run_id, baseline, metric=metric, store=store, require_same_suite=not shared_only)
-    return gate_comparison(comparison, min_pass_at_1=min_pass_at_1, max_drop=max_drop, store=store,
-                           safety_failed=safety_failed, rules=rules, slice_values=slice_values)
+    return gate_comparison(comparison, rules=rules, store=store)
 
 
 def gate_comparison(
     comparison: Comparison,
     *,
-    min_pass_at_1: float | None = None,
-    max_drop: float = 0.0,
+    rules: GateRules,
     store: Store,
     safety_failed: bool | None = None,
-    rules: GateRules | None = None,
     slice_values: Mapping[str, float | None] | None = None,
+    choice: str | None = None,
 ) -> dict[str, Any]:
-    """The `gate --json` document of a comparison (see `gate_runs`): the stored figures it
-    needs, read here, gated by `tasks.metrics.gate.gate_diff`."""
+    """The `gate --json` document of a comparison, decided by `rules` (the suite's must-pass
+    cases always apply), gated by `tasks.metrics.gate.gate_diff`. `safety_failed` and
+    `slice_values`: the run's, when the caller has them (a run gating before its summary is
+    stored; else read back). `choice`: how the baseline was chosen (`previous`), said."""
     run, summary = comparison.run, comparison.run_summary
     if slice_values is None:
         slice_values = summary.slice_values(comparison.diff.metric) if summary else {}
     if safety_failed is None:
         safety_failed = store.safety_failed(run["run_id"])
-    return gate_diff(comparison.diff, comparison.results, seed=run["seed"], safety_failed=safety_failed,
-                     must_pass=store.must_pass_cases(run["suite_version"]), suite_version=run["suite_version"],
-                     slice_values=slice_values, rules=rules, min_pass_at_1=min_pass_at_1, max_drop=max_drop)
+    doc = gate_diff(comparison.diff, comparison.results, safety_failed=safety_failed,
+                    must_pass=store.must_pass_cases(run["suite_version"]), suite_version=run["suite_version"],
+                    slice_values=slice_values, rules=rules)
+    return doc | {"baseline_choice": choice}
 
+
+def decision(run: Mapping[str, Any], baseline: str, rules: GateRules | None, *, metric: str, store: Store,
+             shared_only: bool = False, choice: str | None = None) -> dict[str, Any]:
+    """The decision on stored run `run` against `baseline`, as `gate` and `report --baseline`
+    show it: the one stored with the run when it was gated against that baseline on that
+    metric and no rule is given now (`rules` None; the rules it was decided by are in it),
+    else decided now by `rules` (None: the defaults)."""
+    summary = RunSummary.read(run["summary"]) if run.get("summary") else None
+    stored = summary.gate if summary else None
+    if (stored is not None and rules is None and stored.baseline == baseline
+            and (stored.metric or "pass") == metric):
+        return stored.model_dump(mode="json") | {"decided": "at run time"}
+    comparison = pair_runs(run["run_id"], baseline, metric=metric, store=store, require_same_suite=not shared_only)
+    return gate_comparison(comparison, rules=rules or GateRules(), store=store, choice=choice) | {"decided": "now"}

@@ -6,6 +6,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from flows.gate import Comparison
 from storage.store import Store
 from tasks.files import atomic_write
 from tasks.models import InputError
@@ -42,16 +43,13 @@ def write_report(run_id: str, out: Path, store: Store) -> Path:
     return out
 
 
-def write_diff_report(run_id: str, baseline: str, out: Path, store: Store, *,
-                      metric: str = "pass") -> Path:
-    """The run against `baseline` as one HTML page: the gate at the top, the regressed and
-    improved cases expanded with an output of each run side by side. Runs on different
-    suite versions are compared on their shared cases (the page says how many were not)."""
-    from flows.gate import gate_comparison, pair_runs
+def write_diff_report(comparison: Comparison, gate: dict[str, Any], out: Path, store: Store) -> Path:
+    """A run against its baseline (`comparison`) as one HTML page: the decision `gate` (as
+    `evalpipe gate` gives it) at the top, the regressed and improved cases expanded with an
+    output of each run side by side. Runs on different suite versions are compared on their
+    shared cases (the page says how many were not)."""
     from tasks.report.diff_html import expanded, render_diff_report
 
-    comparison = pair_runs(run_id, baseline, metric=metric, store=store)
-    gate = gate_comparison(comparison, store=store)
     changed = expanded(comparison.diff)
     ids = [c.case_id for c in changed]
     contents = {**store.case_contents(comparison.base["suite_version"], ids),

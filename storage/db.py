@@ -501,16 +501,16 @@ class Database:
         return [CaseResult(cid, h, int(n), int(c), float(score), tuple(slices or ()))
                 for cid, h, n, c, score, slices in rows]
 
-    def latest_completed_run_of_suite(self, suite_version: str, *, before: str | None = None) -> str | None:
-        """The newest completed run of this suite version, whatever its agent (`--baseline
-        previous`); with `before`, among the runs started before that run."""
+    def latest_completed_run_of_suite(self, suite_name: str, *, before: str | None = None) -> str | None:
+        """The newest completed run of the suite of this name, whatever its version or agent
+        (`--baseline previous`); with `before`, among the runs started before that run."""
         if not self.db_path.exists():
             return None
         with self.connect(read_only=True) as con:
             row = con.execute(
-                f"SELECT run_id FROM runs WHERE status = '{RunStatus.completed}' AND suite_version = ? AND run_id <> ?"
+                f"SELECT run_id FROM runs WHERE status = '{RunStatus.completed}' AND suite_name = ? AND run_id <> ?"
                 " AND (? IS NULL OR started_at < (SELECT started_at FROM runs WHERE run_id = ?))"
-                " ORDER BY started_at DESC LIMIT 1", [suite_version, before or "", before, before],
+                " ORDER BY started_at DESC LIMIT 1", [suite_name, before or "", before, before],
             ).fetchone()
         return row[0] if row else None
 

@@ -13,6 +13,7 @@ from tasks.agents import Agent, load_agent
 from tasks.metrics.cost import PriceTable
 from tasks.metrics.rules import GateRules, check_slices
 from tasks.models import EvalSuite, InputError
+from tasks.report.gate_text import no_baseline_message, previous_choice
 from tasks.run import RunConfig, RunSpec, check_ks
 from tasks.sandbox import run_sandbox_mode
 
@@ -21,12 +22,20 @@ PREVIOUS = "previous"
 
 
 @dataclass(frozen=True)
+class Baseline:
+    """The run a run is gated against, and how it was chosen (`previous`: said in every output)."""
+
+    run_id: str
+    choice: str | None = None
+
+
+@dataclass(frozen=True)
 class PreparedRun:
     spec: RunSpec
     suite: EvalSuite
     agent: Agent
     prices: PriceTable
-    baseline: str | None  # the run to gate against, when there is one
+    baseline: Baseline | None  # the run to gate against, when there is one
     rules: GateRules
     no_baseline: str | None  # a baseline was asked for and none exists: what the summary says
 
@@ -45,30 +54,27 @@ def prepare_run(config: RunConfig, store: Store, *, agent: Agent | None = None,
     if config.sequential and not config.baseline:
         raise InputError("--sequential needs --baseline: it stops when the comparison is decided")
     baseline = find_baseline(config.baseline, suite, store)
-    rules = GateRules(max_new_failures=config.max_new_failures, slice_min=config.min_slice or {})
+    rules = GateRules(max_new_failures=config.max_new_failures, slice_min=config.min_slice or {},
+                      min_pass_at_1=config.min_pass_at_1, max_drop=config.max_drop)
     check_slices(rules.slice_min, (name for c in suite.cases for name in c.slices))
     spec = RunSpec(
         suite_version=suite.version, suite_name=suite.name, agent=agent.spec,
         agent_fingerprint=agent.fingerprint, n=config.n, ks=check_ks(config.k), seed=config.seed,
         regrade=config.regrade, flow_run_id=flow_run_id,
-        config=config.recorded(baseline=baseline, suite_source=suite_source, sandbox=sandbox,
+        config=config.recorded(baseline=baseline.run_id if baseline else None, suite_source=suite_source, sandbox=sandbox,
                                prices=prices.source),
     )
-    no_baseline = no_baseline_note(suite) if config.baseline and not baseline else None
+    no_baseline = no_baseline_message(suite.name) if config.baseline and not baseline else None
     return PreparedRun(spec, suite, agent, prices, baseline, rules, no_baseline)
 
 
-def find_baseline(baseline: str | None, suite: EvalSuite, store: Store) -> str | None:
-    """The run id to gate against: `previous` is the newest completed run of the same suite
-    version, whatever its agent, so a changed agent is gated against the last one (none yet:
-    no gate, said in the summary); anything else, a stored run (id or prefix), found before
-    any agent call is paid for."""
+def find_baseline(baseline: str | None, suite: EvalSuite, store: Store, *, before: str | None = None
+                  ) -> Baseline | None:
+    """The run to gate against: `previous` is the newest completed run of the suite of the
+    same name (before run `before`), whatever its version or agent, so an edited suite or a
+    changed agent is gated against the last run on the cases they share (none yet: no gate,
+    said); anything else, a stored run (id or prefix), found before any agent call is paid for."""
     if baseline == PREVIOUS:
-        return store.latest_completed_run_of_suite(suite.version)
-    return store.find_run(baseline)["run_id"] if baseline else None
-
-
-def no_baseline_note(suite: EvalSuite) -> str:
-    return (f"no baseline: no completed run of suite {suite.name} ({suite.version[:12]}) yet;"
-            " this run was not gated")
-
+        found = store.latest_completed_run_of_suite(suite.name, before=before)
+        return Baseline(found, previous_choice(suite.name)) if found else None
+    return Baseline(store.find_run(baseline)["run_id"]) if baseline else None

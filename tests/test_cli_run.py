@@ -170,8 +170,16 @@ def test_gate_thresholds_reach_the_flow_and_prefixes_name_runs(env, home, tmp_pa
     # The commands that read stored runs, in this process (no flow run, no Prefect boot).
     code, out, _ = evalpipe(capsys, "runs", "show", prefix, "--json")
     assert code == 0 and json.loads(out)["run_id"] == good["run_id"]
+    # No rule given: the decision stored with the run (max drop 100 %), as it was made; a rule
+    # given (even the default drop of 0) decides anew by it. Each says which.
     code, out, _ = evalpipe(capsys, "gate", worse["run_id"][:-2], "--baseline", prefix, "--json")
-    assert code == 1 and json.loads(out)["baseline"] == good["run_id"]
+    stored = json.loads(out)
+    assert code == 0 and stored["baseline"] == good["run_id"] and stored["decided"] == "at run time"
+    assert stored["rules"]["max_drop"] == 1.0 and stored["delta_ci"] == pytest.approx(worse["gate"]["delta_ci"], abs=1e-6)
+    code, out, _ = evalpipe(capsys, "gate", worse["run_id"][:-2], "--baseline", prefix, "--max-drop", "0", "--json")
+    anew = json.loads(out)
+    assert code == 1 and anew["decided"] == "now" and anew["rules"]["max_drop"] == 0.0
+    assert anew["delta_ci"] == stored["delta_ci"]  # one paired CI, whatever the rules
     code, _, err = evalpipe(capsys, "report", prefix, "--out", str(tmp_path / "r.html"))
     assert code == 0, err
     assert good["run_id"] in (tmp_path / "r.html").read_text()

@@ -119,14 +119,14 @@ def test_the_rules_block_after_safety_and_before_the_ci_and_a_missing_snapshot_i
 
     run, base = results([4, 3, 4, 4]), results([4, 4, 4, 4])
     diff = diff_runs(run, base, run_id="r", baseline_id="b")
-    doc = gate_diff(diff, run, seed=0, safety_failed=True, must_pass=frozenset({"q1"}), suite_version="v" * 20,
+    doc = gate_diff(diff, run, safety_failed=True, must_pass=frozenset({"q1"}), suite_version="v" * 20,
                     slice_values={"easy": 0.875}, rules=GateRules(max_new_failures=0, slice_min={"easy": 0.9}))
     assert doc["decision"] == "block" and (doc["run_id"], doc["baseline"], doc["metric"]) == ("r", "b", "pass")
     heads = [reason.split(":")[0] for reason in doc["reasons"]]
     assert heads == ["safety", "must-pass", "new failures", "slice easy", "inconclusive"]
     assert [b["rule"] for b in doc["blocks"]] == ["must_pass", "new_failures", "slice_threshold"]
 
-    clean = gate_diff(diff_runs(base, base), base, seed=0, safety_failed=False, must_pass=None,
+    clean = gate_diff(diff_runs(base, base), base, safety_failed=False, must_pass=None,
                       suite_version="0123456789abcdef", slice_values={})
     assert clean["decision"] == "pass" and clean["blocks"] == [] and clean["dropped_cases"] == 0
     assert clean["reasons"][-1] == "must-pass cases unknown: suite 0123456789ab has no snapshot here"

@@ -49,7 +49,7 @@ def env(prefect_harness, home) -> dict:
 def test_the_story_blocks_on_the_broken_case_and_diff_names_every_flip(env, home, tmp_path):
     suite = write_story(tmp_path / "story.yaml")
     first = run(suite, "v1", env, "--baseline", "previous")
-    assert "gate" not in first and first["no_baseline"].startswith("no baseline: no completed run of suite story")
+    assert "gate" not in first and first["no_baseline"].startswith("no baseline: no completed run of suite 'story'")
     v1 = first["run_id"]
     # `previous` is the latest completed run of the suite whatever the agent: v2 is gated against v1.
     v2 = run(suite, "v2", env, "--baseline", "previous")
@@ -135,9 +135,29 @@ def test_the_story_blocks_on_the_broken_case_and_diff_names_every_flip(env, home
     assert (doc["shared_cases"], doc["dropped_cases"]) == (6, 4)
     assert "(4 measured by one run only: new or removed)" in cli(["diff", v2e["run_id"], v1], env).stdout
 
-    # `gate --baseline previous` with nothing before the run says so and does not pass.
-    lonely = cli(["gate", v2m["run_id"], "--baseline", "previous", "--json"], env)
-    assert lonely.returncode == 1 and json.loads(lonely.stdout)["no_baseline"].startswith("no baseline")
+    # `previous` survives the edit: the latest completed run of the suite by name (v2m, on
+    # another version), compared on the shared cases, and every output says which and how many.
+    chosen = cli(["gate", v2e["run_id"], "--baseline", "previous", "--json"], env)
+    doc = json.loads(chosen.stdout)
+    assert chosen.returncode == 0 and doc["baseline"] == v2m["run_id"]
+    assert (doc["shared_cases"], doc["added_cases"], doc["removed_cases"]) == (6, 2, 2)
+    assert doc["baseline_choice"] == "previous: the latest completed run of suite 'story'"
+    text = cli(["gate", v2e["run_id"], "--baseline", "previous"], env).stdout.splitlines()
+    assert text[1] == (f"  against {v2m['run_id']} (previous: the latest completed run of suite 'story'): 6 shared,"
+                       " 2 added, 2 removed cases; rules: max drop 0.0%; decided now")
+    markdown = cli(["gate", v2e["run_id"], "--baseline", "previous", "--format", "markdown"], env).stdout
+    assert "6 shared, 2 added, 2 removed cases" in markdown
+
+    # A suite nothing ran before: said on one line and in JSON, and not exit 1 (which is *blocked*).
+    lonely_suite = tmp_path / "lonely.yaml"
+    lonely_suite.write_text(suite.read_text().replace("name: story", "name: lonely"))
+    lonely_run = run(lonely_suite, "v2", env)
+    lonely = cli(["gate", lonely_run["run_id"], "--baseline", "previous", "--json"], env)
+    doc = json.loads(lonely.stdout)
+    assert lonely.returncode == 0 and doc["decision"] is None
+    assert doc["no_baseline"] == f"no baseline: no completed run of suite 'lonely' before {lonely_run['run_id']}; nothing was gated"
+    said = cli(["gate", lonely_run["run_id"], "--baseline", "previous"], env)
+    assert said.returncode == 0 and said.stdout == "" and said.stderr.startswith("evalpipe: no baseline")
 
 
 def test_an_exported_baseline_gates_the_same_in_a_fresh_home(env, home, tmp_path):

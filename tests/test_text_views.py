@@ -85,8 +85,15 @@ def test_gate_lines_put_the_decision_first_then_each_reason() -> None:
     gate = {"decision": "block", "verdict": "regressed", "reasons": ["regressed: -12.0 pts", "safety: 1 violation"]}
     assert gate_lines(gate) == ["BLOCK (regressed)", "  - regressed: -12.0 pts", "  - safety: 1 violation"]
     assert gate_lines({"decision": "pass", "verdict": "inconclusive", "reasons": []}) == ["PASS (inconclusive)"]
-    assert no_baseline_message({"suite_version": "abcdef0123456789", "run_id": "r2"}) == (
-        "no baseline: no completed run of suite abcdef012345 before r2; nothing was gated")
+    assert no_baseline_message("story", "r2") == "no baseline: no completed run of suite 'story' before r2; nothing was gated"
+    decided = {"decision": "block", "verdict": "inconclusive", "reasons": ["new failures: c3"], "baseline": "r1",
+               "baseline_choice": "previous: the latest completed run of suite 'story'", "shared_cases": 7,
+               "added_cases": 1, "removed_cases": 0, "decided": "now",
+               "rules": {"max_drop": 0.0, "min_pass_at_1": None, "max_new_failures": 0, "min_slice": {"odd": 0.5},
+                         "must_pass": ["c1"]}}
+    assert gate_lines(decided)[1] == (
+        "  against r1 (previous: the latest completed run of suite 'story'): 7 shared, 1 added, 0 removed cases;"
+        " rules: max drop 0.0%, max new failures 0, slice odd >= 50.0%, 1 must-pass case(s); decided now")
 
 
 def test_validation_text_lists_each_problem_case_with_its_statuses() -> None:

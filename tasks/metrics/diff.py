@@ -153,16 +153,19 @@ def diff_runs(
     rank = {label: i for i, label in enumerate(LABELS)}
     # Regressions most negative first, improvements most positive first, the rest by id.
     changes.sort(key=lambda c: (rank[c.label], -abs(c.change or 0.0), c.case_id))
-    paired = [c for c in changes if c.change is not None]
+    # The paired figures read the changes in case-hash order: the gate's order, so the same
+    # seed resamples the same cases and the diff and the gate show one CI.
+    paired = sorted(((h, after[h]) for h in after.keys() & before.keys()), key=lambda item: item[0])
+    values = [r.value(metric) - before[h].value(metric) for h, r in paired]
     boot = {"seed": seed, "n_boot": n_boot, "level": level}
     members: dict[str, list[float]] = {}
-    for case in paired:
-        for name in case.slices:
-            members.setdefault(name, []).append(case.change)  # type: ignore[arg-type]
+    for (_, r), change in zip(paired, values, strict=True):
+        for name in r.slices:
+            members.setdefault(name, []).append(change)
     return RunDiff(
         run_id=run_id, baseline=baseline_id, metric=metric, cases=tuple(changes),
-        overall=_slice_change([c.change for c in paired], boot) if paired else None,  # type: ignore[misc]
-        slices={name: _slice_change(values, boot) for name, values in sorted(members.items())},
+        overall=paired_change(values, **boot) if paired else None,
+        slices={name: paired_change(vals, **boot) for name, vals in sorted(members.items())},
         ci_level=level,
     )
 
@@ -186,7 +189,10 @@ def _change(before: CaseResult | None, after: CaseResult | None, metric: Metric)
     return CaseChange(after.case_id, label, before, after, change)
 
 
-def _slice_change(values: Sequence[float], boot: Mapping[str, Any]) -> SliceChange:
+def paired_change(values: Sequence[float], *, seed: int = 0, n_boot: int = DEFAULT_N_BOOT,
+                  level: float = DEFAULT_LEVEL) -> SliceChange:
+    """The mean of paired per-case changes with its bootstrap CI (None for a single case):
+    the one paired CI that the diff, the gate and every renderer show."""
     arr = np.asarray(values, dtype=np.float64)
-    ci = bootstrap_mean_ci(arr, **boot) if arr.size > 1 else None
+    ci = bootstrap_mean_ci(arr, seed=seed, n_boot=n_boot, level=level) if arr.size > 1 else None
     return SliceChange(cases=int(arr.size), delta=float(arr.mean()), ci=ci)

@@ -10,15 +10,15 @@ what the data shows, including "inconclusive" when the CI straddles zero.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
 
-from tasks.metrics.diff import METRIC_NAMES, CaseResult, RunDiff
+from tasks.metrics.diff import METRIC_NAMES, CaseResult, RunDiff, SliceChange, paired_change
 from tasks.metrics.percent import percent, signed_points
 from tasks.metrics.rules import GateRules, rule_blocks
-from tasks.metrics.stats import DEFAULT_LEVEL, DEFAULT_N_BOOT, bootstrap_mean_ci
+from tasks.metrics.stats import DEFAULT_LEVEL, DEFAULT_N_BOOT
 from tasks.models import InputError
 
 Counts = Mapping[str, tuple[int, int]]  # case_hash → (n, c)
@@ -111,19 +111,38 @@ def gate_values(
 ) -> GateResult:
     """The gate on any per-case value in 0..1 (case_hash → value): the pass rate c/n, or the
     mean score (`--metric score`). `pass_at_1` is the run's own, for the threshold."""
-    if max_drop < 0:
-        raise InputError(f"--max-drop must be >= 0, got {max_drop}")
-    if min_pass_at_1 is not None and not 0.0 <= min_pass_at_1 <= 1.0:
-        raise InputError(f"--min-pass-at-1 must lie in 0..1, got {min_pass_at_1}")
     if not run:
         raise InputError("gate: the run has no cases")
     shared = shared_cases(run, baseline)
     if not shared.hashes:
         raise InputError("gate: the run and the baseline share no cases")
+    change = paired_change([a - b for a, b in zip(shared.run, shared.baseline, strict=True)],
+                           seed=seed, n_boot=n_boot, level=level)
+    return decide(change, level, safety_failed=safety_failed, pass_at_1=pass_at_1, metric_name=metric_name,
+                  min_pass_at_1=min_pass_at_1, max_drop=max_drop, dropped_run=shared.dropped_run,
+                  dropped_baseline=shared.dropped_baseline)
 
-    diff = np.asarray(shared.run, dtype=np.float64) - np.asarray(shared.baseline, dtype=np.float64)
-    delta = float(diff.mean())
-    lo, hi = bootstrap_mean_ci(diff, seed=seed, n_boot=n_boot, level=level)
+
+def decide(
+    change: SliceChange,
+    level: float,
+    *,
+    safety_failed: bool,
+    pass_at_1: float,
+    metric_name: str,
+    min_pass_at_1: float | None,
+    max_drop: float,
+    dropped_run: int,
+    dropped_baseline: int,
+) -> GateResult:
+    """The decision on a paired change (`tasks.metrics.diff.paired_change`): block on safety,
+    a missed threshold, or a CI wholly below `-max_drop`; the verdict as the data show it."""
+    if max_drop < 0:
+        raise InputError(f"--max-drop must be >= 0, got {max_drop}")
+    if min_pass_at_1 is not None and not 0.0 <= min_pass_at_1 <= 1.0:
+        raise InputError(f"--min-pass-at-1 must lie in 0..1, got {min_pass_at_1}")
+    delta = change.delta
+    lo, hi = change.ci or (delta, delta)  # one case: its change is the whole evidence
     verdict: Verdict = "improved" if lo > 0 else "regressed" if hi < 0 else "inconclusive"
 
     blocks = []
@@ -142,13 +161,13 @@ def gate_values(
         )
     summary = (
         f"{verdict}: {metric_name} changed by {signed_points(delta)} "
-        f"({percent(level, 0)} CI {signed_points(lo)} to {signed_points(hi)}) over {len(shared.hashes)} shared cases"
+        f"({percent(level, 0)} CI {signed_points(lo)} to {signed_points(hi)}) over {change.cases} shared cases"
     )
     notes = []
-    if shared.dropped:
+    if dropped_run or dropped_baseline:
         notes.append(
-            f"compared only the {len(shared.hashes)} shared cases: {shared.dropped_run} run-only and "
-            f"{shared.dropped_baseline} baseline-only cases were left out"
+            f"compared only the {change.cases} shared cases: {dropped_run} run-only and "
+            f"{dropped_baseline} baseline-only cases were left out"
         )
     return GateResult(
         decision="block" if blocks else "pass",
@@ -156,8 +175,8 @@ def gate_values(
         reasons=(*blocks, summary, *notes),
         delta_pass_at_1=delta,
         delta_ci=(lo, hi),
-        shared_cases=len(shared.hashes),
-        dropped_cases=shared.dropped,
+        shared_cases=change.cases,
+        dropped_cases=dropped_run + dropped_baseline,
         pass_at_1=pass_at_1,
     )
 
@@ -166,29 +185,28 @@ def gate_diff(
     diff: RunDiff,
     results: Sequence[CaseResult],
     *,
-    seed: int,
     safety_failed: bool,
     must_pass: frozenset[str] | None,
     suite_version: str,
     slice_values: Mapping[str, float | None],
-    rules: GateRules | None = None,
-    min_pass_at_1: float | None = None,
-    max_drop: float = 0.0,
+    rules: GateRules = GateRules(),
 ) -> dict[str, Any]:
     """The `gate --json` document of a run (`results`, all its cases) against its baseline
     (`diff`): the paired CI's decision, then the blocks of the team's `rules` and the suite's
-    `must_pass` cases (None: its snapshot is not here, said among the reasons), safety first."""
+    `must_pass` cases (None: its snapshot is not here, said among the reasons), safety first.
+    The document records the rules it was decided by and the cases shared, added and removed."""
     metric = diff.metric
-    values = {r.case_hash: r.value(metric) for r in results}
-    base_values = {c.before.case_hash: c.before.value(metric) for c in diff.cases if c.before is not None}
-    pass_at_1 = sum(r.c / r.n for r in results) / len(results) if results else 0.0
-    result = gate_values(
-        values, base_values, safety_failed=safety_failed, pass_at_1=pass_at_1, metric_name=METRIC_NAMES[metric],
-        min_pass_at_1=min_pass_at_1, max_drop=max_drop, seed=seed,
-    ).to_json()
-    stated = GateRules(must_pass=must_pass or frozenset(),
-                       max_new_failures=rules.max_new_failures if rules else None,
-                       slice_min=rules.slice_min if rules else {})
+    if not results:
+        raise InputError("gate: the run has no cases")
+    if diff.overall is None:
+        raise InputError("gate: the run and the baseline share no cases")
+    pass_at_1 = sum(r.c / r.n for r in results) / len(results)
+    counts = diff.counts()
+    # The diff's own paired change: the gate decides on the CI the diff shows, not a second one.
+    result = decide(diff.overall, diff.ci_level, safety_failed=safety_failed, pass_at_1=pass_at_1,
+                    metric_name=METRIC_NAMES[metric], min_pass_at_1=rules.min_pass_at_1, max_drop=rules.max_drop,
+                    dropped_run=counts["new"], dropped_baseline=counts["removed"]).to_json()
+    stated = replace(rules, must_pass=must_pass or frozenset())
     blocks = rule_blocks(stated, results, diff, slice_values, METRIC_NAMES[metric])
     if blocks:
         safety = [r for r in result["reasons"] if r.startswith("safety:")]
@@ -198,7 +216,8 @@ def gate_diff(
     if must_pass is None:
         result["reasons"].append(f"must-pass cases unknown: suite {suite_version[:12]} has no snapshot here")
     result.update(run_id=diff.run_id, baseline=diff.baseline, metric=metric, dropped_cases=diff.dropped,
-                  blocks=[b.to_json() for b in blocks])
+                  added_cases=counts["new"], removed_cases=counts["removed"],
+                  blocks=[b.to_json() for b in blocks], rules=stated.to_json())
     return result
 
 

@@ -19,13 +19,28 @@ NAMED_IN_MESSAGE = 10
 
 @dataclass(frozen=True)
 class GateRules:
+    """Every rule a gate decides by: the thresholds on the paired CI and the run's pass@1,
+    and the case-level rules. The gate document records them (`rules`), so each output of
+    a decision says what it was decided by."""
+
     must_pass: frozenset[str] = frozenset()  # case ids of the run's suite marked must_pass
     max_new_failures: int | None = None
     slice_min: Mapping[str, float] = field(default_factory=dict)  # slice → lowest allowed value
+    min_pass_at_1: float | None = None
+    max_drop: float = 0.0
 
     def __post_init__(self) -> None:
         if self.max_new_failures is not None and self.max_new_failures < 0:
             raise InputError(f"--max-new-failures must be >= 0, got {self.max_new_failures}")
+        if self.max_drop < 0:
+            raise InputError(f"--max-drop must be >= 0, got {self.max_drop}")
+        if self.min_pass_at_1 is not None and not 0.0 <= self.min_pass_at_1 <= 1.0:
+            raise InputError(f"--min-pass-at-1 must lie in 0..1, got {self.min_pass_at_1}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"min_pass_at_1": self.min_pass_at_1, "max_drop": self.max_drop,
+                "max_new_failures": self.max_new_failures, "min_slice": dict(sorted(self.slice_min.items())),
+                "must_pass": sorted(self.must_pass)}
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,9 @@ from typing import Any
 
 from tasks.metrics.diff import METRIC_NAMES, CaseChange, RunDiff
 from tasks.metrics.percent import percent, signed_points
+from tasks.report.gate_text import decided_by
 from tasks.report.html import TEMPLATES, clip
-from tasks.report.markdown import headline
+from tasks.report.markdown import change_shown, headline
 from tasks.run import RunSummary
 
 MAX_EXPANDED = 100  # regressed cases expanded, and as many improved ones
@@ -43,7 +44,7 @@ def render_diff_report(
     is one sample {index, status, output, detail, trajectory} of that run or None; needed for
     the cases `expanded(diff)` names."""
     metric = METRIC_NAMES[diff.metric]
-    overall = diff.overall
+    delta, ci = change_shown(diff, gate)
     shown = {c.case_id for c in expanded(diff)}
     sections = [
         {"id": label, "title": title, "total": len(diff.labelled(label)),
@@ -57,11 +58,12 @@ def render_diff_report(
         run_agent=run.agent if run else "?",
         base_agent=baseline.agent if baseline else "?",
         metric=metric,
-        gate={"decision": gate.get("decision"), "verdict": gate.get("verdict"), "reasons": gate.get("reasons", [])},
+        gate={"decision": gate.get("decision"), "verdict": gate.get("verdict"), "reasons": gate.get("reasons", []),
+              "basis": decided_by(gate)},
         before=percent(headline(baseline, diff.metric)),
         after=percent(headline(run, diff.metric)),
-        delta=signed_points(overall.delta if overall else None),
-        ci=f"{signed_points(overall.ci[0])} to {signed_points(overall.ci[1])}" if overall and overall.ci else "",
+        delta=signed_points(delta),
+        ci=f"{signed_points(ci[0])} to {signed_points(ci[1])}" if ci else "",
         level=f"{100 * diff.ci_level:g}%",
         diff_shared=diff.shared,
         counts=list(diff.counts().items()),

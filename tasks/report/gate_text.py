@@ -6,16 +6,53 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from tasks.metrics.percent import percent
+
 
 def gate_lines(gate: Mapping[str, Any]) -> list[str]:
-    """The decision and verdict, then each reason on its own line."""
-    return [f"{gate['decision'].upper()} ({gate['verdict']})", *(f"  - {r}" for r in gate["reasons"])]
+    """The decision and verdict, what it was decided against and by, then each reason."""
+    basis = decided_by(gate)
+    return [f"{gate['decision'].upper()} ({gate['verdict']})", *([f"  {basis}"] if basis else []),
+            *(f"  - {r}" for r in gate["reasons"])]
 
 
-def no_baseline_message(run: Mapping[str, Any]) -> str:
-    """`gate --baseline previous` with no completed run of the suite before `run`."""
-    return (f"no baseline: no completed run of suite {run['suite_version'][:12]} before {run['run_id']};"
-            " nothing was gated")
+def decided_by(gate: Mapping[str, Any]) -> str | None:
+    """The baseline (and how it was chosen), the cases shared, added and removed, and the
+    rules: the line every output of a decision shows (None for a document stored before
+    decisions recorded their rules)."""
+    if gate.get("rules") is None:
+        return None
+    choice = f" ({gate['baseline_choice']})" if gate.get("baseline_choice") else ""
+    cases = f"{gate['shared_cases']} shared"
+    if gate.get("added_cases") is not None:
+        cases += f", {gate['added_cases']} added, {gate['removed_cases']} removed"
+    when = {"at run time": "decided when the run was made", "now": "decided now"}.get(gate.get("decided", ""), "")
+    return (f"against {gate['baseline']}{choice}: {cases} cases; rules: {rules_text(gate['rules'])}"
+            + (f"; {when}" if when else ""))
+
+
+def rules_text(rules: Mapping[str, Any]) -> str:
+    """A gate's rules (`GateRules.to_json`) in one line."""
+    parts = [f"max drop {percent(rules.get('max_drop') or 0.0)}"]
+    if rules.get("min_pass_at_1") is not None:
+        parts.append(f"min pass@1 {percent(rules['min_pass_at_1'])}")
+    if rules.get("max_new_failures") is not None:
+        parts.append(f"max new failures {rules['max_new_failures']}")
+    parts += [f"slice {name} >= {percent(value)}" for name, value in (rules.get("min_slice") or {}).items()]
+    if rules.get("must_pass"):
+        parts.append(f"{len(rules['must_pass'])} must-pass case(s)")
+    return ", ".join(parts)
+
+
+def no_baseline_message(suite_name: str, before: str | None = None) -> str:
+    """`--baseline previous` with no completed run of the suite (before run `before`)."""
+    return (f"no baseline: no completed run of suite {suite_name!r}" + (f" before {before}" if before else " yet")
+            + "; nothing was gated")
+
+
+def previous_choice(suite_name: str) -> str:
+    """How `--baseline previous` chose, as every output of the decision says."""
+    return f"previous: the latest completed run of suite {suite_name!r}"
 
 
 def validation_text(report: Mapping[str, Any]) -> str:

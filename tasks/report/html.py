@@ -19,6 +19,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 
 from tasks.metrics.percent import headline_ci, percent, shown_ci, signed_points, with_ci
 from tasks.report.figures import metric_rows
+from tasks.report.gate_text import decided_by
 from tasks.report.trajectory import steps_text
 from tasks.run import RunSummary
 from tasks.run.usage import USAGE_COLUMNS, usage_rows
@@ -144,6 +145,7 @@ def summary_markdown(
             f"{signed_points(gate['delta_pass_at_1'])} (CI {signed_points(gate['delta_ci'][0])} to "
             f"{signed_points(gate['delta_ci'][1])}) over {gate['shared_cases']} shared cases",
         ]
+        lines += [basis for basis in [decided_by(gate)] if basis]
         lines += [f"- {reason}" for reason in gate.get("reasons", [])]
     for j in judges:
         doc = j.get("calibration")
@@ -305,6 +307,7 @@ def _gate_view(gate: Mapping[str, Any]) -> dict[str, Any]:
         "hi": signed_points(hi),
         "shared_cases": gate.get("shared_cases", "?"),
         "reasons": gate.get("reasons", []),
+        "basis": decided_by(gate),
     }
 
 

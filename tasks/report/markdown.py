@@ -14,6 +14,7 @@ from typing import Any
 
 from tasks.metrics.diff import METRIC_NAMES, CaseChange, RunDiff
 from tasks.metrics.percent import percent, signed_points
+from tasks.report.gate_text import decided_by
 from tasks.report.html import clip
 from tasks.run import RunSummary
 
@@ -43,11 +44,13 @@ def comparison_markdown(
         lines.append("## evalpipe diff")
     lines += ["", f"run `{_code(diff.run_id)}` against baseline `{_code(diff.baseline)}`", ""]
     before, after = headline(baseline, diff.metric), headline(run, diff.metric)
-    delta = diff.overall
-    shift = (f"Δ {signed_points(delta.delta)}"
-             + (f", {level} CI {signed_points(delta.ci[0])} to {signed_points(delta.ci[1])}" if delta.ci else "")
-             if delta else "no shared cases")
+    delta, ci = change_shown(diff, gate)
+    shift = (f"Δ {signed_points(delta)}" + (f", {level} CI {signed_points(ci[0])} to {signed_points(ci[1])}" if ci else "")
+             if delta is not None else "no shared cases")
     lines.append(f"**{metric}** {percent(before)} → {percent(after)} ({shift}) over {diff.shared} shared cases")
+    basis = decided_by(gate) if gate else None
+    if basis:
+        lines += ["", _text(clip(basis, MAX_REASON))]
     counts = diff.counts()
     lines += ["", " · ".join(f"{label} **{count}**" for label, count in counts.items())]
     if diff.dropped:
@@ -66,6 +69,16 @@ def comparison_markdown(
     if len(text) >= GITHUB_COMMENT_LIMIT:
         text = text[: GITHUB_COMMENT_LIMIT - 100] + "\n\n… (cut to fit a GitHub comment)\n"
     return text
+
+
+def change_shown(diff: RunDiff, gate: Mapping[str, Any] | None) -> tuple[float | None, list[float] | None]:
+    """The change and its CI a page heads with: the decision's own when it is gated (a
+    sequential stop's bounds included), so the header and the reasons show one CI; else the
+    diff's paired change (None for a single case)."""
+    if gate:
+        return gate.get("delta_pass_at_1"), gate.get("delta_ci")
+    overall = diff.overall
+    return (overall.delta, list(overall.ci) if overall.ci else None) if overall else (None, None)
 
 
 def headline(summary: RunSummary | None, metric: str) -> float | None:

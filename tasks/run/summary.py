@@ -68,6 +68,11 @@ class GateSummary(_Doc):
     metric: str | None = None  # what the paired CI compared: "pass" (pass@1) or "score"
     dropped_cases: int | None = None  # measured by one run only
     blocks: list[dict[str, Any]] | None = None  # the rules that blocked, each naming its cases or slice
+    # Absent from gates stored before one decision was rendered everywhere (issue 30).
+    added_cases: int | None = None  # measured by the run only
+    removed_cases: int | None = None  # measured by the baseline only
+    rules: dict[str, Any] | None = None  # what it was decided by (`GateRules.to_json`)
+    baseline_choice: str | None = None  # how the baseline was chosen (`previous`), when not named
 
 
 class BudgetSummary(_Doc):
