@@ -407,39 +407,64 @@ def _summary_text(summary: dict[str, Any]) -> str:
 def rescore_cmd(
     run_id: RunArg,
     suite: SuiteArg,
-    workers: Annotated[int | None, typer.Option("--workers", min=1)] = None,
+    workers: Annotated[int | None, typer.Option("--workers", min=1, max=MAX_WORKERS)] = None,
     unsafe_no_sandbox: UnsafeFlag = False,
+    baseline: Annotated[str | None, typer.Option(
+        "--baseline", help="Gate the rescored run against this run (id, unambiguous prefix, or 'previous').")] = None,
+    min_pass_at_1: MinPassOpt = None,
+    max_drop: MaxDropOpt = None,
+    max_new_failures: MaxNewFailuresOpt = None,
+    min_slice: MinSliceOpt = None,
+    metric: Annotated[str, typer.Option("--metric", help="Gate on pass (pass@1) or score (mean score).")] = "pass",
     as_json: JsonFlag = False,
 ) -> None:
     """A new run of SUITE graded on RUN_ID's stored outputs, without calling its agent.
 
     Cases whose id and inputs match RUN_ID's are graded; the others are reported `unscored`
-    (never drawn, never counted as failures)."""
+    (never drawn, never counted as failures). With --baseline it is gated by the same rules
+    as `run`: exit 1 when blocked."""
     from storage.store import Store
     from storage.suites import resolve_suite
+    from tasks.metrics.diff import check_metric
+    from tasks.metrics.rules import parse_slice_thresholds
     from tasks.sandbox import run_sandbox_mode
 
+    if _rules(min_pass_at_1, max_drop, max_new_failures, min_slice) is not None and not baseline:
+        bad_input("--min-pass-at-1, --max-drop, --max-new-failures and --min-slice are gate rules: they go with"
+                  " --baseline")
     store = Store.default()
     suite_obj, pinned = resolve_suite(suite, store)
     run_sandbox_mode(suite_obj.grader_kinds, unsafe_no_sandbox)
     store.check()
     source = store.find_run(run_id)
     from flows.rescore import source_suite_of
+    from storage.runs import gate_baseline
+    from tasks.run import RunConfig
 
     source_suite_of(source, suite_obj, store)  # bad input is refused before Prefect starts
+    config = RunConfig(suite=pinned, agent=source["agent"], baseline=baseline, min_pass_at_1=min_pass_at_1,
+                       max_drop=max_drop or 0.0, max_new_failures=max_new_failures,
+                       min_slice=parse_slice_thresholds(min_slice or ()) or None, metric=check_metric(metric))
+    gate_baseline(config, suite_obj, store)  # an unknown baseline or slice, too
     from flows.prefect_api import prefect_api
 
     with prefect_api(as_json) as watch, _progress(suite_obj.name, as_json) as hook:
         from flows.artifacts import progress_hook
         from flows.rescore import rescore
+        from flows.steps import flow_result
 
         token = progress_hook.set(hook)
         try:
-            summary = watch(rescore)(run_id=source["run_id"], suite=pinned, workers=workers,
-                                     unsafe_no_sandbox=unsafe_no_sandbox)
+            summary = flow_result(watch(rescore)(
+                run_id=source["run_id"], suite=pinned, workers=workers, unsafe_no_sandbox=unsafe_no_sandbox,
+                baseline=baseline, min_pass_at_1=config.min_pass_at_1, max_drop=config.max_drop,
+                max_new_failures=config.max_new_failures, min_slice=config.min_slice, metric=config.metric,
+                return_state=True))
         finally:
             progress_hook.reset(token)
     typer.echo(json_doc(summary) if as_json else _summary_text(summary))
+    if summary.get("gate", {}).get("decision") == "block":
+        raise typer.Exit(1)
 
 
 runs_app = typer.Typer(no_args_is_help=True, help="Stored runs.")

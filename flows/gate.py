@@ -62,7 +62,7 @@ def run_gate(run: PreparedRun, config: RunConfig, store: Store) -> Gate | None:
         return gate_comparison(comparison, rules=run.rules, store=store, safety_failed=measured.safety_failed,
                                slice_values=measured.slice_values(config.metric), choice=baseline.choice)
 
-    return Gate(baseline.run_id, check)
+    return Gate(baseline.run_id, check, run.rules)
 
 
 def gate_runs(run_id: str, baseline: str, *, rules: GateRules = GateRules(), shared_only: bool = False,

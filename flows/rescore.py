@@ -2,8 +2,9 @@
 
 Wiring only, as `evaluate`: the plan is the one `evaluate` would make for the source run's
 agent, n and seed; `tasks.run.rescore` takes each sample's output from the source run and
-lists the cases it has none for; grading runs on the task runner as in a run
-(`tasks.run.loop.draw_and_grade` with every output given, so no agent is ever called).
+lists the cases it has none for; the run loop grades them on the task runner as in a run
+(`tasks.run.loop.run_loop`'s rescoring mode: every output given, so no agent is ever called),
+then reduces and gates by the same rules as a run.
 """
 
 from __future__ import annotations
@@ -11,20 +12,23 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any
 
-from prefect import flow
+from prefect import flow, get_run_logger
 from pydantic import Field
 
 from flows import steps
 from flows.artifacts import publish
+from flows.gate import run_gate
+from storage.runs import PreparedRun, gate_baseline
 from storage.store import Store
 from storage.suites import resolve_suite
 from tasks import run
-from tasks.models import EvalSuite, InputError
-from tasks.run import RunConfig, RunSpec, RunStatus
+from tasks.metrics.cost import PriceTable
+from tasks.metrics.diff import Metric
+from tasks.models import MAX_WORKERS, EvalSuite, InputError
+from tasks.run import RunConfig, RunSpec
 from tasks.run.config import Runner
-from tasks.run.loop import draw_and_grade
+from tasks.run.loop import run_loop
 from tasks.run.rescore import rescore_plan
-from tasks.run.summary import RunOutcome
 from tasks.sandbox import allowing_unsafe, run_sandbox_mode
 
 
@@ -33,11 +37,17 @@ def rescore(
     run_id: str,
     suite: str,
     runner: Runner = "threads",
-    workers: Annotated[int | None, Field(ge=1, le=256)] = None,
+    workers: Annotated[int | None, Field(ge=1, le=MAX_WORKERS)] = None,
     unsafe_no_sandbox: bool = False,
+    baseline: str | None = None,
+    min_pass_at_1: Annotated[float | None, Field(ge=0, le=1)] = None,
+    max_drop: Annotated[float, Field(ge=0, le=1)] = 0.0,
+    max_new_failures: Annotated[int | None, Field(ge=0)] = None,
+    min_slice: dict[str, Annotated[float, Field(ge=0, le=1)]] | None = None,
+    metric: Metric = "pass",
 ) -> dict[str, Any]:
     """Grade SUITE on the outputs stored by run `run_id`; cases it has no output for are
-    `unscored`.
+    `unscored`. With a baseline, gated by the same rules as a run.
 
     Args:
         run_id: The run whose outputs to grade (id or unambiguous prefix).
@@ -45,6 +55,12 @@ def rescore(
         runner: Task runner for grading: threads, processes or dask.
         workers: Parallel workers (default: CPU count).
         unsafe_no_sandbox: Without bubblewrap, run the suite's code unprotected instead of refusing.
+        baseline: A run id to gate against, or 'previous' (as for evaluate).
+        min_pass_at_1: Gate threshold: block when pass@1 is below this.
+        max_drop: Gate threshold: block only when the drop is surely larger than this.
+        max_new_failures: Gate rule: block when more than this many always-passing cases now fail.
+        min_slice: Gate rule: slice name -> the lowest pass@1 (or mean score) it may have.
+        metric: What the gate's paired CI compares: pass (pass@1) or score (mean score).
     """
     started = time.perf_counter()
     store = Store.default()
@@ -53,29 +69,28 @@ def rescore(
     sandbox = run_sandbox_mode(suite_obj.grader_kinds, unsafe_no_sandbox)
     source_suite = source_suite_of(source, suite_obj, store)
     config = RunConfig(suite=suite, agent=source["agent"], runner=runner, workers=workers,
-                       unsafe_no_sandbox=unsafe_no_sandbox)
+                       unsafe_no_sandbox=unsafe_no_sandbox, baseline=baseline, min_pass_at_1=min_pass_at_1,
+                       max_drop=max_drop, max_new_failures=max_new_failures, min_slice=min_slice, metric=metric)
+    found, no_baseline = gate_baseline(config, suite_obj, store)
     steps.snapshot_once(suite_obj, store)
     spec = RunSpec(
         suite_version=suite_obj.version, suite_name=suite_obj.name, agent=source["agent"],
         agent_fingerprint=source["agent_fingerprint"], n=source["n"], ks=list(source["ks"]),
         seed=source["seed"],
         config={"rescored_from": source["run_id"], "suite_ref": suite, "suite_source": suite_source,
-                "runner": runner, "workers": config.grade_workers, "sandbox": sandbox},
+                "runner": runner, "workers": config.grade_workers, "sandbox": sandbox,
+                "baseline": found.run_id if found else None},
     )
-    plan = rescore_plan(spec.run_id, run.plan(suite_obj, spec), suite_obj, source_suite,
+    plan = rescore_plan(spec.run_id, run.plan(suite_obj, spec), suite_obj, source_suite, source["run_id"],
                         store.run_samples(source["run_id"]))
-    with store.recorded_run(spec):
-        store.insert_samples(plan.failed_calls)
-        total = len(plan.to_grade) + plan.failed_calls.num_rows
-        with allowing_unsafe(unsafe_no_sandbox), steps.prefect_stages(config) as stages:
-            draw_and_grade(spec, config, suite_obj, None, plan.to_grade, total, store, stages,
-                           progress=steps.ShownProgress())
-        summary = steps.aggregate(spec, suite_obj, store).summary(RunOutcome(
-            cases=len(suite_obj.cases) - len(plan.unscored), source_run=source["run_id"], unscored=plan.unscored,
-            sandbox=sandbox, duration_s=round(time.perf_counter() - started, 3)))
-        store.finish_run(spec.run_id, RunStatus.completed, summary)
+    prepared = PreparedRun(spec, suite_obj, None, PriceTable(), found, config.rules, no_baseline)
+    with allowing_unsafe(unsafe_no_sandbox), steps.prefect_stages(config) as stages:
+        summary = run_loop(spec, config, suite_obj, None, store, stages, progress=steps.ShownProgress(),
+                           gate=run_gate(prepared, config, store), no_baseline=no_baseline,
+                           log=get_run_logger(), reduce=steps.reduce_in_task, started=started, rescoring=plan)
     publish(summary, store)
-    return summary.to_json()
+    steps.log_headline(summary)
+    return steps.final_state(summary)
 
 
 def source_suite_of(source: dict[str, Any], suite: EvalSuite, store: Store) -> EvalSuite:

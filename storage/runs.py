@@ -33,7 +33,7 @@ class Baseline:
 class PreparedRun:
     spec: RunSpec
     suite: EvalSuite
-    agent: Agent
+    agent: Agent | None  # None: a rescore, which never calls one
     prices: PriceTable
     baseline: Baseline | None  # the run to gate against, when there is one
     rules: GateRules
@@ -53,10 +53,7 @@ def prepare_run(config: RunConfig, store: Store, *, agent: Agent | None = None,
     prices = PriceTable.load(config.prices)
     if config.sequential and not config.baseline:
         raise InputError("--sequential needs --baseline: it stops when the comparison is decided")
-    baseline = find_baseline(config.baseline, suite, store)
-    rules = GateRules(max_new_failures=config.max_new_failures, slice_min=config.min_slice or {},
-                      min_pass_at_1=config.min_pass_at_1, max_drop=config.max_drop)
-    check_slices(rules.slice_min, (name for c in suite.cases for name in c.slices))
+    baseline, no_baseline = gate_baseline(config, suite, store)
     spec = RunSpec(
         suite_version=suite.version, suite_name=suite.name, agent=agent.spec,
         agent_fingerprint=agent.fingerprint, n=config.n, ks=check_ks(config.k), seed=config.seed,
@@ -64,8 +61,15 @@ def prepare_run(config: RunConfig, store: Store, *, agent: Agent | None = None,
         config=config.recorded(baseline=baseline.run_id if baseline else None, suite_source=suite_source, sandbox=sandbox,
                                prices=prices.source),
     )
-    no_baseline = no_baseline_message(suite.name) if config.baseline and not baseline else None
-    return PreparedRun(spec, suite, agent, prices, baseline, rules, no_baseline)
+    return PreparedRun(spec, suite, agent, prices, baseline, config.rules, no_baseline)
+
+
+def gate_baseline(config: RunConfig, suite: EvalSuite, store: Store) -> tuple[Baseline | None, str | None]:
+    """The baseline a run (or a rescore) of `suite` is gated against, its rules checked
+    against the suite first; none found: what the summary says instead."""
+    check_slices(config.rules.slice_min, (name for c in suite.cases for name in c.slices))
+    baseline = find_baseline(config.baseline, suite, store)
+    return baseline, no_baseline_message(suite.name) if config.baseline and not baseline else None
 
 
 def find_baseline(baseline: str | None, suite: EvalSuite, store: Store, *, before: str | None = None

@@ -8,7 +8,7 @@ import json
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol, Self, TypeVar
 
@@ -100,13 +100,23 @@ class Reloadable(ABC):
         """The agent `spec` names (`rest`: what follows its scheme), with relative paths
         resolved against `base`; `InputError` when it cannot be loaded."""
 
+    def settings(self) -> dict[str, Any]:
+        """The run's settings of this agent (a timeout, an output cap) that its spec does not
+        carry: they travel with it when it is pickled (to a process or a Dask worker) and are
+        set again on the agent loaded there, never read anew from that machine's environment."""
+        return {}
+
+    def with_settings(self, settings: dict[str, Any]) -> Self:
+        return replace(self, **settings) if settings else self
+
     def __reduce__(self) -> tuple[Callable[..., Agent], tuple[Any, ...]]:
         # The kind, not the `--agent` dispatch in `tasks.agents`: that sits above every
         # kind, and this module below them.
-        return _restore, (type(self), self.spec, str(self.base), self.fingerprint)
+        return _restore, (type(self), self.spec, str(self.base), self.fingerprint, self.settings())
 
 
-def _restore(kind: type[Reloadable], spec: str, base: str, fingerprint: str) -> Agent:
+def _restore(kind: type[Reloadable], spec: str, base: str, fingerprint: str,
+             settings: dict[str, Any] | None = None) -> Agent:
     try:
         agent = kind.load(spec, spec.partition(":")[2], Path(base))
     except InputError as exc:
@@ -115,7 +125,7 @@ def _restore(kind: type[Reloadable], spec: str, base: str, fingerprint: str) -> 
         return _Unavailable(
             spec, fingerprint, "the agent's code or settings changed since the run started"
         )
-    return agent
+    return agent.with_settings(settings or {})
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl
@@ -53,6 +53,13 @@ class OpenAIAgent(Reloadable):
         }
         fingerprint = sha256_hex(canonical_json({"openai": identity}))
         return cls(spec, fingerprint, base, model, params, system, client)
+
+    def settings(self) -> dict[str, Any]:
+        # The client's timeout and retries; never its key, which each machine reads itself.
+        return {"timeout_s": self.client.timeout_s, "max_attempts": self.client.max_attempts}
+
+    def with_settings(self, settings: dict[str, Any]) -> OpenAIAgent:
+        return replace(self, client=replace(self.client, **settings)) if settings else self
 
     def generate(self, case: EvalCase, ctx: AgentContext) -> str:
         messages = chat_messages(case.inputs, self.system)

@@ -14,6 +14,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tasks.agents.base import (
     DEFAULT_MAX_OUTPUT_BYTES,
@@ -74,6 +75,9 @@ class CmdAgent(Reloadable):
         )
         fingerprint = spec_fingerprint(spec, _tree_files(argv, base))
         return cls(spec, fingerprint, base, argv, timeout_s, max_output_bytes())
+
+    def settings(self) -> dict[str, Any]:
+        return {"timeout_s": self.timeout_s, "max_output_bytes": self.max_output_bytes}
 
     def generate(self, case: EvalCase, ctx: AgentContext) -> str:
         payload = {

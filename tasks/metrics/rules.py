@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tasks.metrics.diff import CaseResult, RunDiff
+from tasks.metrics.diff import CaseResult, Metric, RunDiff
 from tasks.metrics.percent import percent
 from tasks.models import InputError
 
@@ -124,3 +124,46 @@ def rule_blocks(
 
 def _more(ids: Sequence[str]) -> str:
     return f" and {len(ids) - NAMED_IN_MESSAGE} more" if len(ids) > NAMED_IN_MESSAGE else ""
+
+
+def settled_blocks(
+    rules: GateRules,
+    drawn: Sequence[CaseResult],
+    baseline: Mapping[str, CaseResult],
+    planned: Mapping[str, tuple[str, ...]],
+    metric: Metric = "pass",
+) -> list[str]:
+    """The blocks a partly drawn run already has for good, whatever its other cases do: what
+    lets a sequential run stop at the first look that shows a broken rule. `drawn`: the
+    cases drawn so far (each with all its samples); `baseline`: the baseline's results by
+    case hash; `planned`: every case of the run, case id → its slices. A must-pass case that
+    failed a sample, more new failures than allowed, and a threshold (pass@1, a slice) that the
+    cases not yet drawn could not lift even if each scored 1, are settled."""
+    blocks = []
+    failing = sorted(r.case_id for r in drawn if r.case_id in rules.must_pass and r.c < r.n)
+    if failing:
+        blocks.append(f"must-pass: {len(failing)} must-pass case(s) failed in some sample:"
+                      f" {', '.join(failing[:NAMED_IN_MESSAGE])}{_more(failing)}")
+    if rules.max_new_failures is not None:
+        new = sorted(r.case_id for r in drawn if (b := baseline.get(r.case_hash)) is not None
+                     and b.c == b.n and r.c < r.n)
+        if len(new) > rules.max_new_failures:
+            blocks.append(f"new failures: {len(new)} case(s) that always passed in the baseline now fail in some"
+                          f" sample (allowed {rules.max_new_failures}): {', '.join(new[:NAMED_IN_MESSAGE])}{_more(new)}")
+    if rules.min_pass_at_1 is not None:
+        best = _best_mean([r.c / r.n for r in drawn], len(planned))
+        if best < rules.min_pass_at_1:
+            blocks.append(f"threshold: pass@1 can reach at most {percent(best)} with every case not yet drawn"
+                          f" passing, below the required {percent(rules.min_pass_at_1)}")
+    for name, threshold in sorted(rules.slice_min.items()):
+        members = sum(name in slices for slices in planned.values())
+        best = _best_mean([r.value(metric) for r in drawn if name in r.slices], members)
+        if members and best < threshold:
+            blocks.append(f"slice {name}: can reach at most {percent(best)} with every case not yet drawn"
+                          f" scoring 1, below the required {percent(threshold)}")
+    return blocks
+
+
+def _best_mean(values: Sequence[float], total: int) -> float:
+    """The highest mean `total` cases can have when `values` are known and the rest score 1."""
+    return (sum(values) + (total - len(values))) / total if total else 1.0

@@ -150,6 +150,7 @@ class SequentialRecord:
     order_seed: int
     early_pass: bool  # False when a rule needs every case (min pass@1, must-pass, slices, new failures)
     looks: tuple[Look, ...]
+    rule: str | None = None  # the gate rule, broken for good, that stopped the run (decision "block")
 
     def to_json(self) -> dict[str, Any]:
         doc = asdict(self)
@@ -157,13 +158,16 @@ class SequentialRecord:
         return doc
 
     def stop_reason(self) -> str:
-        """The gate's reason when the run stopped early: where it stopped, and the last look's
-        confidence sequence against the allowed drop."""
+        """The gate's reason when the run stopped early: where it stopped, and the rule broken
+        or the last look's confidence sequence against the allowed drop."""
         last = self.looks[-1]
         allowed = f"-{100 * self.max_drop:g} pts" if self.max_drop else "0"
-        return (f"sequential: stopped after round {self.rounds} of {self.planned_rounds}"
-                f" ({self.cases_drawn} of {self.cases_planned} cases, {self.samples_drawn} of"
-                f" {self.samples_planned} samples): change {signed_points(last.mean)}, its anytime-valid"
+        where = (f"sequential: stopped after round {self.rounds} of {self.planned_rounds}"
+                 f" ({self.cases_drawn} of {self.cases_planned} cases, {self.samples_drawn} of"
+                 f" {self.samples_planned} samples)")
+        if self.rule:
+            return f"{where}: {self.rule}"
+        return (f"{where}: change {signed_points(last.mean)}, its anytime-valid"
                 f" {100 * (1 - self.alpha):g}% confidence sequence {signed_points(last.lower)} to"
                 f" {signed_points(last.upper)} lies wholly "
                 + (f"below {allowed} (the allowed drop)" if self.decision == "block"

@@ -27,13 +27,15 @@ class Budget(BaseModel):
     def limited(self) -> bool:
         return self.max_cost_usd is not None or self.max_samples is not None
 
-    def order(self, to_draw: Sequence[PlannedSample]) -> tuple[list[PlannedSample], list[PlannedSample]]:
+    def order(self, to_draw: Sequence[PlannedSample], drawn: int = 0
+              ) -> tuple[list[PlannedSample], list[PlannedSample]]:
         """The samples to draw in the order a budgeted run draws them (index first), cut at
-        `max_samples`: (may be drawn, left undrawn)."""
+        what `max_samples` leaves after the `drawn` samples the run has already bought:
+        (may be drawn, left undrawn)."""
         if not self.limited:
             return list(to_draw), []
         ordered = sorted(to_draw, key=lambda p: (p.index, p.case_id))
-        cut = len(ordered) if self.max_samples is None else self.max_samples
+        cut = len(ordered) if self.max_samples is None else max(0, self.max_samples - drawn)
         return ordered[:cut], ordered[cut:]
 
 

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tasks.agents import DEFAULT_AGENT_TIMEOUT_S, max_output_bytes
 from tasks.metrics.diff import Metric
+from tasks.metrics.rules import GateRules
 from tasks.metrics.sequential import DEFAULT_ROUNDS
 from tasks.models import MAX_N, MAX_REGRADE, MAX_ROUNDS, MAX_WORKERS
 from tasks.run.budget import Budget
@@ -73,6 +74,13 @@ class RunConfig(BaseModel):
     def agent_timeout_s(self) -> float | None:
         """Seconds each coding agent run may take: with `workspace` only."""
         return self.agent_timeout if self.workspace else None
+
+    @property
+    def rules(self) -> GateRules:
+        """The gate's rules these options state (the suite's must-pass cases are added where
+        the run's suite is known)."""
+        return GateRules(max_new_failures=self.max_new_failures, slice_min=self.min_slice or {},
+                         min_pass_at_1=self.min_pass_at_1, max_drop=self.max_drop)
 
     @property
     def budget(self) -> Budget:

@@ -36,9 +36,11 @@ import pyarrow as pa
 
 from tasks.metrics.cost import PriceTable
 from tasks.metrics.diff import CaseResult
+from tasks.metrics.rules import GateRules
 from tasks.models import EvalCase, EvalSuite
 from tasks.run.budget import Meter, budget_summary
 from tasks.run.config import RunConfig
+from tasks.run.rescore import RescorePlan
 from tasks.run.samples import samples_table
 from tasks.run.sampling import (
     Drawn,
@@ -327,15 +329,18 @@ class _Scheduler:
 
 def draw_and_grade(spec: RunSpec, config: RunConfig, suite: EvalSuite, agent: Any, missing: list[PlannedSample],
                    total: int, store: SampleStore, stages: Stages, *, prices: PriceTable | None = None,
-                   progress: Progress | None = None) -> Drawing:
+                   progress: Progress | None = None, meter: Meter | None = None) -> Drawing:
     """Draw the missing samples, grade them (and the stored outputs among them, without an
     agent call) and store them as they finish. A budgeted run draws index first and starts
-    no agent call once the budget is spent; what is left is counted `undrawn`."""
+    no agent call once the budget is spent; what is left is counted `undrawn`. `meter`: the
+    run's, when it draws in several calls (a sequential run's rounds), so that one budget
+    holds over all of them; default: a new one."""
     budget = config.budget
+    meter = meter or Meter(budget)
     if progress:
         progress(total - len(missing), total)
-    to_draw, cut = budget.order([p for p in missing if p.output is None])
-    meter = Meter(budget)
+    wanted = [p for p in missing if p.output is None]
+    to_draw, cut = budget.order(wanted, meter.drawn) if meter.may_draw else ([], wanted)
     stored = [stored_output(p) for p in missing if p.output is not None]
     if not stored and not to_draw:
         return Drawing(meter, len(cut))
@@ -360,32 +365,40 @@ class Gate:
 
     baseline: str
     check: Callable[[Measured], GateSummary | Mapping[str, Any]]
+    rules: GateRules = GateRules()  # what a sequential run may stop on before the check
 
 
 def run_loop(spec: RunSpec, config: RunConfig, suite: EvalSuite, agent: Any, store: SampleStore, stages: Stages, *,
              prices: PriceTable | None = None, progress: Progress | None = None, gate: Gate | None = None,
              no_baseline: str | None = None, log: logging.Logger | logging.LoggerAdapter | None = None,
              reduce: Callable[[RunSpec, EvalSuite, SampleStore], Measured] = reduce_run,
-             started: float | None = None) -> RunSummary:
+             started: float | None = None, rescoring: RescorePlan | None = None) -> RunSummary:
     """A whole run, recorded in `store` from `running` to its end status: plan, reuse what is
     cached, draw and grade the rest (`config.sequential` with a `gate`: in rounds, until its
     decision is made, each look logged to `log`), reduce, and `gate` the figures
     (`no_baseline`: one was asked for and none exists, said in the summary); then the summary,
     built once. `started`: when the run began (`time.perf_counter()`), for its `duration_s`;
-    default: now."""
+    default: now. `rescoring`: a rescore, which grades another run's stored outputs in place
+    of drawing (no agent is called) and is gated, budgeted and summarized as any run."""
     started = time.perf_counter() if started is None else started
     with store.recorded_run(spec):
         planned = plan(suite, spec)
         record = None
-        if config.sequential and gate is not None:
-            def draw_round(chunk: list[PlannedSample], shown: Progress | None) -> None:
-                draw_and_grade(spec, config, suite, agent, reuse_cached(spec, chunk, store), len(chunk), store,
-                               stages, prices=prices, progress=shown)
+        if rescoring is not None:
+            store.insert_samples(rescoring.failed_calls)
+            drawing = draw_and_grade(spec, config, suite, None, rescoring.to_grade,
+                                     len(rescoring.to_grade) + rescoring.failed_calls.num_rows, store, stages,
+                                     progress=progress)
+        elif config.sequential and gate is not None:
+            meter = Meter(config.budget)  # one for the run: every round spends from it
 
-            record, planned = draw_sequentially(spec, config, suite, planned, store, draw_round,
-                                                baseline=gate.baseline, progress=progress,
-                                                log=log or logging.getLogger("evalpipe"))
-            drawing = Drawing(Meter(config.budget))
+            def draw_round(chunk: list[PlannedSample], shown: Progress | None) -> int:
+                return draw_and_grade(spec, config, suite, agent, reuse_cached(spec, chunk, store), len(chunk),
+                                      store, stages, prices=prices, progress=shown, meter=meter).undrawn
+
+            drawn = draw_sequentially(spec, config, suite, planned, store, draw_round, baseline=gate.baseline,
+                                      rules=gate.rules, progress=progress, log=log or logging.getLogger("evalpipe"))
+            record, drawing = drawn.record, Drawing(meter, drawn.undrawn)
         else:
             missing = reuse_cached(spec, planned, store)
             drawing = draw_and_grade(spec, config, suite, agent, missing, len(planned), store, stages,
@@ -401,7 +414,9 @@ def run_loop(spec: RunSpec, config: RunConfig, suite: EvalSuite, agent: Any, sto
             budget=budget_summary(config.budget, drawing.meter, drawing.undrawn) if config.budget.limited else None,
             undrawn_samples=drawing.undrawn,
             sequential=record.to_json() if record is not None else None,
-            cases=cases,
+            cases=len(suite.cases) - len(rescoring.unscored) if rescoring is not None else cases,
+            source_run=rescoring.source_run if rescoring is not None else None,
+            unscored=rescoring.unscored if rescoring is not None else None,
             sandbox=spec.config.get("sandbox"),
             duration_s=round(time.perf_counter() - started, 3),
         ))

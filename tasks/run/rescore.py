@@ -23,15 +23,18 @@ from tasks.run.sampling import PlannedSample, grading_fingerprint
 
 @dataclass(frozen=True)
 class RescorePlan:
+    """What a rescore grades in place of drawing (`tasks.run.loop.run_loop`'s `rescoring`)."""
+
+    source_run: str
     to_grade: list[PlannedSample]  # each with its stored output
     failed_calls: pa.Table  # the source's agent_error samples: facts about the agent, carried as they are
     unscored: list[str]  # case ids with no stored sample
 
 
 def rescore_plan(run_id: str, planned: Sequence[PlannedSample], suite: EvalSuite, source_suite: EvalSuite,
-                 source: pa.Table) -> RescorePlan:
+                 source_run: str, source: pa.Table) -> RescorePlan:
     """`planned`: the plan of the new run `run_id` (with the source's agent fingerprint, n
-    and seed); `source`: the source run's sample rows; `source_suite`: the suite it ran."""
+    and seed); `source`: the sample rows of run `source_run`; `source_suite`: the suite it ran."""
     asked = {c.id: c.inputs_hash for c in source_suite.cases}
     same_question = {c.id for c in suite.cases if asked.get(c.id) == c.inputs_hash}
     rows = {(r["case_id"], r["sample_index"]): r for r in source.to_pylist() if r["case_id"] in same_question}
@@ -51,4 +54,4 @@ def rescore_plan(run_id: str, planned: Sequence[PlannedSample], suite: EvalSuite
                 canonical_json(["rescored", row["cache_key"], grading[p.case_id]])))
         to_grade.append(stored)
     unscored = sorted(c.id for c in suite.cases if c.id not in scored)
-    return RescorePlan(to_grade, pa.Table.from_pylist(failed, schema=source.schema), unscored)
+    return RescorePlan(source_run, to_grade, pa.Table.from_pylist(failed, schema=source.schema), unscored)
