@@ -33,7 +33,7 @@ from storage import disk_full, process
 from tasks.metrics.diff import CaseResult
 from tasks.models import EvalSuite, InputError, PlatformError
 from tasks.run import RunSpec, RunSummary
-from tasks.run.samples import SAMPLE_COLUMNS, SAMPLE_SCHEMA, sample_ddl
+from tasks.run.samples import SAMPLE_COLUMNS, SAMPLE_SCHEMA, output_ddl, sample_ddl
 from tasks.run.spec import RunStatus
 from tasks.run.steps import CACHE_LOOKUP_COLUMNS, COPY_COLUMNS
 
@@ -96,6 +96,11 @@ CREATE INDEX IF NOT EXISTS samples_output_key ON samples (output_key);
     f"""
 ALTER TABLE samples ADD COLUMN IF NOT EXISTS output_head VARCHAR;
 UPDATE samples SET output_head = left(output, {OUTPUT_HEAD_CHARS});
+""",
+    # Drawn outputs not yet graded (storage/outputs.py): stored as the agent returns them.
+    f"""
+{output_ddl()};
+CREATE INDEX IF NOT EXISTS outputs_output_key ON outputs (output_key);
 """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -383,11 +388,16 @@ class Database:
         return dict(rows)
 
     def insert_samples(self, rows: pa.Table) -> None:
-        """Write samples; rows already present (same run, case, index) are left as they are."""
+        """Write samples; rows already present (same run, case, index) are left as they are.
+        The drawn outputs they grade leave the `outputs` table in the same transaction."""
         if rows.num_rows == 0:
             return
         with self.connect() as con:
+            con.execute("BEGIN")
             insert_rows(con, rows.select(list(SAMPLE_COLUMNS)))
+            graded = rows.select(["output_key"])  # noqa: F841 - read by DuckDB
+            con.execute("DELETE FROM outputs WHERE output_key IN (SELECT output_key FROM graded)")
+            con.execute("COMMIT")
 
     def write_aggregates(self, run_id: str, rows: Sequence[tuple]) -> None:
         with self.connect() as con:
