@@ -27,19 +27,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-AGENT = '''
-import os, time
-
-def call(inputs, ctx):
-    """Logs each call's start (S) and return (R) to $CALLS, one write each."""
-    key = f"{ctx.case_id}#{ctx.index}"
-    with open(os.environ["CALLS"], "a") as fh:
-        fh.write(f"S {key}\\n")
-    time.sleep(float(os.environ.get("SLEEP", "0.05")))
-    with open(os.environ["CALLS"], "a") as fh:
-        fh.write(f"R {key}\\n")
-    return "yes"
-'''
 
 SIGNALS = {"kill": signal.SIGKILL, "int": signal.SIGINT, "term": signal.SIGTERM}
 
@@ -55,10 +42,9 @@ def trial(work: Path, runner: str, how: str, cases: int, n: int, at: float, slee
     suite = work / "suite.yaml"
     suite.write_text("name: resume\ncases:\n" + "".join(
         f"  - {{id: c{i:03d}, reference: 'yes', grader: {{kind: exact}}}}\n" for i in range(cases)))
-    (work / "resume_agent.py").write_text(AGENT)
-    env = {**os.environ, "EVALPIPE_HOME": str(home), "CALLS": str(counter), "SLEEP": str(sleep),
+    env = {**os.environ, "EVALPIPE_HOME": str(home), "CALLS": str(counter), "EVALPIPE_TEST_SLEEP": str(sleep),
            "PYTHONPATH": str(ROOT), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    args = [sys.executable, "-m", "flows.cli", "run", str(suite), "--agent", f"python:{work}/resume_agent.py:call",
+    args = [sys.executable, "-m", "flows.cli", "run", str(suite), "--agent", f"python:{ROOT}/tests/support/agents.py:logged",
             "-n", str(n), "--agent-concurrency", "4", "--workers", "2", "--runner", runner, "--json"]
     total = cases * n
     proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

@@ -30,37 +30,16 @@ from tasks.trace import SampleTrace, Trajectory
 
 ROOT = Path(__file__).resolve().parent.parent
 
-AGENT = '''
-import os, time
-
-def call(inputs, ctx):
-    key = f"{ctx.case_id}#{ctx.index}"
-    with open(os.environ["CALLS"], "a") as fh:
-        fh.write(f"S {key}\\n")
-    time.sleep(float(os.environ.get("SLEEP", "0.05")))
-    with open(os.environ["CALLS"], "a") as fh:
-        fh.write(f"R {key}\\n")
-    return "yes"
-
-def hang(inputs, ctx):
-    call(inputs, ctx)
-    if ctx.index == 1:
-        with open(os.environ["CALLS"], "a") as fh:
-            fh.write("HUNG\\n")
-        time.sleep(3600)
-    return "yes"
-'''
 
 
 @pytest.fixture
 def project(tmp_path: Path, home: Path, prefect_harness) -> dict:
-    (tmp_path / "counted.py").write_text(AGENT)
     suite = tmp_path / "suite.yaml"
     suite.write_text("name: resume\ncases:\n" + "".join(
         f"  - {{id: c{i:03d}, reference: 'yes', grader: {{kind: exact}}}}\n" for i in range(40)))
     calls = tmp_path / "calls"
     env = {**os.environ, "PREFECT_API_URL": prefect_harness, "PYTHONPATH": str(ROOT), "CALLS": str(calls)}
-    return {"suite": suite, "calls": calls, "env": env, "agent": f"python:{tmp_path}/counted.py"}
+    return {"suite": suite, "calls": calls, "env": env, "agent": f"python:{ROOT}/tests/support/agents.py"}
 
 
 def calls(path: Path) -> list[tuple[str, str]]:
@@ -101,7 +80,7 @@ def statuses(home: Path) -> list[str]:
 
 @pytest.mark.parametrize("runner", ["threads", "processes"])
 def test_kill_9_buys_again_only_the_calls_in_flight(project, home, runner) -> None:
-    args = ["run", str(project["suite"]), "--agent", project["agent"] + ":call", "-n", "3", "--runner", runner,
+    args = ["run", str(project["suite"]), "--agent", project["agent"] + ":logged", "-n", "3", "--runner", runner,
             "--agent-concurrency", "4", "--workers", "2", "--json"]
     stop_at(project, args, signal.SIGKILL, 48)  # 40 % of 120
     before = calls(project["calls"])
@@ -117,7 +96,7 @@ def test_kill_9_buys_again_only_the_calls_in_flight(project, home, runner) -> No
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_polite_stop_starts_no_call_and_buys_nothing_that_returned_again(project, home, signum) -> None:
-    args = ["run", str(project["suite"]), "--agent", project["agent"] + ":call", "-n", "3",
+    args = ["run", str(project["suite"]), "--agent", project["agent"] + ":logged", "-n", "3",
             "--agent-concurrency", "4", "--workers", "2", "--json"]
     proc = stop_at(project, args, signum, 48)
     assert proc.returncode == 130
@@ -134,12 +113,12 @@ def test_a_polite_stop_starts_no_call_and_buys_nothing_that_returned_again(proje
 def test_sigterm_ends_a_dask_run_waiting_on_a_hung_agent(project, home) -> None:
     """Issue 33 #11: SIGTERM to a `--runner dask` run whose agent hangs ends it, interrupted
     (130), and the same command resumes it, grading what had returned."""
-    args = ["run", str(project["suite"]), "--agent", project["agent"] + ":hang", "-n", "2", "--runner", "dask",
+    args = ["run", str(project["suite"]), "--agent", project["agent"] + ":hang_once", "-n", "2", "--runner", "dask",
             "--workers", "2", "--agent-concurrency", "2", "--json"]
     proc = subprocess.Popen([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=project["env"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        while "HUNG\n" not in (project["calls"].read_text() if project["calls"].exists() else ""):
+        while not Path(f"{project['calls']}.hung").exists():
             assert proc.poll() is None, proc.communicate()
             time.sleep(0.05)
         time.sleep(1)  # the other worker goes on to a few more calls
@@ -188,3 +167,16 @@ def test_a_logged_output_is_graded_by_the_next_run_with_its_trace_and_a_torn_rec
     assert not log.path.exists()  # folded into the table: its writer is gone
     assert [(p.case_id, p.output) for p in missing] == [("c0", "yes"), ("c1", "no"), ("c2", None)]
     assert missing[0].trace == trace and missing[0].usage.input_tokens == 10
+
+
+def test_a_resumed_budgeted_run_counts_what_the_killed_run_bought(project, home) -> None:
+    args = ["run", str(project["suite"]), "--agent", project["agent"] + ":logged", "-n", "2", "--max-samples", "40",
+            "--agent-concurrency", "4", "--workers", "2", "--json"]
+    stop_at(project, args, signal.SIGKILL, 20)
+    done = subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=project["env"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 6, done.stderr  # partial: the budget is spent
+    out = json.loads(done.stdout)
+    returned = {key for kind, key in calls(project["calls"]) if kind == "R"}
+    assert len(returned) <= 40  # the two runs together bought no more than the budget
+    assert out["budget"]["drawn_samples"] == 40 and out["samples"] + out["undrawn_samples"] == 80

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,7 @@ class ChatReply:
     input_tokens: int | None
     output_tokens: int | None
     model: str
+    latency_s: float | None = None  # the request itself, the SDK's import and client's start left out
 
 
 class EndpointError(Exception):
@@ -104,8 +106,10 @@ class OpenAIClient:
 
         # No key (a local server): the SDK would send a placeholder; send no header.
         headers = None if self.api_key else {"Authorization": openai.omit}
+        sdk = self._client()  # started once, on the first call: not that call's latency
+        started = time.perf_counter()
         try:
-            completion = self._client().chat.completions.create(
+            completion = sdk.chat.completions.create(
                 model=model,
                 messages=messages,  # type: ignore[arg-type] - plain role/content dicts
                 seed=openai.omit if seed is None else seed,
@@ -114,6 +118,7 @@ class OpenAIClient:
             )
         except openai.OpenAIError as exc:
             raise EndpointError(self._reason(exc)) from None
+        latency = time.perf_counter() - started
         try:
             content = completion.choices[0].message.content
         except (AttributeError, IndexError, TypeError):
@@ -127,6 +132,7 @@ class OpenAIClient:
             _count(getattr(usage, "prompt_tokens", None)),
             _count(getattr(usage, "completion_tokens", None)),
             named if isinstance(named, str) and named else model,
+            latency,
         )
 
     def _client(self) -> openai.OpenAI:

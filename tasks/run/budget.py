@@ -1,5 +1,8 @@
 """A run's budget (`--max-cost`, `--max-samples`): how many agent calls it may start and
-what they may cost. Only drawing spends: a cached output, graded anew or not, is free.
+what they may cost. Drawing spends; a cached output, graded anew or not, is free, except one
+bought by a run that never finished (killed, stopped, failed) and never counted by a finished
+one: a resumed run counts what the run it resumes bought, so that a kill cannot make the two
+together spend more than the budget (`tasks.run.loop.reuse_cached`).
 
 Once the budget is spent no new agent call starts; calls in flight finish and are stored.
 What is left undrawn makes the run `partial`; the same command with a larger budget draws
@@ -27,13 +30,13 @@ class Budget(BaseModel):
     def limited(self) -> bool:
         return self.max_cost_usd is not None or self.max_samples is not None
 
-    def order(self, to_draw: Sequence[PlannedSample]) -> tuple[list[PlannedSample], list[PlannedSample]]:
+    def order(self, to_draw: Sequence[PlannedSample], bought: int = 0) -> tuple[list[PlannedSample], list[PlannedSample]]:
         """The samples to draw in the order a budgeted run draws them (index first), cut at
-        `max_samples`: (may be drawn, left undrawn)."""
+        `max_samples` less the `bought` already counted: (may be drawn, left undrawn)."""
         if not self.limited:
             return list(to_draw), []
         ordered = sorted(to_draw, key=lambda p: (p.index, p.case_id))
-        cut = len(ordered) if self.max_samples is None else self.max_samples
+        cut = len(ordered) if self.max_samples is None else max(0, self.max_samples - bought)
         return ordered[:cut], ordered[cut:]
 
 

@@ -10,8 +10,9 @@ or a coding agent (`RunConfig.draw_slots` of them in flight); tests take a core 
 together, one write per group.
 
 A stage's task is bounded by time, not by count: it starts no new sample after
-BATCH_BUDGET_S and hands back the rest, so a kill loses at most about that much work per
-worker, however cheap or dear a sample is. Tasks are cut from what is waiting when a slot
+BATCH_BUDGET_S and hands back the rest, so a kill loses at most about that much grading per
+worker, however cheap or dear a sample is; drawn outputs are not lost at all, each logged
+as the agent returns it (`SampleStore.output_log`, docs/storage.md). Tasks are cut from what is waiting when a slot
 frees (a share of it per slot, never fewer samples than fill CHUNK_FLOOR_S at the rate
 seen so far): cheap samples go many to a task, so the ~10 ms a Prefect task costs stays
 small, and the last tasks are small, so the slots finish together. Drawn outputs not yet
@@ -39,7 +40,7 @@ from tasks.metrics.diff import CaseResult
 from tasks.models import EvalCase, EvalSuite
 from tasks.run.budget import Meter, budget_summary
 from tasks.run.config import RunConfig
-from tasks.run.samples import samples_table, stored_drawn
+from tasks.run.samples import row_usage, samples_table, stored_drawn
 from tasks.run.sampling import (
     Drawn,
     PlannedSample,
@@ -65,7 +66,7 @@ BATCH_BUDGET_S = 2.0
 CHUNK_FLOOR_S = 0.5
 # How long a stopped run waits for the agent calls and gradings in flight: what comes back
 # by then is stored; a call still out is made again by the run that resumes it.
-INTERRUPT_GRACE_S = 3.0
+INTERRUPT_GRACE_S = 2.5
 
 
 class OutputLog(Protocol):
@@ -87,6 +88,7 @@ class SampleStore(Protocol):
     def stop_drawing(self, run_id: str) -> None: ...
     def end_logs(self, run_id: str) -> None: ...
     def cached_samples(self, keys: Sequence[tuple[str, str]]) -> pa.Table: ...
+    def bought_unfinished(self, output_keys: Sequence[str]) -> pa.Table: ...
     def copy_samples(self, run_id: str, copied: pa.Table) -> None: ...
     def stored_outputs(self, places: pa.Table) -> dict[str, str]: ...
     def insert_samples(self, rows: pa.Table) -> None: ...
@@ -194,17 +196,31 @@ class Drawing:
     undrawn: int = 0
 
 
-def reuse_cached(spec: RunSpec, planned: list[PlannedSample], store: SampleStore) -> list[PlannedSample]:
+def reuse_cached(spec: RunSpec, planned: list[PlannedSample], store: SampleStore, meter: Meter | None = None,
+                 prices: PriceTable | None = None) -> list[PlannedSample]:
     """Store the samples found in the cache as this run's; the planned samples left to draw
-    (or to grade anew from a stored output)."""
+    (or to grade anew from a stored output). Stored usage without a price is priced by
+    `prices` (a price file given after the draw). `meter` (a budgeted run's): counts the
+    reused outputs that runs which never finished bought (`SampleStore.bought_unfinished`,
+    and the outputs drawn and never graded), so that a resumed run's budget covers what the
+    run it resumes spent."""
+    prices = prices or PriceTable()
     store.fold_logs()  # the outputs a killed run (or a lost worker) logged and never stored
-    reuse = pending(spec, planned, store.cached_samples([(p.output_key, p.cache_key) for p in planned]))
+    stored = store.cached_samples([(p.output_key, p.cache_key) for p in planned])
+    reuse = pending(spec, planned, stored).priced(prices)
+    charged = meter is not None and meter.budget.limited
+    if charged:
+        bought = store.bought_unfinished(stored["output_key"].to_pylist())
+        meter.add([priced(row_usage(row), prices).cost_usd for row in bought.to_pylist()])
     store.copy_samples(spec.run_id, reuse.copied)  # in the database: outputs never pass through here
     outputs = store.stored_outputs(reuse.regrade.select(["run_id", "case_id", "sample_index"]))
-    missing = with_stored_outputs(reuse.missing, reuse.regrade, outputs)
+    missing = with_stored_outputs(reuse.missing, reuse.regrade, outputs, prices)
     # Drawn and never graded (the run was stopped or killed first): graded now, not bought again.
     drawn = store.drawn_outputs([p.output_key for p in missing if p.output is None])
-    return [stored_drawn(p, row) if (row := drawn.get(p.output_key)) else p for p in missing]
+    missing = [stored_drawn(p, row, prices) if (row := drawn.get(p.output_key)) else p for p in missing]
+    if charged:
+        meter.add([p.usage.cost_usd for p in missing if p.output_key in drawn and p.usage])
+    return missing
 
 
 @dataclass
@@ -406,15 +422,16 @@ class _Scheduler:
 
 def draw_and_grade(spec: RunSpec, config: RunConfig, suite: EvalSuite, agent: Any, missing: list[PlannedSample],
                    total: int, store: SampleStore, stages: Stages, *, prices: PriceTable | None = None,
-                   progress: Progress | None = None) -> Drawing:
+                   progress: Progress | None = None, meter: Meter | None = None) -> Drawing:
     """Draw the missing samples, grade them (and the stored outputs among them, without an
     agent call) and store them as they finish. A budgeted run draws index first and starts
-    no agent call once the budget is spent; what is left is counted `undrawn`."""
+    no agent call once the budget is spent (`meter`: what it had spent before, see
+    `reuse_cached`); what is left is counted `undrawn`."""
     budget = config.budget
     if progress:
         progress(total - len(missing), total)
-    to_draw, cut = budget.order([p for p in missing if p.output is None])
-    meter = Meter(budget)
+    meter = meter or Meter(budget)
+    to_draw, cut = budget.order([p for p in missing if p.output is None], meter.drawn)
     stored = [stored_output(p) for p in missing if p.output is not None]
     if not stored and not to_draw:
         return Drawing(meter, len(cut))
@@ -458,17 +475,18 @@ def run_loop(spec: RunSpec, config: RunConfig, suite: EvalSuite, agent: Any, sto
         record = None
         if config.sequential and gate is not None:
             def draw_round(chunk: list[PlannedSample], shown: Progress | None) -> None:
-                draw_and_grade(spec, config, suite, agent, reuse_cached(spec, chunk, store), len(chunk), store,
-                               stages, prices=prices, progress=shown)
+                draw_and_grade(spec, config, suite, agent, reuse_cached(spec, chunk, store, prices=prices), len(chunk),
+                               store, stages, prices=prices, progress=shown)
 
             record, planned = draw_sequentially(spec, config, suite, planned, store, draw_round,
                                                 baseline=gate.baseline, progress=progress,
                                                 log=log or logging.getLogger("evalpipe"))
             drawing = Drawing(Meter(config.budget))
         else:
-            missing = reuse_cached(spec, planned, store)
+            meter = Meter(config.budget)
+            missing = reuse_cached(spec, planned, store, meter, prices)
             drawing = draw_and_grade(spec, config, suite, agent, missing, len(planned), store, stages,
-                                     prices=prices, progress=progress)
+                                     prices=prices, progress=progress, meter=meter)
         measured = reduce(spec, suite, store)
         checked = GateSummary.model_validate(gate.check(measured)) if gate is not None else None
         cases = None

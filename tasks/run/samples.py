@@ -9,8 +9,10 @@ from typing import Any
 
 import pyarrow as pa
 
+from tasks.metrics.cost import PriceTable
 from tasks.models import Sample, Usage
 from tasks.run.sampling import Drawn, PlannedSample
+from tasks.run.usage import priced
 from tasks.trace import SampleTrace
 
 SAMPLE_SCHEMA = pa.schema(
@@ -95,11 +97,13 @@ def outputs_table(records: Sequence[Mapping[str, Any]]) -> pa.Table:
     return pa.Table.from_pylist(list(records), schema=OUTPUT_SCHEMA)
 
 
-def stored_drawn(planned: PlannedSample, row: Mapping[str, Any]) -> PlannedSample:
-    """`planned` with the output a stored row of `OUTPUT_SCHEMA` holds for it, its usage and
-    the trace the agent wrote (a trajectory, a workspace change): graded, not drawn again."""
+def stored_drawn(planned: PlannedSample, row: Mapping[str, Any], prices: PriceTable) -> PlannedSample:
+    """`planned` with the output a stored row of `OUTPUT_SCHEMA` holds for it, its usage
+    (priced, as a draw is) and the trace the agent wrote (a trajectory, a workspace
+    change): graded, not drawn again."""
     trace = SampleTrace.model_validate_json(row["trace"]) if row["trace"] else SampleTrace()
-    return replace(planned, output=row["output"], usage=row_usage(row), trace=trace, draw_s=row["draw_s"] or 0.0)
+    return replace(planned, output=row["output"], usage=priced(row_usage(row), prices), trace=trace,
+                   draw_s=row["draw_s"] or 0.0)
 
 
 def row_usage(row: Mapping[str, Any]) -> Usage:

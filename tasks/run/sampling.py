@@ -196,7 +196,7 @@ def draw_output(agent, case: EvalCase, planned: PlannedSample, n: int, cap: int)
         try:
             raw = agent.generate(case, ctx)
         finally:  # a failed call took its time (and maybe its tokens) too
-            usage = Usage(latency_s=time.perf_counter() - started, **ctx.reported)
+            usage = Usage(**{"latency_s": time.perf_counter() - started, **ctx.reported})
         output = bounded_output(raw, cap, trace)
     except AgentError as exc:
         return Drawn(planned, "", usage, trace, time.perf_counter() - started, f"agent failed: {exc}")
