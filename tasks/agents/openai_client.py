@@ -106,10 +106,12 @@ class OpenAIClient:
 
         # No key (a local server): the SDK would send a placeholder; send no header.
         headers = None if self.api_key else {"Authorization": openai.omit}
-        sdk = self._client()  # started once, on the first call: not that call's latency
+        # Started once, on the first call (the client, and the SDK's modules for the resource,
+        # imported as they are first touched): not that call's latency.
+        completions = self._client().chat.completions
         started = time.perf_counter()
         try:
-            completion = sdk.chat.completions.create(
+            completion = completions.create(
                 model=model,
                 messages=messages,  # type: ignore[arg-type] - plain role/content dicts
                 seed=openai.omit if seed is None else seed,
