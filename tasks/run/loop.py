@@ -29,7 +29,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -416,8 +416,11 @@ class _Scheduler:
                     self._store(self.finished([(entry, future)]))
                 except Exception:  # noqa: S112 - a failed task has nothing to store; the others may
                     continue
-        self.store.store_drawn(self.spec.run_id, [d for d in self.to_grade if not d.cached])
-        self.store.fold_logs(self.spec.run_id)
+        # The run is ending on an error or a signal already, which is what is reported; the
+        # logs stay for the next run if the database cannot take their outputs now.
+        with suppress(Exception):
+            self.store.store_drawn(self.spec.run_id, [d for d in self.to_grade if not d.cached])
+            self.store.fold_logs(self.spec.run_id)
 
 
 def draw_and_grade(spec: RunSpec, config: RunConfig, suite: EvalSuite, agent: Any, missing: list[PlannedSample],
