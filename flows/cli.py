@@ -23,6 +23,7 @@ from typer._click.exceptions import (  # typer's own click: not exported by name
     UsageError,
 )
 
+from flows.interrupt import INTERRUPTED, INTERRUPTED_LINE, stop_on_signals
 from flows.output import json_doc
 from tasks.metrics.percent import figure
 from tasks.models import MAX_N, MAX_REGRADE, MAX_ROUNDS, MAX_WORKERS, InputError, PlatformError
@@ -838,6 +839,7 @@ def main(argv: list[str] | None = None) -> int:
     # with Prefect and pydantic loaded; frozen objects are still freed as modules go.
     atexit.unregister(gc.freeze)
     atexit.register(gc.freeze)
+    stop_on_signals()  # Ctrl-C and SIGTERM: exit 130 within seconds, the run resumable
     try:
         # Plugins register their graders and metrics before any suite is read (tasks.registry).
         load_plugins()
@@ -859,12 +861,8 @@ def main(argv: list[str] | None = None) -> int:
         typer.echo(f"evalpipe: {failure}", err=True)
         return 3
     if code == INTERRUPTED:
-        typer.echo("evalpipe: interrupted; run the same command again to resume (finished samples "
-                   "are kept)", err=True)
+        typer.echo(INTERRUPTED_LINE, err=True)
     return code
-
-
-INTERRUPTED = 130  # typer's exit status for Ctrl-C (KeyboardInterrupt), as a shell's
 
 
 

@@ -17,6 +17,7 @@ from prefect.task_runners import TaskRunner
 from prefect.utilities.annotations import quote
 
 from flows.artifacts import Progress, progress_hook
+from flows.interrupt import EXIT_GRACE_S, ends_within
 from flows.runners import task_runner
 from storage.store import Store
 from tasks.agents.trust import ALLOW_ENV, deployment_refusal
@@ -72,10 +73,23 @@ def prefect_stages(config: RunConfig) -> Iterator[PrefectStages]:
     cluster too (a run that outgrows one machine draws there, the agent sent as its spec)."""
     with task_runner(config.runner, config.grade_workers, config.dask_address) as grades:
         if config.runner == "dask":
-            yield PrefectStages(grades, grades)
+            with _bounded_exit():
+                yield PrefectStages(grades, grades)
             return
-        with task_runner("threads", config.draw_slots, None) as draws:
+        with task_runner("threads", config.draw_slots, None) as draws, _bounded_exit():
             yield PrefectStages(draws, grades)
+
+
+@contextmanager
+def _bounded_exit() -> Iterator[None]:
+    """Stopped (Ctrl-C, SIGTERM), the loop has stored what it could; the runners' shutdown
+    then waits on whatever is still out (a hung agent), so the process gets a bounded time."""
+    try:
+        yield
+    except BaseException as exc:
+        if not isinstance(exc, Exception):
+            ends_within(EXIT_GRACE_S)
+        raise
 
 
 class ShownProgress:

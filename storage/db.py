@@ -33,9 +33,10 @@ from storage import disk_full, process
 from tasks.metrics.diff import CaseResult
 from tasks.models import EvalSuite, InputError, PlatformError
 from tasks.run import RunSpec, RunSummary
-from tasks.run.samples import SAMPLE_COLUMNS, SAMPLE_SCHEMA, sample_ddl
+from tasks.run.samples import SAMPLE_COLUMNS, SAMPLE_SCHEMA, output_ddl, sample_ddl
 from tasks.run.spec import RunStatus
 from tasks.run.steps import CACHE_LOOKUP_COLUMNS, COPY_COLUMNS
+from tasks.run.usage import USAGE_SAMPLE_COLUMNS
 
 # How many characters of each output `output_head` keeps (`failing_samples` reads no more).
 OUTPUT_HEAD_CHARS = 4096
@@ -96,6 +97,11 @@ CREATE INDEX IF NOT EXISTS samples_output_key ON samples (output_key);
     f"""
 ALTER TABLE samples ADD COLUMN IF NOT EXISTS output_head VARCHAR;
 UPDATE samples SET output_head = left(output, {OUTPUT_HEAD_CHARS});
+""",
+    # Drawn outputs not yet graded (storage/outputs.py): stored as the agent returns them.
+    f"""
+{output_ddl()};
+CREATE INDEX IF NOT EXISTS outputs_output_key ON outputs (output_key);
 """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -358,14 +364,28 @@ class Database:
             ).to_arrow_table()
         return pa.concat_tables([whole, outputs])
 
+    def bought_unfinished(self, output_keys: Sequence[str]) -> pa.Table:
+        """Of the stored outputs with these keys, those no run that finished (`completed` or
+        `partial`) holds: bought by runs that were killed, stopped or failed, and counted by
+        no budget yet. One row each, with what its call took (`USAGE_SAMPLE_COLUMNS`)."""
+        keys = pa.table({"output_key": pa.array(list(output_keys), pa.string())})  # noqa: F841
+        with self.connect(read_only=True) as con:
+            return con.sql(
+                f"""SELECT output_key, {', '.join(f'any_value(s.{c}) AS {c}' for c in USAGE_SAMPLE_COLUMNS)}
+                    FROM samples s JOIN keys USING (output_key) JOIN runs r USING (run_id)
+                    WHERE s.status <> '{NOT_CACHED_STATUS}' GROUP BY output_key
+                    HAVING NOT bool_or(r.status IN ('{RunStatus.completed}', '{RunStatus.partial}'))"""
+            ).to_arrow_table()
+
     def copy_samples(self, run_id: str, copied: pa.Table) -> None:
         """Store the samples `copied` names (`COPY_COLUMNS`) as `run_id`'s cached ones, with the
-        case hashes it gives: row to row in the database, outputs and all, never through this
+        case hashes and costs it gives: row to row in the database, outputs and all, never through this
         process. Rows already present are left as they are."""
         if copied.num_rows == 0:
             return
-        places = copied.select(list(COPY_COLUMNS)).rename_columns(["src_run", "src_case", "src_index", "new_hash"])  # noqa: F841
-        set_to = {"run_id": "?", "cached": "true", "case_hash": "places.new_hash"}
+        places = copied.select(list(COPY_COLUMNS)).rename_columns(  # noqa: F841
+            ["src_run", "src_case", "src_index", "new_hash", "new_cost"])
+        set_to = {"run_id": "?", "cached": "true", "case_hash": "places.new_hash", "cost_usd": "places.new_cost"}
         values = ", ".join(set_to.get(c, f"samples.{c}") for c in (*SAMPLE_COLUMNS, *DERIVED_COLUMNS))
         with self.connect() as con:
             con.execute(
@@ -383,11 +403,16 @@ class Database:
         return dict(rows)
 
     def insert_samples(self, rows: pa.Table) -> None:
-        """Write samples; rows already present (same run, case, index) are left as they are."""
+        """Write samples; rows already present (same run, case, index) are left as they are.
+        The drawn outputs they grade leave the `outputs` table in the same transaction."""
         if rows.num_rows == 0:
             return
         with self.connect() as con:
+            con.execute("BEGIN")
             insert_rows(con, rows.select(list(SAMPLE_COLUMNS)))
+            graded = rows.select(["output_key"])  # noqa: F841 - read by DuckDB
+            con.execute("DELETE FROM outputs WHERE output_key IN (SELECT output_key FROM graded)")
+            con.execute("COMMIT")
 
     def write_aggregates(self, run_id: str, rows: Sequence[tuple]) -> None:
         with self.connect() as con:

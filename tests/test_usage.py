@@ -147,6 +147,19 @@ def test_a_budget_stops_the_run_partial_and_a_larger_one_draws_only_the_rest(env
     assert Store.default().get_run(doc["run_id"])["status"] == "completed"
 
 
+def test_a_price_file_given_later_prices_the_cached_samples_of_an_unpriced_model(env, tmp_path):
+    path = suite(tmp_path / "toy.yaml", 3)
+    base = ["run", str(path), "--agent", f"python:{AGENTS}:metered", "-n", "2", "--workers", "1", "--json"]
+    first = json.loads(cli(base, env).stdout)
+    assert first["usage"]["cost_usd"] is None and "toy-model" in first["usage"]["cost_note"]
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("toy-model: {input_per_mtok: 1000, output_per_mtok: 0}\n")  # $1 a call
+    again = cli([*base, "--prices", str(prices)], env)
+    assert again.returncode == 0, again.stderr
+    cached = json.loads(again.stdout)["usage"]["cached"]
+    assert cached["samples"] == 6 and cached["cost_usd"] == pytest.approx(6.0) and cached["cost_note"] is None
+
+
 def test_a_cost_budget_that_cannot_be_measured_stops_the_run(env, tmp_path):
     """No price for the agent's model: spending cannot be kept under a limit, so the run
     stops after the first call rather than spending blind."""

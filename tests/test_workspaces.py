@@ -562,5 +562,6 @@ def test_killed_workspace_run_resumes(prefect_harness, home, tmp_path, bwrap):
     done = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     resumed = json.loads(done.stdout)
-    assert resumed["cached_samples"] == stored and resumed["status_counts"] == {"passed": 6}
+    # The stored samples and the outputs drawn and not graded at the kill: none bought again.
+    assert stored <= resumed["cached_samples"] < 6 and resumed["status_counts"] == {"passed": 6}
     assert os.listdir(home / "workspaces") == []  # the killed run's scratch directory too

@@ -49,6 +49,12 @@ class AgentContext:
         given = Usage(input_tokens=input_tokens, output_tokens=output_tokens, model=model)
         self.reported.update(given.model_dump(exclude_none=True))
 
+    def report_latency(self, seconds: float) -> None:
+        """The seconds the call itself took, where the agent can tell them from its own
+        set-up (an SDK imported and a client started on the first call): the sample's
+        `latency_s`, instead of the whole of `generate`."""
+        self.reported["latency_s"] = Usage(latency_s=seconds).latency_s
+
 
 class AgentError(Exception):
     """The agent failed on one sample; the message is the reason."""

@@ -68,6 +68,8 @@ class OpenAIAgent(Reloadable):
         except EndpointError as exc:
             raise AgentError(str(exc)) from None
         ctx.report_usage(input_tokens=reply.input_tokens, output_tokens=reply.output_tokens, model=reply.model)
+        if reply.latency_s is not None:
+            ctx.report_latency(reply.latency_s)
         return reply.content
 
 

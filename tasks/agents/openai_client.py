@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,7 @@ class ChatReply:
     input_tokens: int | None
     output_tokens: int | None
     model: str
+    latency_s: float | None = None  # the request itself, the SDK's import and client's start left out
 
 
 class EndpointError(Exception):
@@ -104,8 +106,12 @@ class OpenAIClient:
 
         # No key (a local server): the SDK would send a placeholder; send no header.
         headers = None if self.api_key else {"Authorization": openai.omit}
+        # Started once, on the first call (the client, and the SDK's modules for the resource,
+        # imported as they are first touched): not that call's latency.
+        completions = self._client().chat.completions
+        started = time.perf_counter()
         try:
-            completion = self._client().chat.completions.create(
+            completion = completions.create(
                 model=model,
                 messages=messages,  # type: ignore[arg-type] - plain role/content dicts
                 seed=openai.omit if seed is None else seed,
@@ -114,6 +120,7 @@ class OpenAIClient:
             )
         except openai.OpenAIError as exc:
             raise EndpointError(self._reason(exc)) from None
+        latency = time.perf_counter() - started
         try:
             content = completion.choices[0].message.content
         except (AttributeError, IndexError, TypeError):
@@ -127,6 +134,7 @@ class OpenAIClient:
             _count(getattr(usage, "prompt_tokens", None)),
             _count(getattr(usage, "completion_tokens", None)),
             named if isinstance(named, str) and named else model,
+            latency,
         )
 
     def _client(self) -> openai.OpenAI:

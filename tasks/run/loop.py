@@ -10,8 +10,9 @@ or a coding agent (`RunConfig.draw_slots` of them in flight); tests take a core 
 together, one write per group.
 
 A stage's task is bounded by time, not by count: it starts no new sample after
-BATCH_BUDGET_S and hands back the rest, so a kill loses at most about that much work per
-worker, however cheap or dear a sample is. Tasks are cut from what is waiting when a slot
+BATCH_BUDGET_S and hands back the rest, so a kill loses at most about that much grading per
+worker, however cheap or dear a sample is; drawn outputs are not lost at all, each logged
+as the agent returns it (`SampleStore.output_log`, docs/storage.md). Tasks are cut from what is waiting when a slot
 frees (a share of it per slot, never fewer samples than fill CHUNK_FLOOR_S at the rate
 seen so far): cheap samples go many to a task, so the ~10 ms a Prefect task costs stays
 small, and the last tasks are small, so the slots finish together. Drawn outputs not yet
@@ -28,7 +29,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -41,7 +42,7 @@ from tasks.models import EvalCase, EvalSuite
 from tasks.run.budget import Meter, budget_summary
 from tasks.run.config import RunConfig
 from tasks.run.rescore import RescorePlan
-from tasks.run.samples import samples_table
+from tasks.run.samples import row_usage, samples_table, stored_drawn
 from tasks.run.sampling import (
     Drawn,
     PlannedSample,
@@ -65,12 +66,31 @@ from tasks.run.usage import priced
 
 BATCH_BUDGET_S = 2.0
 CHUNK_FLOOR_S = 0.5
+# How long a stopped run waits for the agent calls and gradings in flight: what comes back
+# by then is stored; a call still out is made again by the run that resumes it.
+INTERRUPT_GRACE_S = 2.5
+
+
+class OutputLog(Protocol):
+    """A draw task's log, to which it appends each output as the agent returns it
+    (`storage.outputs.OutputLog`), and through which the run asks it to stop."""
+
+    def stopped(self) -> bool: ...
+    def appending(self) -> AbstractContextManager[Callable[[Drawn], None]]: ...
 
 
 class SampleStore(Protocol):
     """Where a run's samples are kept (`storage.store.Store`)."""
 
+    def fold_logs(self, run_id: str | None = None) -> int: ...
+    def drawn_outputs(self, output_keys: Sequence[str]) -> dict[str, Mapping[str, Any]]: ...
+    def output_log(self, run_id: str) -> OutputLog: ...
+    def store_drawn(self, run_id: str, drawn: Sequence[Drawn]) -> None: ...
+    def discard_log(self, log: OutputLog) -> None: ...
+    def stop_drawing(self, run_id: str) -> None: ...
+    def end_logs(self, run_id: str) -> None: ...
     def cached_samples(self, keys: Sequence[tuple[str, str]]) -> pa.Table: ...
+    def bought_unfinished(self, output_keys: Sequence[str]) -> pa.Table: ...
     def copy_samples(self, run_id: str, copied: pa.Table) -> None: ...
     def stored_outputs(self, places: pa.Table) -> dict[str, str]: ...
     def insert_samples(self, rows: pa.Table) -> None: ...
@@ -96,7 +116,8 @@ class Stages(Protocol):
 
 @dataclass(frozen=True)
 class DrawTask:
-    """Draw a prefix of `planned` within `budget_s`: the drawn outputs."""
+    """Draw a prefix of `planned` within `budget_s`: the drawn outputs, each appended to
+    `log` as the agent returns it; none started once the log says the run is stopping."""
 
     agent: Any
     cases: list[EvalCase]
@@ -104,6 +125,7 @@ class DrawTask:
     n: int
     cap: int
     budget_s: float | None = BATCH_BUDGET_S
+    log: OutputLog | None = None
 
     @property
     def label(self) -> str:
@@ -111,8 +133,15 @@ class DrawTask:
 
     def __call__(self) -> list[Drawn]:
         by_id = {c.id: c for c in self.cases}
-        return timed_prefix(self.planned, lambda p: draw_output(self.agent, by_id[p.case_id], p, self.n, self.cap),
-                            self.budget_s)
+        log = self.log
+        with log.appending() if log is not None else nullcontext(None) as append:
+            def draw(p: PlannedSample) -> Drawn:
+                drawn = draw_output(self.agent, by_id[p.case_id], p, self.n, self.cap)
+                if append is not None:
+                    append(drawn)
+                return drawn
+
+            return timed_prefix(self.planned, draw, self.budget_s, log.stopped if log is not None else None)
 
 
 @dataclass(frozen=True)
@@ -169,13 +198,31 @@ class Drawing:
     undrawn: int = 0
 
 
-def reuse_cached(spec: RunSpec, planned: list[PlannedSample], store: SampleStore) -> list[PlannedSample]:
+def reuse_cached(spec: RunSpec, planned: list[PlannedSample], store: SampleStore, meter: Meter | None = None,
+                 prices: PriceTable | None = None) -> list[PlannedSample]:
     """Store the samples found in the cache as this run's; the planned samples left to draw
-    (or to grade anew from a stored output)."""
-    reuse = pending(spec, planned, store.cached_samples([(p.output_key, p.cache_key) for p in planned]))
+    (or to grade anew from a stored output). Stored usage without a price is priced by
+    `prices` (a price file given after the draw). `meter` (a budgeted run's): counts the
+    reused outputs that runs which never finished bought (`SampleStore.bought_unfinished`,
+    and the outputs drawn and never graded), so that a resumed run's budget covers what the
+    run it resumes spent."""
+    prices = prices or PriceTable()
+    store.fold_logs()  # the outputs a killed run (or a lost worker) logged and never stored
+    stored = store.cached_samples([(p.output_key, p.cache_key) for p in planned])
+    reuse = pending(spec, planned, stored).priced(prices)
+    charged = meter is not None and meter.budget.limited
+    if charged:
+        bought = store.bought_unfinished(stored["output_key"].to_pylist())
+        meter.add([priced(row_usage(row), prices).cost_usd for row in bought.to_pylist()])
     store.copy_samples(spec.run_id, reuse.copied)  # in the database: outputs never pass through here
     outputs = store.stored_outputs(reuse.regrade.select(["run_id", "case_id", "sample_index"]))
-    return with_stored_outputs(reuse.missing, reuse.regrade, outputs)
+    missing = with_stored_outputs(reuse.missing, reuse.regrade, outputs, prices)
+    # Drawn and never graded (the run was stopped or killed first): graded now, not bought again.
+    drawn = store.drawn_outputs([p.output_key for p in missing if p.output is None])
+    missing = [stored_drawn(p, row, prices) if (row := drawn.get(p.output_key)) else p for p in missing]
+    if charged:
+        meter.add([p.usage.cost_usd for p in missing if p.output_key in drawn and p.usage])
+    return missing
 
 
 @dataclass
@@ -201,7 +248,13 @@ class _Pace:
 
 @dataclass
 class _Scheduler:
-    """The two stages fed from their queues, and their results stored as they finish."""
+    """The two stages fed from their queues, and their results stored as they finish.
+
+    Each draw task appends its outputs to a log of its own as the agent returns them
+    (`SampleStore.output_log`); the log is deleted once every output in it is graded and its
+    sample stored. On an interrupt (Ctrl-C, a termination signal, a failed task) no new
+    agent call starts; the tasks in flight get INTERRUPT_GRACE_S to come back, and what was
+    drawn and not graded is stored for the run that resumes this one."""
 
     spec: RunSpec
     config: RunConfig
@@ -218,15 +271,18 @@ class _Scheduler:
     to_grade: deque[Drawn]
     undrawn: int = 0
     events: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
-    running: dict[Any, tuple[str, list, float]] = field(default_factory=dict)
+    running: dict[Any, tuple[str, list, float, OutputLog | None]] = field(default_factory=dict)
     draw_pace: _Pace = field(default_factory=_Pace)
     grade_pace: _Pace = field(default_factory=_Pace)
+    # A drawn output's log (by output key), and how many outputs of each log are not stored yet.
+    log_of: dict[str, OutputLog] = field(default_factory=dict)
+    unstored: dict[OutputLog, int] = field(default_factory=dict)
 
     def in_flight(self, kind: str) -> int:
-        return sum(1 for k, _, _ in self.running.values() if k == kind)
+        return sum(1 for k, *_ in self.running.values() if k == kind)
 
-    def _start(self, kind: str, items: list, future: Future) -> None:
-        self.running[id(future)] = (kind, items, time.monotonic())
+    def _start(self, kind: str, items: list, future: Future, log: OutputLog | None = None) -> None:
+        self.running[id(future)] = (kind, items, time.monotonic(), log)
         future.add_done_callback(lambda f, key=id(future): self.events.put((key, f)))
 
     def _take(self, waiting: deque, pace: _Pace, slots: int) -> list:
@@ -271,25 +327,33 @@ class _Scheduler:
             paced = self.meter.budget.max_cost_usd is not None
             planned = [self.to_draw.popleft()] if paced else self._take(self.to_draw, self.draw_pace,
                                                                          self.config.draw_slots)
+            log = self.store.output_log(self.spec.run_id)
             task = DrawTask(self.agent, batch_cases(self.cases, planned), planned, self.spec.n,
-                            self.config.output_cap, BATCH_BUDGET_S)
-            self._start("draw", planned, self.stages.draw(task))
+                            self.config.output_cap, BATCH_BUDGET_S, log)
+            self._start("draw", planned, self.stages.draw(task), log)
 
-    def finished(self) -> list[pa.Table]:
-        """Wait for a task to finish; handle every one finished by then: drawn outputs go to
-        the graders, graded rows are returned to be stored, the undone rest of a task that
-        ran out of time waits again at the front."""
-        ready = [self.events.get()]
+    def _ready(self, timeout: float | None) -> list[tuple[tuple[str, list, float, OutputLog | None], Any]]:
+        """The tasks finished by now, waiting up to `timeout` for the first (None: as long as it takes)."""
+        try:
+            ready = [self.events.get(timeout=timeout)]
+        except queue.Empty:
+            return []
         while not self.events.empty():
             ready.append(self.events.get())
+        return [(self.running.pop(key), future) for key, future in ready]
+
+    def finished(self, ready: list) -> list[pa.Table]:
+        """Handle finished tasks: drawn outputs go to the graders, graded rows are returned
+        to be stored, the undone rest of a task that ran out of time waits again at the front."""
         rows = []
-        for (kind, items, started), future in [(self.running.pop(key), future) for key, future in ready]:
+        for (kind, items, started, log), future in ready:
             result = future.result()  # a failed task raises its exception
             took = time.monotonic() - started
             if kind == "draw":
                 drawn = [replace(d, usage=priced(d.usage, self.prices)) for d in result]
                 self.draw_pace.add(took, len(drawn))
                 self.meter.add([d.usage.cost_usd for d in drawn])
+                self._logged(drawn, log)
                 self.to_grade.extend(drawn)
                 rest = items[len(drawn):]
                 if self.meter.may_draw:
@@ -302,29 +366,63 @@ class _Scheduler:
                 rows.append(result)
         return rows
 
+    def _logged(self, drawn: list[Drawn], log: OutputLog | None) -> None:
+        if log is None:
+            return
+        if not drawn:
+            self.store.discard_log(log)
+            return
+        self.unstored[log] = len(drawn)
+        self.log_of.update((d.planned.output_key, log) for d in drawn)
+
+    def _store(self, rows: list[pa.Table]) -> None:
+        """Store graded rows; a log all of whose outputs are now stored is deleted."""
+        if not rows:
+            return
+        table = pa.concat_tables(rows)
+        self.store.insert_samples(table)
+        for key in table["output_key"].to_pylist():
+            log = self.log_of.pop(key, None)
+            if log is not None:
+                self.unstored[log] -= 1
+                if not self.unstored[log]:
+                    del self.unstored[log]
+                    self.store.discard_log(log)
+        self.done += table.num_rows
+        if self.progress:
+            self.progress(self.done, self.total)
+
     def run(self) -> None:
         try:
             self.top_up()
             while self.running:
-                rows = self.finished()
+                rows = self.finished(self._ready(None))
                 self.top_up()  # the stages get more before this thread writes
-                if rows:
-                    table = pa.concat_tables(rows)
-                    self.store.insert_samples(table)
-                    self.done += table.num_rows
-                    if self.progress:
-                        self.progress(self.done, self.total)
+                self._store(rows)
         except BaseException:
             self._wind_down()
             raise
+        self.store.end_logs(self.spec.run_id)
         self.undrawn += len(self.to_draw)
 
     def _wind_down(self) -> None:
-        """Wait for the tasks in flight (each ends within its time budget) before the
-        caller's runner stops, so that none is cancelled as it starts and logged as crashed."""
-        while self.running:
-            key, future = self.events.get()
-            self.running.pop(key, None)
+        """Stopped (an interrupt, a failed task): start no new agent call, give the tasks in
+        flight up to INTERRUPT_GRACE_S to come back, store what they graded, and store every
+        output drawn and not graded (what the tasks still out have logged so far included),
+        so that the same command grades it instead of paying for it again."""
+        self.store.stop_drawing(self.spec.run_id)
+        deadline = time.monotonic() + INTERRUPT_GRACE_S
+        while self.running and (left := deadline - time.monotonic()) > 0:
+            for entry, future in self._ready(left):
+                try:
+                    self._store(self.finished([(entry, future)]))
+                except Exception:  # noqa: S112 - a failed task has nothing to store; the others may
+                    continue
+        # The run is ending on an error or a signal already, which is what is reported; the
+        # logs stay for the next run if the database cannot take their outputs now.
+        with suppress(Exception):
+            self.store.store_drawn(self.spec.run_id, [d for d in self.to_grade if not d.cached])
+            self.store.fold_logs(self.spec.run_id)
 
 
 def draw_and_grade(spec: RunSpec, config: RunConfig, suite: EvalSuite, agent: Any, missing: list[PlannedSample],
@@ -333,8 +431,8 @@ def draw_and_grade(spec: RunSpec, config: RunConfig, suite: EvalSuite, agent: An
     """Draw the missing samples, grade them (and the stored outputs among them, without an
     agent call) and store them as they finish. A budgeted run draws index first and starts
     no agent call once the budget is spent; what is left is counted `undrawn`. `meter`: the
-    run's, when it draws in several calls (a sequential run's rounds), so that one budget
-    holds over all of them; default: a new one."""
+    run's (what it had spent before, see `reuse_cached`), shared by all its draws (a
+    sequential run's rounds) so that one budget holds over all of them; default: a new one."""
     budget = config.budget
     meter = meter or Meter(budget)
     if progress:
@@ -393,16 +491,17 @@ def run_loop(spec: RunSpec, config: RunConfig, suite: EvalSuite, agent: Any, sto
             meter = Meter(config.budget)  # one for the run: every round spends from it
 
             def draw_round(chunk: list[PlannedSample], shown: Progress | None) -> int:
-                return draw_and_grade(spec, config, suite, agent, reuse_cached(spec, chunk, store), len(chunk),
-                                      store, stages, prices=prices, progress=shown, meter=meter).undrawn
+                return draw_and_grade(spec, config, suite, agent, reuse_cached(spec, chunk, store, meter, prices),
+                                      len(chunk), store, stages, prices=prices, progress=shown, meter=meter).undrawn
 
             drawn = draw_sequentially(spec, config, suite, planned, store, draw_round, baseline=gate.baseline,
                                       rules=gate.rules, progress=progress, log=log or logging.getLogger("evalpipe"))
             record, drawing = drawn.record, Drawing(meter, drawn.undrawn)
         else:
-            missing = reuse_cached(spec, planned, store)
+            meter = Meter(config.budget)
+            missing = reuse_cached(spec, planned, store, meter, prices)
             drawing = draw_and_grade(spec, config, suite, agent, missing, len(planned), store, stages,
-                                     prices=prices, progress=progress)
+                                     prices=prices, progress=progress, meter=meter)
         measured = reduce(spec, suite, store)
         checked = GateSummary.model_validate(gate.check(measured)) if gate is not None else None
         cases = None

@@ -4,12 +4,16 @@ its DDL are derived, and the conversion of graded `Sample`s into such rows."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
 
+from tasks.metrics.cost import PriceTable
 from tasks.models import Sample, Usage
-from tasks.run.sampling import PlannedSample
+from tasks.run.sampling import Drawn, PlannedSample
+from tasks.run.usage import priced
+from tasks.trace import SampleTrace
 
 SAMPLE_SCHEMA = pa.schema(
     [
@@ -59,6 +63,47 @@ def samples_table(run_id: str, samples: Sequence[Sample], planned: Sequence[Plan
         ):
             cols[col].append(value)
     return pa.table(cols, schema=SAMPLE_SCHEMA)
+
+
+# A drawn output not yet graded (the `outputs` table, docs/storage.md "Nothing bought is
+# lost"): stored as the agent returns it, removed once its sample is stored.
+OUTPUT_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()), ("case_id", pa.string()), ("sample_index", pa.int32()),
+        ("output_key", pa.string()), ("output", pa.string()), ("trace", pa.string()),
+        ("draw_s", pa.float64()), ("error", pa.string()), ("latency_s", pa.float64()),
+        ("input_tokens", pa.int64()), ("output_tokens", pa.int64()), ("usage_model", pa.string()),
+        ("cost_usd", pa.float64()),
+    ]
+)
+
+
+def output_ddl(table: str = "outputs") -> str:
+    """`CREATE TABLE` for the drawn outputs, derived from `OUTPUT_SCHEMA`."""
+    columns = ", ".join(f"{f.name} {'JSON' if f.name in JSON_COLUMNS else _SQL_TYPES[f.type]}" for f in OUTPUT_SCHEMA)
+    return f"CREATE TABLE IF NOT EXISTS {table} ({columns}, PRIMARY KEY ({', '.join(SAMPLE_KEY)}))"
+
+
+def output_record(run_id: str, drawn: Drawn) -> dict[str, Any]:
+    """A drawn output as one row of `OUTPUT_SCHEMA` (also a log record: JSON-ready)."""
+    p, u = drawn.planned, drawn.usage
+    return {"run_id": run_id, "case_id": p.case_id, "sample_index": p.index, "output_key": p.output_key,
+            "output": drawn.output, "trace": drawn.trace.to_json(), "draw_s": drawn.draw_s, "error": drawn.error,
+            "latency_s": u.latency_s, "input_tokens": u.input_tokens, "output_tokens": u.output_tokens,
+            "usage_model": u.model, "cost_usd": u.cost_usd}
+
+
+def outputs_table(records: Sequence[Mapping[str, Any]]) -> pa.Table:
+    return pa.Table.from_pylist(list(records), schema=OUTPUT_SCHEMA)
+
+
+def stored_drawn(planned: PlannedSample, row: Mapping[str, Any], prices: PriceTable) -> PlannedSample:
+    """`planned` with the output a stored row of `OUTPUT_SCHEMA` holds for it, its usage
+    (priced, as a draw is) and the trace the agent wrote (a trajectory, a workspace
+    change): graded, not drawn again."""
+    trace = SampleTrace.model_validate_json(row["trace"]) if row["trace"] else SampleTrace()
+    return replace(planned, output=row["output"], usage=priced(row_usage(row), prices), trace=trace,
+                   draw_s=row["draw_s"] or 0.0)
 
 
 def row_usage(row: Mapping[str, Any]) -> Usage:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from tasks.agents import AgentContext, AgentError, max_output_bytes, seen_beyond_inputs
@@ -75,10 +75,13 @@ class PlannedSample:
     cache_key: str
     case_hash: str
     # A stored output to grade instead of drawing one (a cached output graded anew, or
-    # `--regrade`), with what its call took when it was drawn.
+    # `--regrade`, or one drawn before a kill and never graded), with what its call took
+    # when it was drawn and, for the last, the trace the agent wrote.
     output: str | None = None
     output_key: str = ""
     usage: Usage | None = None
+    trace: SampleTrace | None = field(default=None, hash=False, compare=False)
+    draw_s: float = 0.0
 
 
 def plan_samples(suite: EvalSuite, agent_fingerprint: str, n: int, run_seed: int,
@@ -178,7 +181,7 @@ def stored_output(planned: PlannedSample) -> Drawn:
     """A planned sample's stored output, graded without an agent call (bounded when it was
     drawn: a second cut would add a second marker)."""
     assert planned.output is not None
-    return Drawn(planned, planned.output, planned.usage or Usage(), SampleTrace())
+    return Drawn(planned, planned.output, planned.usage or Usage(), planned.trace or SampleTrace(), planned.draw_s)
 
 
 def draw_output(agent, case: EvalCase, planned: PlannedSample, n: int, cap: int) -> Drawn:
@@ -193,7 +196,7 @@ def draw_output(agent, case: EvalCase, planned: PlannedSample, n: int, cap: int)
         try:
             raw = agent.generate(case, ctx)
         finally:  # a failed call took its time (and maybe its tokens) too
-            usage = Usage(latency_s=time.perf_counter() - started, **ctx.reported)
+            usage = Usage(**{"latency_s": time.perf_counter() - started, **ctx.reported})
         output = bounded_output(raw, cap, trace)
     except AgentError as exc:
         return Drawn(planned, "", usage, trace, time.perf_counter() - started, f"agent failed: {exc}")
@@ -242,14 +245,17 @@ def draw_sample(
                        regrade)
 
 
-def timed_prefix(items: Sequence[T], work: Callable[[T], R], budget_s: float | None) -> list[R]:
+def timed_prefix(items: Sequence[T], work: Callable[[T], R], budget_s: float | None,
+                 stopped: Callable[[], bool] | None = None) -> list[R]:
     """`work` on each item in order; with `budget_s`, none started that would, at the pace so
     far, end past that much time (at least one always is): the finished prefix. The caller
     stores it and hands the rest out again, so a kill loses at most about `budget_s` of work
-    per worker."""
+    per worker. Once `stopped()` says so, none more is started (not even the first)."""
     started = time.monotonic()
     done: list[R] = []
     for item in items:
+        if stopped is not None and stopped():
+            break
         if done and budget_s is not None:
             spent = time.monotonic() - started
             if spent + spent / len(done) > budget_s:

@@ -10,11 +10,12 @@ from dataclasses import dataclass, replace
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tasks.metrics.cost import PriceTable
 from tasks.models import EvalCase, EvalSuite
 from tasks.run.samples import row_usage
 from tasks.run.sampling import PlannedSample, plan_samples
 from tasks.run.spec import RunSpec
-from tasks.run.usage import USAGE_SAMPLE_COLUMNS
+from tasks.run.usage import USAGE_SAMPLE_COLUMNS, priced
 
 
 def plan(suite: EvalSuite, spec: RunSpec) -> list[PlannedSample]:
@@ -26,8 +27,9 @@ def plan(suite: EvalSuite, spec: RunSpec) -> list[PlannedSample]:
 # what its agent call took; never its output (at the cap, gigabytes for a re-run).
 CACHE_LOOKUP_COLUMNS = ("run_id", "case_id", "sample_index", "output_key", "cache_key", "status",
                         *USAGE_SAMPLE_COLUMNS)
-# Which stored sample a row names, and this run's hash of its case (`Reuse.copied`).
-COPY_COLUMNS = ("run_id", "case_id", "sample_index", "case_hash")
+# Which stored sample a row names, and this run's hash of its case (`Reuse.copied`, which
+# also has the sample's usage, priced anew where it had no price: `cost_usd`).
+COPY_COLUMNS = ("run_id", "case_id", "sample_index", "case_hash", "cost_usd")
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,21 @@ class Reuse:
     copied: pa.Table
     missing: list[PlannedSample]
     regrade: pa.Table
+
+    def priced(self, prices: PriceTable) -> Reuse:
+        """The same, every sample copied whole that had no price when it was drawn priced by
+        `prices` where it can be (its tokens are stored)."""
+        copied = self.copied
+        cost = copied["cost_usd"]
+        unpriced = pc.and_(pc.is_null(cost), pc.or_(pc.is_valid(copied["input_tokens"]),
+                                                     pc.is_valid(copied["output_tokens"])))
+        if pc.any(unpriced).as_py():  # most runs have none: no row is read into Python
+            rows = iter(copied.filter(unpriced).to_pylist())
+            costs = [priced(row_usage(next(rows)), prices).cost_usd if need else known
+                     for need, known in zip(unpriced.to_pylist(), cost.to_pylist(), strict=True)]
+            copied = copied.set_column(copied.schema.get_field_index("cost_usd"), "cost_usd",
+                                       pa.array(costs, pa.float64()))
+        return replace(self, copied=copied)
 
 
 def pending(spec: RunSpec, planned: Sequence[PlannedSample], stored: pa.Table) -> Reuse:
@@ -59,7 +76,8 @@ def pending(spec: RunSpec, planned: Sequence[PlannedSample], stored: pa.Table) -
         whole = pc.and_(whole, pa.scalar(False))
     kept = stored.filter(whole)
     copied = pa.table({"run_id": kept["run_id"], "case_id": kept["case_id"], "sample_index": kept["sample_index"],
-                       "case_hash": pa.array([p.case_hash for p in planned], pa.string()).take(at.filter(whole))})
+                       "case_hash": pa.array([p.case_hash for p in planned], pa.string()).take(at.filter(whole)),
+                       **{c: kept[c] for c in USAGE_SAMPLE_COLUMNS}})
     done = pc.is_in(out_keys, value_set=kept["output_key"]).to_pylist()
     return Reuse(copied, [p for p, d in zip(planned, done, strict=True) if not d], stored.filter(pc.invert(whole)))
 
@@ -69,14 +87,15 @@ def pending(spec: RunSpec, planned: Sequence[PlannedSample], stored: pa.Table) -
 NOT_REUSED_STATUSES = ("error",)
 
 
-def with_stored_outputs(missing: Sequence[PlannedSample], regrade: pa.Table,
-                        outputs: Mapping[str, str]) -> list[PlannedSample]:
+def with_stored_outputs(missing: Sequence[PlannedSample], regrade: pa.Table, outputs: Mapping[str, str],
+                        prices: PriceTable) -> list[PlannedSample]:
     """The planned samples with the stored output (`outputs` by output key, read for
-    `regrade`'s rows) and what its call took of each one that has one, graded rather than
-    drawn again, so the agent is not asked twice (nor paid twice)."""
+    `regrade`'s rows) and what its call took (priced by `prices` where it was not) of each
+    one that has one, graded rather than drawn again, so the agent is not asked twice (nor
+    paid twice)."""
     found = {row["output_key"]: row for row in regrade.to_pylist()}
-    return [replace(p, output=outputs[p.output_key], usage=row_usage(row)) if (row := found.get(p.output_key)) else p
-            for p in missing]
+    return [replace(p, output=outputs[p.output_key], usage=priced(row_usage(row), prices))
+            if (row := found.get(p.output_key)) else p for p in missing]
 
 
 def batch_label(chunk: Sequence[PlannedSample]) -> str:

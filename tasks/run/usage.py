@@ -18,10 +18,11 @@ from tasks.models import Usage
 
 
 def priced(usage: Usage, prices: PriceTable) -> Usage:
-    """A drawn sample's usage with its `cost_usd` where it can be priced; the summary says
-    why the others cannot (`UsageFigures.cost_note`)."""
-    if usage.input_tokens is None and usage.output_tokens is None and usage.cost_usd is None:
-        return usage  # nothing to price by
+    """A sample's usage with its `cost_usd` where it can be priced (a price it had when drawn
+    is kept; one it lacked, a price file given later supplies: its tokens are stored); the
+    summary says why the others cannot (`UsageFigures.cost_note`)."""
+    if usage.cost_usd is not None or (usage.input_tokens is None and usage.output_tokens is None):
+        return usage  # priced already, or nothing to price by
     cost = prices.cost(usage.model, usage.input_tokens, usage.output_tokens)[0]
     return usage.model_copy(update={"cost_usd": cost})
 

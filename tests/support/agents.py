@@ -61,3 +61,28 @@ def metered(inputs, ctx) -> str:
     _count(ctx)
     ctx.report_usage(input_tokens=inputs.get("tokens", 1000), output_tokens=10, model="toy-model")
     return "yes" if random.Random(ctx.seed).random() < inputs.get("p", 0.5) else "no"
+
+
+def logged(inputs, ctx) -> str:
+    """Logs each call's start (`S CASE#INDEX`) and return (`R ...`) to the file $CALLS, one
+    write each, around `EVALPIPE_TEST_SLEEP` seconds (default 0.05): calls started again
+    after a stop are told from those that had returned (tests/test_resume.py, bench/resume.py)."""
+    key = f"{ctx.case_id}#{ctx.index}"
+    with open(os.environ["CALLS"], "a") as fh:
+        fh.write(f"S {key}\n")
+    time.sleep(float(os.environ.get("EVALPIPE_TEST_SLEEP", "0.05")))
+    with open(os.environ["CALLS"], "a") as fh:
+        fh.write(f"R {key}\n")
+    return "yes"
+
+
+def hang_once(inputs, ctx) -> str:
+    """`logged`, except that the first call of any sample 1 hangs (an hour)."""
+    if ctx.index == 1:
+        try:
+            os.close(os.open(os.environ["CALLS"] + ".hung", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            pass
+        else:
+            time.sleep(3600)
+    return logged(inputs, ctx)

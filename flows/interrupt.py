@@ -1,0 +1,61 @@
+"""How a command ends when it is stopped: Ctrl-C (SIGINT) and SIGTERM alike, exit 130 within
+STOP_LIMIT_S whatever the runner (docs/storage.md, "Run status").
+
+A signal raises `KeyboardInterrupt` (during a flow run Prefect's own SIGTERM handler raises
+its `TerminationSignal` instead); the run loop then starts no new agent call, waits a
+bounded time for the calls in flight and stores what they returned, and the run is recorded
+`interrupted`. What can still hang after that (a thread inside a hung agent, which Python
+joins at exit, a Dask cluster closing around a hung task) is cut short by `os._exit`:
+everything bought is stored by then, or logged (storage/outputs.py), so nothing is lost.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+
+INTERRUPTED = 130  # a shell's status for a command stopped by Ctrl-C
+INTERRUPTED_LINE = "evalpipe: interrupted; run the same command again to resume (finished samples are kept)"
+STOP_LIMIT_S = 5.0
+# Left for the way out once the loop has stored what it could (the flow's end, the runners'
+# shutdown): past it, the process ends as it is.
+EXIT_GRACE_S = 1.5
+
+_lock = threading.Lock()
+_timer: threading.Timer | None = None
+
+
+def stop_on_signals() -> None:
+    """SIGINT and SIGTERM raise `KeyboardInterrupt` and bound the time left to the process."""
+    if threading.current_thread() is not threading.main_thread():
+        return  # only the main thread may set handlers (`main` called from a test's thread)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _stopped)
+
+
+def _stopped(signum, frame) -> None:
+    ends_within(STOP_LIMIT_S - 0.5)
+    raise KeyboardInterrupt
+
+
+def ends_within(seconds: float) -> None:
+    """End the process (exit 130, the one line) `seconds` from now unless it ends first; a
+    second call never puts it later."""
+    global _timer
+    with _lock:
+        if _timer is not None:
+            return
+        _timer = threading.Timer(seconds, _exit)
+        _timer.daemon = True
+        _timer.start()
+
+
+def _exit() -> None:
+    try:
+        sys.stderr.write(INTERRUPTED_LINE + "\n")
+        sys.stderr.flush()
+        sys.stdout.flush()
+    finally:
+        os._exit(INTERRUPTED)

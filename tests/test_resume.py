@@ -1,0 +1,182 @@
+"""Nothing bought is lost (docs/storage.md): every agent output is stored as the agent
+returns it, before grading, so a run killed (`kill -9`), stopped (Ctrl-C, SIGTERM) or whose
+grader failed is resumed by the same command without paying again for what had returned.
+
+Real runs of the CLI in a subprocess, stopped for real, with an agent that logs each call's
+start and return to a file: the calls are counted, not inferred."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from storage.outputs import SPOOL, read_log
+from storage.store import Store
+from tasks.models import EvalCase, EvalSuite, Usage
+from tasks.run import RunSpec
+from tasks.run.loop import reuse_cached
+from tasks.run.sampling import Drawn
+from tasks.run.steps import plan
+from tasks.trace import SampleTrace, Trajectory
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+
+@pytest.fixture
+def project(tmp_path: Path, home: Path, prefect_harness) -> dict:
+    suite = tmp_path / "suite.yaml"
+    suite.write_text("name: resume\ncases:\n" + "".join(
+        f"  - {{id: c{i:03d}, reference: 'yes', grader: {{kind: exact}}}}\n" for i in range(40)))
+    calls = tmp_path / "calls"
+    env = {**os.environ, "PREFECT_API_URL": prefect_harness, "PYTHONPATH": str(ROOT), "CALLS": str(calls)}
+    return {"suite": suite, "calls": calls, "env": env, "agent": f"python:{ROOT}/tests/support/agents.py"}
+
+
+def calls(path: Path) -> list[tuple[str, str]]:
+    return [tuple(line.split(" ", 1)) for line in path.read_text().splitlines() if " " in line] \
+        if path.exists() else []
+
+
+def stop_at(project: dict, args: list[str], signum: int, started: int) -> subprocess.Popen:
+    """Run the CLI, send `signum` once the agent has started `started` calls; the ended process."""
+    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=project["env"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    while sum(kind == "S" for kind, _ in calls(project["calls"])) < started:
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.01)
+    proc.send_signal(signum)
+    proc.communicate(timeout=60)  # a hang guard, not a speed figure
+    return proc
+
+
+def resume(project: dict, args: list[str]) -> dict:
+    done = subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=project["env"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def made_again(project: dict, before: list[tuple[str, str]]) -> tuple[set[str], set[str]]:
+    """The calls started in both runs, and those of them that had returned before the stop."""
+    started = collections.Counter(key for kind, key in calls(project["calls"]) if kind == "S")
+    again = {key for key, count in started.items() if count > 1}
+    return again, again & {key for kind, key in before if kind == "R"}
+
+
+def statuses(home: Path) -> list[str]:
+    with duckdb.connect(str(home / "evalpipe.duckdb"), read_only=True) as con:
+        return [s for (s,) in con.execute("SELECT status FROM runs ORDER BY started_at").fetchall()]
+
+
+@pytest.mark.parametrize("runner", ["threads", "processes"])
+def test_kill_9_buys_again_only_the_calls_in_flight(project, home, runner) -> None:
+    args = ["run", str(project["suite"]), "--agent", project["agent"] + ":logged", "-n", "3", "--runner", runner,
+            "--agent-concurrency", "4", "--workers", "2", "--json"]
+    stop_at(project, args, signal.SIGKILL, 48)  # 40 % of 120
+    before = calls(project["calls"])
+    out = resume(project, args)
+    again, returned = made_again(project, before)
+    assert len(again) <= 4, again  # at most the calls in flight at the kill
+    assert out["samples"] == 120 and out["status_counts"] == {"passed": 120}
+    # Outputs drawn and not graded at the kill were graded by the resume, not drawn again.
+    assert out["cached_samples"] >= len({key for kind, key in before if kind == "R"}) - len(returned)
+    assert statuses(home) == ["interrupted", "completed"]
+    assert not (home / SPOOL).exists() or not any((home / SPOOL).rglob("*.log"))
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_polite_stop_starts_no_call_and_buys_nothing_that_returned_again(project, home, signum) -> None:
+    args = ["run", str(project["suite"]), "--agent", project["agent"] + ":logged", "-n", "3",
+            "--agent-concurrency", "4", "--workers", "2", "--json"]
+    proc = stop_at(project, args, signum, 48)
+    assert proc.returncode == 130
+    before = calls(project["calls"])
+    assert len(before) < 2 * 120  # it stopped drawing: not every call was made
+    assert statuses(home) == ["interrupted"]
+    out = resume(project, args)
+    again, returned = made_again(project, before)
+    assert returned == set()
+    assert out["cached_samples"] == len({key for kind, key in before if kind == "R"})
+    assert out["status_counts"] == {"passed": 120}
+
+
+def test_sigterm_ends_a_dask_run_waiting_on_a_hung_agent(project, home) -> None:
+    """Issue 33 #11: SIGTERM to a `--runner dask` run whose agent hangs ends it, interrupted
+    (130), and the same command resumes it, grading what had returned."""
+    args = ["run", str(project["suite"]), "--agent", project["agent"] + ":hang_once", "-n", "2", "--runner", "dask",
+            "--workers", "2", "--agent-concurrency", "2", "--json"]
+    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=project["env"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        while not Path(f"{project['calls']}.hung").exists():
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.05)
+        time.sleep(1)  # the other worker goes on to a few more calls
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)  # a hang guard: bench/resume.py prints the time
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, stderr
+    assert statuses(home)[0] == "interrupted"
+    before = calls(project["calls"])
+    out = resume(project, args)
+    again, returned = made_again(project, before)
+    assert returned == set()  # every output the workers got back was stored
+    assert out["status_counts"] == {"passed": 80}
+
+
+# ---------------------------------------------------------------- the logs and the table
+
+
+def _drawn(planned, output: str, trace: SampleTrace | None = None) -> Drawn:
+    return Drawn(planned, output, Usage(latency_s=0.25, input_tokens=10, output_tokens=2, model="m"),
+                 trace or SampleTrace())
+
+
+def test_a_logged_output_is_graded_by_the_next_run_with_its_trace_and_a_torn_record_is_drawn_again(home):
+    suite = EvalSuite(name="s", cases=[EvalCase(id=f"c{i}", reference="yes", grader={"kind": "exact"})
+                                       for i in range(3)])
+    spec = RunSpec(suite_version=suite.version, suite_name="s", agent="a", agent_fingerprint="a", n=1, ks=[1], seed=0)
+    store = Store(home)
+    store.start_run(spec)
+    planned = plan(suite, spec)
+    log = store.output_log(spec.run_id)
+    trace = SampleTrace(trajectory=Trajectory(steps=2, entries=[{"tool": "edit"}]))
+    with log.appending() as append:
+        append(_drawn(planned[0], "yes", trace))
+        append(_drawn(planned[1], "no"))
+    with open(log.path, "ab") as fh:  # the third, cut short by a kill
+        fh.write(b"0123456789abcdef {\"run_id\": ")
+    assert [r["case_id"] for r in read_log(log.path)] == ["c0", "c1"]
+
+    again = RunSpec(suite_version=suite.version, suite_name="s", agent="a", agent_fingerprint="a", n=1, ks=[1],
+                    seed=0)
+    store.start_run(again)
+    missing = reuse_cached(again, plan(suite, again), store)
+    assert not log.path.exists()  # folded into the table: its writer is gone
+    assert [(p.case_id, p.output) for p in missing] == [("c0", "yes"), ("c1", "no"), ("c2", None)]
+    assert missing[0].trace == trace and missing[0].usage.input_tokens == 10
+
+
+def test_a_resumed_budgeted_run_counts_what_the_killed_run_bought(project, home) -> None:
+    args = ["run", str(project["suite"]), "--agent", project["agent"] + ":logged", "-n", "2", "--max-samples", "40",
+            "--agent-concurrency", "4", "--workers", "2", "--json"]
+    stop_at(project, args, signal.SIGKILL, 20)
+    done = subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=project["env"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 6, done.stderr  # partial: the budget is spent
+    out = json.loads(done.stdout)
+    returned = {key for kind, key in calls(project["calls"]) if kind == "R"}
+    assert len(returned) <= 40  # the two runs together bought no more than the budget
+    assert out["budget"]["drawn_samples"] == 40 and out["samples"] + out["undrawn_samples"] == 80
