@@ -187,15 +187,18 @@ def run(
     agent: Annotated[str, typer.Option("--agent", help="Agent spec (python:, cmd:, replay:, reference, openai:).")],
     n: Annotated[int, typer.Option("-n", min=1, max=MAX_N, help="Samples per case.")] = 1,
     k: Annotated[str, typer.Option("-k", help="Comma-separated k values for pass@k.")] = "1",
-    seed: Annotated[int, typer.Option("--seed", min=0)] = 0,
+    seed: Annotated[int, typer.Option(
+        "--seed", min=0, help="Run seed; with a deterministic agent, the same seed gives the same run.")] = 0,
     workers: Annotated[int | None, typer.Option(
         "--workers", min=1, max=MAX_WORKERS, help="Parallel graders (default: CPU count).")] = None,
     agent_concurrency: Annotated[int | None, typer.Option(
         "--agent-concurrency", min=1, max=MAX_WORKERS,
         help="Agent calls in flight (default 16): they wait on an API, not on a core.")] = None,
     runner: Annotated[str, typer.Option("--runner", help="threads, processes or dask.")] = "threads",
-    dask_address: Annotated[str | None, typer.Option("--dask-address")] = None,
-    batch_size: Annotated[int | None, typer.Option("--batch-size", min=1)] = None,
+    dask_address: Annotated[str | None, typer.Option(
+        "--dask-address", help="With --runner dask: an existing Dask scheduler (tls://HOST:PORT).")] = None,
+    batch_size: Annotated[int | None, typer.Option(
+        "--batch-size", min=1, help="Cases per task (default: as many as fit about 2 s).")] = None,
     regrade: Annotated[int, typer.Option("--regrade", min=0, max=MAX_REGRADE, help="Re-grade each output R times.")] = 0,
     baseline: Annotated[str | None, typer.Option(
         "--baseline", help="Gate against this run (id, unambiguous prefix, or 'previous').")] = None,
@@ -223,7 +226,7 @@ def run(
         "--workspace", help="Run a cmd:/python: coding agent per sample in a fresh checkout of the case's"
                             " base commit, sandboxed; its output is the change it leaves there.")] = False,
     agent_timeout: Annotated[float | None, typer.Option(
-        "--agent-timeout", min=0.001, metavar="SECONDS",
+        "--agent-timeout", metavar="SECONDS",
         help="With --workspace: seconds per agent run (default 1800).")] = None,
     max_cost: Annotated[float | None, typer.Option(
         "--max-cost", metavar="USD",
@@ -247,59 +250,30 @@ def run(
     Exit 1 when the gate (--baseline) blocks, 4 when too many samples are agent_error,
     5 when too many are error (the grader could not run), 6 when a budget (--max-cost,
     --max-samples) left samples undrawn."""
+    from storage.runs import prepare_run
     from storage.store import Store
-    from storage.suites import resolve_suite
-    from tasks.agents import DEFAULT_AGENT_TIMEOUT_S, load_agent
-    from tasks.sandbox import run_sandbox_mode
-
-    ks = _parse_ks(k)
-    if max_cost is not None and not max_cost > 0:
-        bad_input(f"--max-cost: expected dollars > 0, got {max_cost:g}")
-    if runner not in ("threads", "processes", "dask"):
-        bad_input(f"--runner: expected threads, processes or dask, got {runner!r}")
-    if dask_address and runner != "dask":
-        bad_input("--dask-address goes with --runner dask")
-    if agent_timeout is not None and not workspace:
-        bad_input("--agent-timeout goes with --workspace")
-    if not baseline and (min_pass_at_1 is not None or max_drop or max_new_failures is not None or min_slice):
-        bad_input("--min-pass-at-1, --max-drop, --max-new-failures and --min-slice are gate rules: they go with"
-                  " --baseline")
-    if sequential and not baseline:
-        bad_input("--sequential needs --baseline: it stops when the comparison with the baseline is decided")
-    from tasks.metrics.diff import check_metric
     from tasks.metrics.rules import parse_slice_thresholds
-
-    slice_min = parse_slice_thresholds(min_slice or ()) or None
-    metric = check_metric(metric)
-    # Refuse bad input here, before Prefect starts: a one-line message, not a failed flow run.
-    # The flow gets the suite pinned (a git branch as the commit read here), so it runs
-    # exactly the suite that was checked, even if the branch moves meanwhile.
-    store = Store.default()
-    suite_obj, pinned = resolve_suite(suite, store)
-    if slice_min:
-        from tasks.metrics.rules import check_slices
-
-        check_slices(slice_min, (name for c in suite_obj.cases for name in c.slices))
-    run_sandbox_mode(suite_obj.grader_kinds, unsafe_no_sandbox)
-    agent_timeout = agent_timeout or DEFAULT_AGENT_TIMEOUT_S
-    load_agent(agent, agent_timeout if workspace else None, max_output_bytes)
-    from tasks.metrics.cost import PriceTable
-
-    price_file = PriceTable.load(prices).source  # a bad price file is bad input, before any call
-    store.check()  # a damaged or locked database is reported before Prefect starts, too
-    if baseline and baseline != "previous":
-        baseline = store.find_run(baseline)["run_id"]
-
     from tasks.run import RunConfig
 
-    config = RunConfig(
-        suite=pinned, agent=agent, n=n, k=ks, seed=seed, baseline=baseline, min_pass_at_1=min_pass_at_1,
-        max_drop=max_drop, max_new_failures=max_new_failures, min_slice=slice_min, metric=metric, runner=runner,
-        workers=workers, agent_concurrency=agent_concurrency, dask_address=dask_address, batch_size=batch_size,
-        regrade=regrade, unsafe_no_sandbox=unsafe_no_sandbox, max_output_bytes=max_output_bytes,
-        workspace=workspace, agent_timeout=agent_timeout, max_cost=max_cost, max_samples=max_samples,
-        prices=price_file, sequential=sequential, sequential_rounds=rounds)
-    summary = run_flow(config, as_json, suite_obj.name)
+    config = RunConfig.build(
+        "run", lambda field: "--" + {"sequential_rounds": "rounds"}.get(field, field).replace("_", "-"),
+        suite=suite, agent=agent, n=n, k=_parse_ks(k), seed=seed, baseline=baseline, min_pass_at_1=min_pass_at_1,
+        max_drop=max_drop, max_new_failures=max_new_failures, min_slice=parse_slice_thresholds(min_slice or ()) or None,
+        metric=metric, runner=runner, workers=workers, agent_concurrency=agent_concurrency, dask_address=dask_address,
+        batch_size=batch_size, regrade=regrade, unsafe_no_sandbox=unsafe_no_sandbox,
+        max_output_bytes=max_output_bytes, workspace=workspace, agent_timeout=agent_timeout, max_cost=max_cost,
+        max_samples=max_samples, prices=str(prices) if prices else None, sequential=sequential,
+        sequential_rounds=rounds)
+    # Every check of the input, once, before Prefect starts: a one-line message, not a failed
+    # flow run. The flow is handed what was prepared (`prepared`), and its parameters name
+    # the suite pinned (a git branch as the commit read here) and the price file found.
+    store = Store.default()
+    store.check()  # a damaged or locked database is reported before Prefect starts, too
+    prepared = prepare_run(config, store)
+    config = config.model_copy(update={"suite": prepared.spec.config["suite_source"],
+                                       "prices": prepared.prices.source})
+    suite_obj = prepared.suite
+    summary = run_flow(config, as_json, suite_obj.name, prepared)
     typer.echo(json_doc(summary) if as_json else _summary_text(summary))
     broken = _broken_agent(summary, max_agent_errors)
     if broken:
@@ -322,21 +296,23 @@ def run(
 PARTIAL_EXIT = 6  # a budget left samples undrawn (docs/contract.md §10)
 
 
-def run_flow(config: Any, as_json: bool, title: str) -> dict[str, Any]:
+def run_flow(config: Any, as_json: bool, title: str, prepared: Any = None) -> dict[str, Any]:
     """The `evaluate` flow run of `config` (a `RunConfig`) on the Prefect API the CLI picks,
-    a progress bar beside it: the `run --json` document."""
+    a progress bar beside it: the `run --json` document. `prepared`: the run as this process
+    prepared (and checked) it, which the flow takes instead of preparing it again."""
     from flows.prefect_api import prefect_api
 
     with prefect_api(as_json) as watch, _progress(title, as_json) as hook:
         from flows.artifacts import progress_hook
-        from flows.evaluate import evaluate
+        from flows.evaluate import evaluate, prepared_here
         from flows.steps import flow_result
 
-        token = progress_hook.set(hook)
+        token, handed = progress_hook.set(hook), prepared_here.set((config, prepared))
         try:
             return flow_result(watch(evaluate)(**config.model_dump(), return_state=True))
         finally:
             progress_hook.reset(token)
+            prepared_here.reset(handed)
 
 
 def _broken_agent(summary: dict[str, Any], max_share: float) -> str | None:

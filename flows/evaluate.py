@@ -10,6 +10,8 @@ mapped, so a cache hit costs a row copy, not a Prefect task.
 from __future__ import annotations
 
 import time
+from contextvars import ContextVar
+from dataclasses import replace
 from typing import Annotated, Any, Literal
 
 from prefect import flow, get_run_logger
@@ -19,9 +21,8 @@ from pydantic import Field
 from flows import steps
 from flows.artifacts import publish
 from flows.gate import run_gate
-from storage.runs import prepare_run
+from storage.runs import PreparedRun, prepare_run
 from storage.store import Store
-from tasks.agents import DEFAULT_AGENT_TIMEOUT_S
 from tasks.metrics.sequential import DEFAULT_ROUNDS
 from tasks.models import MAX_N, MAX_REGRADE, MAX_ROUNDS, MAX_WORKERS
 from tasks.run import RunConfig, RunSummary, run_title
@@ -57,7 +58,7 @@ def evaluate(
     unsafe_no_sandbox: bool = False,
     max_output_bytes: Annotated[int | None, Field(ge=1)] = None,
     workspace: bool = False,
-    agent_timeout: Annotated[float, Field(gt=0)] = DEFAULT_AGENT_TIMEOUT_S,
+    agent_timeout: Annotated[float | None, Field(gt=0)] = None,
     max_cost: Annotated[float | None, Field(gt=0)] = None,
     max_samples: Annotated[int | None, Field(ge=1)] = None,
     prices: str | None = None,
@@ -98,7 +99,7 @@ def evaluate(
             EVALPIPE_MAX_OUTPUT_BYTES).
         workspace: Run a cmd: or python: coding agent per sample in a fresh checkout of the
             case's base commit, in the sandbox; its output is the change it leaves there.
-        agent_timeout: With workspace: seconds each agent run may take.
+        agent_timeout: With workspace: seconds each agent run may take (default 1800).
         max_cost: Budget in USD: no new agent call starts once the drawn samples cost this
             much; the run ends partial, and the same run with a larger budget draws the rest.
         max_samples: Budget in agent calls: draw at most this many samples (cached ones are free).
@@ -115,12 +116,22 @@ def evaluate(
     return steps.final_state(run(config, started))
 
 
+# The run as `evalpipe run` prepared it in this process, with its configuration: the flow
+# takes it rather than resolving and checking everything again (a deployment's run prepares).
+prepared_here: ContextVar[tuple[RunConfig, PreparedRun | None] | None] = ContextVar("prepared_here", default=None)
+
+
 def run(config: RunConfig, started: float) -> RunSummary:
     """The run `config` describes, inside the flow: prepared, then looped over Prefect's task
     runners, its summary published."""
     steps.check_deployment_allows(config.agent, config.unsafe_no_sandbox)
     store = Store.default()
-    run = prepare_run(config, store, flow_run_id=str(flow_run.id) if flow_run.id else None)
+    flow_run_id = str(flow_run.id) if flow_run.id else None
+    handed = prepared_here.get()
+    if handed is not None and handed[0] == config and handed[1] is not None:
+        run = replace(handed[1], spec=handed[1].spec.model_copy(update={"flow_run_id": flow_run_id}))
+    else:
+        run = prepare_run(config, store, flow_run_id=flow_run_id)
     steps.snapshot_once(run.suite, store)
     with allowing_unsafe(config.unsafe_no_sandbox), steps.prefect_stages(config) as stages:
         summary = run_loop(run.spec, config, run.suite, run.agent, store, stages, prices=run.prices,

@@ -5,15 +5,16 @@ by the loop, instead of parameters threaded through each layer and environment v
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from tasks.agents import DEFAULT_AGENT_TIMEOUT_S, max_output_bytes
 from tasks.metrics.diff import Metric
 from tasks.metrics.rules import GateRules
 from tasks.metrics.sequential import DEFAULT_ROUNDS
-from tasks.models import MAX_N, MAX_REGRADE, MAX_ROUNDS, MAX_WORKERS
+from tasks.models import MAX_N, MAX_REGRADE, MAX_ROUNDS, MAX_WORKERS, InputError
 from tasks.run.budget import Budget
 
 Runner = Literal["threads", "processes", "dask"]
@@ -48,12 +49,40 @@ class RunConfig(BaseModel):
     unsafe_no_sandbox: bool = False
     max_output_bytes: Annotated[int | None, Field(ge=1)] = None
     workspace: bool = False
-    agent_timeout: Annotated[float, Field(gt=0)] = DEFAULT_AGENT_TIMEOUT_S
+    agent_timeout: Annotated[float | None, Field(gt=0)] = None
     max_cost: Annotated[float | None, Field(gt=0)] = None
     max_samples: Annotated[int | None, Field(ge=1)] = None
     prices: str | None = None
     sequential: bool = False
     sequential_rounds: Annotated[int, Field(ge=1, le=MAX_ROUNDS)] = DEFAULT_ROUNDS
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RunConfig:
+        """The options that only mean something together: refused here, whoever builds the run."""
+        if self.dask_address and self.runner != "dask":
+            raise ValueError("--dask-address goes with --runner dask")
+        if self.agent_timeout is not None and not self.workspace:
+            raise ValueError("--agent-timeout goes with --workspace")
+        if not self.baseline and self.rules != GateRules():
+            raise ValueError("--min-pass-at-1, --max-drop, --max-new-failures and --min-slice are gate rules:"
+                             " they go with --baseline")
+        if self.sequential and not self.baseline:
+            raise ValueError("--sequential needs --baseline: it stops when the comparison with the baseline is"
+                             " decided")
+        return self
+
+    @classmethod
+    def build(cls, command: str, named: Callable[[str], str] = lambda field: field, **options: Any) -> RunConfig:
+        """The configuration of `options`, or `InputError`: one line, prefixed by `command`,
+        naming the option as `named` shows a field (`--max-cost` on the command line)."""
+        try:
+            return cls(**options)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            if first["type"] == "value_error" and not first["loc"]:  # a rule between options
+                raise InputError(f"{command}: {first['ctx']['error']}") from None
+            where = ".".join(named(str(part)) if i == 0 else str(part) for i, part in enumerate(first["loc"]))
+            raise InputError(f"{command}: {where}: {first['msg']}") from None
 
     @property
     def grade_workers(self) -> int:
@@ -73,7 +102,7 @@ class RunConfig(BaseModel):
     @property
     def agent_timeout_s(self) -> float | None:
         """Seconds each coding agent run may take: with `workspace` only."""
-        return self.agent_timeout if self.workspace else None
+        return (self.agent_timeout or DEFAULT_AGENT_TIMEOUT_S) if self.workspace else None
 
     @property
     def rules(self) -> GateRules:
