@@ -1,4 +1,5 @@
-"""The registry of grader kinds and metrics: `from tasks.registry import grader, metric`.
+"""The registry of grader kinds, metrics and agent kinds: `from tasks.registry import grader,
+metric, agent_kind`.
 
 A grader kind is one decorated function, `fn(output, case, params) -> Verdict`:
 
@@ -23,7 +24,12 @@ A metric is `fn(tallies) -> float` over one `tasks.metrics.tallies.Tally` per ca
 metric is their mean. Either way the run reports its value with a CI clustered by case
 (`tasks.metrics.tallies.metric_values`), in `run --json` under `metrics`.
 
-The built-in graders and metrics register the way plugins do, imported by name on first
+An agent kind is an `--agent` scheme (`python:`, `cmd:`, `openai:`...): a class or function
+`load(spec, rest, base)` decorated with `agent_kind(scheme, runs_code=..., sees=...)`; the
+scheme dispatch, the "unknown scheme" message and which kinds a deployment must allow all
+read it.
+
+The built-in graders, metrics and agent kinds register the way plugins do, imported by name on first
 use (so this bottom layer imports no stage above it); then the modules of the entry-point
 group `evalpipe.plugins` and of `EVALPIPE_PLUGINS` (module names or paths of `.py` files,
 comma-separated). A plugin that fails to import is an `InputError` naming it.
@@ -55,6 +61,7 @@ PLUGIN_GROUP = "evalpipe.plugins"
 PLUGINS_ENV = "EVALPIPE_PLUGINS"
 BUILTIN_GRADERS = "tasks.graders"
 BUILTIN_METRICS = "tasks.metrics.standard"
+BUILTIN_AGENTS = "tasks.agents"
 
 
 @dataclass(frozen=True)
@@ -94,8 +101,26 @@ class MetricSpec:
     percent: bool  # a fraction, shown as a percentage (else as a plain number)
 
 
+@dataclass(frozen=True)
+class AgentKindSpec:
+    """An `--agent` scheme: `load(spec, rest, base)` makes the agent (`rest`: what follows
+    `scheme:`; relative paths resolve against `base`), an object with `spec`, `fingerprint`
+    and `generate(case, ctx) -> str`."""
+
+    scheme: str
+    load: Callable[[str, str, Path], Any]
+    runs_code: bool  # runs the user's code as the worker's user: a deployment must allow it
+    sees: Callable[[EvalCase], dict[str, Any]] | None  # what it reads of a case beyond its inputs
+    bare: bool  # named without a colon and anything after it (`reference`)
+
+    @property
+    def named(self) -> str:
+        return self.scheme if self.bare else f"{self.scheme}:"
+
+
 _GRADERS: dict[str, GraderSpec] = {}
 _METRICS: dict[str, MetricSpec] = {}
+_AGENTS: dict[str, AgentKindSpec] = {}
 _LOCK = threading.RLock()
 _LOADED: set[str] = set()
 _PLUGIN_FAILURE: list[InputError] = []
@@ -161,13 +186,51 @@ def metric(name: str, *, per_case: bool = False, percent: bool = True) -> Callab
     return decorate
 
 
-def _add(table: dict[str, Any], what: str, name: str, spec: GraderSpec | MetricSpec) -> None:
+def agent_kind(scheme: str, *, runs_code: bool = False, sees: Callable[[EvalCase], dict[str, Any]] | None = None,
+               bare: bool = False) -> Callable[[Any], Any]:
+    """Decorator of an agent kind: a class with `load(spec, rest, base)` (a classmethod) or a
+    function `load(spec, rest, base)`, which makes the agent `--agent SCHEME:REST` names.
+    `runs_code`: it runs the user's code (a deployment runs it only as its own parameters
+    name it or its EVALPIPE_DEPLOYMENT_ALLOWS allows); `sees(case)`: what it reads of a case
+    beyond its id and inputs (it enters the outputs' cache key); `bare`: named without a
+    colon. Plugins add kinds the same way (docs/agents.md)."""
+    if not isinstance(scheme, str) or not scheme.isidentifier():
+        raise ValueError(f"agent scheme must be a name, got {scheme!r}")
+
+    def decorate(target: Any) -> Any:
+        load = target.load if inspect.isclass(target) else target
+        _add(_AGENTS, "agent scheme", scheme, AgentKindSpec(scheme, load, bool(runs_code), sees, bare))
+        return target
+
+    return decorate
+
+
+def agent_kinds() -> dict[str, AgentKindSpec]:
+    """Every registered agent kind by scheme, the built-ins first."""
+    _load_builtin(BUILTIN_AGENTS)
+    load_plugins()
+    return dict(_AGENTS)
+
+
+def agent_kind_spec(scheme: str) -> AgentKindSpec | None:
+    """The agent kind of `scheme`, or None (the plugins are loaded when it is not a built-in)."""
+    _load_builtin(BUILTIN_AGENTS)
+    if scheme not in _AGENTS:
+        load_plugins()
+    return _AGENTS.get(scheme)
+
+
+def _add(table: dict[str, Any], what: str, name: str, spec: GraderSpec | MetricSpec | AgentKindSpec) -> None:
     with _LOCK:
         old = table.get(name)
         # The same function registering again (its module reloaded) replaces itself.
-        if old is not None and _origin(old.fn) != _origin(spec.fn):
-            raise ValueError(f"{what} {name!r} is already registered by {_origin(old.fn)}")
+        if old is not None and _origin(_code(old)) != _origin(_code(spec)):
+            raise ValueError(f"{what} {name!r} is already registered by {_origin(_code(old))}")
         table[name] = spec
+
+
+def _code(spec: GraderSpec | MetricSpec | AgentKindSpec) -> Callable:
+    return spec.load if isinstance(spec, AgentKindSpec) else spec.fn
 
 
 def _origin(fn: Callable) -> str:
@@ -221,6 +284,7 @@ def load_plugins() -> None:
         if "plugins" not in _LOADED:
             _load_builtin(BUILTIN_GRADERS)
             _load_builtin(BUILTIN_METRICS)
+            _load_builtin(BUILTIN_AGENTS)
             _LOADED.add("plugins")
             for what, load in _plugins():
                 try:

@@ -369,3 +369,52 @@ def test_a_snapshot_keeps_a_case_s_extra_graders(tmp_path):
         EvalCase(id="b", reference="x", grader={"kind": "exact"})))
     back = read_snapshot_file(Store(tmp_path).write_snapshot(suite))
     assert back.version == suite.version and back.case("a").extra_graders == ({"kind": "contains"},)
+
+
+ECHO_AGENT = '''
+from dataclasses import dataclass
+from tasks.registry import agent_kind
+
+@agent_kind("echo", runs_code=True)
+@dataclass(frozen=True)
+class Echo:
+    spec: str
+    fingerprint: str
+
+    @classmethod
+    def load(cls, spec, rest, base):
+        return cls(spec, "echo-" + rest)
+
+    def generate(self, case, ctx):
+        return self.spec.partition(":")[2]
+'''
+
+AGENT_KIND_PROBE = '''
+import json
+from evalpipe import evaluate
+from tasks.agents import load_agent
+from tasks.agents.trust import deployment_refusal
+summary = evaluate([{"id": "a", "inputs": {}, "reference": "hi", "grader": {"kind": "exact"}}], "echo:hi",
+                   name="echoes")
+try:
+    load_agent("nope:x")
+except Exception as exc:
+    unknown = str(exc)
+print(json.dumps({"pass_at_1": summary.pass_at_k["1"], "agent": summary.agent, "unknown": unknown,
+                  "refused": deployment_refusal("echo:hi", False, {}, ""),
+                  "allowed": deployment_refusal("echo:hi", False, {}, "echo")}))
+'''
+
+
+def test_a_plugin_adds_an_agent_kind_that_runs_and_that_deployments_must_allow(tmp_path):
+    (tmp_path / "echo_agent.py").write_text(ECHO_AGENT)
+    env = {**os.environ, "EVALPIPE_PLUGINS": str(tmp_path / "echo_agent.py"), "EVALPIPE_HOME": str(tmp_path / "home"),
+           "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", AGENT_KIND_PROBE], cwd=tmp_path, env=env, text=True,
+                          capture_output=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout.splitlines()[-1])
+    assert doc["pass_at_1"] == 1.0 and doc["agent"] == "echo:hi"
+    assert doc["unknown"] == "agent 'nope:x': unknown scheme 'nope' (expected cmd:, echo:, openai:, python:, reference or replay:)"
+    assert doc["refused"].startswith("agent 'echo:hi': this deployment runs echo: agents only as its own parameters")
+    assert doc["allowed"] is None

@@ -18,11 +18,12 @@ Each kind is a module of its own: `python`, `cmd`, `replay`, `reference` and `ch
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+# Importing a kind's module registers its scheme (`tasks.registry.agent_kind`).
+from tasks.agents import chat, cmd, python, reference, replay  # noqa: F401
 from tasks.agents.base import (
     MAX_OUTPUT_ENV,
     Agent,
@@ -30,13 +31,14 @@ from tasks.agents.base import (
     AgentError,
     max_output_bytes,
 )
-from tasks.agents.chat import PROMPT_FIELDS, OpenAIAgent
+from tasks.agents.chat import PROMPT_FIELDS
 from tasks.agents.cmd import CmdAgent
-from tasks.agents.python import PythonAgent, call_user_code
-from tasks.agents.reference import ReferenceAgent, reference_text
-from tasks.agents.replay import ReplayAgent, parse_replay
+from tasks.agents.python import call_user_code
+from tasks.agents.reference import reference_text
+from tasks.agents.replay import parse_replay
 from tasks.agents.workspace_runner import DEFAULT_AGENT_TIMEOUT_S, WorkspaceAgent
 from tasks.models import EvalCase, InputError
+from tasks.registry import AgentKindSpec, agent_kind_spec, agent_kinds
 
 __all__ = [
     "DEFAULT_AGENT_TIMEOUT_S", "MAX_OUTPUT_ENV", "PROMPT_FIELDS", "Agent", "AgentContext", "AgentError", "call_user_code",
@@ -46,8 +48,10 @@ __all__ = [
 
 def seen_beyond_inputs(spec: str, case: EvalCase) -> dict[str, Any]:
     """What an agent reads of a case besides its id and inputs, which its outputs' cache
-    key must therefore hold: the `reference` agent answers with the reference."""
-    return {"reference": case.reference} if spec == "reference" else {}
+    key must therefore hold (its kind's `sees`: the `reference` agent answers with the
+    reference)."""
+    kind = _kinds().get(spec if ":" not in spec else spec.partition(":")[0])
+    return kind.sees(case) if kind is not None and kind.sees is not None else {}
 
 
 def load_agent(spec: str, workspace_timeout_s: float | None = None, output_cap: int | None = None) -> Agent:
@@ -67,22 +71,21 @@ def _load(spec: str, workspace_timeout_s: float | None) -> Agent:
     if workspace_timeout_s is not None:
         return WorkspaceAgent.load(spec, base, workspace_timeout_s)
     scheme, sep, rest = spec.partition(":")
-    if spec == "reference":
-        return ReferenceAgent.load(spec, "", base)
-    loader = _LOADERS.get(scheme) if sep else None
-    if loader is None:
-        raise InputError(
-            f"agent {spec!r}: unknown scheme {scheme!r} "
-            "(expected python:, cmd:, replay:, openai: or reference)"
-        )
-    if not rest.strip():
+    kind = agent_kind_spec(scheme if sep else spec)
+    if kind is None or kind.bare == bool(sep):
+        known = sorted(k.named for k in agent_kinds().values())
+        raise InputError(f"agent {spec!r}: unknown scheme {scheme!r} (expected {', '.join(known[:-1])} or {known[-1]})")
+    if sep and not rest.strip():
         raise InputError(f"agent {spec!r}: nothing after {scheme}:")
-    return loader(spec, rest, base)
+    return kind.load(spec, rest, base)
 
 
-_LOADERS: dict[str, Callable[[str, str, Path], Agent]] = {
-    "python": PythonAgent.load,
-    "cmd": CmdAgent.load,
-    "replay": ReplayAgent.load,
-    "openai": OpenAIAgent.load,
-}
+def _kinds() -> dict[str, AgentKindSpec]:
+    """The registered kinds, read once per process (a sample asks for its agent's)."""
+    global _KNOWN
+    if _KNOWN is None:
+        _KNOWN = agent_kinds()
+    return _KNOWN
+
+
+_KNOWN: dict[str, AgentKindSpec] | None = None

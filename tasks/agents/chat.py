@@ -14,6 +14,7 @@ from urllib.parse import parse_qsl
 from tasks.agents.base import AgentContext, AgentError, Reloadable
 from tasks.agents.openai_client import EndpointError, OpenAIClient
 from tasks.models import EvalCase, InputError, canonical_json, sha256_hex
+from tasks.registry import agent_kind
 
 # Body fields evalpipe sets itself, so a spec may not: one sample per request, our seed.
 RESERVED_PARAMS = frozenset({"model", "messages", "seed", "n", "stream"})
@@ -21,6 +22,7 @@ RESERVED_PARAMS = frozenset({"model", "messages", "seed", "n", "stream"})
 PROMPT_FIELDS = ("prompt", "question", "issue", "input", "text")
 
 
+@agent_kind("openai")
 @dataclass(frozen=True)
 class OpenAIAgent(Reloadable):
     model: str = ""

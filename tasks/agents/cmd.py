@@ -27,6 +27,7 @@ from tasks.agents.base import (
 )
 from tasks.models import EvalCase, InputError, sha256_hex
 from tasks.redaction import redact
+from tasks.registry import agent_kind
 from tasks.sandbox import PidsCgroup, kill_until_gone
 from tasks.sandbox.forkserver import capture
 
@@ -41,6 +42,7 @@ USAGE_FILE_ENV = "EVALPIPE_USAGE_FILE"
 USAGE_FILE_CAP = 64 << 10
 
 
+@agent_kind("cmd", runs_code=True)
 @dataclass(frozen=True)
 class CmdAgent(Reloadable):
     """A process per sample, no shell: the case JSON on stdin, the output on stdout.

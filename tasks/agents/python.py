@@ -17,8 +17,10 @@ from typing import Any
 from tasks.agents.base import AgentContext, AgentError, Reloadable, spec_fingerprint
 from tasks.callables import load_callable
 from tasks.models import EvalCase, InputError
+from tasks.registry import agent_kind
 
 
+@agent_kind("python", runs_code=True)
 @dataclass(frozen=True)
 class PythonAgent(Reloadable):
     """`FUNC(inputs, ctx) -> str`. Whatever it raises — `KeyboardInterrupt` and `SystemExit`

@@ -9,8 +9,10 @@ from typing import Any
 
 from tasks.agents.base import AgentContext, Reloadable, spec_fingerprint
 from tasks.models import EvalCase, canonical_json
+from tasks.registry import agent_kind
 
 
+@agent_kind("reference", bare=True, sees=lambda case: {"reference": case.reference})
 @dataclass(frozen=True)
 class ReferenceAgent(Reloadable):
     @classmethod

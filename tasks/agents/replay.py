@@ -12,6 +12,7 @@ from typing import Any, BinaryIO
 
 from tasks.agents.base import AgentContext, AgentError, Reloadable, spec_fingerprint
 from tasks.models import EvalCase, InputError
+from tasks.registry import agent_kind
 from tasks.suites.jsonl import iter_object_lines
 
 # (id field, output field) of the recorded formats, in the order they are recognised.
@@ -22,6 +23,7 @@ REPLAY_FORMATS = (
 )
 
 
+@agent_kind("replay")
 @dataclass(frozen=True)
 class ReplayAgent(Reloadable):
     """Sample i of a case is the i-th line recorded for that case, in file order."""

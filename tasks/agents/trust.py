@@ -1,6 +1,7 @@
 """Which agents a Prefect deployment runs. A deployment's run form (the UI's custom run, the
 API's create_flow_run) takes parameters from anyone who may start a run, and `python:` and
-`cmd:` agents, like `unsafe_no_sandbox`, run code as the worker's user. So a deployment runs
+`cmd:` agents (every kind registered with `runs_code`), like `unsafe_no_sandbox`, run code as
+the worker's user. So a deployment runs
 them only when its own configuration says so: the agent its parameters name, or the kinds
 its job variables allow in EVALPIPE_DEPLOYMENT_ALLOWS."""
 
@@ -9,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from tasks.registry import agent_kinds
+
 ALLOW_ENV = "EVALPIPE_DEPLOYMENT_ALLOWS"  # comma-separated: python, cmd, unsafe-no-sandbox
-CODE_AGENT_KINDS = ("python", "cmd")
 UNSAFE = "unsafe-no-sandbox"
 
 
@@ -20,7 +22,8 @@ def deployment_refusal(agent: str, unsafe_no_sandbox: bool, configured: Mapping[
     deployment's own parameters; `allows`: its EVALPIPE_DEPLOYMENT_ALLOWS."""
     allowed = {word.strip().lower() for word in allows.split(",") if word.strip()}
     kind = agent.split(":", 1)[0].strip().lower()
-    if kind in CODE_AGENT_KINDS and kind not in allowed and agent != configured.get("agent"):
+    registered = agent_kinds().get(kind)
+    if registered is not None and registered.runs_code and kind not in allowed and agent != configured.get("agent"):
         return (f"agent {agent!r}: this deployment runs {kind}: agents only as its own parameters "
                 f"name them; allow any with {ALLOW_ENV}={kind} in its job variables (docs/deployments.md)")
     if unsafe_no_sandbox and UNSAFE not in allowed and not configured.get("unsafe_no_sandbox"):
