@@ -64,6 +64,8 @@ def rescore(
     )
     plan = rescore_plan(spec.run_id, run.plan(suite_obj, spec), suite_obj, source_suite,
                         store.run_samples(source["run_id"]))
+    if (origin := store.imported_from(source["run_id"])) is not None:
+        store.record_imported_outputs(spec.run_id, origin)  # before any of its samples is stored
     with store.recorded_run(spec):
         store.insert_samples(plan.failed_calls)
         total = len(plan.to_grade) + plan.failed_calls.num_rows

@@ -68,6 +68,8 @@ class GateSummary(_Doc):
     metric: str | None = None  # what the paired CI compared: "pass" (pass@1) or "score"
     dropped_cases: int | None = None  # measured by one run only
     blocks: list[dict[str, Any]] | None = None  # the rules that blocked, each naming its cases or slice
+    # A baseline brought in by `runs import` (or re-graded from one): its file and manifest hash.
+    baseline_import: dict[str, str] | None = None
 
 
 class BudgetSummary(_Doc):
