@@ -5,7 +5,9 @@ Per sample (docs/agents.md, "Coding agents"):
 - a workspace (`tasks.repos.workspaces`): the base commit checked out from the pooled
   worktrees, a git repository of the agent's own, none of the case's hidden tests (they
   are applied at grading only) and no reference patch (the agent sees the case's inputs);
-- the agent runs in bubblewrap with the network shared (it must reach its model), the
+- the agent runs in bubblewrap with a network of its own (`tasks.sandbox.network`: the
+  outside and the endpoints its environment names on this machine's loopback, nothing
+  else of the host; `EVALPIPE_AGENT_NETWORK=host` shares the host's instead), the
   workspace and its scratch directory writable, `EVALPIPE_HOME` hidden (the database,
   mirrors, other samples' workspaces), so are the suite file and the case's repository
   source (`concealing`), HOME a scratch directory, a private /tmp, a
@@ -43,6 +45,7 @@ from tasks.repos.environments import TESTBED, EnvironmentFailed, runtime_for
 from tasks.repos.workspaces import Change, Workspace, read_change, workspace
 from tasks.repos.worktrees import RepoError, is_url
 from tasks.sandbox import Limits, Mounts, SandboxError, bwrap_available, run_command
+from tasks.sandbox.network import agent_network
 from tasks.trace import ProcessRun, WorkspaceChange
 
 DEFAULT_AGENT_TIMEOUT_S = 1800.0
@@ -113,6 +116,8 @@ class WorkspaceAgent:
             raise InputError(f"--agent-timeout {timeout_s:g}: must be positive")
         memory_mb = env_positive(AGENT_MEMORY_ENV, DEFAULT_AGENT_MEMORY_MB, int, "a whole number of MB")
         passed_env_names()  # a bad name is refused before any work
+        if bwrap_available():
+            agent_network({})  # no pasta and no EVALPIPE_AGENT_NETWORK=host: refused before any work
         settings = {"inner": inner.fingerprint, "workspace": {"timeout_s": timeout_s, "memory_mb": memory_mb}}
         visible = tuple(dict.fromkeys((str(base), *code)))
         return cls(spec, spec_fingerprint(spec, settings), base, argv, timeout_s, memory_mb, visible)
@@ -163,8 +168,8 @@ class WorkspaceAgent:
         # The case on stdin, as for a `cmd:` agent outside a workspace.
         argv = ["/bin/sh", "-c", 'case=$1; shift; exec "$@" < "$case"', "evalpipe-agent", str(case_file),
                 *self.argv]
-        result = run_command(argv, workdir=ws.tree, limits=limits, env=env, network=True, mounts=mounts,
-                             visible=self.visible)
+        result = run_command(argv, workdir=ws.tree, limits=limits, env=env,
+                             network=agent_network(env) if confined else True, mounts=mounts, visible=self.visible)
         ctx.trace.agent_run = ProcessRun(
             returncode=result.returncode, duration_s=round(result.duration_s, 3),
             isolation=result.isolation, stdout_tail=_tail(result.stdout, OUTPUT_TAIL),

@@ -60,10 +60,17 @@ def bwrap_argv(
     scratch_mb: int | None = None,
     mounts: Mounts | None = None,
     visible: Iterable[str] = (),
+    sync_fds: tuple[int, int] | None = None,
 ) -> list[str]:
+    """`network`: the host's network shared; else a namespace of its own, empty unless
+    `sync_fds` (info, block): bubblewrap reports the sandbox's pid on the first and waits
+    for a byte on the second before it runs the command, meanwhile its network is joined to
+    the outside (`tasks.sandbox.network`)."""
     argv = [BWRAP, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
     if network:
         argv.append("--share-net")
+    elif sync_fds is not None:
+        argv += ["--info-fd", str(sync_fds[0]), "--block-fd", str(sync_fds[1])]
     size = str(limits.file_size_mb << 20)
     argv += [*_system_argv(), "--size", size, "--tmpfs", "/tmp"]
     for path in _outermost((*_runtime_dirs(), *visible)):

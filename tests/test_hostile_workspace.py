@@ -1,0 +1,129 @@
+"""Issue 33, item 1: a workspace (coding) agent's network. Its sandbox shared the host's
+network, so the agent reached the run's own Dask scheduler on 127.0.0.1 and had a worker
+run its code; any service on the host's loopback was reachable the same way. Now it has a
+network namespace of its own, joined to the outside by pasta: the host's loopback is
+refused (TCP and UDP), the endpoint the run names there still answers, and without pasta
+the run says so and needs EVALPIPE_AGENT_NETWORK=host."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import sys
+import threading
+
+import pytest
+from test_workspaces import bwrap, calc_case, draw, script_agent  # noqa: F401 - bwrap: a fixture
+
+from tasks.agents import load_agent
+from tasks.models import InputError
+
+pytestmark = pytest.mark.skipif(shutil.which("pasta") is None, reason="pasta (Debian package passt) is not installed")
+
+PROBE = '''
+import socket, sys
+for what, port, kind in (("secret-tcp", {secret}, socket.SOCK_STREAM), ("named", {named}, socket.SOCK_STREAM),
+                         ("secret-udp", {udp}, socket.SOCK_DGRAM)):
+    try:
+        s = socket.socket(socket.AF_INET, kind)
+        s.settimeout(3)
+        s.connect(("127.0.0.1", port))
+        if kind == socket.SOCK_DGRAM:
+            s.send(b"ping")
+        print(what, s.recv(5).decode())
+    except OSError as exc:
+        print(what, "unreachable", type(exc).__name__)
+'''
+
+
+class Servers:
+    """A TCP service and a UDP one on the host's 127.0.0.1 that answer "hello", and the
+    endpoint the run names (TCP, also on the loopback)."""
+
+    def __init__(self) -> None:
+        self.sockets = []
+        self.secret, self.named = self._tcp(), self._tcp()
+        udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        udp.bind(("127.0.0.1", 0))
+        self.sockets.append(udp)
+        self.udp = udp.getsockname()[1]
+        threading.Thread(target=self._echo_udp, args=(udp,), daemon=True).start()
+
+    def _tcp(self) -> int:
+        server = socket.socket()
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        self.sockets.append(server)
+        threading.Thread(target=self._answer, args=(server,), daemon=True).start()
+        return server.getsockname()[1]
+
+    @staticmethod
+    def _answer(server: socket.socket) -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            conn.sendall(b"hello")
+            conn.close()
+
+    @staticmethod
+    def _echo_udp(udp: socket.socket) -> None:
+        while True:
+            try:
+                _, peer = udp.recvfrom(16)
+            except OSError:
+                return
+            udp.sendto(b"hello", peer)
+
+    def close(self) -> None:
+        for s in self.sockets:
+            s.close()
+
+
+@pytest.fixture
+def servers():
+    s = Servers()
+    yield s
+    s.close()
+
+
+@pytest.mark.usefixtures("bwrap")
+def test_the_host_loopback_is_out_of_reach_and_the_named_endpoint_is_not(home, calc_repo, tmp_path, monkeypatch,
+                                                                         servers):
+    repo, _ = calc_repo
+    probe = tmp_path / "agents" / "probe.py"  # beside the agent's script: shown to it
+    probe.parent.mkdir()
+    probe.write_text(PROBE.format(secret=servers.secret, named=servers.named, udp=servers.udp))
+    monkeypatch.setenv("OPENAI_BASE_URL", f"http://127.0.0.1:{servers.named}/v1")
+    monkeypatch.delenv("EVALPIPE_AGENT_NETWORK", raising=False)
+    sample = draw(script_agent(tmp_path, f'"{sys.executable}" "{probe}"\n'), calc_case(repo))
+    lines = sample.trace.agent_run.stdout_tail.splitlines()
+    assert lines, (sample.verdict.detail, sample.trace.agent_run)
+    assert lines[0].startswith("secret-tcp unreachable"), lines
+    assert lines[1] == "named hello", lines
+    assert lines[2].startswith("secret-udp unreachable"), lines
+    # The host's network, asked for by name: the same agent reaches the secret service.
+    monkeypatch.setenv("EVALPIPE_AGENT_NETWORK", "host")
+    shared = draw(script_agent(tmp_path, f'"{sys.executable}" "{probe}"\n'), calc_case(repo))
+    assert shared.trace.agent_run.stdout_tail.splitlines()[0] == "secret-tcp hello"
+
+
+@pytest.mark.usefixtures("bwrap")
+def test_without_pasta_a_workspace_run_needs_the_flag(home, tmp_path, monkeypatch):
+    script = tmp_path / "agent.sh"
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    for tool in ("sh", "git", "bwrap"):  # what a workspace agent needs, without pasta
+        (bare / tool).symlink_to(shutil.which(tool))
+    monkeypatch.setenv("PATH", str(bare))
+    monkeypatch.delenv("EVALPIPE_AGENT_NETWORK", raising=False)
+    with pytest.raises(InputError, match="passt.*EVALPIPE_AGENT_NETWORK=host"):
+        load_agent(f"cmd:{script}", 60.0)
+    monkeypatch.setenv("EVALPIPE_AGENT_NETWORK", "host")
+    assert load_agent(f"cmd:{script}", 60.0) is not None
+    monkeypatch.setenv("EVALPIPE_AGENT_NETWORK", "sometimes")
+    with pytest.raises(InputError, match="own or host"):
+        load_agent(f"cmd:{script}", 60.0)
