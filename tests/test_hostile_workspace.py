@@ -127,3 +127,46 @@ def test_without_pasta_a_workspace_run_needs_the_flag(home, tmp_path, monkeypatc
     monkeypatch.setenv("EVALPIPE_AGENT_NETWORK", "sometimes")
     with pytest.raises(InputError, match="own or host"):
         load_agent(f"cmd:{script}", 60.0)
+
+
+@pytest.mark.usefixtures("bwrap")
+def test_the_agent_sees_only_its_checkout_scratch_code_and_runtimes(home, calc_repo, tmp_path, monkeypatch):
+    """Issue 33, item 3: the agent's sandbox showed the whole working directory: a
+    project's `.evalpipe/` (the database, snapshots with references) when EVALPIPE_HOME
+    points elsewhere, and gold patches in files beside the suite."""
+    repo, _ = calc_repo
+    project = tmp_path / "project"
+    (project / ".evalpipe").mkdir(parents=True)
+    (project / ".evalpipe" / "evalpipe.duckdb").write_text("the project's database\n")
+    (project / "notes.txt").write_text("the working directory\n")
+    suites = project / "evals"
+    suites.mkdir()
+    (suites / "suite.yaml").write_text("reference: gold\n")
+    (suites / "gold.patch").write_text("the gold patch\n")
+    agents = project / "agents"
+    agents.mkdir()
+    (agents / "helper.txt").write_text("beside the agent\n")
+    body = f"""#!/bin/sh
+for p in "{project}/.evalpipe/evalpipe.duckdb" "{project}/notes.txt" "{suites}/gold.patch" "{suites}/suite.yaml"; do
+  if grep . "$p" 2>/dev/null; then echo "READ $p"; fi
+done
+grep -q . "{agents}/helper.txt" 2>/dev/null && echo "its own folder is shown"
+echo "LS: $(ls -a "{project}" 2>&1 | tr '\\n' ' ')"
+echo "SUITES: $(ls -a "{suites}" 2>&1 | tr '\\n' ' ')"
+echo "ran $0"
+"""
+    monkeypatch.chdir(project)
+    # An agent in a folder of its own (shown), and one in the working directory (itself alone).
+    for script, own_folder in ((agents / "agent.sh", True), (project / "agent.sh", False)):
+        script.write_text(body)
+        script.chmod(0o755)
+        agent = load_agent(f"cmd:./{script.relative_to(project)}", 60.0).concealing([suites / "suite.yaml"])
+        sample = draw(agent, calc_case(repo))
+        out = sample.trace.agent_run.stdout_tail
+        assert f"ran {script}" in out, (sample.verdict.detail, sample.trace.agent_run)
+        assert "READ" not in out, out
+        assert ("its own folder is shown" in out) is own_folder, out
+        listing = out.split("LS: ", 1)[1].split("\n", 1)[0]
+        assert ".evalpipe" not in listing and "notes.txt" not in listing, listing
+        # The suite's folder is empty but for the suite file, shown empty.
+        assert out.split("SUITES: ", 1)[1].split("\n", 1)[0].split() == [".", "..", "suite.yaml"], out

@@ -80,7 +80,7 @@ def bwrap_argv(
     # (`tasks.home.hide_home`) are hidden even where a bound directory holds them (a
     # project's .evalpipe beside our code); the mounts below bring back exactly the parts
     # of it a command needs.
-    hidden = [p for p in (*mounts.hide, *hidden_homes()) if os.path.isdir(p)]
+    hidden = _outermost_of(p for p in (*mounts.hide, *hidden_homes()) if os.path.isdir(p))
     for path in hidden:
         argv += ["--tmpfs", path]
     for flag, paths in (("--ro-bind", mounts.ro), ("--bind", mounts.rw)):
@@ -143,6 +143,21 @@ def _runtime_dirs() -> tuple[str, ...]:
     return (sys.prefix, sys.base_prefix, os.path.dirname(sys.executable),
             os.path.dirname(os.path.realpath(sys.executable)), str(CODE_ROOT),
             *(p for p in sys.path if p))
+
+
+def _outermost_of(paths: Iterable[str]) -> list[str]:
+    """`paths` without those inside another of them (its tmpfs would cover theirs)."""
+    found: list[str] = []
+    for path in sorted({os.path.abspath(p) for p in paths}):
+        if not any(path.startswith(f"{top}/") for top in found):
+            found.append(path)
+    return found
+
+
+def runtime_dirs() -> list[str]:
+    """The directories every sandbox shows beside the system's: the interpreter, its
+    packages, our code, `sys.path`."""
+    return _outermost(_runtime_dirs())
 
 
 def _outermost(paths: Iterable[str]) -> list[str]:

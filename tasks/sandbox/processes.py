@@ -137,7 +137,10 @@ def _own_network(proc: subprocess.Popen, info: int, block: int, own: OwnNetwork)
             return None
         return own_network.connect(child, own)
     finally:
-        os.write(block, b"1")
+        try:
+            os.write(block, b"1")
+        except BrokenPipeError:
+            pass  # bubblewrap is gone already: its result says why
         os.close(block)
 
 
