@@ -7,16 +7,19 @@ the run says so and needs EVALPIPE_AGENT_NETWORK=host."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
+import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 from test_workspaces import bwrap, calc_case, draw, script_agent  # noqa: F401 - bwrap: a fixture
 
 from tasks.agents import load_agent
-from tasks.models import InputError
+from tasks.models import InputError, Status
 
 pytestmark = pytest.mark.skipif(shutil.which("pasta") is None, reason="pasta (Debian package passt) is not installed")
 
@@ -170,3 +173,46 @@ echo "ran $0"
         assert ".evalpipe" not in listing and "notes.txt" not in listing, listing
         # The suite's folder is empty but for the suite file, shown empty.
         assert out.split("SUITES: ", 1)[1].split("\n", 1)[0].split() == [".", "..", "suite.yaml"], out
+
+
+@pytest.mark.usefixtures("bwrap")
+@pytest.mark.parametrize(("setting", "value", "reason"), [
+    ("EVALPIPE_WORKSPACE_TREE_MB", "1", "over the 1,048,576-byte cap (EVALPIPE_WORKSPACE_TREE_MB)"),
+    ("EVALPIPE_WORKSPACE_CHANGE_BYTES", "100000", "the change is over the 100,000-byte cap"),
+])
+def test_a_tree_or_change_over_its_cap_is_an_agent_error_with_the_reason(home, calc_repo, tmp_path, monkeypatch,
+                                                                        setting, value, reason):
+    """Issue 33, item 7: the change was built in memory and the tree had no total cap."""
+    repo, _ = calc_repo
+    monkeypatch.setenv(setting, value)
+    body = f'"{sys.executable}" -c "open(\'big.txt\', \'w\').write(\'line\\\\n\' * 400_000)"\n'
+    sample = draw(script_agent(tmp_path, body), calc_case(repo))
+    assert sample.verdict.status is Status.agent_error and reason in sample.verdict.detail, sample.verdict.detail
+    assert sample.output == ""
+
+
+@pytest.mark.usefixtures("bwrap")
+def test_a_300_mb_change_is_read_no_further_than_its_cap(home, calc_repo, tmp_path):
+    """The red team's file: 300 MB took the harness from 0.3 to 1.0 GB resident. Drawn in a
+    process of its own, whose peak resident size is read: the change is streamed and cut
+    at its cap (4 MB), never held whole."""
+    repo, _ = calc_repo
+    script = tmp_path / "agent.sh"
+    script.write_text(f'#!/bin/sh\n"{sys.executable}" -c "open(\'big.txt\', \'w\').write((\'x\' * 99 + \'\\\\n\') * 3_000_000)"\n')
+    script.chmod(0o755)
+    code = f"""
+import resource, sys
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from test_workspaces import calc_case, draw
+from tasks.agents import load_agent
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+sample = draw(load_agent("cmd:{script}", 600.0), calc_case(__import__("pathlib").Path({str(repo)!r})))
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(sample.verdict.status.value, (after - before) // 1024, sample.verdict.detail)
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    status, grown_mb, detail = proc.stdout.strip().split(" ", 2)
+    assert status == "agent_error" and "the change is over the 4,194,304-byte cap" in detail, proc.stdout
+    assert int(grown_mb) < 100, proc.stdout  # the file is 300 MB; the patch would be more

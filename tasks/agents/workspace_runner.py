@@ -42,7 +42,7 @@ from tasks.home import HOME_DIR, evalpipe_home
 from tasks.models import EvalCase, InputError
 from tasks.redaction import redact
 from tasks.repos.environments import TESTBED, EnvironmentFailed, runtime_for
-from tasks.repos.workspaces import Change, Workspace, read_change, workspace
+from tasks.repos.workspaces import Change, Workspace, read_change, workspace, workspace_caps
 from tasks.repos.worktrees import RepoError, is_url
 from tasks.sandbox import Limits, Mounts, SandboxError, bwrap_available, run_command
 from tasks.sandbox.namespace import runtime_dirs
@@ -118,6 +118,10 @@ class WorkspaceAgent:
             raise InputError(f"--agent-timeout {timeout_s:g}: must be positive")
         memory_mb = env_positive(AGENT_MEMORY_ENV, DEFAULT_AGENT_MEMORY_MB, int, "a whole number of MB")
         passed_env_names()  # a bad name is refused before any work
+        try:
+            workspace_caps()
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
         if bwrap_available():
             agent_network({})  # no pasta and no EVALPIPE_AGENT_NETWORK=host: refused before any work
         settings = {"inner": inner.fingerprint, "workspace": {"timeout_s": timeout_s, "memory_mb": memory_mb}}
