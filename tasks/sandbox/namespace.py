@@ -164,10 +164,5 @@ def _outermost(paths: Iterable[str]) -> list[str]:
     """The existing directories among `paths` not already shown (by `_SYSTEM_DIRS` or
     another of them)."""
     shown = [os.path.realpath(d) + "/" for d in _SYSTEM_DIRS if os.path.isdir(d)]
-    found: list[str] = []
-    for path in sorted({os.path.abspath(p) for p in paths} - {"/", "/tmp"}):  # /tmp is the private one
-        if os.path.isdir(path) and not any(f"{path}/".startswith(top) for top in shown) and not any(
-            path.startswith(f"{top}/") for top in found
-        ):
-            found.append(path)
-    return found
+    return _outermost_of(p for p in {os.path.abspath(p) for p in paths} - {"/", "/tmp"}  # /tmp is the private one
+                         if os.path.isdir(p) and not any(f"{p}/".startswith(top) for top in shown))

@@ -15,11 +15,13 @@ host's would. Where pasta is missing, a workspace run refuses unless
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
 import subprocess
 import tempfile
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +34,7 @@ PASTA = "pasta"
 NETWORK_ENV = "EVALPIPE_AGENT_NETWORK"  # "own" (the default) or "host"
 _LOOPBACK_NAMES = ("localhost", "::1")
 _SETUP_TIMEOUT_S = 30.0
+_PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
@@ -76,31 +79,48 @@ def loopback_ports(env: Mapping[str, str]) -> tuple[int, ...]:
     return tuple(sorted(ports))
 
 
-def connect(pid: int, network: OwnNetwork) -> int:
+def connect(pid: int, network: OwnNetwork) -> subprocess.Popen:
     """Join the network namespace of process `pid` (bubblewrap's sandbox, waiting on its
-    block fd) to the outside; returns pasta's pid, for `disconnect`."""
+    block fd) to the outside; returns pasta, to be ended by `disconnect`. pasta runs in
+    the foreground as our child, killed with this thread if the harness dies (it would
+    outlive the namespace otherwise)."""
     forwarded = ",".join(map(str, network.ports)) or "none"
     with tempfile.TemporaryDirectory(prefix="evalpipe-pasta-") as scratch:
-        pidfile = Path(scratch, "pid")
-        argv = [PASTA, "--quiet", "--config-net", "--no-map-gw", "-t", "none", "-u", "none", "-T", forwarded,
-                "-U", "none", "--userns", f"/proc/{pid}/ns/user", "--netns", f"/proc/{pid}/ns/net",
+        pidfile, log = Path(scratch, "pid"), Path(scratch, "log")
+        argv = [PASTA, "--foreground", "--quiet", "--config-net", "--no-map-gw", "-t", "none", "-u", "none",
+                "-T", forwarded, "-U", "none", "--userns", f"/proc/{pid}/ns/user", "--netns", f"/proc/{pid}/ns/net",
                 "--pid", str(pidfile)]
         if os.geteuid() == 0:  # pasta would switch to nobody, who cannot enter the namespace
             argv[1:1] = ["--runas", f"{os.getuid()}:{os.getgid()}"]
-        try:
-            done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=_SETUP_TIMEOUT_S)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise SandboxError(f"{PASTA} could not set up the sandbox's network: {exc}") from None
-        if done.returncode != 0:
-            reason = " ".join(done.stderr.decode("utf-8", "replace").split())[-300:]
+        with log.open("wb") as err:
+            try:
+                pasta = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                                         preexec_fn=_die_with_parent)  # noqa: PLW1509 - the one way to set it
+            except OSError as exc:
+                raise SandboxError(f"{PASTA} could not set up the sandbox's network: {exc}") from None
+        # It writes its pid once the namespace is configured, before it starts serving.
+        deadline = time.monotonic() + _SETUP_TIMEOUT_S
+        while not _read(pidfile) and pasta.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        if not _read(pidfile):
+            disconnect(pasta)
+            reason = " ".join(_read(log).split())[-300:] or f"no answer within {_SETUP_TIMEOUT_S:g} s"
             raise SandboxError(f"{PASTA} could not set up the sandbox's network: {reason}")
-        return int(pidfile.read_text().strip())  # daemonized once the namespace was configured
+    return pasta
 
 
-def disconnect(pasta_pid: int) -> None:
-    """End pasta (it would linger a while after the namespace is gone)."""
+def disconnect(pasta: subprocess.Popen) -> None:
+    """End pasta."""
+    pasta.kill()
+    pasta.wait()
+
+
+def _read(path: Path) -> str:
     try:
-        if Path(f"/proc/{pasta_pid}/comm").read_text().strip() == PASTA:
-            os.kill(pasta_pid, signal.SIGTERM)
-    except (OSError, ValueError):
-        pass  # gone already
+        return path.read_text(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def _die_with_parent() -> None:
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)

@@ -122,9 +122,9 @@ def preexec(
     return setup
 
 
-def _own_network(proc: subprocess.Popen, info: int, block: int, own: OwnNetwork) -> int | None:
+def _own_network(proc: subprocess.Popen, info: int, block: int, own: OwnNetwork) -> subprocess.Popen | None:
     """Join the started sandbox's network namespace to the outside, then let it run its
-    command; pasta's pid. None when bubblewrap failed before reporting its sandbox (its
+    command; pasta. None when bubblewrap failed before reporting its sandbox (its
     result says why)."""
     try:
         report = b""
@@ -201,6 +201,8 @@ def run_command(
                 preexec_fn=preexec(limits, cgroup),  # noqa: PLW1509 - rlimits need it
             )
         except (OSError, subprocess.SubprocessError) as exc:
+            for fd in (sync[0][0], sync[1][1]) if sync else ():
+                os.close(fd)
             raise SandboxError(f"cannot start {argv[0]!r}: {exc}") from exc
         finally:
             for fd in sync_fds or ():
