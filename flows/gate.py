@@ -94,7 +94,18 @@ def gate_comparison(
     doc = gate_diff(comparison.diff, comparison.results, safety_failed=safety_failed,
                     must_pass=store.must_pass_cases(run["suite_version"]), suite_version=run["suite_version"],
                     slice_values=slice_values, rules=rules)
-    return doc | {"baseline_choice": choice}
+    return imported_baseline(doc | {"baseline_choice": choice}, store.imported_from(comparison.base["run_id"]))
+
+
+def imported_baseline(doc: dict[str, Any], origin: dict[str, str] | None) -> dict[str, Any]:
+    """A gate against an imported baseline says so in every output: its file and manifest
+    hash in `baseline_import`, and a reason, which every renderer shows."""
+    if origin is None:
+        return doc
+    note = (f"baseline {doc['baseline']} is imported from {origin['file']} (manifest sha256"
+            f" {origin['manifest_sha256'][:12]}): its verdicts were graded elsewhere; `evalpipe rescore`"
+            " re-grades them here")
+    return {**doc, "baseline_import": origin, "reasons": [*doc["reasons"], note]}
 
 
 def decision(run: Mapping[str, Any], baseline: str, rules: GateRules | None, *, metric: str, store: Store,

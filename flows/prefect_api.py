@@ -59,6 +59,7 @@ def prefect_api(json_mode: bool = False) -> Iterator[Callable[[Any], Any]]:
         if importing is not None:
             api_url = importing()  # a setting it could not see before the import still wins
         server = found.server if found and not api_url else None
+        temporary_auth = None
         if server is not None:
             api_url = server.api_url
             if found.started:
@@ -66,13 +67,13 @@ def prefect_api(json_mode: bool = False) -> Iterator[Callable[[Any], Any]]:
         elif api_url:
             _check_reachable(api_url)
         else:
-            api_url, started = start_temporary()
+            api_url, started, temporary_auth = start_temporary()
             if started and not json_mode:  # after the start, so that a failure to start stays one line
                 hint = (f"the evalpipe server at {found.hung.url} (pid {found.hung.pid}) is not answering, so this"
                         " command started a temporary one; `evalpipe server stop` then `start` renews it"
                         if found.hung else f"this command started a temporary Prefect server; {FASTER}")
                 print(f"evalpipe: {hint}", file=sys.stderr, flush=True)
-        with _connected(api_url, server, json_mode) as watch:
+        with _connected(api_url, server, json_mode, temporary_auth) as watch:
             yield watch
 
 
@@ -125,9 +126,10 @@ def _started_line(server: managed.Managed) -> str:
 
 
 @contextmanager
-def _connected(api_url: str, server: managed.Managed | None, json_mode: bool) -> Iterator[Callable[[Any], Any]]:
+def _connected(api_url: str, server: managed.Managed | None, json_mode: bool,
+               temporary_auth: str | None = None) -> Iterator[Callable[[Any], Any]]:
     """Point this process's Prefect client at `api_url` (with the managed server's
-    credentials) and turn Prefect's platform failures into one line."""
+    credentials, or the temporary server's) and turn Prefect's platform failures into one line."""
     if server is not None:
         # Worker processes (runner=processes, dask) read the environment.
         os.environ["PREFECT_API_URL"] = api_url
@@ -147,6 +149,8 @@ def _connected(api_url: str, server: managed.Managed | None, json_mode: bool) ->
     updates: dict[Any, Any] = {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
     if server is not None:
         updates |= {PREFECT_API_URL: api_url, PREFECT_API_AUTH_STRING: server.auth}
+    elif temporary_auth is not None:  # its URL stays unset: Prefect's client knows the temporary server
+        updates |= {PREFECT_API_AUTH_STRING: temporary_auth}
     try:
         with temporary_settings(updates=updates):
             yield (lambda flow: flow) if json_mode else _announcing

@@ -83,6 +83,8 @@ def rescore(
     )
     plan = rescore_plan(spec.run_id, run.plan(suite_obj, spec), suite_obj, source_suite, source["run_id"],
                         store.run_samples(source["run_id"]))
+    if (origin := store.imported_from(source["run_id"])) is not None:
+        store.record_imported_outputs(spec.run_id, origin)  # before any of its samples is stored
     prepared = PreparedRun(spec, suite_obj, None, PriceTable(), found, config.rules, no_baseline)
     with allowing_unsafe(unsafe_no_sandbox), steps.prefect_stages(config) as stages:
         summary = run_loop(spec, config, suite_obj, None, store, stages, progress=steps.ShownProgress(),

@@ -27,8 +27,11 @@ def _make(runner: Runner, workers: int, dask_address: str | None) -> TaskRunner:
 
     if dask_address:
         return DaskTaskRunner(address=dask_address)
+    # TLS with credentials made for this cluster alone (`security=True`: a CA and a
+    # certificate, in memory): the scheduler listens on 127.0.0.1, where any local process,
+    # a sandboxed agent's included, could otherwise connect and run code on the workers.
     return DaskTaskRunner(
-        cluster_kwargs={"n_workers": workers, "threads_per_worker": 1, "dashboard_address": None}
+        cluster_kwargs={"n_workers": workers, "threads_per_worker": 1, "dashboard_address": None, "security": True}
     )
 
 

@@ -103,6 +103,12 @@ UPDATE samples SET output_head = left(output, {OUTPUT_HEAD_CHARS});
 {output_ddl()};
 CREATE INDEX IF NOT EXISTS outputs_output_key ON outputs (output_key);
 """,
+    # Runs brought in by `runs import` (storage/export.py), and the file each came from: their
+    # samples never serve the cache (`FROM_THIS_HOME`), and a baseline says it is one.
+    """
+CREATE TABLE IF NOT EXISTS imported_runs (
+    run_id VARCHAR PRIMARY KEY, file VARCHAR, manifest_sha256 VARCHAR, imported_at TIMESTAMPTZ);
+""",
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -123,6 +129,9 @@ def migrate(con: duckdb.DuckDBPyConnection) -> int:
 
 # A sample whose agent call failed has no output to reuse: a re-run draws it again.
 NOT_CACHED_STATUS = "agent_error"
+# Only samples drawn and graded in this home serve its cache: an imported file's verdicts
+# and outputs are whatever its author wrote (a forged "passed" would pass a fresh run).
+FROM_THIS_HOME = "samples.run_id NOT IN (SELECT run_id FROM imported_runs)"
 
 
 LOCK_WAIT_ENV = "EVALPIPE_DB_LOCK_WAIT_S"
@@ -351,7 +360,7 @@ class Database:
         with self.connect() as con:
             whole = con.sql(
                 f"""SELECT {columns} FROM samples JOIN keys USING (cache_key)
-                    WHERE status NOT IN ('{NOT_CACHED_STATUS}', 'error')
+                    WHERE status NOT IN ('{NOT_CACHED_STATUS}', 'error') AND {FROM_THIS_HOME}
                     QUALIFY row_number() OVER (PARTITION BY samples.cache_key ORDER BY run_id DESC) = 1"""
             ).to_arrow_table()
             rest = keys.filter(pc.invert(pc.is_in(keys["output_key"], value_set=whole["output_key"])))  # noqa: F841
@@ -359,7 +368,7 @@ class Database:
                 return whole
             outputs = con.sql(
                 f"""SELECT {columns} FROM samples JOIN rest USING (output_key)
-                    WHERE status <> '{NOT_CACHED_STATUS}'
+                    WHERE status <> '{NOT_CACHED_STATUS}' AND {FROM_THIS_HOME}
                     QUALIFY row_number() OVER (PARTITION BY samples.output_key ORDER BY run_id DESC) = 1"""
             ).to_arrow_table()
         return pa.concat_tables([whole, outputs])

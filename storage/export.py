@@ -21,9 +21,14 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
+import shutil
 import tarfile
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -38,21 +43,99 @@ from tasks.run.samples import SAMPLE_COLUMNS
 FORMAT = "evalpipe-run-export"
 FORMAT_VERSION = 1
 MEMBERS = ("run.json", "samples.parquet", "snapshot.parquet")
+KNOWN_MEMBERS = ("manifest.json", *MEMBERS)
 # The process that ran a run is another machine's: an imported run has none.
 LOCAL_RUN_COLUMNS = ("pid", "host", "process_started")
 
 
-def _read_members(path: Path) -> dict[str, Any]:
-    """The archive's members, each checked against the manifest's sha256."""
+IMPORT_MAX_BYTES_ENV = "EVALPIPE_IMPORT_MAX_BYTES"
+DEFAULT_IMPORT_MAX_BYTES = 1 << 30
+_CHUNK = 1 << 20
+_BATCH_ROWS = 64  # samples decoded at a time, so that one batch stays small beside the cap
+
+
+def import_max_bytes() -> int:
+    """The cap on an import: on the archive, on its members together, and on the samples
+    and snapshot once decompressed (`EVALPIPE_IMPORT_MAX_BYTES`, default 1 GiB)."""
+    raw = os.environ.get(IMPORT_MAX_BYTES_ENV)
+    if not raw:
+        return DEFAULT_IMPORT_MAX_BYTES
+    if not raw.isdigit() or int(raw) <= 0:
+        raise InputError(f"{IMPORT_MAX_BYTES_ENV}={raw!r} is not a positive whole number of bytes")
+    return int(raw)
+
+
+def _over_cap(path: Path, what: str, size: int, cap: int) -> InputError:
+    return InputError(f"{path}: {what} is {size:,} bytes, over the {cap:,}-byte cap on an import"
+                      f" ({IMPORT_MAX_BYTES_ENV})")
+
+
+@contextmanager
+def _members(path: Path, cap: int) -> Iterator[dict[str, Path]]:
+    """The archive's members, each streamed to a file of a scratch directory and checked
+    against the manifest's sha256. Each header is checked before its member is read: only
+    the known members, once each, regular files (not sparse), within the cap together."""
     try:
-        with tarfile.open(path, "r:") as tar:
-            data = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+        size = path.stat().st_size
     except FileNotFoundError:
         raise InputError(f"{path}: no such file") from None
-    except (tarfile.TarError, OSError, EOFError) as exc:
-        raise InputError(f"{path}: not an evalpipe run export, or a damaged one ({exc})") from None
+    if size > cap + _CHUNK:  # the members within the cap, and their headers
+        raise _over_cap(path, "the file", size, cap)
+    with tempfile.TemporaryDirectory(prefix="evalpipe-import-") as scratch:
+        files: dict[str, Path] = {}
+        digests: dict[str, str] = {}
+        try:
+            with tarfile.open(path, "r:") as tar:
+                total = 0
+                for member in tar:  # one header at a time: getmembers() would read them all
+                    total += _check_member(path, member, files, total, cap)
+                    files[member.name] = Path(scratch, member.name)
+                    digests[member.name] = _copy(tar.extractfile(member), files[member.name], member.size)
+        except (tarfile.TarError, OSError, EOFError) as exc:
+            raise InputError(f"{path}: not an evalpipe run export, or a damaged one ({exc})") from None
+        manifest = _manifest(path, files)
+        for name in MEMBERS:
+            if name not in files:
+                raise InputError(f"{path}: damaged evalpipe export ({name} is missing)")
+            if digests[name] != manifest.get("files", {}).get(name):
+                raise InputError(f"{path}: damaged evalpipe export ({name} does not match its checksum)")
+        yield files
+
+
+def _check_member(path: Path, member: tarfile.TarInfo, seen: dict[str, Path], total: int, cap: int) -> int:
+    """The member's size, if it may be read; else bad input naming it."""
+    name = member.name
+    if name not in KNOWN_MEMBERS:
+        raise InputError(f"{path}: unexpected member {name!r} (an evalpipe export holds only "
+                         f"{', '.join(KNOWN_MEMBERS)})")
+    if name in seen:
+        raise InputError(f"{path}: member {name!r} appears twice")
+    if member.issparse():
+        raise InputError(f"{path}: member {name!r} is a sparse file ({member.size:,} bytes when read)")
+    if not member.isreg():
+        raise InputError(f"{path}: member {name!r} is not a regular file")
+    if total + member.size > cap:
+        raise _over_cap(path, f"member {name!r} (with those before it)", total + member.size, cap)
+    return member.size
+
+
+def _copy(source: IO[bytes] | None, target: Path, size: int) -> str:
+    """Stream `size` bytes to `target`; their sha256."""
+    digest = hashlib.sha256()
+    copied = 0
+    with target.open("wb") as out:
+        while source is not None and (chunk := source.read(min(_CHUNK, size - copied))):
+            digest.update(chunk)
+            out.write(chunk)
+            copied += len(chunk)
+    if copied != size:
+        raise EOFError(f"{target.name} is cut short")
+    return digest.hexdigest()
+
+
+def _manifest(path: Path, files: dict[str, Path]) -> dict[str, Any]:
     try:
-        manifest = json.loads(data["manifest.json"])
+        manifest = json.loads(files["manifest.json"].read_bytes())
         if manifest.get("format") != FORMAT:
             raise ValueError("another format")
     except (KeyError, ValueError, AttributeError):
@@ -60,12 +143,26 @@ def _read_members(path: Path) -> dict[str, Any]:
     if manifest.get("format_version") != FORMAT_VERSION:
         raise InputError(f"{path}: export format version {manifest.get('format_version')!r}; this evalpipe reads"
                          f" {FORMAT_VERSION}")
-    for name in MEMBERS:
-        if name not in data:
-            raise InputError(f"{path}: damaged evalpipe export ({name} is missing)")
-        if hashlib.sha256(data[name]).hexdigest() != manifest.get("files", {}).get(name):
-            raise InputError(f"{path}: damaged evalpipe export ({name} does not match its checksum)")
-    return {"manifest.json": manifest, **{name: data[name] for name in MEMBERS}}
+    return manifest
+
+
+def _read_parquet(path: Path, name: str, file: Path, cap: int) -> pa.Table:
+    """A Parquet member, refused when it says it decompresses past the cap (its footer, read
+    first) or does (counted batch by batch as it is decoded)."""
+    parquet = pq.ParquetFile(file)
+    meta = parquet.metadata
+    declared = max(sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups)),
+                   sum(meta.row_group(i).column(j).total_uncompressed_size
+                       for i in range(meta.num_row_groups) for j in range(meta.num_columns)))
+    if declared > cap:
+        raise _over_cap(path, f"member {name!r} decompressed", declared, cap)
+    batches, decoded = [], 0
+    for batch in parquet.iter_batches(batch_size=_BATCH_ROWS):
+        decoded += batch.nbytes
+        if decoded > cap:
+            raise _over_cap(path, f"member {name!r} decompressed", decoded, cap)
+        batches.append(batch)
+    return pa.Table.from_batches(batches, schema=parquet.schema_arrow)
 
 
 def _run_row(run: dict[str, Any]) -> dict[str, Any]:
@@ -129,44 +226,68 @@ class Exports(Database, Snapshots):
         return {"run_id": run_id, "path": str(out), "samples": samples.num_rows, "bytes": out.stat().st_size}
 
     def import_run(self, path: Path) -> dict[str, Any]:
-        """Bring an exported run into this home; `imported` is false when it was already here."""
-        members = _read_members(path)
-        manifest = members.pop("manifest.json")
-        try:
-            doc = json.loads(members["run.json"])
-            run, version = doc["run"], manifest["suite_version"]
-            samples = pq.read_table(pa.BufferReader(members["samples.parquet"]))
-        except (ValueError, KeyError, TypeError, pa.ArrowException) as exc:
-            raise InputError(f"{path}: damaged evalpipe export ({type(exc).__name__}: {exc})") from None
-        if run.get("run_id") != manifest["run_id"] or run.get("suite_version") != version:
-            raise InputError(f"{path}: damaged evalpipe export (its run does not match its manifest)")
-        if samples.num_rows and set(samples["run_id"].unique().to_pylist()) != {run["run_id"]}:
-            raise InputError(f"{path}: damaged evalpipe export (samples of another run)")
-        self._import_snapshot(path, version, members["snapshot.parquet"])
+        """Bring an exported run into this home; `imported` is false when it was already here
+        (then nothing is written: a run id of this home is never added to by a file). The
+        run is recorded in `imported_runs`, whose samples the cache never serves."""
+        cap = import_max_bytes()
+        with _members(path, cap) as files:
+            manifest = json.loads(files["manifest.json"].read_bytes())
+            try:
+                doc = json.loads(files["run.json"].read_bytes())
+                run, version = doc["run"], manifest["suite_version"]
+                samples = _read_parquet(path, "samples.parquet", files["samples.parquet"], cap)
+                _read_parquet(path, "snapshot.parquet", files["snapshot.parquet"], cap)  # its size, before it is read
+            except (ValueError, KeyError, TypeError, pa.ArrowException) as exc:
+                raise InputError(f"{path}: damaged evalpipe export ({type(exc).__name__}: {exc})") from None
+            if run.get("run_id") != manifest["run_id"] or run.get("suite_version") != version:
+                raise InputError(f"{path}: damaged evalpipe export (its run does not match its manifest)")
+            if samples.num_rows and set(samples["run_id"].unique().to_pylist()) != {run["run_id"]}:
+                raise InputError(f"{path}: damaged evalpipe export (samples of another run)")
+            with self.connect(read_only=True) as con:
+                if con.execute("SELECT 1 FROM runs WHERE run_id = ?", [run["run_id"]]).fetchone():
+                    return {"run_id": run["run_id"], "imported": False, "samples": samples.num_rows,
+                            "suite_version": version}
+            self._import_snapshot(path, version, files["snapshot.parquet"])
+            origin = {"run_id": run["run_id"], "file": str(path.resolve()), "imported_at": db.now(),
+                      "manifest_sha256": hashlib.sha256(files["manifest.json"].read_bytes()).hexdigest()}
         with self.connect() as con:
             con.execute("BEGIN")
             new = not con.execute("SELECT 1 FROM runs WHERE run_id = ?", [run["run_id"]]).fetchone()
-            suites = [{**row, "snapshot_path": str(self.snapshot_path(version))} for row in doc["suite"]]  # here, not there
-            for table, rows in (("suites", suites), ("cases", doc["cases"]), ("runs", [_run_row(run)])):
-                _insert(con, table, rows)
-            if new:  # aggregates have no key: written with the run, once
-                _insert(con, "aggregates", doc["aggregates"], keyed=False)
-            columns = [c for c in _columns(con, "samples") if c in samples.column_names and c not in db.DERIVED_COLUMNS]
-            db.insert_rows(con, samples.select(columns))
+            if new:  # else another import won the race: it wrote the same rows
+                suites = [{**row, "snapshot_path": str(self.snapshot_path(version))} for row in doc["suite"]]  # here
+                for table, rows in (("suites", suites), ("cases", doc["cases"]), ("runs", [_run_row(run)]),
+                                    ("imported_runs", [origin])):
+                    _insert(con, table, rows)
+                _insert(con, "aggregates", doc["aggregates"], keyed=False)  # no key: written with the run, once
+                columns = [c for c in _columns(con, "samples") if c in samples.column_names
+                           and c not in db.DERIVED_COLUMNS]
+                db.insert_rows(con, samples.select(columns))
             con.execute("COMMIT")
         return {"run_id": run["run_id"], "imported": new, "samples": samples.num_rows, "suite_version": version}
 
-    def _import_snapshot(self, path: Path, version: str, data: bytes) -> None:
+    def imported_from(self, run_id: str) -> dict[str, str] | None:
+        """Where an imported run's outputs came from (`file`, `manifest_sha256`); None for a
+        run of this home."""
+        with self.connect(read_only=True) as con:
+            row = con.execute("SELECT file, manifest_sha256 FROM imported_runs WHERE run_id = ?", [run_id]).fetchone()
+        return {"file": row[0], "manifest_sha256": row[1]} if row else None
+
+    def record_imported_outputs(self, run_id: str, origin: dict[str, str]) -> None:
+        """Mark `run_id` as holding the outputs of an imported file (a rescore of an imported
+        run): re-graded here, its outputs are still the file's, so they serve no cache."""
+        with self.connect() as con:
+            _insert(con, "imported_runs", [{**origin, "run_id": run_id, "imported_at": db.now()}])
+
+    def _import_snapshot(self, path: Path, version: str, source: Path) -> None:
         target = self.snapshot_path(version)
         if target.exists():
             return
         target.parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(target) as tmp:
-            tmp.write_bytes(data)
+            shutil.copyfile(source, tmp)
             try:
                 found = read_snapshot_file(tmp).version
             except Exception as exc:  # any failure to read it back is a damaged file
                 raise InputError(f"{path}: damaged evalpipe export (its snapshot: {exc})") from None
             if found != version:
                 raise InputError(f"{path}: damaged evalpipe export (its snapshot is suite {found[:12]}, not {version[:12]})")
-

@@ -251,16 +251,20 @@ class EvalSuite(_Frozen):
         raise KeyError(case_id)
 
 
+MAX_COUNT = 2**63 - 1  # the largest token count a sample holds (a BIGINT)
+
+
 class Usage(_Frozen):
     """What one agent call took: its latency and, where the agent reports them, the tokens
     it used and the model they were counted for (which prices them), and its price."""
 
-    latency_s: float | None = Field(default=None, ge=0)
-    input_tokens: int | None = Field(default=None, ge=0, strict=True)
-    output_tokens: int | None = Field(default=None, ge=0, strict=True)
+    latency_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    # Bounded by the samples' BIGINT columns: a larger count cannot be stored, only crash.
+    input_tokens: int | None = Field(default=None, ge=0, le=MAX_COUNT, strict=True)
+    output_tokens: int | None = Field(default=None, ge=0, le=MAX_COUNT, strict=True)
     model: str | None = Field(default=None, min_length=1)
     # Priced from the tokens and model when the sample is stored (tasks/metrics/cost.py).
-    cost_usd: float | None = Field(default=None, ge=0)
+    cost_usd: float | None = Field(default=None, ge=0, allow_inf_nan=False)
 
 
 class Sample(_Frozen):

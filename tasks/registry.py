@@ -37,6 +37,7 @@ comma-separated). A plugin that fails to import is an `InputError` naming it.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.metadata
 import importlib.util
@@ -225,7 +226,8 @@ def _add(table: dict[str, Any], what: str, name: str, spec: GraderSpec | MetricS
         old = table.get(name)
         # The same function registering again (its module reloaded) replaces itself.
         if old is not None and _origin(_code(old)) != _origin(_code(spec)):
-            raise ValueError(f"{what} {name!r} is already registered by {_origin(_code(old))}")
+            raise ValueError(f"{what} {name!r} is already registered by {_origin(_code(old))}; "
+                             f"{_origin(_code(spec))} registers it too")
         table[name] = spec
 
 
@@ -234,7 +236,10 @@ def _code(spec: GraderSpec | MetricSpec | AgentKindSpec) -> Callable:
 
 
 def _origin(fn: Callable) -> str:
-    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}"
+    """The function by module, name and file: two files may define one module name."""
+    code = getattr(fn, "__code__", None)
+    where = f" in {code.co_filename}" if code is not None else ""
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}{where}"
 
 
 def grader_spec(kind: str) -> GraderSpec | None:
@@ -311,11 +316,17 @@ def _plugins() -> list[tuple[str, Callable[[], Any]]]:
 
 
 def _import_file(path: Path) -> None:
-    """A plugin given as a file: imported as module `evalpipe_plugin_<stem>`."""
+    """A plugin given as a file: imported as a module named by its resolved path
+    (`evalpipe_plugin_<stem>_<hash>`): two files with one stem are two modules, and one
+    file named twice (or through a link) is one."""
     if not path.is_file():
         raise FileNotFoundError(f"no such file {str(path)!r}")
-    name = f"evalpipe_plugin_{path.stem}"
-    spec = importlib.util.spec_from_file_location(name, path.resolve())
+    resolved = path.resolve()
+    digest = hashlib.sha256(str(resolved).encode()).hexdigest()[:16]
+    name = f"evalpipe_plugin_{resolved.stem}_{digest}"
+    if name in sys.modules:
+        return
+    spec = importlib.util.spec_from_file_location(name, resolved)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     try:

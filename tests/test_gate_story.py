@@ -192,8 +192,12 @@ def test_an_exported_baseline_gates_the_same_in_a_fresh_home(env, home, tmp_path
     assert Path(snapshot).is_file() and Path(snapshot).is_relative_to(tmp_path / "ci-home")
     assert cli(["runs", "import", str(tmp_path / f"{v2}.tar")], fresh).returncode == 0
     there = cli(gate, fresh)
-    assert (there.returncode, json.loads(there.stdout)) == (here.returncode, json.loads(here.stdout)) == (
-        1, json.loads(here.stdout))
+    # The same gate, but for saying that its baseline is an import (issue 33): its file and manifest.
+    there_doc = json.loads(there.stdout)
+    origin = there_doc.pop("baseline_import")
+    assert origin["file"].endswith(f"{v1}.tar") and len(origin["manifest_sha256"]) == 64
+    assert there_doc["reasons"].pop().startswith(f"baseline {v1} is imported from {origin['file']}")
+    assert (there.returncode, there_doc) == (here.returncode, json.loads(here.stdout)) == (1, json.loads(here.stdout))
     assert json.loads(there.stdout)["blocks"][0]["cases"] == ["c3"]
     assert cli(["diff", v2, v1, "--json"], fresh).stdout == cli(["diff", v2, v1, "--json"], env).stdout
 

@@ -230,6 +230,49 @@ def test_a_plugin_named_by_the_environment_or_one_that_fails_to_import(tmp_path)
                           "ModuleNotFoundError: No module named 'no_such_module_here'\n")
 
 
+def _plugin_file(path: Path, kind: str, passes_when: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        "from tasks.params import HumanParams\nfrom tasks.models import Verdict\nfrom tasks.registry import grader\n"
+        f"@grader({kind!r}, params=HumanParams)\n"
+        f"def grade(output, case, params):\n    return Verdict.ok() if {passes_when} else Verdict.fail()\n")
+    return path
+
+
+def test_two_plugin_files_with_one_stem_registering_one_kind_is_bad_input_naming_both(tmp_path):
+    """Issue 33: `a/graders.py` and `b/graders.py` were both imported as module
+    `evalpipe_plugin_graders`, so the collision check saw the same function and the second
+    silently replaced the first."""
+    first = _plugin_file(tmp_path / "a" / "graders.py", "strict", "output == 'yes'")
+    second = _plugin_file(tmp_path / "b" / "graders.py", "strict", "True")  # passes anything
+    suite = tmp_path / "s.yaml"
+    suite.write_text("name: s\ncases:\n  - {id: a, grader: {kind: strict}}\n")
+    proc = evalpipe(Path(sys.executable), ["suite", "hash", str(suite)],
+                    {**os.environ, "EVALPIPE_PLUGINS": "a/graders.py,b/graders.py"}, tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    line = proc.stderr.strip()
+    assert "\n" not in line and "'strict'" in line
+    assert str(first.resolve()) in line and str(second.resolve()) in line
+
+
+def test_plugin_files_with_one_stem_are_two_modules_each_grading_its_own_kind(tmp_path):
+    _plugin_file(tmp_path / "a" / "graders.py", "only_yes", "output == 'yes'")
+    _plugin_file(tmp_path / "b" / "graders.py", "only_no", "output == 'no'")
+    script = ("from tasks import registry\nfrom tasks.models import EvalCase\nfrom tasks.trace import SampleTrace\n"
+              "for kind in ('only_yes', 'only_no'):\n"
+              "    case = EvalCase(id='c', inputs={}, grader={'kind': kind})\n"
+              "    spec = registry.grader_spec(kind)\n"
+              "    print(kind, spec.fn.__module__ != 'evalpipe_plugin_graders',"
+              " [spec(o, case, SampleTrace()).status.value for o in ('yes', 'no')])\n")
+    # The same file named twice (once through a symlink) is one plugin, not a collision.
+    (tmp_path / "again.py").symlink_to(tmp_path / "a" / "graders.py")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, text=True, capture_output=True, timeout=120,
+                          env={**os.environ, "EVALPIPE_PLUGINS": "a/graders.py, b/graders.py, again.py",
+                               "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["only_yes True ['passed', 'failed']", "only_no True ['failed', 'passed']"]
+
+
 @pytest.fixture
 def scratch_registry(monkeypatch):
     """Registrations made by the test are undone after it."""

@@ -25,3 +25,61 @@ def test_worker_processes_get_the_callers_api_and_the_process_gets_its_settings_
         assert prefect.context.GLOBAL_SETTINGS_CONTEXT.settings.api.url == "http://127.0.0.1:9/api"
     assert prefect.context.GLOBAL_SETTINGS_CONTEXT is before
     assert "PREFECT_API_URL" not in os.environ and "PREFECT_API_AUTH_STRING" not in os.environ
+
+
+DASK_PROBE = '''
+import subprocess
+import sys
+
+ATTACK = """
+import sys
+from distributed import Client
+from distributed.security import Security
+
+address, marker = sys.argv[1], sys.argv[2]
+_, _, hostport = address.partition("://")
+for url, security in (("tcp://" + hostport, None), ("tls://" + hostport, Security.temporary())):
+    try:
+        with Client(url, security=security, timeout=5) as client:
+            client.run(lambda: open(marker, "w").write("ran"))  # on every worker, beside its tasks
+            print("ran", end=" ")
+    except Exception:
+        print("refused", end=" ")
+"""
+
+
+def probe(inputs, ctx):
+    """What a process on the machine gets from the run's own Dask scheduler: a client
+    without the cluster's credentials, plain or with TLS of its own making."""
+    from distributed import get_worker
+
+    address = get_worker().scheduler.address
+    proc = subprocess.run([sys.executable, "-c", ATTACK, address, inputs["marker"]], capture_output=True,
+                          text=True, timeout=120)
+    return address.partition("://")[0] + " " + proc.stdout.strip()
+'''
+
+
+def test_the_local_dask_cluster_takes_no_client_without_its_credentials(prefect_harness, home, tmp_path):
+    """Issue 33: an agent reached the run's local Dask scheduler on 127.0.0.1 (no TLS, no
+    auth) and had a worker write a file. The cluster now speaks TLS with credentials of its
+    own: the run works, a client without them is refused, and nothing runs."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    (tmp_path / "probe.py").write_text(DASK_PROBE)
+    marker = tmp_path / "written-by-the-agent"
+    suite = tmp_path / "probe.jsonl"
+    suite.write_text(json.dumps({"id": "p", "inputs": {"marker": str(marker)}, "reference": "tls refused refused",
+                                 "grader": {"kind": "exact"}}) + "\n")
+    proc = subprocess.run([sys.executable, "-m", "flows.cli", "run", str(suite), "--agent",
+                           f"python:{tmp_path / 'probe.py'}:probe", "--runner", "dask", "--workers", "1", "--json"],
+                          cwd=root, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PREFECT_API_URL": prefect_harness, "PYTHONPATH": str(root)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout)["status_counts"] == {"passed": 1}, proc.stdout
+    assert not marker.exists()

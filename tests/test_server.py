@@ -249,3 +249,45 @@ def test_kill_9_of_a_run_takes_its_ephemeral_server_with_it(work: Path) -> None:
             run.wait()
         for pid in processes_with("EVALPIPE_HOME", env["EVALPIPE_HOME"]):
             os.kill(pid, signal.SIGKILL)
+
+
+PROBE = '''
+import os
+import urllib.error
+import urllib.request
+
+
+def probe(inputs, ctx):
+    """What anything on the machine gets from the run's Prefect API without credentials."""
+    from prefect.server.api.server import SubprocessASGIServer
+
+    url = os.environ.get("PREFECT_API_URL") or SubprocessASGIServer().api_url
+    codes = []
+    for method, path in (("POST", "/variables/filter"), ("POST", "/block_documents/filter"),
+                         ("POST", "/flow_runs/filter"), ("DELETE", "/flow_runs/00000000-0000-0000-0000-000000000000")):
+        request = urllib.request.Request(url + path, data=b"{}" if method == "POST" else None, method=method,
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=60) as answer:
+                codes.append(str(answer.status))
+        except urllib.error.HTTPError as exc:
+            codes.append(str(exc.code))
+    return " ".join(codes)
+'''
+
+
+@pytest.mark.slow
+def test_the_temporary_server_requires_credentials_its_own_workers_have(work: Path) -> None:
+    """Issue 33: with `CI` set (or EVALPIPE_SERVER=temporary) the temporary server had no
+    auth, and an agent read Secret blocks and Variables and deleted its own flow run through
+    it. Now it takes a random auth string, as the managed server does: the run (its
+    process-pool workers too) works, and a client without it gets 401 everywhere."""
+    (work / "probe.py").write_text(PROBE)
+    suite = work / "probe.jsonl"
+    suite.write_text(json.dumps({"id": "p", "inputs": {}, "reference": "401 401 401 401",
+                                 "grader": {"kind": "exact"}}) + "\n")
+    env = client_env(work, work / "home-probe", CI="1")
+    proc = evalpipe("run", str(suite), "--agent", f"python:{work / 'probe.py'}:probe", "--runner", "processes",
+                    "--workers", "1", "--json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["status_counts"] == {"passed": 1}

@@ -229,3 +229,96 @@ def test_latency_reads_in_a_unit_that_fits(latency, shown):
 
     line = usage_lines(usage_summary(_rows((False, 100, 10, "m", 0.5, latency))))[0]
     assert f"agent latency p50 {shown} p95 {shown}" in line and "e-0" not in line and "e+0" not in line
+
+
+# Issue 33, item 5: usage counts beyond what a sample's BIGINT column holds, and prices that
+# are not finite numbers. Each was a crash (OverflowError, nothing stored, every retry paying
+# again) or a budget bypass (0 tokens x inf = NaN, never >= --max-cost).
+HUGE = 2**64
+
+
+def test_a_token_count_beyond_int64_from_an_endpoint_is_an_agent_error_stored_once(env, tmp_path):
+    path = suite(tmp_path / "toy.yaml", 1)
+    usage = {"prompt_tokens": HUGE, "completion_tokens": 1, "total_tokens": HUGE + 1}
+    with ChatServer(lambda body: (200, "yes"), usage=usage, model="gpt-4o-mini") as server:
+        run_env = {**env, "OPENAI_BASE_URL": server.url}
+        proc = cli(["run", str(path), "--agent", "openai:gpt-4o-mini", "--json"], run_env)
+        assert proc.returncode == 4, proc.stderr  # a run whose agent is broken (exit 4), not a crash
+        assert "OverflowError" not in proc.stderr and "Traceback" not in proc.stderr
+        doc = json.loads(proc.stdout)
+        assert len(server.requests) == 1
+    assert doc["status_counts"] == {"agent_error": 1}
+    text = cli(["runs", "show", doc["run_id"], "--case", "q0"], run_env).stdout
+    assert "agent_error" in text and "input_tokens" in text and "9223372036854775807" in text
+
+
+@pytest.mark.parametrize("count", [HUGE, 2**63, -1])
+def test_a_token_count_outside_int64_from_ctx_or_the_usage_file_is_an_agent_error(tmp_path, monkeypatch, count):
+    from tasks.run.sampling import draw_sample, plan_samples
+    from tasks.suites.dataset import load_suite
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "agent.py").write_text(
+        f"def huge(inputs, ctx):\n    ctx.report_usage(input_tokens={count}, model='gpt-4o-mini')\n    return 'yes'\n")
+    (tmp_path / "cmd_agent.py").write_text(
+        "import json, os\n"
+        f"open(os.environ['EVALPIPE_USAGE_FILE'], 'w').write(json.dumps({{'output_tokens': {count}}}))\n"
+        "print('yes')\n")
+    toy = load_suite(suite(tmp_path / "toy.yaml", 1))
+    planned = plan_samples(toy, "fp", 1, 0)[0]
+    for spec in (f"python:{tmp_path}/agent.py:huge", f"cmd:{sys.executable} cmd_agent.py"):
+        sample = draw_sample(load_agent(spec), toy.cases[0], planned, 1)
+        assert sample.verdict.status == "agent_error", spec
+        assert "tokens" in sample.verdict.detail and "\n" not in sample.verdict.detail
+        assert sample.usage.input_tokens is None and sample.usage.output_tokens is None
+
+
+def test_the_largest_count_a_sample_holds_is_stored_and_priced(tmp_path):
+    from tasks.metrics.cost import PriceTable
+    from tasks.models import Usage
+    from tasks.run.usage import priced
+
+    top = 2**63 - 1
+    usage = priced(Usage(input_tokens=top, output_tokens=top, model="m"),
+                   PriceTable.load(_prices(tmp_path, "m: {input_per_mtok: 1, output_per_mtok: 1}")))
+    assert usage.cost_usd == pytest.approx(2 * top / 1e6)
+
+
+def _prices(tmp_path: Path, text: str, name: str = "prices.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("entry", [".inf", ".nan", "-.inf", "1e400"])
+def test_a_price_file_with_a_non_finite_price_is_bad_input_naming_the_file_and_model(env, tmp_path, entry):
+    prices = _prices(tmp_path, f"toy-model: {{input_per_mtok: {entry}, output_per_mtok: 0}}\n")
+    proc = cli(["run", str(suite(tmp_path / "toy.yaml", 1)), "--agent", f"python:{AGENTS}:metered",
+                "--prices", str(prices), "--max-cost", "1"], env)
+    assert proc.returncode == 2, proc.stderr
+    line = proc.stderr.strip()
+    assert "\n" not in line and str(prices) in line and "toy-model" in line and "finite" in line
+    assert calls(Path(env["EVALPIPE_TEST_CALLS"])) == []
+
+
+def test_a_json_price_file_with_infinity_is_refused(tmp_path):
+    from tasks.metrics.cost import PriceTable
+    from tasks.models import InputError
+
+    path = _prices(tmp_path, '{"m": {"input_per_mtok": Infinity, "output_per_mtok": 0}}', "prices.json")
+    with pytest.raises(InputError, match="finite"):
+        PriceTable.load(path)
+
+
+def test_a_cost_that_overflows_is_unknown_and_stops_a_budget(tmp_path):
+    """Finite prices times counts that fit can still overflow a float: the cost is unknown
+    (with the reason), never inf or NaN, and a budget that cannot be measured stops."""
+    from tasks.metrics.cost import PriceTable
+    from tasks.run.budget import Budget, Meter
+
+    table = PriceTable.load(_prices(tmp_path, "m: {input_per_mtok: 1.0e+300, output_per_mtok: 1.0e+300}\n"))
+    cost, why = table.cost("m", 2**63 - 1, 0)
+    assert cost is None and "finite" in why
+    meter = Meter(Budget(max_cost_usd=1.0))
+    meter.add([cost])
+    assert meter.stopped

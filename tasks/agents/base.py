@@ -12,6 +12,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol, Self, TypeVar
 
+from pydantic import ValidationError
+
 from tasks.models import EvalCase, InputError, Usage, canonical_json, sha256_hex
 from tasks.trace import SampleTrace
 
@@ -45,8 +47,14 @@ class AgentContext:
         self, *, input_tokens: int | None = None, output_tokens: int | None = None, model: str | None = None
     ) -> None:
         """Tokens this sample's call used and the model that counted them (which prices
-        them: docs/agents.md). Checked here, so a bad report fails the call that made it."""
-        given = Usage(input_tokens=input_tokens, output_tokens=output_tokens, model=model)
+        them: docs/agents.md). Checked here, so a bad report fails the call that made it:
+        an `AgentError` of one line (a count outside 0 .. 2^63 - 1 is one)."""
+        try:
+            given = Usage(input_tokens=input_tokens, output_tokens=output_tokens, model=model)
+        except ValidationError as exc:
+            raise AgentError("reported usage: " + "; ".join(
+                f"{'.'.join(map(str, e['loc']))}: {e['msg']} (got {str(e['input'])[:40]})"
+                for e in exc.errors())) from None
         self.reported.update(given.model_dump(exclude_none=True))
 
     def report_latency(self, seconds: float) -> None:

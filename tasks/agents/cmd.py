@@ -152,7 +152,7 @@ def _report_usage(path: Path, ctx: AgentContext) -> str | None:
         if not isinstance(doc, dict) or set(doc) - {"input_tokens", "output_tokens", "model"}:
             raise ValueError("expected an object with input_tokens, output_tokens, model")
         ctx.report_usage(**doc)
-    except ValueError as exc:  # json's errors and pydantic's are ValueErrors
+    except (ValueError, AgentError) as exc:  # json's errors are ValueErrors
         return f"${USAGE_FILE_ENV}: {' '.join(str(exc).split())[:300]}"
     return None
 

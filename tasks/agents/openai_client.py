@@ -175,5 +175,6 @@ class OpenAIClient:
 
 
 def _count(value: Any) -> int | None:
-    """A token count as the server gave it; anything but a whole number >= 0 is no count."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+    """A token count as the server gave it; anything but a whole number is no count (one
+    out of range is checked where it is reported: `AgentContext.report_usage`)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

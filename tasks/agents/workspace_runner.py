@@ -5,7 +5,9 @@ Per sample (docs/agents.md, "Coding agents"):
 - a workspace (`tasks.repos.workspaces`): the base commit checked out from the pooled
   worktrees, a git repository of the agent's own, none of the case's hidden tests (they
   are applied at grading only) and no reference patch (the agent sees the case's inputs);
-- the agent runs in bubblewrap with the network shared (it must reach its model), the
+- the agent runs in bubblewrap with a network of its own (`tasks.sandbox.network`: the
+  outside and the endpoints its environment names on this machine's loopback, nothing
+  else of the host; `EVALPIPE_AGENT_NETWORK=host` shares the host's instead), the
   workspace and its scratch directory writable, `EVALPIPE_HOME` hidden (the database,
   mirrors, other samples' workspaces), so are the suite file and the case's repository
   source (`concealing`), HOME a scratch directory, a private /tmp, a
@@ -36,13 +38,15 @@ from tasks.agents.cmd import STDERR_TAIL, CmdAgent
 from tasks.agents.python import PythonAgent
 from tasks.agents.trajectory import TRAJECTORY_ENV, max_trajectory_bytes, read_trajectory
 from tasks.callables import load_callable
-from tasks.home import evalpipe_home
+from tasks.home import HOME_DIR, evalpipe_home
 from tasks.models import EvalCase, InputError
 from tasks.redaction import redact
 from tasks.repos.environments import TESTBED, EnvironmentFailed, runtime_for
-from tasks.repos.workspaces import Change, Workspace, read_change, workspace
+from tasks.repos.workspaces import Change, Workspace, read_change, workspace, workspace_caps
 from tasks.repos.worktrees import RepoError, is_url
 from tasks.sandbox import Limits, Mounts, SandboxError, bwrap_available, run_command
+from tasks.sandbox.namespace import runtime_dirs
+from tasks.sandbox.network import agent_network
 from tasks.trace import ProcessRun, WorkspaceChange
 
 DEFAULT_AGENT_TIMEOUT_S = 1800.0
@@ -87,7 +91,8 @@ class WorkspaceAgent:
     argv: tuple[str, ...]  # cmd: the command; python: the host running the function
     timeout_s: float
     memory_mb: int
-    visible: tuple[str, ...]  # the agent's own code: shown read-only even under /tmp
+    # The agent's own code, shown read-only (`_own_code`): never the working directory.
+    visible: tuple[str, ...]
     # Files and folders that hold answers (the suite file: references, hidden tests), hidden
     # from the agent besides EVALPIPE_HOME and each case's repository source.
     concealed: tuple[str, ...] = ()
@@ -98,28 +103,37 @@ class WorkspaceAgent:
         if scheme == "cmd":
             inner = CmdAgent.load(spec, rest, base)
             # The agent starts in its workspace: a word naming a file where evalpipe was
-            # started (the script, its config) is made absolute, and its folder visible.
+            # started (the script, its config) is made absolute, and it and its folder visible.
             files = [(base / w).resolve() if (base / w).is_file() else None for w in inner.argv]
             argv = tuple(str(f) if f else w for f, w in zip(files, inner.argv, strict=True))
-            code = [str(f.parent) for f in files if f]
+            code = [str(p) for f in files if f for p in _own_code(f, base)]
         elif scheme == "python":
             inner = PythonAgent.load(spec, rest, base)
             argv = (sys.executable, "-I", "-m", "tasks.agents.workspace_host", rest, str(base))
             source = load_callable(rest, base).source
-            code = [str(source.parent)] if source is not None else []
+            code = [str(p) for p in _own_code(source, base)] if source is not None else []
         else:
             raise InputError(f"agent {spec!r}: --workspace takes a cmd: or python: agent")
         if timeout_s <= 0:
             raise InputError(f"--agent-timeout {timeout_s:g}: must be positive")
         memory_mb = env_positive(AGENT_MEMORY_ENV, DEFAULT_AGENT_MEMORY_MB, int, "a whole number of MB")
         passed_env_names()  # a bad name is refused before any work
+        try:
+            workspace_caps()
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
+        if bwrap_available():
+            agent_network({})  # no pasta and no EVALPIPE_AGENT_NETWORK=host: refused before any work
         settings = {"inner": inner.fingerprint, "workspace": {"timeout_s": timeout_s, "memory_mb": memory_mb}}
-        visible = tuple(dict.fromkeys((str(base), *code)))
+        visible = tuple(dict.fromkeys(code))
         return cls(spec, spec_fingerprint(spec, settings), base, argv, timeout_s, memory_mb, visible)
 
     def concealing(self, paths: Iterable[str]) -> WorkspaceAgent:
         """This agent with `paths` (files or folders) hidden from it too."""
         return replace(self, concealed=tuple(dict.fromkeys((*self.concealed, *map(str, paths)))))
+
+    def _code(self, *, dirs: bool) -> tuple[str, ...]:
+        return tuple(p for p in self.visible if os.path.isdir(p) == dirs)
 
     def generate(self, case: EvalCase, ctx: AgentContext) -> str:
         if case.kind != "repo_tests":
@@ -153,9 +167,11 @@ class WorkspaceAgent:
             secret = [Path(p).resolve() for p in named if not is_url(p) and Path(p).exists()]
             mounts = Mounts(
                 workdir_at=TESTBED,
-                ro=(str(ws.store), *(env_mounts.ro if env_mounts else ())),
+                # Its code files after the hidden folders, so that they show even inside one.
+                ro=(str(ws.store), *(env_mounts.ro if env_mounts else ()), *self._code(dirs=False)),
                 rw=(str(ws.agent_dir),),
-                hide=(str(evalpipe_home()), *(str(p) for p in secret if p.is_dir())),
+                hide=(str(evalpipe_home()), *(str(p) for p in secret if p.is_dir()),
+                      *_answer_folders(self.concealed), *_project_homes(self._code(dirs=True))),
                 blank=tuple(str(p) for p in secret if p.is_file()),
             )
         limits = Limits(timeout_s=self.timeout_s, memory_mb=self.memory_mb, max_procs=AGENT_MAX_PROCS,
@@ -163,8 +179,9 @@ class WorkspaceAgent:
         # The case on stdin, as for a `cmd:` agent outside a workspace.
         argv = ["/bin/sh", "-c", 'case=$1; shift; exec "$@" < "$case"', "evalpipe-agent", str(case_file),
                 *self.argv]
-        result = run_command(argv, workdir=ws.tree, limits=limits, env=env, network=True, mounts=mounts,
-                             visible=self.visible)
+        result = run_command(argv, workdir=ws.tree, limits=limits, env=env,
+                             network=agent_network(env) if confined else True, mounts=mounts,
+                             visible=self._code(dirs=True))
         ctx.trace.agent_run = ProcessRun(
             returncode=result.returncode, duration_s=round(result.duration_s, 3),
             isolation=result.isolation, stdout_tail=_tail(result.stdout, OUTPUT_TAIL),
@@ -187,6 +204,41 @@ class WorkspaceAgent:
                 f"the change has binary files, which a patch cannot carry: {', '.join(change.binary)} "
                 "(delete them, or list them in the repository's .gitignore)")
         return change.patch
+
+
+def _own_code(source: Path, base: Path) -> list[Path]:
+    """What of an agent's code to show: its file (a python: agent's module: its top package),
+    and the folder that holds it, unless that folder is the working directory `base` or
+    holds it (a project's answers, its `.evalpipe`): then the file alone."""
+    top = source
+    while (top.parent / "__init__.py").is_file():
+        top = top.parent
+    folder = top.parent
+    return [top] if base.resolve().is_relative_to(folder) else [top, folder]
+
+
+def _answer_folders(concealed: Iterable[str]) -> list[str]:
+    """The folders of the files that hold answers (the suite's: gold patches sit beside it),
+    but not one that holds the runtimes, which every sandbox shows (the file itself is
+    hidden all the same)."""
+    runtimes = runtime_dirs()
+    folders = []
+    for path in map(Path, concealed):
+        folder = path if path.is_dir() else path.parent
+        if folder != Path("/") and not any(Path(r).is_relative_to(folder) for r in runtimes):
+            folders.append(str(folder))
+    return folders
+
+
+def _project_homes(code: Iterable[str]) -> list[str]:
+    """The `.evalpipe` folders of projects in what the sandbox shows (the runtimes: a
+    project's venv or a PYTHONPATH; the agent's code), at the top or one level down:
+    another home's runs."""
+    found = []
+    for shown in (*runtime_dirs(), *code):
+        for pattern in (HOME_DIR, f"*/{HOME_DIR}"):
+            found += [str(p) for p in Path(shown).glob(pattern) if p.is_dir()]
+    return found
 
 
 def _change_note(change: Change) -> WorkspaceChange:

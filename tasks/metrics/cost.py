@@ -12,6 +12,7 @@ reason. The price file is YAML or JSON, model name to dollars per million tokens
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -66,20 +67,25 @@ class PriceTable:
             return None, "the agent reported tokens but no model to price them by"
         price = self.user.get(model)
         if price is not None:
-            return price.cost(input_tokens or 0, output_tokens or 0), None
-        listed = _listed_cost(model, input_tokens or 0, output_tokens or 0)
-        if listed is None:
+            cost = price.cost(input_tokens or 0, output_tokens or 0)
+        else:
+            cost = _listed_cost(model, input_tokens or 0, output_tokens or 0)
+        if cost is None:
             where = f"genai-prices {_prices_version()}" + (f" or {self.source}" if self.source else "")
             return None, f"no price for model {model!r} in {where} (add it to a price file: --prices)"
-        return listed, None
+        if not math.isfinite(cost):  # a float overflow: unknown, never inf (nor NaN, which no budget reaches)
+            return None, f"the cost of {model!r} for these counts is not a finite number"
+        return cost, None
 
 
 def _price(where: str, model: object, entry: object) -> Price:
     if not isinstance(entry, dict) or set(entry) != set(_PRICE_KEYS):
         raise InputError(f"{where}: model {model!r}: expected exactly {', '.join(_PRICE_KEYS)}")
     values = [entry[key] for key in _PRICE_KEYS]
-    if not all(isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 for v in values):
-        raise InputError(f"{where}: model {model!r}: prices must be numbers of dollars >= 0")
+    # Finite too: inf x 0 tokens is NaN, which never reaches a budget's limit.
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+               for v in values):
+        raise InputError(f"{where}: model {model!r}: prices must be finite numbers of dollars >= 0")
     return Price(*map(float, values))
 
 

@@ -22,6 +22,12 @@ Layout under `EVALPIPE_HOME/`:
 
 A scratch directory is removed when its sample ends, and, if the process died first, by
 the next workspace made under the same home.
+
+Both are capped (`workspace_caps`): the tree the agent left at `EVALPIPE_WORKSPACE_TREE_MB`
+(default 4096) in all, counted before git reads it, and the change at
+`EVALPIPE_WORKSPACE_CHANGE_BYTES` (default 4 MB, the output cap's default: a longer patch
+would be cut, and a cut patch does not apply), read from git's output no further than
+that; over either, `ChangeTooLarge` says which and by how much.
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ import shutil
 import socket
 import stat
 import subprocess
+import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -47,6 +55,12 @@ from tasks.repos.worktrees import (
     ensure_commit,
     mirror,
 )
+
+TREE_MB_ENV = "EVALPIPE_WORKSPACE_TREE_MB"
+DEFAULT_TREE_MB = 4096
+CHANGE_BYTES_ENV = "EVALPIPE_WORKSPACE_CHANGE_BYTES"
+DEFAULT_CHANGE_BYTES = 4 << 20
+_CHUNK = 1 << 16
 
 AGENT_NAME = "evalpipe agent"
 AGENT_EMAIL = "agent@evalpipe.invalid"
@@ -77,16 +91,34 @@ class Change:
     removed: tuple[str, ...]  # special files and nested .git entries, removed before reading
 
 
+class ChangeTooLarge(RepoError):
+    """The tree or the change is over its cap (`workspace_caps`); the message says which."""
+
+
+@dataclass(frozen=True)
+class Caps:
+    tree_bytes: int
+    change_bytes: int
+
+
+def workspace_caps() -> Caps:
+    """The caps on a workspace's tree and change, from the environment; `ValueError` naming
+    a bad setting."""
+    values = []
+    for name, default in ((TREE_MB_ENV, DEFAULT_TREE_MB), (CHANGE_BYTES_ENV, DEFAULT_CHANGE_BYTES)):
+        raw = os.environ.get(name) or str(default)
+        if not raw.isdigit() or int(raw) <= 0:
+            raise ValueError(f"{name}={raw!r} is not a positive whole number")
+        values.append(int(raw))
+    return Caps(values[0] << 20, values[1])
+
+
 def _git(args: list[str], env: dict[str, str], cwd: Path | None = None, stdin: bytes | None = None) -> bytes:
     """git with the user's and the system's configuration left out: nothing in them (an
     excludes file, a pager, a diff driver) changes what is read or run."""
-    full = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "GIT_CONFIG_NOSYSTEM": "1",
-        "GIT_CONFIG_GLOBAL": os.devnull, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C", **env,
-    }  # fmt: skip
     try:
         done = subprocess.run(
-            ["git", *args], cwd=cwd, env=full, input=stdin, capture_output=True,
+            ["git", *args], cwd=cwd, env=_git_env(env), input=stdin, capture_output=True,
             timeout=TREE_GIT_TIMEOUT_S, check=False,
         )  # fmt: skip
     except subprocess.TimeoutExpired:
@@ -95,6 +127,13 @@ def _git(args: list[str], env: dict[str, str], cwd: Path | None = None, stdin: b
         lines = done.stderr.decode("utf-8", "replace").strip().splitlines()
         raise RepoError(f"git {args[0]}: {(lines or ['exit ' + str(done.returncode)])[0]}")
     return done.stdout
+
+
+def _git_env(env: dict[str, str]) -> dict[str, str]:
+    return {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": os.devnull, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C", **env,
+    }  # fmt: skip
 
 
 def base_store(mirror_path: Path, sha: str) -> Path:
@@ -198,12 +237,17 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def read_change(ws: Workspace) -> Change:
+def read_change(ws: Workspace, caps: Caps | None = None) -> Change:
     """What the tree holds against the base commit, as a git diff; `RepoError` when git
-    cannot read it. What git must not meet is removed first and named: special files
-    (FIFOs, sockets, devices: git would block on them) and nested `.git` entries (git
-    would take the directory for another repository and record a commit id, not files)."""
-    removed = _remove_unreadable(ws.tree)
+    cannot read it, `ChangeTooLarge` over `caps` (default: `workspace_caps()`). What git
+    must not meet is removed first and named: special files (FIFOs, sockets, devices: git
+    would block on them) and nested `.git` entries (git would take the directory for
+    another repository and record a commit id, not files)."""
+    caps = caps or workspace_caps()
+    removed, size = _remove_unreadable(ws.tree)
+    if size > caps.tree_bytes:
+        raise ChangeTooLarge(f"the workspace holds {size:,} bytes of files, over the {caps.tree_bytes:,}-byte cap"
+                             f" ({TREE_MB_ENV})")
     git_dir = ws.harness_dir / "git"
     if git_dir.exists():
         shutil.rmtree(git_dir)
@@ -222,13 +266,44 @@ def read_change(ws: Workspace) -> Change:
         files.append(path)
         if added == deleted == "-":
             binary.append(path)
-    patch = _git([*diff, "--full-index", ws.sha], env, cwd=ws.tree).decode("utf-8", "replace")
+    patch = _git_capped([*diff, "--full-index", ws.sha], env, ws.tree, caps.change_bytes).decode("utf-8", "replace")
     return Change(patch, tuple(files), tuple(binary), removed)
 
 
-def _remove_unreadable(tree: Path) -> tuple[str, ...]:
-    """Remove the special files and nested `.git` entries below `tree`; their paths."""
+def _git_capped(args: list[str], env: dict[str, str], cwd: Path, cap: int) -> bytes:
+    """`_git`'s output, streamed and read no further than `cap` bytes: `ChangeTooLarge` past
+    it (git is killed then), so a huge change never sits in this process's memory."""
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(["git", *args], cwd=cwd, env=_git_env(env), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=err)
+        timer = threading.Timer(TREE_GIT_TIMEOUT_S, proc.kill)
+        timer.start()
+        chunks, size = [], 0
+        try:
+            while size <= cap and (chunk := proc.stdout.read(min(_CHUNK, cap + 1 - size))):
+                chunks.append(chunk)
+                size += len(chunk)
+        finally:
+            timer.cancel()
+            if size > cap:
+                proc.kill()
+            proc.stdout.close()
+            returncode = proc.wait()
+        if size > cap:
+            raise ChangeTooLarge(f"the change is over the {cap:,}-byte cap ({CHANGE_BYTES_ENV})")
+        if returncode != 0:
+            err.seek(0)
+            lines = err.read(4096).decode("utf-8", "replace").strip().splitlines()
+            reason = "timed out" if returncode < 0 else (lines or [f"exit {returncode}"])[0]
+            raise RepoError(f"git {args[0]}: {reason}")
+    return b"".join(chunks)
+
+
+def _remove_unreadable(tree: Path) -> tuple[tuple[str, ...], int]:
+    """Remove the special files and nested `.git` entries below `tree`; their paths, and the
+    size of the regular files left (the tree's own `.git` aside)."""
     removed: list[str] = []
+    size = 0
     for directory, dirs, files in os.walk(tree):
         top = Path(directory) == tree
         for name in [*dirs, *files]:
@@ -239,6 +314,8 @@ def _remove_unreadable(tree: Path) -> tuple[str, ...]:
                                   or stat.S_ISDIR(info.st_mode)):
                 shutil.rmtree(path) if stat.S_ISDIR(info.st_mode) else path.unlink()
                 removed.append(path.relative_to(tree).as_posix())
+            elif stat.S_ISREG(info.st_mode) and not (top and name == ".git"):
+                size += info.st_size
         dirs[:] = [d for d in dirs if not (top and d == ".git") and (Path(directory) / d).is_dir()
                    and not (Path(directory) / d).is_symlink()]
-    return tuple(sorted(removed))
+    return tuple(sorted(removed)), size

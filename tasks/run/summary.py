@@ -73,6 +73,8 @@ class GateSummary(_Doc):
     removed_cases: int | None = None  # measured by the baseline only
     rules: dict[str, Any] | None = None  # what it was decided by (`GateRules.to_json`)
     baseline_choice: str | None = None  # how the baseline was chosen (`previous`), when not named
+    # A baseline brought in by `runs import` (or re-graded from one): its file and manifest hash.
+    baseline_import: dict[str, str] | None = None
 
 
 class BudgetSummary(_Doc):

@@ -60,10 +60,17 @@ def bwrap_argv(
     scratch_mb: int | None = None,
     mounts: Mounts | None = None,
     visible: Iterable[str] = (),
+    sync_fds: tuple[int, int] | None = None,
 ) -> list[str]:
+    """`network`: the host's network shared; else a namespace of its own, empty unless
+    `sync_fds` (info, block): bubblewrap reports the sandbox's pid on the first and waits
+    for a byte on the second before it runs the command, meanwhile its network is joined to
+    the outside (`tasks.sandbox.network`)."""
     argv = [BWRAP, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
     if network:
         argv.append("--share-net")
+    elif sync_fds is not None:
+        argv += ["--info-fd", str(sync_fds[0]), "--block-fd", str(sync_fds[1])]
     size = str(limits.file_size_mb << 20)
     argv += [*_system_argv(), "--size", size, "--tmpfs", "/tmp"]
     for path in _outermost((*_runtime_dirs(), *visible)):
@@ -73,7 +80,7 @@ def bwrap_argv(
     # (`tasks.home.hide_home`) are hidden even where a bound directory holds them (a
     # project's .evalpipe beside our code); the mounts below bring back exactly the parts
     # of it a command needs.
-    hidden = [p for p in (*mounts.hide, *hidden_homes()) if os.path.isdir(p)]
+    hidden = _outermost_of(p for p in (*mounts.hide, *hidden_homes()) if os.path.isdir(p))
     for path in hidden:
         argv += ["--tmpfs", path]
     for flag, paths in (("--ro-bind", mounts.ro), ("--bind", mounts.rw)):
@@ -138,14 +145,24 @@ def _runtime_dirs() -> tuple[str, ...]:
             *(p for p in sys.path if p))
 
 
+def _outermost_of(paths: Iterable[str]) -> list[str]:
+    """`paths` without those inside another of them (its tmpfs would cover theirs)."""
+    found: list[str] = []
+    for path in sorted({os.path.abspath(p) for p in paths}):
+        if not any(path.startswith(f"{top}/") for top in found):
+            found.append(path)
+    return found
+
+
+def runtime_dirs() -> list[str]:
+    """The directories every sandbox shows beside the system's: the interpreter, its
+    packages, our code, `sys.path`."""
+    return _outermost(_runtime_dirs())
+
+
 def _outermost(paths: Iterable[str]) -> list[str]:
     """The existing directories among `paths` not already shown (by `_SYSTEM_DIRS` or
     another of them)."""
     shown = [os.path.realpath(d) + "/" for d in _SYSTEM_DIRS if os.path.isdir(d)]
-    found: list[str] = []
-    for path in sorted({os.path.abspath(p) for p in paths} - {"/", "/tmp"}):  # /tmp is the private one
-        if os.path.isdir(path) and not any(f"{path}/".startswith(top) for top in shown) and not any(
-            path.startswith(f"{top}/") for top in found
-        ):
-            found.append(path)
-    return found
+    return _outermost_of(p for p in {os.path.abspath(p) for p in paths} - {"/", "/tmp"}  # /tmp is the private one
+                         if os.path.isdir(p) and not any(f"{p}/".startswith(top) for top in shown))

@@ -4,6 +4,7 @@ it outlives the call."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -14,10 +15,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
 
+from tasks.sandbox import network as own_network
 from tasks.sandbox import seccomp
 from tasks.sandbox.forkserver import capture, set_limits
 from tasks.sandbox.limits import Limits, SandboxError, SandboxResult
 from tasks.sandbox.namespace import SCRATCH_SOURCE, Mounts, bwrap_argv, scrubbed_env
+from tasks.sandbox.network import OwnNetwork
 from tasks.sandbox.policy import isolation, log_once
 
 
@@ -119,13 +122,35 @@ def preexec(
     return setup
 
 
+def _own_network(proc: subprocess.Popen, info: int, block: int, own: OwnNetwork) -> subprocess.Popen | None:
+    """Join the started sandbox's network namespace to the outside, then let it run its
+    command; pasta. None when bubblewrap failed before reporting its sandbox (its
+    result says why)."""
+    try:
+        report = b""
+        with os.fdopen(info, "rb", buffering=0) as reader:
+            while not report.rstrip().endswith(b"}") and (chunk := reader.read(4096)):
+                report += chunk  # one JSON object, written at once
+        try:
+            child = json.loads(report)["child-pid"]
+        except (ValueError, KeyError, TypeError):
+            return None
+        return own_network.connect(child, own)
+    finally:
+        try:
+            os.write(block, b"1")
+        except BrokenPipeError:
+            pass  # bubblewrap is gone already: its result says why
+        os.close(block)
+
+
 def run_command(
     argv: Sequence[str],
     *,
     workdir: Path,
     limits: Limits,
     env: Mapping[str, str] | None = None,
-    network: bool = False,
+    network: bool | OwnNetwork = False,
     scratch_mb: int | None = None,
     pass_fds: Sequence[int] = (),
     mounts: Mounts | None = None,
@@ -133,7 +158,8 @@ def run_command(
 ) -> SandboxResult:
     """Run `argv` in `workdir` (the only writable place besides a private /tmp and
     `mounts.rw`). `visible`: directories under /tmp to show read-only, bound before
-    `mounts.hide` is (what is hidden stays hidden even inside them).
+    `mounts.hide` is (what is hidden stays hidden even inside them). `network`: none,
+    the host's (True), or an `OwnNetwork` (bubblewrap only).
 
     With `scratch_mb` (bubblewrap only; check `isolation`), the program runs on a copy of
     `workdir` in a tmpfs holding at most that many MB: it cannot fill the disk, and
@@ -143,20 +169,24 @@ def run_command(
     """
     workdir = Path(workdir).resolve()
     protection = isolation()
-    if mounts is not None and protection != "bwrap":
-        raise SandboxError("this needs bubblewrap (mounts), which is not available here")
+    if (mounts is not None or isinstance(network, OwnNetwork)) and protection != "bwrap":
+        raise SandboxError("this needs bubblewrap (mounts, an own network), which is not available here")
+    own = network if isinstance(network, OwnNetwork) else None
+    sync = (os.pipe(), os.pipe()) if own is not None else None  # (info r, w), (block r, w)
+    sync_fds = (sync[0][1], sync[1][0]) if sync else None
     if protection == "bwrap" and scratch_mb is not None:
         copy = 'cp -a "$0"/. . && exec "$@"'
         argv = ["/bin/sh", "-c", copy, SCRATCH_SOURCE, *argv]
     else:
         scratch_mb = None
     full = (
-        [*bwrap_argv(limits, workdir, network, scratch_mb, mounts, visible), *argv]
+        [*bwrap_argv(limits, workdir, own is None and bool(network), scratch_mb, mounts, visible, sync_fds), *argv]
         if protection == "bwrap"
         else list(argv)
     )
     cgroup = PidsCgroup.create(limits.max_procs + 2)
     start = time.monotonic()
+    pasta = None
     try:
         try:
             proc = subprocess.Popen(
@@ -167,12 +197,24 @@ def run_command(
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,
-                pass_fds=tuple(pass_fds),
+                pass_fds=(*pass_fds, *(sync_fds or ())),
                 preexec_fn=preexec(limits, cgroup),  # noqa: PLW1509 - rlimits need it
             )
         except (OSError, subprocess.SubprocessError) as exc:
+            for fd in (sync[0][0], sync[1][1]) if sync else ():
+                os.close(fd)
             raise SandboxError(f"cannot start {argv[0]!r}: {exc}") from exc
+        finally:
+            for fd in sync_fds or ():
+                os.close(fd)
         pidfd = os.pidfd_open(proc.pid)
+        if sync is not None:
+            try:
+                pasta = _own_network(proc, sync[0][0], sync[1][1], own)
+            except BaseException:
+                kill_group(proc.pid, cgroup)
+                proc.wait()
+                raise
 
         def on_exit() -> None:
             proc.wait()
@@ -193,6 +235,8 @@ def run_command(
             proc.stdout.close()
             proc.stderr.close()
     finally:
+        if pasta is not None:
+            own_network.disconnect(pasta)
         if cgroup is not None:
             cgroup.destroy()
     return SandboxResult(

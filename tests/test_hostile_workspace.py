@@ -1,0 +1,218 @@
+"""Issue 33, item 1: a workspace (coding) agent's network. Its sandbox shared the host's
+network, so the agent reached the run's own Dask scheduler on 127.0.0.1 and had a worker
+run its code; any service on the host's loopback was reachable the same way. Now it has a
+network namespace of its own, joined to the outside by pasta: the host's loopback is
+refused (TCP and UDP), the endpoint the run names there still answers, and without pasta
+the run says so and needs EVALPIPE_AGENT_NETWORK=host."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from test_workspaces import bwrap, calc_case, draw, script_agent  # noqa: F401 - bwrap: a fixture
+
+from tasks.agents import load_agent
+from tasks.models import InputError, Status
+
+pytestmark = pytest.mark.skipif(shutil.which("pasta") is None, reason="pasta (Debian package passt) is not installed")
+
+PROBE = '''
+import socket, sys
+for what, port, kind in (("secret-tcp", {secret}, socket.SOCK_STREAM), ("named", {named}, socket.SOCK_STREAM),
+                         ("secret-udp", {udp}, socket.SOCK_DGRAM)):
+    try:
+        s = socket.socket(socket.AF_INET, kind)
+        s.settimeout(3)
+        s.connect(("127.0.0.1", port))
+        if kind == socket.SOCK_DGRAM:
+            s.send(b"ping")
+        print(what, s.recv(5).decode())
+    except OSError as exc:
+        print(what, "unreachable", type(exc).__name__)
+'''
+
+
+class Servers:
+    """A TCP service and a UDP one on the host's 127.0.0.1 that answer "hello", and the
+    endpoint the run names (TCP, also on the loopback)."""
+
+    def __init__(self) -> None:
+        self.sockets = []
+        self.secret, self.named = self._tcp(), self._tcp()
+        udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        udp.bind(("127.0.0.1", 0))
+        self.sockets.append(udp)
+        self.udp = udp.getsockname()[1]
+        threading.Thread(target=self._echo_udp, args=(udp,), daemon=True).start()
+
+    def _tcp(self) -> int:
+        server = socket.socket()
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        self.sockets.append(server)
+        threading.Thread(target=self._answer, args=(server,), daemon=True).start()
+        return server.getsockname()[1]
+
+    @staticmethod
+    def _answer(server: socket.socket) -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            conn.sendall(b"hello")
+            conn.close()
+
+    @staticmethod
+    def _echo_udp(udp: socket.socket) -> None:
+        while True:
+            try:
+                _, peer = udp.recvfrom(16)
+            except OSError:
+                return
+            udp.sendto(b"hello", peer)
+
+    def close(self) -> None:
+        for s in self.sockets:
+            s.close()
+
+
+@pytest.fixture
+def servers():
+    s = Servers()
+    yield s
+    s.close()
+
+
+@pytest.mark.usefixtures("bwrap")
+def test_the_host_loopback_is_out_of_reach_and_the_named_endpoint_is_not(home, calc_repo, tmp_path, monkeypatch,
+                                                                         servers):
+    repo, _ = calc_repo
+    probe = tmp_path / "agents" / "probe.py"  # beside the agent's script: shown to it
+    probe.parent.mkdir()
+    probe.write_text(PROBE.format(secret=servers.secret, named=servers.named, udp=servers.udp))
+    monkeypatch.setenv("OPENAI_BASE_URL", f"http://127.0.0.1:{servers.named}/v1")
+    monkeypatch.delenv("EVALPIPE_AGENT_NETWORK", raising=False)
+    sample = draw(script_agent(tmp_path, f'"{sys.executable}" "{probe}"\n'), calc_case(repo))
+    lines = sample.trace.agent_run.stdout_tail.splitlines()
+    assert lines, (sample.verdict.detail, sample.trace.agent_run)
+    assert lines[0].startswith("secret-tcp unreachable"), lines
+    assert lines[1] == "named hello", lines
+    assert lines[2].startswith("secret-udp unreachable"), lines
+    # The host's network, asked for by name: the same agent reaches the secret service.
+    monkeypatch.setenv("EVALPIPE_AGENT_NETWORK", "host")
+    shared = draw(script_agent(tmp_path, f'"{sys.executable}" "{probe}"\n'), calc_case(repo))
+    assert shared.trace.agent_run.stdout_tail.splitlines()[0] == "secret-tcp hello"
+
+
+@pytest.mark.usefixtures("bwrap")
+def test_without_pasta_a_workspace_run_needs_the_flag(home, tmp_path, monkeypatch):
+    script = tmp_path / "agent.sh"
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    for tool in ("sh", "git", "bwrap"):  # what a workspace agent needs, without pasta
+        (bare / tool).symlink_to(shutil.which(tool))
+    monkeypatch.setenv("PATH", str(bare))
+    monkeypatch.delenv("EVALPIPE_AGENT_NETWORK", raising=False)
+    with pytest.raises(InputError, match="passt.*EVALPIPE_AGENT_NETWORK=host"):
+        load_agent(f"cmd:{script}", 60.0)
+    monkeypatch.setenv("EVALPIPE_AGENT_NETWORK", "host")
+    assert load_agent(f"cmd:{script}", 60.0) is not None
+    monkeypatch.setenv("EVALPIPE_AGENT_NETWORK", "sometimes")
+    with pytest.raises(InputError, match="own or host"):
+        load_agent(f"cmd:{script}", 60.0)
+
+
+@pytest.mark.usefixtures("bwrap")
+def test_the_agent_sees_only_its_checkout_scratch_code_and_runtimes(home, calc_repo, tmp_path, monkeypatch):
+    """Issue 33, item 3: the agent's sandbox showed the whole working directory: a
+    project's `.evalpipe/` (the database, snapshots with references) when EVALPIPE_HOME
+    points elsewhere, and gold patches in files beside the suite."""
+    repo, _ = calc_repo
+    project = tmp_path / "project"
+    (project / ".evalpipe").mkdir(parents=True)
+    (project / ".evalpipe" / "evalpipe.duckdb").write_text("the project's database\n")
+    (project / "notes.txt").write_text("the working directory\n")
+    suites = project / "evals"
+    suites.mkdir()
+    (suites / "suite.yaml").write_text("reference: gold\n")
+    (suites / "gold.patch").write_text("the gold patch\n")
+    agents = project / "agents"
+    agents.mkdir()
+    (agents / "helper.txt").write_text("beside the agent\n")
+    body = f"""#!/bin/sh
+for p in "{project}/.evalpipe/evalpipe.duckdb" "{project}/notes.txt" "{suites}/gold.patch" "{suites}/suite.yaml"; do
+  if grep . "$p" 2>/dev/null; then echo "READ $p"; fi
+done
+grep -q . "{agents}/helper.txt" 2>/dev/null && echo "its own folder is shown"
+echo "LS: $(ls -a "{project}" 2>&1 | tr '\\n' ' ')"
+echo "SUITES: $(ls -a "{suites}" 2>&1 | tr '\\n' ' ')"
+echo "ran $0"
+"""
+    monkeypatch.chdir(project)
+    # An agent in a folder of its own (shown), and one in the working directory (itself alone).
+    for script, own_folder in ((agents / "agent.sh", True), (project / "agent.sh", False)):
+        script.write_text(body)
+        script.chmod(0o755)
+        agent = load_agent(f"cmd:./{script.relative_to(project)}", 60.0).concealing([suites / "suite.yaml"])
+        sample = draw(agent, calc_case(repo))
+        out = sample.trace.agent_run.stdout_tail
+        assert f"ran {script}" in out, (sample.verdict.detail, sample.trace.agent_run)
+        assert "READ" not in out, out
+        assert ("its own folder is shown" in out) is own_folder, out
+        listing = out.split("LS: ", 1)[1].split("\n", 1)[0]
+        assert ".evalpipe" not in listing and "notes.txt" not in listing, listing
+        # The suite's folder is empty but for the suite file, shown empty.
+        assert out.split("SUITES: ", 1)[1].split("\n", 1)[0].split() == [".", "..", "suite.yaml"], out
+
+
+@pytest.mark.usefixtures("bwrap")
+@pytest.mark.parametrize(("setting", "value", "reason"), [
+    ("EVALPIPE_WORKSPACE_TREE_MB", "1", "over the 1,048,576-byte cap (EVALPIPE_WORKSPACE_TREE_MB)"),
+    ("EVALPIPE_WORKSPACE_CHANGE_BYTES", "100000", "the change is over the 100,000-byte cap"),
+])
+def test_a_tree_or_change_over_its_cap_is_an_agent_error_with_the_reason(home, calc_repo, tmp_path, monkeypatch,
+                                                                        setting, value, reason):
+    """Issue 33, item 7: the change was built in memory and the tree had no total cap."""
+    repo, _ = calc_repo
+    monkeypatch.setenv(setting, value)
+    body = f'"{sys.executable}" -c "open(\'big.txt\', \'w\').write(\'line\\\\n\' * 400_000)"\n'
+    sample = draw(script_agent(tmp_path, body), calc_case(repo))
+    assert sample.verdict.status is Status.agent_error and reason in sample.verdict.detail, sample.verdict.detail
+    assert sample.output == ""
+
+
+@pytest.mark.usefixtures("bwrap")
+def test_a_300_mb_change_is_read_no_further_than_its_cap(home, calc_repo, tmp_path):
+    """The red team's file: 300 MB took the harness from 0.3 to 1.0 GB resident. Drawn in a
+    process of its own, whose peak resident size is read: the change is streamed and cut
+    at its cap (4 MB), never held whole."""
+    repo, _ = calc_repo
+    script = tmp_path / "agent.sh"
+    script.write_text(f'#!/bin/sh\n"{sys.executable}" -c "open(\'big.txt\', \'w\').write((\'x\' * 99 + \'\\\\n\') * 3_000_000)"\n')
+    script.chmod(0o755)
+    code = f"""
+import resource, sys
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from test_workspaces import calc_case, draw
+from tasks.agents import load_agent
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+sample = draw(load_agent("cmd:{script}", 600.0), calc_case(__import__("pathlib").Path({str(repo)!r})))
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(sample.verdict.status.value, (after - before) // 1024, sample.verdict.detail)
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    status, grown_mb, detail = proc.stdout.strip().split(" ", 2)
+    assert status == "agent_error" and "the change is over the 4,194,304-byte cap" in detail, proc.stdout
+    assert int(grown_mb) < 100, proc.stdout  # the file is 300 MB; the patch would be more
