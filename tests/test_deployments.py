@@ -213,6 +213,18 @@ def test_nightly_has_its_schedule_and_gates_on_the_previous_run(stack: Stack) ->
     assert second["summary"]["gate"]["decision"] == "pass"
 
 
+def test_the_run_form_takes_the_gate_s_rules_and_a_blocked_run_is_failed(stack: Stack, on_demand: dict) -> None:
+    """The deployment is one more mode of the one run service: the same rules, the same decision."""
+    params = {"suite": "examples/qa.yaml", "agent": DEMO_AGENT, "n": 3, "k": [1, 3], "seed": 7,
+              "baseline": "previous", "min_slice": {"hard": 1.0}, "max_new_failures": 0}
+    final = stack.wait_final(stack.trigger("on-demand", params))
+    assert (final["state"]["type"], final["state"]["name"]) == ("FAILED", "Blocked")
+    gate = worker_run(stack, final["id"])["summary"]["gate"]
+    assert gate["decision"] == "block" and gate["rules"]["min_slice"] == {"hard": 1.0}
+    assert gate["rules"]["max_new_failures"] == 0 and gate["baseline_choice"].startswith("previous:")
+    assert "slice_threshold" in [b["rule"] for b in gate["blocks"]]
+
+
 @pytest.mark.parametrize(("params", "message"), [
     ({"n": 0}, "Validation failed for field 'n'. Failure reason: 0 is less than the minimum of 1"),
     ({"runner": "gpu"}, "Validation failed for field 'runner'. Failure reason: 'gpu' is not one of"),
