@@ -105,7 +105,7 @@ def mine_suite(
     derived = {**done, **unbuildable}
     derived |= _derive_all(runnable, assigned, source, reps, keys, store, workers, unsafe_no_sandbox,
                            len(derived), len(candidates))
-    name = source.rstrip("/").rsplit("/", 1)[-1].removesuffix(".git")
+    name = Path(out).stem  # the suite's name names its cases and, for the agent, the repository
     cases = [(c.commit, mined_case(c, derived[c.commit], case_id=f"{name}-{c.commit[:12]}", repo=source,
                                    repo_name=name, environment=assigned[c.commit].environment,
                                    environment_source=assigned[c.commit].source))

@@ -31,7 +31,7 @@ def _instance(case) -> dict[str, Any]:
     setup_commit = environment.get("setup_commit") or grader["base_commit"]
     return {
         "instance_id": case.id,
-        "repo": _repo_name(grader["repo"], case.inputs.get("repo")),
+        "repo": _repo_name(grader["repo"]),
         "base_commit": grader["base_commit"],
         "patch": case.reference if isinstance(case.reference, str) else "",
         "test_patch": grader.get("test_patch") or "",
@@ -45,13 +45,11 @@ def _instance(case) -> dict[str, Any]:
     }
 
 
-def _repo_name(repo: str, given: Any) -> str:
-    """`owner/name` for a GitHub repository; otherwise the case's own name for it, else the
-    repository as the case gives it (a path or URL: SWE-bench's harness needs it mapped)."""
+def _repo_name(repo: str) -> str:
+    """`owner/name` for a GitHub repository; otherwise the path or URL as the case has it
+    (SWE-bench's harness then needs it mapped; `suite import swebench` reads it back as is)."""
     found = _GITHUB.match(repo)
-    if found:
-        return found.group(1)
-    return given if isinstance(given, str) and given else repo
+    return found.group(1) if found else repo
 
 
 def write_instances(instances: list[dict[str, Any]], out: Path) -> None:
