@@ -8,9 +8,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import git
@@ -199,17 +202,34 @@ def test_mine_keeps_the_fix_says_why_the_rest_is_dropped_and_resumes(
     envs.write_text(yaml.safe_dump(OFFLINE))
     suite = tmp_path / "mined.yaml"
     env = {"PREFECT_API_URL": prefect_harness, "EVALPIPE_HOME": str(mine_home)}
-    mined = _cli("suite", "mine", history["path"], "--out", str(suite), "--environment", str(envs), "--json", env=env)
+    args = ["suite", "mine", history["path"], "--out", str(suite), "--environment", str(envs), "--json"]
+    # A mine killed (SIGKILL, no chance to tidy up) once its first candidate is done.
+    killed = subprocess.Popen([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, start_new_session=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        while not list((mine_home / "mining").glob("*.json")) and killed.poll() is None:
+            time.sleep(0.05)
+    finally:
+        os.killpg(killed.pid, signal.SIGKILL)
+        killed.wait()
+    assert not suite.exists()
+    # Run again, it resumes: what was stored is not run again.
+    mined = _cli(*args, env=env)
     assert mined.returncode == 0, mined.stderr
     report = json.loads(mined.stdout)
     assert (report["commits"], report["candidates"], report["kept"]) == (5, 3, 1)
+    assert report["reused"] >= 1
+    # The environment the killed mine built is reused, not built again.
+    (environment,) = report["environments"]
+    assert environment["candidates"] == 3 - report["reused"] and environment["built"] is False
+    # Progress: one line per candidate run, counted on from those reused.
+    assert len(re.findall(r"mine: \[\d/3\]", mined.stderr)) == 3 - report["reused"]
     assert report["skipped"] == {"changes no test file": 1, "the root commit": 1}
     dropped = {d["commit"]: d["reason"] for d in report["dropped"]}
     assert "1 flaky (tests/test_reset.py::test_reset)" in dropped[history["flaky"]]
     assert dropped[history["passing"]] == ("no test fails before the fix and passes with it every time:"
                                            " 3 pass before and after")
-    assert len(report["environments"]) == 1 and report["environments"][0]["candidates"] == 3
-    assert "[3/3]" in mined.stderr  # progress, one line per candidate
     (case,) = load_suite(suite).cases
     assert case.grader["fail_to_pass"] == ["tests/test_calc.py::test_sub"]
     assert case.grader["pass_to_pass"] == ["tests/test_calc.py::test_add"]
@@ -221,14 +241,11 @@ def test_mine_keeps_the_fix_says_why_the_rest_is_dropped_and_resumes(
     validated = _cli("suite", "validate", str(suite), "--reps", "2", "--json", env=env)
     assert validated.returncode == 0 and json.loads(validated.stdout)["valid"], validated.stdout + validated.stderr
 
-    # A mine killed after one candidate resumes: what is stored is not run again.
-    stored = sorted((mine_home / "mining").glob("*.json"))
-    assert len(stored) == 3
-    stored[0].unlink()
-    again = _cli("suite", "mine", history["path"], "--out", str(suite), "--environment", str(envs), "--json", env=env)
+    # Again: nothing is run, the same suite is written.
+    again = _cli(*args, env=env)
     assert again.returncode == 0, again.stderr
-    assert json.loads(again.stdout)["reused"] == 2 and "[3/3]" in again.stderr and "[1/3]" not in again.stderr
-    assert load_suite(suite).version == json.loads(mined.stdout)["version"]
+    assert json.loads(again.stdout)["reused"] == 3 and "mine: [" not in again.stderr
+    assert load_suite(suite).version == report["version"]
 
     # And out again, as SWE-bench instances that import back to the same case.
     instances = tmp_path / "instances.jsonl"
@@ -276,3 +293,23 @@ def test_metadata_is_content_and_survives_a_snapshot(tmp_path: Path) -> None:
     for suite in (plain, marked):
         back = store.read_snapshot(Path(store.write_snapshot(suite)).stem)
         assert back.version == suite.version and back.cases[0].metadata == suite.cases[0].metadata
+
+
+@pytest.mark.skipif(not bwrap_available(), reason="environments are built in bubblewrap")
+def test_an_environment_that_does_not_build_drops_its_candidates_with_the_reason(
+        history, mine_home: Path, tmp_path: Path, prefect_harness) -> None:
+    envs = tmp_path / "env.yaml"
+    envs.write_text(yaml.safe_dump({"install": ["pip install --no-index --find-links vendor no-such-package"]}))
+    suite = tmp_path / "none.yaml"
+    env = {"PREFECT_API_URL": prefect_harness, "EVALPIPE_HOME": str(mine_home)}
+    done = _cli("suite", "mine", history["path"], "--out", str(suite), "--environment", str(envs), "--json", env=env)
+    assert done.returncode == 1 and not suite.exists(), done.stderr
+    report = json.loads(done.stdout)
+    assert report["kept"] == 0 and len(report["dropped"]) == 3
+    (environment,) = report["environments"]
+    assert "no-such-package" in environment["failed"]
+    assert {d["reason"] for d in report["dropped"]} == {f"environment: {environment['failed']}"}
+    # Not stored: a build that failed (say, for want of the network) is tried again next time.
+    again = _cli("suite", "mine", history["path"], "--out", str(suite), "--environment", str(envs), "--json", env=env)
+    retried = json.loads(again.stdout)
+    assert retried["reused"] == 0 and "no-such-package" in retried["environments"][0]["failed"]
