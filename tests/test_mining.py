@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import git
@@ -136,6 +137,9 @@ def test_classify_reads_each_test_across_the_runs() -> None:
     assert found["pass_to_pass"] == ("t::p2p",)
     assert found["dropped_tests"] == {"t::flaky": "flaky: failed, failed before the fix; passed, failed with it",
                                       "t::broken": "error with the fix"}
+    uncollected = Report(outcomes={}, by_address={("", "tests.test_x"): "error"})
+    assert classify([uncollected], [uncollected])["reason"] == (
+        "no test ran, before the fix or with it: collecting tests.test_x failed")
     nothing = classify(before[:1], before[:1])
     assert not nothing["kept"] and nothing["reason"].startswith("no test fails before the fix")
     assert "2 pass before and after" in nothing["reason"]
@@ -177,6 +181,10 @@ def test_equal_environments_are_shared_and_the_users_win_by_date(history, mine_h
     # No package metadata at any commit: one inferred environment, built at the newest parent.
     assert len({a.fingerprint for a in assigned.values()}) == 1
     assert {a.environment["setup_commit"] for a in assigned.values()} == {candidates[0].parent}
+    # As of the newest commit's date: uv resolves what was published by then.
+    when = datetime.fromisoformat(candidates[0].date).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert {tuple(a.environment["install"]) for a in assigned.values()} == {
+        (f"pip install --exclude-newer {when} pytest",)}
     rules_file = tmp_path / "envs.yaml"
     rules_file.write_text(yaml.safe_dump([{"until": "1999-12-31", "environment": {"install": ["pip install old"]}},
                                           {"since": "2000-01-01", "environment": OFFLINE}]))

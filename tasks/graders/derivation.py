@@ -33,7 +33,7 @@ from tasks.repos.mining import Candidate, Skipped
 TEST_MODULES = ("test_", "_test.py")
 _NOT_PASSED = {FAILED, ERROR, MISSING}
 # Part of every stored result's key: a change to what the runs decide makes a mine run them again.
-DERIVATION_VERSION = 1
+DERIVATION_VERSION = 2  # 2: inferred environments install as of the commit's date
 
 
 @dataclass(frozen=True)
@@ -142,14 +142,17 @@ def classify(before: list[Report], after: list[Report]) -> dict[str, Any]:
         reason = f"{len(f2p)} FAIL_TO_PASS, {len(p2p)} PASS_TO_PASS"
         return {"kept": True, "reason": reason, "fail_to_pass": tuple(f2p), "pass_to_pass": tuple(p2p),
                 "dropped_tests": dropped}
-    return {"kept": False, "reason": no_fail_to_pass(ids, p2p, dropped), "pass_to_pass": tuple(p2p),
+    if not ids:  # pytest stops at a file it cannot collect, which JUnit names as a module
+        broken = sorted({name for r in [*before, *after] for (_cls, name), o in r.by_address.items() if o == ERROR})
+        reason = (f"no test ran, before the fix or with it: collecting {_names(broken)} failed" if broken
+                  else "its test files hold no test")
+        return {"kept": False, "reason": reason}
+    return {"kept": False, "reason": no_fail_to_pass(p2p, dropped), "pass_to_pass": tuple(p2p),
             "dropped_tests": dropped}
 
 
-def no_fail_to_pass(ids: list[str], p2p: list[str], dropped: dict[str, str]) -> str:
-    """Why a candidate has no FAIL_TO_PASS test, in one line."""
-    if not ids:
-        return "no test fails before the fix: its test files collected no test"
+def no_fail_to_pass(p2p: list[str], dropped: dict[str, str]) -> str:
+    """Why a candidate whose tests ran has no FAIL_TO_PASS test, in one line."""
     parts = []
     if p2p:
         parts.append(f"{len(p2p)} pass before and after")

@@ -23,7 +23,7 @@ import shutil
 import sys
 import tomllib
 from dataclasses import dataclass, field
-from datetime import date, datetime
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
@@ -274,18 +274,31 @@ def assign_environments(mirror_path: Path, parents: list[tuple[str, str, str]],
                         rules: list[Rule] | None = None) -> dict[str, Assigned]:
     """For each (commit, parent, date), newest first: the user's environment for its date,
     else the one inferred at its parent. Equal specs share one environment, built at the
-    newest parent among them."""
+    newest parent among them; an inferred one installs the packages as they were at the
+    newest commit's date (uv's `--exclude-newer`), not today's."""
     found: dict[str, Inferred] = {}
-    setup: dict[str, str] = {}
+    newest: dict[str, tuple[str, str]] = {}  # fingerprint -> (parent, date) of its newest commit
     for commit, parent, committed in parents:
-        inferred = (given_environment(rules, committed) if rules else None) or infer_environment(mirror_path, parent)
+        given = given_environment(rules, committed) if rules else None
+        inferred = given or infer_environment(mirror_path, parent)
         found[commit] = inferred
-        setup.setdefault(inferred.fingerprint, parent)
+        newest.setdefault(inferred.fingerprint, (parent, "" if given else committed))
     assigned = {}
     for commit, inferred in found.items():
         environment = None
         if inferred.spec is not None:
+            parent, committed = newest[inferred.fingerprint]
             environment = inferred.spec.model_dump(mode="json", exclude_defaults=True)
-            environment.setdefault("setup_commit", setup[inferred.fingerprint])
+            environment.setdefault("setup_commit", parent)
+            if committed:
+                environment["install"] = as_of(environment["install"], committed)
         assigned[commit] = Assigned(inferred.fingerprint, environment, inferred.source)
     return assigned
+
+
+def as_of(install: list[str], committed: str) -> list[str]:
+    """Each `pip install` resolving only what was published by `committed` (ISO 8601): a
+    commit of two years ago gets the pytest of two years ago, whose deprecations its tests
+    were written against. `pip` in a build is uv's (`tasks.repos.environments`)."""
+    when = datetime.fromisoformat(committed).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return [re.sub(r"^pip install ", f"pip install --exclude-newer {when} ", command) for command in install]
