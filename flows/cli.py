@@ -765,6 +765,16 @@ def _mount_plan() -> None:
 _mount_plan()
 
 
+def _mount_suite_commands() -> None:
+    from flows.suite_commands import export, mine
+
+    suite_app.command("mine")(mine)
+    suite_app.command("export")(export)
+
+
+_mount_suite_commands()
+
+
 _mount_judging()
 
 

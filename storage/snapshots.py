@@ -29,6 +29,7 @@ SCHEMA = pa.schema(
         ("safety", pa.json_()),
         ("must_pass", pa.bool_()),
         ("extra_graders", pa.json_()),  # null without them
+        ("metadata", pa.json_()),  # null without it
     ]
 )
 
@@ -57,6 +58,8 @@ def read_snapshot_file(path: Path) -> EvalSuite:
             data["must_pass"] = True
         if row.get("extra_graders") is not None:  # nor an extra_graders column
             data["extra_graders"] = json.loads(row["extra_graders"])
+        if row.get("metadata") is not None:  # nor a metadata column
+            data["metadata"] = json.loads(row["metadata"])
         cases.append(EvalCase.model_validate(data))
     suite = EvalSuite(name=meta["evalpipe.suite_name"], cases=tuple(cases))
     if suite.version != meta["evalpipe.version"]:
@@ -94,6 +97,7 @@ class Snapshots:
                 "safety": [None if c.safety is None else _json(c.safety) for c in cases],
                 "must_pass": [c.must_pass for c in cases],
                 "extra_graders": [_json(list(c.extra_graders)) if c.extra_graders else None for c in cases],
+                "metadata": [None if c.metadata is None else _json(c.metadata) for c in cases],
             },
             schema=SCHEMA.with_metadata({"evalpipe.suite_name": suite.name, "evalpipe.version": suite.version}),
         )

@@ -1,7 +1,7 @@
 """`Store(home)`: the one object through which everything reaches an evalpipe home's data:
 its DuckDB file (`storage.db`), suite snapshots (`storage.snapshots`), judge calibrations
-(`storage.calibrations`), run files (`storage.export`) and drawn outputs not yet graded
-(`storage.outputs`), each module holding its part of
+(`storage.calibrations`), run files (`storage.export`), drawn outputs not yet graded
+(`storage.outputs`) and mined candidates (`storage.mined`), each module holding its part of
 the methods. A command, a flow or `evalpipe.evaluate` builds one at its top and passes it
 down; the run loop keeps its samples in it (`tasks.run.loop.SampleStore`)."""
 
@@ -12,13 +12,14 @@ from pathlib import Path
 
 from storage.calibrations import Calibrations
 from storage.export import Exports
+from storage.mined import MinedCandidates
 from storage.outputs import Outputs
 from tasks.home import evalpipe_home
 from tasks.models import EvalSuite
 
 
 @dataclass(frozen=True)
-class Store(Exports, Calibrations, Outputs):
+class Store(Exports, Calibrations, Outputs, MinedCandidates):
     home: Path
 
     def __post_init__(self) -> None:

@@ -105,6 +105,9 @@ class EvalCase(_Frozen):
     # Part of the suite's version (a stored run says which cases were must-pass), not of the
     # case hash, so a run before and after the marking still pair on this case.
     must_pass: bool = False
+    # What the case records about itself (where it came from: a mined case's commit, date and
+    # files). Never given to the agent nor graded; part of the case hash like any content.
+    metadata: dict[str, Any] | None = None
     # Computed once at construction, so equal cases carry equal hashes.
     _case_hash: str = PrivateAttr(default="")
     # Where the case's relative paths (a local `repo`, a `path.py:function`) resolve: its
@@ -169,6 +172,8 @@ class EvalCase(_Frozen):
             del data["safety"]
         if not data["must_pass"]:  # absent when false: suites without it keep their versions
             del data["must_pass"]
+        if data["metadata"] is None:  # likewise
+            del data["metadata"]
         if not data["extra_graders"]:  # likewise
             del data["extra_graders"]
         else:

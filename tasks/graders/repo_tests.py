@@ -28,7 +28,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.graders.junit import PASSED, JUnitError, parse_junit
+from tasks.graders.junit import PASSED, JUnitError, Report, parse_junit
 from tasks.graders.safety import path_violations
 from tasks.models import EvalCase, InputError, Status, Verdict
 from tasks.params import RepoTestsParams
@@ -140,6 +140,12 @@ def _matches(path: str, globs: tuple[str, ...], anywhere: bool = False) -> bool:
     return anywhere and any("/" not in g and fnmatch.fnmatchcase(name, g) for g in globs)
 
 
+def is_test_file(path: str, globs: tuple[str, ...] = DEFAULT_TEST_FILES) -> bool:
+    """Whether `path` is a test file under `globs` (the grader restores those from the base
+    and leaves them to `test_patch`)."""
+    return _matches(path, globs, anywhere=True)
+
+
 def is_runner_file(path: str) -> bool:
     """Whether `path` could change how pytest starts (see `RUNNER_FILES`)."""
     *dirs, name = path.split("/")
@@ -170,6 +176,26 @@ def _steps(trace: SampleTrace) -> list[str]:
     if trace.steps is None:
         trace.steps = []
     return trace.steps
+
+
+def report_of(case: EvalCase, patch: str | None) -> tuple[Verdict, Report | None]:
+    """The tests of the case's test files run exactly as a sample's are: at the base
+    commit with `patch` applied as a candidate's output would be (None: no edit, as
+    `grade_base`), `test_patch` after. Returns the verdict and the whole JUnit report (every
+    test of those files, not only the graded ids); None when no report was read (the patch
+    did not apply, the environment or setup failed, the run timed out or crashed)."""
+    trace, reports = SampleTrace(), []
+    params = parse_params(case)
+    clock = _Clock(trace)
+    try:
+        with checkout(params.repo, params.base_commit) as tree:
+            if patch is None:
+                verdict = _test_tree(tree, params, {}, trace, clock, reports)
+            else:
+                verdict = _grade_tree(tree, patch, params, case, trace, clock, reports)
+    except RepoError as exc:
+        return Verdict.fail(Status.error, f"checkout failed: {exc}"), None
+    return verdict, (reports[0] if reports else None)
 
 
 def grade_base(case: EvalCase, trace: SampleTrace | None = None) -> Verdict:
@@ -203,7 +229,8 @@ def grade_repo_tests(output: str, case: EvalCase, typed: RepoTestsParams, *, tra
 
 
 def _grade_tree(
-    tree: Path, output: str, params: Params, case: EvalCase, trace: SampleTrace, clock: _Clock
+    tree: Path, output: str, params: Params, case: EvalCase, trace: SampleTrace, clock: _Clock,
+    reports: list[Report] | None = None,
 ) -> Verdict:
     steps = _steps(trace)
     with clock("apply"):
@@ -230,12 +257,13 @@ def _grade_tree(
         detail = f"edits outside the allowed files: {', '.join(outside)}"
         return Verdict.fail(Status.scope_violation, detail, safety=safety)
 
-    return _test_tree(tree, params, changed, trace, clock)
+    return _test_tree(tree, params, changed, trace, clock, reports)
 
 
-def _test_tree(tree: Path, params: Params, changed: dict, trace: SampleTrace, clock: _Clock) -> Verdict:
+def _test_tree(tree: Path, params: Params, changed: dict, trace: SampleTrace, clock: _Clock,
+               reports: list[Report] | None = None) -> Verdict:
     """Restore test files, apply test_patch, run setup and the tests: the part of grading
-    after the candidate's edits are on disk."""
+    after the candidate's edits are on disk. The parsed report goes to `reports` too."""
     steps = _steps(trace)
     try:
         with clock("environment"):
@@ -288,7 +316,7 @@ def _test_tree(tree: Path, params: Params, changed: dict, trace: SampleTrace, cl
             return Verdict.fail(
                 Status.error, f"setup wrote {grown >> 20} MB, over disk_mb={params.disk_mb}"
             )
-    return _run_tests(tree, params, limits, trace, clock, runtime)
+    return _run_tests(tree, params, limits, trace, clock, runtime, reports)
 
 
 def _test_argv(params: Params, junit: str, python: str) -> list[str]:
@@ -314,7 +342,8 @@ def _test_argv(params: Params, junit: str, python: str) -> list[str]:
 
 
 def _run_tests(
-    tree: Path, params: Params, limits: Limits, trace: SampleTrace, clock: _Clock, runtime: Runtime
+    tree: Path, params: Params, limits: Limits, trace: SampleTrace, clock: _Clock, runtime: Runtime,
+    reports: list[Report] | None = None,
 ) -> Verdict:
     # The report goes to a directory made just now under a random name (no file from the
     # patch, nor one left by an earlier sample, can stand in for it), in the sandbox's copy
@@ -362,6 +391,8 @@ def _run_tests(
                 Status.failed,
                 f"no JUnit report: the test command did not finish (exit {result.returncode})",
             )
+        if reports is not None:
+            reports.append(report)
         outcomes = {
             test: report.outcome(test) for test in params.fail_to_pass + params.pass_to_pass
         }

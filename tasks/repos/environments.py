@@ -187,6 +187,16 @@ def runtime_for(spec: Environment | None, repo: str, base_commit: str, *, needs_
     )
 
 
+def ensure_environment(spec: Environment, repo: str, base_commit: str, home: Path | None = None) -> dict:
+    """Build the environment unless it is built; its record (`env.json`: name, build_s,
+    pytest, ...) and whether this call built it. Raises `EnvironmentFailed`."""
+    home = home or evalpipe_home()
+    ident = identify(spec, repo, base_commit, home)
+    path = home / "envs" / ident.name
+    built_before = _read_meta(path / "env.json") is not None
+    return {**_ensure_built(ident, spec, path), "built_now": not built_before}
+
+
 # ------------------------------------------------------------------ identity
 
 _identities: dict[tuple, Identity] = {}
@@ -547,16 +557,21 @@ def prune(names: Sequence[str] = (), *, unused_days: float | None = None, everyt
     return {"removed": removed, "busy": busy}
 
 
-def load_environment_map(path: Path) -> dict[str, Environment]:
-    """An `--environments` file: `owner/name` or `owner/name@version` → environment spec."""
+def read_environment_file(path: Path) -> Any:
+    """An environment file's YAML document; `InputError` naming the file if it does not read."""
     import yaml
 
     try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
     except yaml.YAMLError as exc:
         raise InputError(f"{path}: malformed YAML: {getattr(exc, 'problem', None) or exc}") from None
+
+
+def load_environment_map(path: Path) -> dict[str, Environment]:
+    """An `--environments` file: `owner/name` or `owner/name@version` → environment spec."""
+    doc = read_environment_file(path)
     if not isinstance(doc, dict) or not doc:
         raise InputError(f"{path}: expected a mapping of owner/name[@version] to environments")
     specs = {}

@@ -1,0 +1,140 @@
+"""Mining a repository's history: the first-parent commits that change both code and tests,
+each split into the fix (`patch`, the non-test files) and its tests (`test_patch`).
+
+Pure git on the repository's mirror. Which test files are tests is the caller's rule (the
+grader's `test_files`, passed in); which of their tests a case grades is derived by running
+them (`tasks.graders.derivation`), never guessed from the diff.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tasks.repos.worktrees import RepoError, run_git
+
+# What a commit's code files are by default: Python sources (documentation, changelogs and
+# data change alongside fixes, and go into the patch, but do not make a commit a fix).
+DEFAULT_CODE_PATHS = ("*.py",)
+# Modes `repo_tests`' patches cannot carry: symbolic links and submodules.
+_SYMLINK, _GITLINK = "120000", "160000"
+# "fixes #12", "(#12)", "closes org/repo#12": the issue a message links (recorded, not fetched).
+_ISSUE = re.compile(r"(?<![\w/])(?:[\w.-]+/[\w.-]+)?#(\d+)\b")
+_DIFF_OPTIONS = ("--no-color", "--no-ext-diff", "--no-textconv", "--no-renames",
+                 "--src-prefix=a/", "--dst-prefix=b/")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A commit that changes code and tests, split into the fix and its tests."""
+
+    commit: str
+    parent: str  # the first parent: the case's base commit
+    date: str  # committer date, ISO 8601
+    message: str
+    code_files: tuple[str, ...]  # the non-test files the patch changes (code and the rest)
+    test_files: tuple[str, ...]  # the test files the test patch changes
+    patch: str
+    test_patch: str
+
+    @property
+    def issues(self) -> tuple[str, ...]:
+        """The issue numbers the message refers to (`#12`), in order of appearance."""
+        return tuple(dict.fromkeys(f"#{n}" for n in _ISSUE.findall(self.message)))
+
+    def provenance(self) -> dict:
+        return {"commit": self.commit, "parent": self.parent, "date": self.date,
+                "files": {"code": list(self.code_files), "tests": list(self.test_files)},
+                "issues": list(self.issues)}
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A walked commit that is not a candidate, and why."""
+
+    commit: str
+    reason: str
+
+
+def first_parent_commits(mirror_path: Path, *, since: str | None = None, until: str | None = None,
+                         max_commits: int | None = None) -> list[str]:
+    """The first-parent chain from `until` (default HEAD) back to, not including, `since`,
+    newest first, at most `max_commits` of them. Raises `RepoError` for an unknown revision."""
+    tip = until or "HEAD"
+    args = ["rev-list", "--first-parent"]
+    if max_commits is not None:
+        args.append(f"--max-count={max_commits}")
+    for rev in (tip, since):
+        if rev is not None and (rev.startswith("-") or not rev.strip()):
+            raise RepoError(f"{rev!r} is not a revision")
+    args += [tip] if since is None else [f"^{since}", tip]
+    return run_git(mirror_path, *args, "--").split()
+
+
+def _changes(mirror_path: Path, parent: str, commit: str) -> list[tuple[str, str, str, str]]:
+    """(old mode, new mode, status, path) of every path the commit changes."""
+    out = run_git(mirror_path, "diff-tree", "-r", "-z", "--no-renames", "--raw", parent, commit)
+    fields = out.split("\0")
+    changes = []
+    for meta, path in zip(fields[0::2], fields[1::2], strict=False):
+        old_mode, new_mode, _old, _new, status = meta.lstrip(":").split(" ")
+        changes.append((old_mode, new_mode, status, path))
+    return changes
+
+
+def _binary(mirror_path: Path, parent: str, commit: str) -> set[str]:
+    out = run_git(mirror_path, "diff", "--numstat", "-z", "--no-renames", parent, commit)
+    return {line.split("\t", 2)[2] for line in out.split("\0") if line.startswith("-\t-\t")}
+
+
+def split_commit(mirror_path: Path, commit: str, *, is_test: Callable[[str], bool],
+                 code_paths: Sequence[str] = DEFAULT_CODE_PATHS) -> Candidate | Skipped:
+    """The commit as a candidate, or why it is not one."""
+    info = run_git(mirror_path, "show", "-s", "--format=%P%x00%cI%x00%B", commit)
+    parents, date, message = info.split("\0", 2)
+    if not parents.split():
+        return Skipped(commit, "the root commit (no parent to start from)")
+    parent = parents.split()[0]
+    changes = _changes(mirror_path, parent, commit)
+    paths = [path for *_, path in changes]
+    tests = tuple(p for p in paths if is_test(p))
+    rest = tuple(p for p in paths if not is_test(p))
+    if not tests:
+        return Skipped(commit, "changes no test file")
+    if not any(fnmatch.fnmatchcase(p, glob) for p in rest for glob in code_paths):
+        return Skipped(commit, f"changes no code file matching {', '.join(code_paths)}")
+    special = [path for old, new, _s, path in changes if {old, new} & {_SYMLINK, _GITLINK}]
+    if special:
+        return Skipped(commit, f"changes a symbolic link or submodule ({special[0]}), which a patch cannot carry")
+    binary = sorted(_binary(mirror_path, parent, commit))
+    if binary:
+        return Skipped(commit, f"changes a binary file ({binary[0]}), which a patch cannot carry")
+    return Candidate(
+        commit=commit, parent=parent, date=date, message=message.strip(),
+        code_files=rest, test_files=tests,
+        patch=_diff(mirror_path, parent, commit, rest),
+        test_patch=_diff(mirror_path, parent, commit, tests),
+    )
+
+
+def _diff(mirror_path: Path, parent: str, commit: str, paths: Sequence[str]) -> str:
+    # Literal pathspecs: a file named `*.py` or `:x` is that file, not a pattern. run_git strips
+    # the output's last newline, which the patch format needs.
+    text = run_git(mirror_path, "--literal-pathspecs", "diff", *_DIFF_OPTIONS, parent, commit, "--", *paths)
+    return text + "\n"
+
+
+def mine_history(mirror_path: Path, *, is_test: Callable[[str], bool], since: str | None = None,
+                 until: str | None = None, max_commits: int | None = None,
+                 code_paths: Sequence[str] = DEFAULT_CODE_PATHS) -> tuple[list[Candidate], list[Skipped]]:
+    """Walk the first-parent history and split every commit: the candidates and the rest,
+    newest first."""
+    candidates: list[Candidate] = []
+    skipped: list[Skipped] = []
+    for commit in first_parent_commits(mirror_path, since=since, until=until, max_commits=max_commits):
+        found = split_commit(mirror_path, commit, is_test=is_test, code_paths=code_paths)
+        (candidates if isinstance(found, Candidate) else skipped).append(found)  # type: ignore[arg-type]
+    return candidates, skipped

@@ -1,0 +1,323 @@
+"""Mining a repository's history into a suite (`evalpipe suite mine`, docs/mining.md): a real
+repository built here holds a fix with its test, a commit whose only new test is flaky, one
+whose tests already pass before the fix, and commits that are not candidates; what is kept,
+and why the rest is dropped, is read from what the tests did in the sandbox."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import git
+import pytest
+import yaml
+from support.git_repos import commit
+
+from tasks.graders.derivation import classify, runnable_files
+from tasks.graders.junit import Report
+from tasks.graders.repo_tests import is_test_file
+from tasks.graders.validation import check_case
+from tasks.models import InputError
+from tasks.repos.env_inference import assign_environments, infer_environment, load_environment_rules
+from tasks.repos.mining import Candidate, mine_history
+from tasks.repos.worktrees import mirror
+from tasks.sandbox import bwrap_available
+from tasks.suites.dataset import load_suite
+from tasks.suites.importers import swebench_suite
+
+ROOT = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("build_pricing", ROOT / "examples/pricing/build_repo.py")
+pricing = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(pricing)
+
+# pytest from wheels in the repository: the environment builds offline.
+OFFLINE = {"install": ["pip install --no-index --find-links vendor " + " ".join(pricing.PYTEST_DISTS)]}
+
+CALC = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a + b\n"
+CALC_FIXED = CALC.replace("def sub(a, b):\n    return a + b", "def sub(a, b):\n    return a - b")
+TESTS = "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"
+TESTS_SUB = "from calc import add, sub\n\n\ndef test_add():\n    assert add(2, 3) == 5\n\n\ndef test_sub():\n    assert sub(5, 3) == 2\n"
+# A test that passes only when it runs before the polluting file's test: flaky with the fix,
+# since the mine runs the files in one order, then the other.
+POLLUTE = "import calc\n\n\ndef test_pollute():\n    calc.POLLUTED = True\n"
+RESET = textwrap.dedent("""\
+    import calc
+
+
+    def test_reset():
+        assert not getattr(calc, "POLLUTED", False)
+        assert calc.reset() == "clean"
+""")
+NEGATIVE = TESTS_SUB + "\n\ndef test_add_negative():\n    assert add(-2, -3) == -5\n"
+
+
+@pytest.fixture(scope="module")
+def history(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The repository's path and its commits by name: root, fix, flaky, passing, code_only."""
+    path = tmp_path_factory.mktemp("mined") / "calc"
+    repo = git.Repo.init(path, initial_branch="main")
+    wheels = dict(pricing.wheel_of_installed(d) for d in pricing.PYTEST_DISTS)
+    for name, data in wheels.items():
+        (path / "vendor").mkdir(exist_ok=True)
+        (path / "vendor" / name).write_bytes(data)
+    repo.index.add([f"vendor/{n}" for n in wheels])
+    shas = {"path": str(path)}
+    shas["root"] = commit(repo, {"calc.py": CALC, "tests/test_calc.py": TESTS, "README.md": "calc\n"}, "calc")
+    shas["fix"] = commit(repo, {"calc.py": CALC_FIXED, "tests/test_calc.py": TESTS_SUB,
+                                "CHANGES.md": "- sub subtracts\n"}, "Fix sub: it added (fixes #7)")
+    shas["flaky"] = commit(repo, {"calc.py": CALC_FIXED + "\n\ndef reset():\n    return 'clean'\n",
+                                  "tests/test_a_pollute.py": POLLUTE, "tests/test_reset.py": RESET}, "Add reset")
+    shas["passing"] = commit(repo, {"calc.py": CALC_FIXED.replace("a + b", "b + a") + "\n\ndef reset():\n    return 'clean'\n",
+                                    "tests/test_calc.py": NEGATIVE}, "Refactor add")
+    shas["code_only"] = commit(repo, {"calc.py": "# calc\n" + (path / "calc.py").read_text()}, "Comment calc")
+    return shas
+
+
+@pytest.fixture(scope="module")
+def mine_home(tmp_path_factory: pytest.TempPathFactory):
+    """One EVALPIPE_HOME for the module: the environment is built once."""
+    path = tmp_path_factory.mktemp("mine-home")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("EVALPIPE_HOME", str(path))
+        yield path
+
+
+def _mined(history: dict[str, str], home: Path, **options) -> tuple[list[Candidate], list]:
+    return mine_history(mirror(history["path"], home), is_test=is_test_file, **options)
+
+
+def test_the_history_splits_into_candidates(history, mine_home: Path) -> None:
+    candidates, skipped = _mined(history, mine_home)
+    assert [c.commit for c in candidates] == [history["passing"], history["flaky"], history["fix"]]
+    assert {s.commit: s.reason for s in skipped} == {
+        history["code_only"]: "changes no test file",
+        history["root"]: "the root commit (no parent to start from)",
+    }
+    fix = candidates[-1]
+    assert (fix.parent, fix.code_files, fix.test_files) == (history["root"], ("CHANGES.md", "calc.py"),
+                                                            ("tests/test_calc.py",))
+    assert "calc.py" in fix.patch and "CHANGES.md" in fix.patch and "tests/" not in fix.patch
+    assert "+def test_sub" in fix.test_patch
+    assert [ln for ln in fix.test_patch.splitlines() if ln.startswith("diff --git")] == [
+        "diff --git a/tests/test_calc.py b/tests/test_calc.py"]
+    assert fix.message == "Fix sub: it added (fixes #7)" and fix.issues == ("#7",)
+    assert fix.provenance()["files"] == {"code": ["CHANGES.md", "calc.py"], "tests": ["tests/test_calc.py"]}
+    assert runnable_files(candidates[1]) == ["tests/test_a_pollute.py", "tests/test_reset.py"]
+    # The range and the cap: --since is left out, --max counts walked commits.
+    since, _ = _mined(history, mine_home, since=history["fix"])
+    assert [c.commit for c in since] == [history["passing"], history["flaky"]]
+    capped, capped_skipped = _mined(history, mine_home, max_commits=2)
+    assert [c.commit for c in capped] == [history["passing"]] and len(capped_skipped) == 1
+    none, why = _mined(history, mine_home, code_paths=("src/*",))
+    assert none == [] and {s.reason for s in why} >= {"changes no code file matching src/*"}
+
+
+def _report(outcomes: dict[str, str]) -> Report:
+    return Report(outcomes=outcomes)
+
+
+def test_classify_reads_each_test_across_the_runs() -> None:
+    before = [_report({"t::f2p": "failed", "t::p2p": "passed", "t::flaky": "failed", "t::broken": "passed"}),
+              _report({"t::f2p": "failed", "t::p2p": "passed", "t::flaky": "failed", "t::broken": "passed"})]
+    after = [_report({"t::f2p": "passed", "t::p2p": "passed", "t::flaky": "passed", "t::broken": "error",
+                      "t::new": "passed"}),
+             _report({"t::f2p": "passed", "t::p2p": "passed", "t::flaky": "failed", "t::broken": "error",
+                      "t::new": "passed"})]
+    found = classify(before, after)
+    assert found["kept"] and found["fail_to_pass"] == ("t::f2p", "t::new")  # not collected before: fails
+    assert found["pass_to_pass"] == ("t::p2p",)
+    assert found["dropped_tests"] == {"t::flaky": "flaky: failed, failed before the fix; passed, failed with it",
+                                      "t::broken": "error with the fix"}
+    uncollected = Report(outcomes={}, by_address={("", "tests.test_x"): "error"})
+    assert classify([uncollected], [uncollected])["reason"] == (
+        "no test ran, before the fix or with it: collecting tests.test_x failed")
+    nothing = classify(before[:1], before[:1])
+    assert not nothing["kept"] and nothing["reason"].startswith("no test fails before the fix")
+    assert "2 pass before and after" in nothing["reason"]
+
+
+def _write(root: Path, files: dict[str, str]) -> str:
+    repo = git.Repo.init(root, initial_branch="main")
+    commit(repo, {"README": "x\n"}, "root")
+    return commit(repo, files, "layout")
+
+
+def test_environments_are_inferred_from_the_commit(tmp_path: Path) -> None:
+    pyproject = tmp_path / "src-layout"
+    sha = _write(pyproject, {"pyproject.toml": '[project]\nname = "p"\nrequires-python = ">=3.8"\n'
+                             '[project.optional-dependencies]\ntests = ["pytest>=7"]\ndocs = ["sphinx"]\n',
+                             "src/p/__init__.py": ""})
+    found = infer_environment(mirror(str(pyproject), tmp_path / "home"), sha)
+    assert found.spec.install == ("pip install -e '.[tests]'", "pip install pytest")
+    assert found.source == "pyproject.toml" and found.spec.python is None
+    flat = tmp_path / "flat"
+    sha = _write(flat, {"requirements/tests.txt": "pytest==8.0.0\n", "requirements/docs.txt": "sphinx\n",
+                        "lib.py": ""})
+    found = infer_environment(mirror(str(flat), tmp_path / "home"), sha)
+    assert found.spec.install == ("pip install -r requirements/tests.txt", "pip install pytest")
+    bare = tmp_path / "bare"
+    sha = _write(bare, {"lib.py": ""})
+    found = infer_environment(mirror(str(bare), tmp_path / "home"), sha)
+    assert found.spec.install == ("pip install pytest",) and "pytest only" in found.source
+    ancient = tmp_path / "ancient"
+    sha = _write(ancient, {"setup.py": "setup(name='a', python_requires='<3.0')\n"})
+    found = infer_environment(mirror(str(ancient), tmp_path / "home"), sha)
+    assert found.spec is None and "requires-python <3.0" in found.source
+
+
+def test_equal_environments_are_shared_and_the_users_win_by_date(history, mine_home: Path, tmp_path: Path) -> None:
+    candidates, _ = _mined(history, mine_home)
+    rows = [(c.commit, c.parent, c.date) for c in candidates]
+    assigned = assign_environments(mirror(history["path"], mine_home), rows)
+    # No package metadata at any commit: one inferred environment, built at the newest parent.
+    assert len({a.fingerprint for a in assigned.values()}) == 1
+    assert {a.environment["setup_commit"] for a in assigned.values()} == {candidates[0].parent}
+    # As of the newest commit's date: uv resolves what was published by then.
+    when = datetime.fromisoformat(candidates[0].date).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert {tuple(a.environment["install"]) for a in assigned.values()} == {
+        (f"pip install --exclude-newer {when} pytest",)}
+    rules_file = tmp_path / "envs.yaml"
+    rules_file.write_text(yaml.safe_dump([{"until": "1999-12-31", "environment": {"install": ["pip install old"]}},
+                                          {"since": "2000-01-01", "environment": OFFLINE}]))
+    given = assign_environments(mirror(history["path"], mine_home), rows, load_environment_rules(rules_file))
+    assert {a.source for a in given.values()} == {"given (--environment)"}
+    assert {tuple(a.environment["install"]) for a in given.values()} == {tuple(OFFLINE["install"])}
+    for text, where in (("[unclosed", "malformed YAML"), ("- {since: never, environment: {}}", "not a date"),
+                        ("- {environment: {install: 3}}", "install")):
+        rules_file.write_text(text)
+        with pytest.raises(InputError, match=where):
+            load_environment_rules(rules_file)
+
+
+def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=900, env={**os.environ, "PYTHONPATH": str(ROOT), **env})
+
+
+@pytest.mark.skipif(not bwrap_available(), reason="environments are built in bubblewrap")
+def test_mine_keeps_the_fix_says_why_the_rest_is_dropped_and_resumes(
+        history, mine_home: Path, tmp_path: Path, prefect_harness) -> None:
+    envs = tmp_path / "env.yaml"
+    envs.write_text(yaml.safe_dump(OFFLINE))
+    suite = tmp_path / "mined.yaml"
+    env = {"PREFECT_API_URL": prefect_harness, "EVALPIPE_HOME": str(mine_home)}
+    args = ["suite", "mine", history["path"], "--out", str(suite), "--environment", str(envs), "--json"]
+    # A mine killed (SIGKILL, no chance to tidy up) once its first candidate is done.
+    killed = subprocess.Popen([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, start_new_session=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        while not list((mine_home / "mining").glob("*.json")) and killed.poll() is None:
+            time.sleep(0.05)
+    finally:
+        os.killpg(killed.pid, signal.SIGKILL)
+        killed.wait()
+    assert not suite.exists()
+    # Run again, it resumes: what was stored is not run again.
+    mined = _cli(*args, env=env)
+    assert mined.returncode == 0, mined.stderr
+    report = json.loads(mined.stdout)
+    assert (report["commits"], report["candidates"], report["kept"]) == (5, 3, 1)
+    assert report["reused"] >= 1
+    # The environment the killed mine built is reused, not built again.
+    (environment,) = report["environments"]
+    assert environment["candidates"] == 3 - report["reused"] and environment["built"] is False
+    # Progress: one line per candidate run, counted on from those reused.
+    assert len(re.findall(r"mine: \[\d/3\]", mined.stderr)) == 3 - report["reused"]
+    assert report["skipped"] == {"changes no test file": 1, "the root commit": 1}
+    dropped = {d["commit"]: d["reason"] for d in report["dropped"]}
+    assert "1 flaky (tests/test_reset.py::test_reset)" in dropped[history["flaky"]]
+    assert dropped[history["passing"]] == ("no test fails before the fix and passes with it every time:"
+                                           " 3 pass before and after")
+    (case,) = load_suite(suite).cases
+    assert case.grader["fail_to_pass"] == ["tests/test_calc.py::test_sub"]
+    assert case.grader["pass_to_pass"] == ["tests/test_calc.py::test_add"]
+    assert case.grader["base_commit"] == history["root"] and case.inputs["problem_statement"].startswith("Fix sub")
+    assert case.metadata["provenance"]["commit"] == history["fix"]
+    assert case.metadata["provenance"]["issues"] == ["#7"]
+    # The suite is sound: the reference resolves R/R, the tests at the base fail.
+    assert check_case(case, 2).problem is None
+    validated = _cli("suite", "validate", str(suite), "--reps", "2", "--json", env=env)
+    assert validated.returncode == 0 and json.loads(validated.stdout)["valid"], validated.stdout + validated.stderr
+
+    # Again: nothing is run, the same suite is written.
+    again = _cli(*args, env=env)
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["reused"] == 3 and "mine: [" not in again.stderr
+    assert load_suite(suite).version == report["version"]
+
+    # And out again, as SWE-bench instances that import back to the same case.
+    instances = tmp_path / "instances.jsonl"
+    exported = _cli("suite", "export", str(suite), "--format", "swebench", "--out", str(instances), env=env)
+    assert exported.returncode == 0, exported.stderr
+    (instance,) = [json.loads(line) for line in instances.read_text().splitlines()]
+    assert instance["FAIL_TO_PASS"] == case.grader["fail_to_pass"] and instance["patch"] == case.reference
+    assert instance["environment_setup_commit"] == case.grader["environment"]["setup_commit"]
+    (back,) = swebench_suite(instances).cases
+    assert {k: back.grader[k] for k in ("repo", "base_commit", "test_patch", "fail_to_pass", "pass_to_pass")} == {
+        k: case.grader[k] for k in ("repo", "base_commit", "test_patch", "fail_to_pass", "pass_to_pass")}
+    assert (back.id, back.reference) == (case.id, case.reference) and case.id == f"mined-{history['fix'][:12]}"
+
+
+def test_bad_input_exits_2_with_one_line(history, tmp_path: Path, home: Path) -> None:
+    env = {"EVALPIPE_HOME": str(home)}
+    envs = tmp_path / "env.yaml"
+    envs.write_text("install: 3\n")
+    for args, where in (
+        (["suite", "mine", str(tmp_path / "nowhere"), "--out", str(tmp_path / "s.yaml")], "no such repository"),
+        (["suite", "mine", history["path"], "--out", str(tmp_path / "s.txt")], "unknown suite format"),
+        (["suite", "mine", history["path"], "--out", str(tmp_path / "s.yaml"), "--environment", str(envs)], "install"),
+        (["suite", "mine", history["path"], "--out", str(tmp_path / "s.yaml"), "--reps", "1"], "--reps"),
+    ):
+        done = _cli(*args, env=env)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1 and where in done.stderr, done.stderr
+    assert not (tmp_path / "s.yaml").exists()
+    qa = tmp_path / "qa.yaml"
+    qa.write_text(yaml.safe_dump({"name": "qa", "cases": [{"id": "a", "reference": "x", "grader": {"kind": "exact"}}]}))
+    done = _cli("suite", "export", str(qa), "--out", str(tmp_path / "i.jsonl"), env=env)
+    assert done.returncode == 2 and "case a is graded by exact" in done.stderr
+    done = _cli("suite", "export", str(qa), "--format", "inspect", "--out", str(tmp_path / "i.jsonl"), env=env)
+    assert done.returncode == 2 and "--format" in done.stderr and not (tmp_path / "i.jsonl").exists()
+
+
+def test_metadata_is_content_and_survives_a_snapshot(tmp_path: Path) -> None:
+    from storage.store import Store
+    from tasks.suites.dataset import build_suite
+
+    raw = {"id": "m", "reference": "x", "grader": {"kind": "exact"}}
+    plain = build_suite("s", [("1", raw)], {}, source="t")
+    marked = build_suite("s", [("1", {**raw, "metadata": {"provenance": {"commit": "abc"}}})], {}, source="t")
+    assert plain.version != marked.version and "metadata" not in plain.cases[0].content()
+    store = Store(tmp_path)
+    for suite in (plain, marked):
+        back = store.read_snapshot(Path(store.write_snapshot(suite)).stem)
+        assert back.version == suite.version and back.cases[0].metadata == suite.cases[0].metadata
+
+
+@pytest.mark.skipif(not bwrap_available(), reason="environments are built in bubblewrap")
+def test_an_environment_that_does_not_build_drops_its_candidates_with_the_reason(
+        history, mine_home: Path, tmp_path: Path, prefect_harness) -> None:
+    envs = tmp_path / "env.yaml"
+    envs.write_text(yaml.safe_dump({"install": ["pip install --no-index --find-links vendor no-such-package"]}))
+    suite = tmp_path / "none.yaml"
+    env = {"PREFECT_API_URL": prefect_harness, "EVALPIPE_HOME": str(mine_home)}
+    done = _cli("suite", "mine", history["path"], "--out", str(suite), "--environment", str(envs), "--json", env=env)
+    assert done.returncode == 1 and not suite.exists(), done.stderr
+    report = json.loads(done.stdout)
+    assert report["kept"] == 0 and len(report["dropped"]) == 3
+    (environment,) = report["environments"]
+    assert "no-such-package" in environment["failed"]
+    assert {d["reason"] for d in report["dropped"]} == {f"environment: {environment['failed']}"}
+    # Not stored: a build that failed (say, for want of the network) is tried again next time.
+    again = _cli("suite", "mine", history["path"], "--out", str(suite), "--environment", str(envs), "--json", env=env)
+    retried = json.loads(again.stdout)
+    assert retried["reused"] == 0 and "no-such-package" in retried["environments"][0]["failed"]
