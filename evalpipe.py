@@ -15,8 +15,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
-
 if TYPE_CHECKING:
     from storage.store import Store
 
@@ -63,11 +61,7 @@ def evaluate(suite: SuiteLike, agent: AgentLike, *, name: str = "suite",
     store.check()
     ref = _suite_ref(suite, name, store)
     own = None if isinstance(agent, str) else CallableAgent.of(agent)
-    try:
-        config = RunConfig(suite=ref, agent=agent if own is None else own.spec, **options)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        raise InputError(f"evaluate: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+    config = RunConfig.build("evaluate", suite=ref, agent=agent if own is None else own.spec, **options)
     if own is not None and config.workspace:
         raise InputError("evaluate: workspace runs take a cmd: or python: agent spec, not a callable")
     if config.runner != "threads" or config.dask_address:
