@@ -44,13 +44,13 @@ def evaluate(suite: SuiteLike, agent: AgentLike, *, name: str = "suite",
     blocked gate is in the summary (`summary.gate.decision`), not raised.
     """
     from flows.gate import run_gate
-    from storage.runs import prepare_run
     from storage.store import Store
     from tasks.agents.python import CallableAgent
     from tasks.home import hide_home
     from tasks.models import InputError
     from tasks.run import RunConfig, RunSummary
     from tasks.run.loop import local_stages, run_loop
+    from tasks.run.prepare import prepare_run
     from tasks.sandbox import allowing_unsafe
 
     started = time.perf_counter()

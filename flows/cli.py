@@ -250,10 +250,10 @@ def run(
     Exit 1 when the gate (--baseline) blocks, 4 when too many samples are agent_error,
     5 when too many are error (the grader could not run), 6 when a budget (--max-cost,
     --max-samples) left samples undrawn."""
-    from storage.runs import prepare_run
     from storage.store import Store
     from tasks.metrics.rules import parse_slice_thresholds
     from tasks.run import RunConfig
+    from tasks.run.prepare import pinned, prepare_run
 
     config = RunConfig.build(
         "run", lambda field: "--" + {"sequential_rounds": "rounds"}.get(field, field).replace("_", "-"),
@@ -269,9 +269,7 @@ def run(
     # the suite pinned (a git branch as the commit read here) and the price file found.
     store = Store.default()
     store.check()  # a damaged or locked database is reported before Prefect starts, too
-    prepared = prepare_run(config, store)
-    config = config.model_copy(update={"suite": prepared.spec.config["suite_source"],
-                                       "prices": prepared.prices.source})
+    config, prepared = pinned(config, prepare_run(config, store))
     suite_obj = prepared.suite
     summary = run_flow(config, as_json, suite_obj.name, prepared)
     typer.echo(json_doc(summary) if as_json else _summary_text(summary))
@@ -415,8 +413,8 @@ def rescore_cmd(
     store.check()
     source = store.find_run(run_id)
     from flows.rescore import source_suite_of
-    from storage.runs import gate_baseline
     from tasks.run import RunConfig
+    from tasks.run.prepare import gate_baseline
 
     source_suite_of(source, suite_obj, store)  # bad input is refused before Prefect starts
     config = RunConfig(suite=pinned, agent=source["agent"], baseline=baseline, min_pass_at_1=min_pass_at_1,
@@ -577,9 +575,8 @@ def _decision(run_id: str, baseline: str, rules: Any, metric: str, shared_only: 
     it renders; `previous` resolved to the suite's latest completed run before RUN_ID and
     compared on the shared cases; none: said on one line (`decision` null in JSON), exit 0."""
     from flows.gate import decision, pair_runs
-    from storage.runs import PREVIOUS
     from storage.store import Store
-    from tasks.report.gate_text import no_baseline_message, previous_choice
+    from tasks.run.prepare import PREVIOUS, no_baseline_message, previous_choice
 
     store = Store.default()
     run = store.find_run(run_id)

@@ -21,13 +21,13 @@ from pydantic import Field
 from flows import steps
 from flows.artifacts import publish
 from flows.gate import run_gate
-from storage.runs import PreparedRun, prepare_run
 from storage.store import Store
 from tasks.metrics.sequential import DEFAULT_ROUNDS
 from tasks.models import MAX_N, MAX_REGRADE, MAX_ROUNDS, MAX_WORKERS
 from tasks.run import RunConfig, RunSummary, run_title
 from tasks.run.config import Runner
 from tasks.run.loop import run_loop
+from tasks.run.prepare import PreparedRun, prepare_run
 from tasks.sandbox import allowing_unsafe
 
 

@@ -6,13 +6,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from storage.runs import PreparedRun
 from storage.store import Store
 from tasks.metrics.diff import CaseResult, RunDiff, check_metric, check_same_suite, diff_runs
 from tasks.metrics.gate import gate_diff
 from tasks.metrics.rules import GateRules
 from tasks.run import RunConfig, RunSummary
 from tasks.run.loop import Gate
+from tasks.run.prepare import PreparedRun
 from tasks.run.summary import Measured
 
 

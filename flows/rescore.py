@@ -18,7 +18,6 @@ from pydantic import Field
 from flows import steps
 from flows.artifacts import publish
 from flows.gate import run_gate
-from storage.runs import PreparedRun, gate_baseline
 from storage.store import Store
 from storage.suites import resolve_suite
 from tasks import run
@@ -28,6 +27,7 @@ from tasks.models import MAX_WORKERS, EvalSuite, InputError
 from tasks.run import RunConfig, RunSpec
 from tasks.run.config import Runner
 from tasks.run.loop import run_loop
+from tasks.run.prepare import PreparedRun, gate_baseline
 from tasks.run.rescore import rescore_plan
 from tasks.sandbox import allowing_unsafe, run_sandbox_mode
 

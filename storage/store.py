@@ -14,6 +14,7 @@ from storage.calibrations import Calibrations
 from storage.export import Exports
 from storage.mined import MinedCandidates
 from storage.outputs import Outputs
+from storage.suites import resolve_suite
 from tasks.home import evalpipe_home
 from tasks.models import EvalSuite
 
@@ -30,6 +31,10 @@ class Store(Exports, Calibrations, Outputs, MinedCandidates):
     def default(cls) -> Store:
         """The home `EVALPIPE_HOME` names (else the nearest `.evalpipe/`: `tasks.home`)."""
         return cls(evalpipe_home())
+
+    def resolve_suite(self, ref: str) -> tuple[EvalSuite, str]:
+        """The suite `ref` names, and where it was found, pinned (`storage.suites.resolve_suite`)."""
+        return resolve_suite(ref, self)
 
     def has_snapshot(self, suite: EvalSuite) -> bool:
         return self.snapshot_path(suite.version).exists()

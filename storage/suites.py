@@ -3,20 +3,24 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Protocol
 
 from storage.snapshots import read_snapshot_file
-from storage.store import Store
 from tasks.models import EvalSuite
 from tasks.suites.dataset import SUITE_SUFFIXES, SuiteError, load_suite
 from tasks.suites.git_suite import load_git_suite, parse_git_ref
 
 
-def load_suite_ref(ref: str, store: Store) -> EvalSuite:
+class SnapshotFinder(Protocol):
+    def find_snapshot(self, ref: str) -> Path | None: ...
+
+
+def load_suite_ref(ref: str, store: SnapshotFinder) -> EvalSuite:
     """The suite `ref` names (see `resolve_suite`)."""
     return resolve_suite(ref, store)[0]
 
 
-def resolve_suite(ref: str, store: Store) -> tuple[EvalSuite, str]:
+def resolve_suite(ref: str, store: SnapshotFinder) -> tuple[EvalSuite, str]:
     """The suite `ref` names, and where it was found, pinned so that it names the same
     suite again: a file's absolute path, a git URL with the commit it was read at, or the
     full version of a suite stored in `store`."""

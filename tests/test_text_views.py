@@ -12,10 +12,11 @@ from tasks.metrics import power as pw
 from tasks.models import InputError
 from tasks.report.case_view import MAX_TEXT_CHARS, case_doc, case_text
 from tasks.report.cases import MAX_DETAILS_PER_CASE, case_rows
-from tasks.report.gate_text import gate_lines, no_baseline_message, validation_text
+from tasks.report.gate_text import gate_lines, validation_text
 from tasks.report.judging_text import calibration_text, labelled_text, pairwise_text
 from tasks.report.plan_text import plan_text
 from tasks.report.text import sequential_line
+from tasks.run.prepare import no_baseline_message
 
 
 def sample(case_id: str, passed: bool, detail: str = "", safety: list[str] | None = None) -> dict:

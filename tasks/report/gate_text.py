@@ -44,17 +44,6 @@ def rules_text(rules: Mapping[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def no_baseline_message(suite_name: str, before: str | None = None) -> str:
-    """`--baseline previous` with no completed run of the suite (before run `before`)."""
-    return (f"no baseline: no completed run of suite {suite_name!r}" + (f" before {before}" if before else " yet")
-            + "; nothing was gated")
-
-
-def previous_choice(suite_name: str) -> str:
-    """How `--baseline previous` chose, as every output of the decision says."""
-    return f"previous: the latest completed run of suite {suite_name!r}"
-
-
 def validation_text(report: Mapping[str, Any]) -> str:
     """`suite validate`: whether every reference was sound, then each broken, flaky or
     vacuous case with its statuses and the first 200 characters of its detail."""

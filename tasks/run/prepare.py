@@ -1,21 +1,31 @@
-"""A run's references resolved before it draws anything: its suite (pinned), agent, sandbox,
-prices and baseline, and the `RunSpec` recorded for it. The flow and the Python API
-(`evalpipe.evaluate`) start a run the same way from here."""
+"""Preparing a run: everything a `RunConfig` names resolved and checked, once, before anything
+is drawn: its suite (pinned), agent, sandbox, prices, baseline and rules, and the `RunSpec`
+recorded for it. The CLI, the flows (`evaluate`, `rescore`) and the Python API
+(`evalpipe.evaluate`) all start a run here; `tasks.run.loop.run_loop` runs it. Where the
+suites and the stored runs are read is the caller's (`RunSources`: `storage.store.Store`)."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
 
-from storage.store import Store
-from storage.suites import resolve_suite
 from tasks.agents import Agent, load_agent
 from tasks.metrics.cost import PriceTable
 from tasks.metrics.rules import GateRules, check_slices
-from tasks.models import EvalSuite, InputError
-from tasks.report.gate_text import no_baseline_message, previous_choice
-from tasks.run import RunConfig, RunSpec, check_ks
+from tasks.models import EvalSuite
+from tasks.run.config import RunConfig
+from tasks.run.spec import RunSpec, check_ks
 from tasks.sandbox import run_sandbox_mode
+
+
+class RunSources(Protocol):
+    """Where a run's suite and baseline are found (`storage.store.Store`)."""
+
+    def resolve_suite(self, ref: str) -> tuple[EvalSuite, str]: ...
+    def find_run(self, run_id: str) -> dict[str, Any]: ...
+    def latest_completed_run_of_suite(self, suite_name: str, *, before: str | None = None) -> str | None: ...
+
 
 # `baseline="previous"`: gate against the newest completed run of the same suite, any agent.
 PREVIOUS = "previous"
@@ -40,19 +50,17 @@ class PreparedRun:
     no_baseline: str | None  # a baseline was asked for and none exists: what the summary says
 
 
-def prepare_run(config: RunConfig, store: Store, *, agent: Agent | None = None,
+def prepare_run(config: RunConfig, store: RunSources, *, agent: Agent | None = None,
                 flow_run_id: str | None = None) -> PreparedRun:
     """Everything `config` names, found and checked (bad input raises `InputError` here,
     before any agent call); `agent`: the agent itself when it is not a spec (a callable)."""
-    suite, suite_source = resolve_suite(config.suite, store)
+    suite, suite_source = store.resolve_suite(config.suite)
     sandbox = run_sandbox_mode(suite.grader_kinds, config.unsafe_no_sandbox)
     if agent is None:
         agent = load_agent(config.agent, config.agent_timeout_s, config.output_cap)
         if config.workspace:  # the suite file holds the references and hidden tests
             agent = agent.concealing(p for p in [suite_source] if os.path.isfile(p))
     prices = PriceTable.load(config.prices)
-    if config.sequential and not config.baseline:
-        raise InputError("--sequential needs --baseline: it stops when the comparison is decided")
     baseline, no_baseline = gate_baseline(config, suite, store)
     spec = RunSpec(
         suite_version=suite.version, suite_name=suite.name, agent=agent.spec,
@@ -64,7 +72,16 @@ def prepare_run(config: RunConfig, store: Store, *, agent: Agent | None = None,
     return PreparedRun(spec, suite, agent, prices, baseline, config.rules, no_baseline)
 
 
-def gate_baseline(config: RunConfig, suite: EvalSuite, store: Store) -> tuple[Baseline | None, str | None]:
+def pinned(config: RunConfig, run: PreparedRun) -> tuple[RunConfig, PreparedRun]:
+    """`config` naming what preparing it resolved (the suite pinned: a git branch as the
+    commit read; the price file found), and `run` recording that: what a flow run is handed,
+    so that it runs exactly the suite that was checked, even if the branch moves meanwhile."""
+    config = config.model_copy(update={"suite": run.spec.config["suite_source"], "prices": run.prices.source})
+    spec = run.spec.model_copy(update={"config": {**run.spec.config, "suite_ref": config.suite}})
+    return config, replace(run, spec=spec)
+
+
+def gate_baseline(config: RunConfig, suite: EvalSuite, store: RunSources) -> tuple[Baseline | None, str | None]:
     """The baseline a run (or a rescore) of `suite` is gated against, its rules checked
     against the suite first; none found: what the summary says instead."""
     check_slices(config.rules.slice_min, (name for c in suite.cases for name in c.slices))
@@ -72,7 +89,7 @@ def gate_baseline(config: RunConfig, suite: EvalSuite, store: Store) -> tuple[Ba
     return baseline, no_baseline_message(suite.name) if config.baseline and not baseline else None
 
 
-def find_baseline(baseline: str | None, suite: EvalSuite, store: Store, *, before: str | None = None
+def find_baseline(baseline: str | None, suite: EvalSuite, store: RunSources, *, before: str | None = None
                   ) -> Baseline | None:
     """The run to gate against: `previous` is the newest completed run of the suite of the
     same name (before run `before`), whatever its version or agent, so an edited suite or a
@@ -82,3 +99,14 @@ def find_baseline(baseline: str | None, suite: EvalSuite, store: Store, *, befor
         found = store.latest_completed_run_of_suite(suite.name, before=before)
         return Baseline(found, previous_choice(suite.name)) if found else None
     return Baseline(store.find_run(baseline)["run_id"]) if baseline else None
+
+
+def no_baseline_message(suite_name: str, before: str | None = None) -> str:
+    """`--baseline previous` with no completed run of the suite (before run `before`)."""
+    return (f"no baseline: no completed run of suite {suite_name!r}" + (f" before {before}" if before else " yet")
+            + "; nothing was gated")
+
+
+def previous_choice(suite_name: str) -> str:
+    """How `--baseline previous` chose, as every output of the decision says."""
+    return f"previous: the latest completed run of suite {suite_name!r}"
