@@ -16,6 +16,8 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 INTERRUPTED = 130  # a shell's status for a command stopped by Ctrl-C
 INTERRUPTED_LINE = "evalpipe: interrupted; run the same command again to resume (finished samples are kept)"
@@ -40,6 +42,30 @@ def stop_on_signals() -> None:
 def _stopped(signum, frame) -> None:
     ends_within(STOP_LIMIT_S - 1.0)  # the rest is for the exit itself on a loaded machine
     raise KeyboardInterrupt
+
+
+@contextmanager
+def bounded_under_prefect() -> Iterator[None]:
+    """Inside a flow run, where Prefect's SIGTERM handler (raising its `TerminationSignal`)
+    has replaced ours: a SIGTERM bounds the time left as ours does, then goes to Prefect's."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    prefects = signal.getsignal(signal.SIGTERM)
+    if not callable(prefects) or prefects is _stopped:
+        yield
+        return
+
+    def bounded(signum, frame) -> None:
+        ends_within(STOP_LIMIT_S - 1.0)
+        prefects(signum, frame)
+
+    signal.signal(signal.SIGTERM, bounded)
+    try:
+        yield
+    finally:
+        if signal.getsignal(signal.SIGTERM) is bounded:
+            signal.signal(signal.SIGTERM, prefects)
 
 
 def ends_within(seconds: float) -> None:
