@@ -4,7 +4,8 @@ call, `--agent-concurrency 4`) is stopped once the agent has started 40 % of its
 Printed per runner and signal: the calls made in all, the calls made again (a sample whose
 call started in both runs: at most the calls in flight at the kill), those made again
 although they had returned before the stop (the target is 0 for a polite stop), how long
-the stopped run took to end after the signal, and its exit status.
+the stopped run took to end after the signal, and its exit status; then the same stop sent
+to a run one of whose agent calls hangs (the target: ended, 130, within 5 s).
 
 The peer is the figure of main before outputs were stored as they arrived (issue 31): kill
 -9 at 40 %: 42 outputs bought twice; SIGINT: drawing went on to 211 calls and the resume
@@ -68,6 +69,31 @@ def trial(work: Path, runner: str, how: str, cases: int, n: int, at: float, slee
             "made_again": len(again), "returned_made_again": len(returned & set(again))}
 
 
+def hung_stop(work: Path, runner: str, how: str) -> tuple[int, float]:
+    """A run one of whose agent calls hangs, stopped once it hangs: (exit status, seconds to end)."""
+    home, counter = work / f"hung-{runner}-{how}", work / f"hung-calls-{runner}-{how}"
+    env = {**os.environ, "EVALPIPE_HOME": str(home), "CALLS": str(counter), "PYTHONPATH": str(ROOT),
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    args = [sys.executable, "-m", "flows.cli", "run", str(work / "suite.yaml"), "--agent",
+            f"python:{ROOT}/tests/support/agents.py:hang_once", "-n", "2", "--agent-concurrency", "4",
+            "--workers", "2", "--runner", runner, "--json"]
+    proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    while not Path(f"{counter}.hung").exists():
+        if proc.poll() is not None:
+            raise SystemExit("the run ended before its agent hung")
+        time.sleep(0.01)
+    time.sleep(0.5)
+    proc.send_signal(SIGNALS[how])
+    sent = time.monotonic()
+    try:
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return proc.returncode, time.monotonic() - sent
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runner", default="threads")
@@ -87,7 +113,13 @@ def main() -> None:
                 r = trial(Path(tmp), runner, how, args.cases, args.n, args.at, args.sleep)
                 print(f"{r['runner']:<10}{r['stop']:<6}{r['exit']:>5}{r['ended_s']:>12.2f}s{r['calls_at_stop']:>15}"
                       f"{r['calls']:>7}{r['made_again']:>12}{r['returned_made_again']:>22}", flush=True)
-    print("peer (main before issue 31): kill -9 at 40 %: 42 made again; SIGINT: 211 calls at stop, 133 made again")
+        print("stopped while one agent call hangs (issue 33 #11):")
+        for runner in args.runner.split(","):
+            for how in [h for h in args.signal.split(",") if h != "kill"]:
+                code, seconds = hung_stop(Path(tmp), runner, how)
+                print(f"{runner:<10}{how:<6}{code:>5}{seconds:>12.2f}s", flush=True)
+    print("peer (main before issue 31): kill -9 at 40 %: 42 made again; SIGINT: 211 calls at stop, 133 made again;"
+          " SIGTERM to a dask run waiting on a hung agent: ignored for over 13 s")
 
 
 if __name__ == "__main__":

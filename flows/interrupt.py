@@ -15,16 +15,20 @@ import os
 import signal
 import sys
 import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 INTERRUPTED = 130  # a shell's status for a command stopped by Ctrl-C
 INTERRUPTED_LINE = "evalpipe: interrupted; run the same command again to resume (finished samples are kept)"
 STOP_LIMIT_S = 5.0
 # Left for the way out once the loop has stored what it could (the flow's end, the runners'
 # shutdown): past it, the process ends as it is.
-EXIT_GRACE_S = 1.5
+EXIT_GRACE_S = 1.0
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # a signal handler may call in while the main thread holds it
 _timer: threading.Timer | None = None
+_deadline = float("inf")
 
 
 def stop_on_signals() -> None:
@@ -36,18 +40,45 @@ def stop_on_signals() -> None:
 
 
 def _stopped(signum, frame) -> None:
-    ends_within(STOP_LIMIT_S - 0.5)
+    ends_within(STOP_LIMIT_S - 1.0)  # the rest is for the exit itself on a loaded machine
     raise KeyboardInterrupt
 
 
+@contextmanager
+def bounded_under_prefect() -> Iterator[None]:
+    """Inside a flow run, where Prefect's SIGTERM handler (raising its `TerminationSignal`)
+    has replaced ours: a SIGTERM bounds the time left as ours does, then goes to Prefect's."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    prefects = signal.getsignal(signal.SIGTERM)
+    if not callable(prefects) or prefects is _stopped:
+        yield
+        return
+
+    def bounded(signum, frame) -> None:
+        ends_within(STOP_LIMIT_S - 1.0)
+        prefects(signum, frame)
+
+    signal.signal(signal.SIGTERM, bounded)
+    try:
+        yield
+    finally:
+        if signal.getsignal(signal.SIGTERM) is bounded:
+            signal.signal(signal.SIGTERM, prefects)
+
+
 def ends_within(seconds: float) -> None:
-    """End the process (exit 130, the one line) `seconds` from now unless it ends first; a
-    second call never puts it later."""
-    global _timer
+    """End the process (exit 130, the one line) `seconds` from now unless it ends first, or
+    sooner if an earlier call said sooner."""
+    global _timer, _deadline
     with _lock:
-        if _timer is not None:
+        deadline = time.monotonic() + seconds
+        if deadline >= _deadline:
             return
-        _timer = threading.Timer(seconds, _exit)
+        if _timer is not None:
+            _timer.cancel()
+        _deadline, _timer = deadline, threading.Timer(seconds, _exit)
         _timer.daemon = True
         _timer.start()
 

@@ -17,7 +17,7 @@ from prefect.task_runners import TaskRunner
 from prefect.utilities.annotations import quote
 
 from flows.artifacts import Progress, progress_hook
-from flows.interrupt import EXIT_GRACE_S, ends_within
+from flows.interrupt import EXIT_GRACE_S, bounded_under_prefect, ends_within
 from flows.runners import task_runner
 from storage.store import Store
 from tasks.agents.trust import ALLOW_ENV, deployment_refusal
@@ -85,7 +85,8 @@ def _bounded_exit() -> Iterator[None]:
     """Stopped (Ctrl-C, SIGTERM), the loop has stored what it could; the runners' shutdown
     then waits on whatever is still out (a hung agent), so the process gets a bounded time."""
     try:
-        yield
+        with bounded_under_prefect():
+            yield
     except BaseException as exc:
         if not isinstance(exc, Exception):
             ends_within(EXIT_GRACE_S)

@@ -60,23 +60,29 @@ class OutputLog:
     @contextmanager
     def appending(self) -> Iterator[Callable[[Drawn], None]]:
         """An appender of drawn outputs, the log locked while it is open. Where the home
-        cannot be written (a Dask worker on a machine without it) the outputs are stored when
-        the task comes back, as they are anyway."""
+        cannot be written (a Dask worker on a machine without it, a full disk) the outputs
+        are stored when the task comes back, as they are anyway: a log that fails is not
+        written to again (a record cut short fails its checksum)."""
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         except OSError:
             yield lambda drawn: None
             return
+        failed = False
+
+        def append(drawn: Drawn) -> None:
+            nonlocal failed
+            line = json.dumps(output_record(self.run_id, drawn), ensure_ascii=False).encode()
+            data = memoryview(_checksum(line) + b" " + line + b"\n")
+            try:
+                while data and not failed:
+                    data = data[os.write(fd, data):]
+            except OSError:
+                failed = True
+
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-
-            def append(drawn: Drawn) -> None:
-                line = json.dumps(output_record(self.run_id, drawn), ensure_ascii=False).encode()
-                data = memoryview(_checksum(line) + b" " + line + b"\n")
-                while data:
-                    data = data[os.write(fd, data):]
-
             yield append
         finally:
             os.close(fd)

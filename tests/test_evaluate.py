@@ -140,9 +140,10 @@ def test_killed_run_resumes_without_duplicates(prefect_harness, home, tmp_path, 
     assert proc.returncode == 0, err
     resumed = json.loads(out)
     redrawn = len(calls(counted))
-    assert resumed["cached_samples"] == stored and redrawn == 40 - stored
-    # Only work that never reached the database is redone (what was in flight, or finished
-    # but not yet written, at the kill); every stored sample is reused.
+    # Every output the agent had returned is reused, graded or not (docs/storage.md): only
+    # the calls in flight at the kill (2) may be made again.
+    assert resumed["cached_samples"] == 40 - redrawn and resumed["cached_samples"] >= stored
+    assert 40 - drawn_before <= redrawn <= 40 - drawn_before + 2
     assert drawn_before >= stored
     rows = query(home, "SELECT count(*), count(DISTINCT (case_id, sample_index)) FROM samples WHERE run_id = ?",
                  resumed["run_id"])

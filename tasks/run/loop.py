@@ -68,7 +68,7 @@ BATCH_BUDGET_S = 2.0
 CHUNK_FLOOR_S = 0.5
 # How long a stopped run waits for the agent calls and gradings in flight: what comes back
 # by then is stored; a call still out is made again by the run that resumes it.
-INTERRUPT_GRACE_S = 2.5
+INTERRUPT_GRACE_S = 2.0
 
 
 class OutputLog(Protocol):
