@@ -53,7 +53,7 @@ def test_a_misspelled_case_field_names_the_field_and_the_right_ones(tmp_path) ->
     proc = cli(["suite", "hash", str(suite)], {**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 2
     assert proc.stderr.strip().endswith("slice: not a case field (known: id, inputs, reference, grader, extra_graders, "
-                                        "slices, tags, safety, must_pass)")
+                                        "slices, tags, safety, must_pass, metadata)")
 
 
 def test_a_grader_that_cannot_run_is_exit_5_naming_it(env, home, tmp_path) -> None:
