@@ -275,12 +275,12 @@ def run(
     suite_obj = prepared.suite
     summary = run_flow(config, as_json, suite_obj.name, prepared)
     typer.echo(json_doc(summary) if as_json else _summary_text(summary))
-    broken = _broken_agent(summary, max_agent_errors)
+    broken = _broken(summary, "agent_error", max_agent_errors, store)
     if broken:
         # Exit 4 wins over a blocked gate: the numbers of a broken agent say nothing about the model.
         typer.echo(f"evalpipe: warning: {broken}", err=True)
         raise typer.Exit(4)
-    broken = _broken_grader(summary, max_grader_errors, store)
+    broken = _broken(summary, "error", max_grader_errors, store)
     if broken:
         typer.echo(f"evalpipe: error: {broken}", err=True)
         raise typer.Exit(5)
@@ -315,19 +315,14 @@ def run_flow(config: Any, as_json: bool, title: str, prepared: Any = None) -> di
             prepared_here.reset(handed)
 
 
-def _broken_agent(summary: dict[str, Any], max_share: float) -> str | None:
-    from tasks.run.health import broken_agent  # the core's imports (Arrow) only once a run is done
+def _broken(summary: dict[str, Any], status: str, max_share: float, store: Store) -> str | None:
+    """The exit-4 (`agent_error`) or exit-5 (`error`) line, quoting the commonest detail."""
+    from tasks.run.health import broken_agent, broken_grader, error_share
 
-    return broken_agent(summary, max_share)
-
-
-def _broken_grader(summary: dict[str, Any], max_share: float, store: Store) -> str | None:
-    from tasks.run.health import broken_grader, error_share
-
-    if error_share(summary, "error", max_share) is None:
-        return None  # the commonest error's detail is read only when it will be shown
-    detail, _ = store.commonest_detail(summary["run_id"], "error") or ("", 0)
-    return broken_grader(summary, max_share, detail)
+    if error_share(summary, status, max_share) is None:
+        return None  # the commonest detail is read only when it will be shown
+    detail, _ = store.commonest_detail(summary["run_id"], status) or ("", 0)
+    return (broken_agent if status == "agent_error" else broken_grader)(summary, max_share, detail or "")
 
 
 @contextmanager
