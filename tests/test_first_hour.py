@@ -38,3 +38,16 @@ def test_exit_4_quotes_the_agents_error_and_a_never_answering_agent_is_not_said_
     doc = json.loads(shown.stdout)
     assert doc["status_counts"] == {"agent_error": 2}
     assert "never answered" in doc["usage"]["cost_note"]
+
+
+def test_a_partial_runs_text_counts_the_samples_it_has_of_those_planned(env, tmp_path):
+    path = suite(tmp_path / "toy.yaml", 3)
+    agent = f"python:{tmp_path / 'agent.py'}:answer"
+    (tmp_path / "agent.py").write_text("def answer(inputs, ctx):\n    return 'yes'\n")
+    proc = cli(["run", str(path), "--agent", agent, "-n", "2", "--workers", "1", "--max-samples", "4"], env)
+    assert proc.returncode == 6, proc.stderr
+    assert "4 of 3 cases x n=2 = 6 samples (0 from cache)" in proc.stdout, proc.stdout
+    assert "= 4 samples" not in proc.stdout
+    whole = cli(["run", str(path), "--agent", agent, "-n", "2"], env)
+    assert whole.returncode == 0, whole.stderr
+    assert "3 cases x n=2 = 6 samples (4 from cache)" in whole.stdout, whole.stdout

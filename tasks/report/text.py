@@ -19,8 +19,7 @@ def summary_text(s: Mapping[str, Any]) -> str:
     what qualifies the figures (partial, rescored, unsafe, safety, sequential, the gate)."""
     lines = [
         f"run {s['run_id']}  suite {s['suite_name']} ({s['suite_version'][:12]})  agent {s['agent']}",
-        f"{s['cases']} cases x n={s['n']} = {s['samples']} samples ({s['cached_samples']} from cache)"
-        f" in {s['duration_s']:.1f}s",
+        f"{_sample_count(s)} ({s['cached_samples']} from cache) in {s['duration_s']:.1f}s",
         f"pass@1 {figure(s['pass_at_k'].get('1'))}  {headline_ci(s['pass_at_1_ci'], s['cases'], s['ci_level'])}"
         + (f"  SE {figure(s['pass_at_1_se'])}" if s["cases"] > 1 else ""),
     ]
@@ -66,6 +65,15 @@ def summary_text(s: Mapping[str, Any]) -> str:
         decision, *reasons = gate_lines(gate)
         lines.extend([f"gate vs {gate['baseline']}: {decision}", *reasons])
     return "\n".join(lines)
+
+
+def _sample_count(s: Mapping[str, Any]) -> str:
+    """The samples the figures cover, and of how many planned when a run drew fewer (a
+    budget stopped it, a sequential run decided early)."""
+    planned = s["cases"] * s["n"]
+    if s["samples"] == planned:
+        return f"{s['cases']} cases x n={s['n']} = {planned} samples"
+    return f"{s['samples']} of {s['cases']} cases x n={s['n']} = {planned} samples"
 
 
 def sequential_line(seq: Mapping[str, Any]) -> str:
