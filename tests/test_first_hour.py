@@ -51,3 +51,22 @@ def test_a_partial_runs_text_counts_the_samples_it_has_of_those_planned(env, tmp
     whole = cli(["run", str(path), "--agent", agent, "-n", "2"], env)
     assert whole.returncode == 0, whole.stderr
     assert "3 cases x n=2 = 6 samples (4 from cache)" in whole.stdout, whole.stdout
+
+
+PATCH = ("diff --git a/calc.py b/calc.py\\n--- a/calc.py\\n+++ b/calc.py\\n@@ -1 +1 @@\\n"
+         "-    return a - b\\n+    return a + b  # \\x1b[31mred\\n")
+
+
+def test_runs_show_case_prints_a_multi_line_output_as_it_reads_with_escapes_shown(env, tmp_path):
+    path = suite(tmp_path / "toy.yaml", 1)
+    (tmp_path / "agent.py").write_text(f"def answer(inputs, ctx):\n    return \"{PATCH}\"\n")
+    proc = cli(["run", str(path), "--agent", f"python:{tmp_path / 'agent.py'}:answer"], env)
+    assert proc.returncode == 0, proc.stderr
+    shown = cli(["runs", "show", proc.stdout.split()[1], "--case", "q0"], env)
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    at = lines.index("  output:")
+    assert lines[at + 1:at + 7] == ["    diff --git a/calc.py b/calc.py", "    --- a/calc.py", "    +++ b/calc.py",
+                                    "    @@ -1 +1 @@", "    -    return a - b",
+                                    "    +    return a + b  # \\x1b[31mred"]
+    assert "\\\\n" not in shown.stdout and "\x1b" not in shown.stdout  # no escaped newlines, no raw escapes
