@@ -270,6 +270,10 @@ def run(
     store = Store.default()
     store.check()  # a damaged or locked database is reported before Prefect starts, too
     prepared = prepare_run(config, store)
+    if config.workspace:
+        from tasks.agents.workspace_runner import check_workspace_repos
+
+        check_workspace_repos(prepared.suite.cases)
     config = config.model_copy(update={"suite": prepared.spec.config["suite_source"],
                                        "prices": prepared.prices.source})
     suite_obj = prepared.suite

@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import test_cache_levels
+from test_workspaces import bwrap  # noqa: F401 - the fixture: skips where bubblewrap cannot run
 from test_cache_levels import cli
 from test_usage import suite
 
 env = test_cache_levels.env  # the fixture: a Prefect API, a fresh home, no price file
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def closed_port() -> int:
@@ -70,3 +75,24 @@ def test_runs_show_case_prints_a_multi_line_output_as_it_reads_with_escapes_show
                                     "    @@ -1 +1 @@", "    -    return a - b",
                                     "    +    return a + b  # \\x1b[31mred"]
     assert "\\\\n" not in shown.stdout and "\x1b" not in shown.stdout  # no escaped newlines, no raw escapes
+
+
+def test_the_coding_example_runs_from_another_folder_and_a_missing_repository_is_exit_2(env, tmp_path, bwrap):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+
+    def run(suite: Path, *extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "flows.cli", "run", str(suite), "--agent",
+                               f"cmd:{ROOT / 'examples/coding/calc_fixer.sh'}", "--workspace", *extra],
+                              cwd=elsewhere, env=env, text=True, capture_output=True, timeout=300)
+
+    proc = run(ROOT / "examples/coding/calc.yaml", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["status_counts"] == {"passed": 1}
+
+    moved = tmp_path / "moved.yaml"  # the same suite where its relative repository is not
+    moved.write_text((ROOT / "examples/coding/calc.yaml").read_text())
+    proc = run(moved)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == "" and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "'add-bug'" in proc.stderr and "../calc/calc.bundle" in proc.stderr and "no such repository" in proc.stderr
