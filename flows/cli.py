@@ -413,6 +413,9 @@ def rescore_cmd(
     run_sandbox_mode(suite_obj.grader_kinds, unsafe_no_sandbox)
     store.check()
     source = store.find_run(run_id)
+    from flows.prefect_api import prefect_api, quiet_prefect
+
+    quiet_prefect()  # before flows.rescore imports Prefect, whose logging is set up at import
     from flows.rescore import source_suite_of
     from storage.runs import gate_baseline
     from tasks.run import RunConfig
@@ -422,8 +425,6 @@ def rescore_cmd(
                        max_drop=max_drop or 0.0, max_new_failures=max_new_failures,
                        min_slice=parse_slice_thresholds(min_slice or ()) or None, metric=check_metric(metric))
     gate_baseline(config, suite_obj, store)  # an unknown baseline or slice, too
-    from flows.prefect_api import prefect_api
-
     with prefect_api(as_json) as watch, _progress(suite_obj.name, as_json) as hook:
         from flows.artifacts import progress_hook
         from flows.rescore import rescore

@@ -96,3 +96,16 @@ def test_the_coding_example_runs_from_another_folder_and_a_missing_repository_is
     assert proc.returncode == 2, proc.stderr
     assert proc.stdout == "" and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "'add-bug'" in proc.stderr and "../calc/calc.bundle" in proc.stderr and "no such repository" in proc.stderr
+
+
+def test_rescore_prints_no_prefect_log_lines_where_run_prints_none(env, tmp_path):
+    user = {k: v for k, v in env.items() if not k.startswith("PREFECT_LOGGING")} | {"PREFECT_API_URL": env["PREFECT_API_URL"]}
+    path = suite(tmp_path / "toy.yaml", 2)
+    (tmp_path / "agent.py").write_text("def answer(inputs, ctx):\n    return 'yes'\n")
+    run = cli(["run", str(path), "--agent", f"python:{tmp_path / 'agent.py'}:answer"], user)
+    assert run.returncode == 0, run.stderr
+    rescore = cli(["rescore", run.stdout.split()[1], str(path)], user)
+    assert rescore.returncode == 0, rescore.stderr
+    assert "graded on the stored outputs" in rescore.stdout
+    for proc in (run, rescore):
+        assert "| INFO" not in proc.stderr and "Finished in state" not in proc.stderr, proc.stderr
