@@ -374,9 +374,11 @@ def _stderr_console():
 
 
 def _summary_text(summary: dict[str, Any]) -> str:
+    """The text summary, with each judge that graded the run and its calibration (or none)."""
+    from storage.store import Store
     from tasks.report.text import summary_text  # the core's imports (Arrow) only to print a summary
 
-    return summary_text(summary)
+    return summary_text(summary, Store.default().run_calibrations(summary["run_id"]))
 
 
 @app.command("rescore")

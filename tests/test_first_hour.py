@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import test_cache_levels
+from test_judges import _labelled_suite
 from test_workspaces import bwrap  # noqa: F401 - the fixture: skips where bubblewrap cannot run
 from test_cache_levels import cli
 from test_usage import suite
@@ -109,3 +110,19 @@ def test_rescore_prints_no_prefect_log_lines_where_run_prints_none(env, tmp_path
     assert "graded on the stored outputs" in rescore.stdout
     for proc in (run, rescore):
         assert "| INFO" not in proc.stderr and "Finished in state" not in proc.stderr, proc.stderr
+
+
+def test_the_text_summary_says_a_judge_is_uncalibrated_until_it_is_calibrated(env, tmp_path):
+    path, labels = _labelled_suite(tmp_path)
+    run = cli(["run", str(path), "--agent", "reference"], env)
+    assert run.returncode == 0, run.stderr
+    judge = [line for line in run.stdout.splitlines() if line.startswith("judge ")]
+    assert len(judge) == 1 and "length_judge" in judge[0], run.stdout
+    assert judge[0].endswith(": NOT CALIBRATED: its verdicts come from an uncalibrated instrument; 0 errors in 3")
+
+    calibrated = cli(["judge", "calibrate", str(path), "--labels", str(labels)], env)
+    assert calibrated.returncode == 0, calibrated.stderr
+    shown = cli(["runs", "show", run.stdout.split()[1]], env)
+    judge = [line for line in shown.stdout.splitlines() if line.startswith("judge ")]
+    assert len(judge) == 1 and ": agreement 66.7% [" in judge[0] and "kappa 0.333 [" in judge[0], shown.stdout
+    assert "NOT CALIBRATED" not in shown.stdout

@@ -3,20 +3,22 @@ figures as the Markdown summary and the HTML report write them, percentages."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tasks.metrics.percent import ci_text, figure, headline_ci
 from tasks.report.figures import metric_rows
 from tasks.report.gate_text import gate_lines
+from tasks.report.judges import UNCALIBRATED, judge_standing, judged_count
 from tasks.report.trajectory import steps_text
 from tasks.run.usage import usage_lines
 from tasks.sandbox import UNSAFE_NOTE
 
 
-def summary_text(s: Mapping[str, Any]) -> str:
+def summary_text(s: Mapping[str, Any], judges: Sequence[Mapping[str, Any]] = ()) -> str:
     """The `run --json` document as lines: headline, other metrics, slices, statuses, then
-    what qualifies the figures (partial, rescored, unsafe, safety, sequential, the gate)."""
+    what qualifies the figures (partial, rescored, unsafe, safety, the judges that graded it
+    with their calibration, as `store.run_calibrations` gives them, sequential, the gate)."""
     lines = [
         f"run {s['run_id']}  suite {s['suite_name']} ({s['suite_version'][:12]})  agent {s['agent']}",
         f"{_sample_count(s)} ({s['cached_samples']} from cache) in {s['duration_s']:.1f}s",
@@ -56,6 +58,8 @@ def summary_text(s: Mapping[str, Any]) -> str:
         lines.append(f"SAFETY FAILED: {len(s['safety_violations'])} violation(s)")
         for v in s["safety_violations"][:10]:
             lines.append(f"  {v['case_id']}#{v['sample_index']}: {v['violation']}")
+    for j in judges:
+        lines.append(f"judge {j.get('judge', '')}: {judge_standing(j) or 'NOT CALIBRATED: ' + UNCALIBRATED}; {judged_count(j)}")
     if s.get("no_baseline"):
         lines.append(f"gate: {s['no_baseline']}")
     if s.get("sequential"):
