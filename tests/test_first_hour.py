@@ -10,11 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import test_cache_levels
-from test_judges import _labelled_suite
-from test_workspaces import bwrap  # noqa: F401 - the fixture: skips where bubblewrap cannot run
 from test_cache_levels import cli
+from test_judges import _labelled_suite
 from test_usage import suite
+from test_workspaces import bwrap  # noqa: F401 - the fixture: skips where bubblewrap cannot run
 
 env = test_cache_levels.env  # the fixture: a Prefect API, a fresh home, no price file
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,7 +79,8 @@ def test_runs_show_case_prints_a_multi_line_output_as_it_reads_with_escapes_show
     assert "\\\\n" not in shown.stdout and "\x1b" not in shown.stdout  # no escaped newlines, no raw escapes
 
 
-def test_the_coding_example_runs_from_another_folder_and_a_missing_repository_is_exit_2(env, tmp_path, bwrap):
+@pytest.mark.usefixtures("bwrap")
+def test_the_coding_example_runs_from_another_folder_and_a_missing_repository_is_exit_2(env, tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
 
