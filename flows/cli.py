@@ -273,12 +273,12 @@ def run(
     suite_obj = prepared.suite
     summary = run_flow(config, as_json, suite_obj.name, prepared)
     typer.echo(json_doc(summary) if as_json else _summary_text(summary))
-    broken = _broken_agent(summary, max_agent_errors)
+    broken = _broken(summary, "agent_error", max_agent_errors, store)
     if broken:
         # Exit 4 wins over a blocked gate: the numbers of a broken agent say nothing about the model.
         typer.echo(f"evalpipe: warning: {broken}", err=True)
         raise typer.Exit(4)
-    broken = _broken_grader(summary, max_grader_errors, store)
+    broken = _broken(summary, "error", max_grader_errors, store)
     if broken:
         typer.echo(f"evalpipe: error: {broken}", err=True)
         raise typer.Exit(5)
@@ -313,19 +313,14 @@ def run_flow(config: Any, as_json: bool, title: str, prepared: Any = None) -> di
             prepared_here.reset(handed)
 
 
-def _broken_agent(summary: dict[str, Any], max_share: float) -> str | None:
-    from tasks.run.health import broken_agent  # the core's imports (Arrow) only once a run is done
+def _broken(summary: dict[str, Any], status: str, max_share: float, store: Store) -> str | None:
+    """The exit-4 (`agent_error`) or exit-5 (`error`) line, quoting the commonest detail."""
+    from tasks.run.health import broken_agent, broken_grader, error_share
 
-    return broken_agent(summary, max_share)
-
-
-def _broken_grader(summary: dict[str, Any], max_share: float, store: Store) -> str | None:
-    from tasks.run.health import broken_grader, error_share
-
-    if error_share(summary, "error", max_share) is None:
-        return None  # the commonest error's detail is read only when it will be shown
-    detail, _ = store.commonest_detail(summary["run_id"], "error") or ("", 0)
-    return broken_grader(summary, max_share, detail)
+    if error_share(summary, status, max_share) is None:
+        return None  # the commonest detail is read only when it will be shown
+    detail, _ = store.commonest_detail(summary["run_id"], status) or ("", 0)
+    return (broken_agent if status == "agent_error" else broken_grader)(summary, max_share, detail or "")
 
 
 @contextmanager
@@ -373,9 +368,11 @@ def _stderr_console():
 
 
 def _summary_text(summary: dict[str, Any]) -> str:
+    """The text summary, with each judge that graded the run and its calibration (or none)."""
+    from storage.store import Store
     from tasks.report.text import summary_text  # the core's imports (Arrow) only to print a summary
 
-    return summary_text(summary)
+    return summary_text(summary, Store.default().run_calibrations(summary["run_id"]))
 
 
 @app.command("rescore")
@@ -412,6 +409,9 @@ def rescore_cmd(
     run_sandbox_mode(suite_obj.grader_kinds, unsafe_no_sandbox)
     store.check()
     source = store.find_run(run_id)
+    from flows.prefect_api import prefect_api, quiet_prefect
+
+    quiet_prefect()  # before flows.rescore imports Prefect, whose logging is set up at import
     from flows.rescore import source_suite_of
     from tasks.run import RunConfig
     from tasks.run.prepare import gate_baseline
@@ -421,8 +421,6 @@ def rescore_cmd(
                        max_drop=max_drop or 0.0, max_new_failures=max_new_failures,
                        min_slice=parse_slice_thresholds(min_slice or ()) or None, metric=check_metric(metric))
     gate_baseline(config, suite_obj, store)  # an unknown baseline or slice, too
-    from flows.prefect_api import prefect_api
-
     with prefect_api(as_json) as watch, _progress(suite_obj.name, as_json) as hook:
         from flows.artifacts import progress_hook
         from flows.rescore import rescore

@@ -52,6 +52,7 @@ def test_a_broken_agent_exits_4_after_printing_its_json(env, home, tmp_path):
     assert doc["status_counts"]["agent_error"] == 4
     warnings = [line for line in proc.stderr.splitlines() if "warning" in line]
     assert len(warnings) == 1 and "4 of 12 samples (33%) are agent_error" in warnings[0]
+    assert "cannot answer boom" in warnings[0]  # the commonest agent error, quoted
     assert "Traceback" not in proc.stderr
 
     assert not any(map(PROGRESS.match, proc.stderr.splitlines()))  # --json mode stays quiet
@@ -75,9 +76,10 @@ def test_a_broken_agent_exits_4_after_printing_its_json(env, home, tmp_path):
 
 def test_agent_error_share_is_over_the_threshold_only_when_strictly_above():
     summary = {"status_counts": {"agent_error": 1, "passed": 9}, "samples": 10}
-    assert broken_agent(summary, 0.1) is None
-    assert "1 of 10 samples (10%)" in broken_agent(summary, 0.05)
-    assert broken_agent({"status_counts": {}, "samples": 0}, 0.0) is None
+    assert broken_agent(summary, 0.1, "x") is None
+    line = broken_agent(summary, 0.05, "gave up after 5 attempts: ConnectError\ntraceback")
+    assert "1 of 10 samples (10%)" in line and line.endswith("(exit 4): gave up after 5 attempts: ConnectError")
+    assert broken_agent({"status_counts": {}, "samples": 0}, 0.0, "x") is None
 
 
 def test_grader_error_share_names_the_first_line_of_the_commonest_detail():

@@ -3,9 +3,11 @@ docs that stay inside the repository, and the calc example on a fresh clone."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -95,3 +97,33 @@ def test_the_calc_bundle_is_what_the_build_script_builds(calc_repo, tmp_path):
     heads = subprocess.run(["git", "ls-remote", str(ROOT / "examples/calc/calc.bundle")],
                            capture_output=True, text=True, check=True).stdout.split()
     assert heads[0] == sha
+
+
+def test_the_readmes_line_after_make_puts_evalpipe_on_path_for_the_commands_below(tmp_path):
+    if sys.prefix == sys.base_prefix:
+        pytest.skip("the tests run outside a virtual environment: there is no .venv to activate")
+    lines = README.read_text().splitlines()
+    first_block = lines[lines.index("```") + 1:lines.index("```", lines.index("```") + 1)]
+    [instruction] = [line.split("#")[0].strip() for line in first_block if ".venv/bin" in line]
+    assert any(line.startswith("evalpipe ") for line in lines)  # the commands it is for
+    clone = tmp_path / "clone"
+    clone.mkdir()
+    (clone / ".venv").symlink_to(sys.prefix)  # what `make demo` made, in a clone elsewhere
+    bare = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep)
+                           if not Path(p, "evalpipe").exists())  # a fresh shell: evalpipe not on PATH
+    shell = subprocess.run(["bash", "-c", f"command -v evalpipe && exit 9; {instruction} && evalpipe --help"],
+                           cwd=clone, env={**os.environ, "PATH": bare}, capture_output=True, text=True, timeout=120)
+    assert shell.returncode == 0, shell.stderr
+    assert "Usage: evalpipe" in shell.stdout
+
+
+def test_the_first_make_says_it_is_installing_before_it_installs(tmp_path):
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    # PY=true stands in for the interpreter: the rule's steps run, the install itself is skipped.
+    make = ["make", "--no-print-directory", f"VENV={venv}", "PY=true", f"{venv}/.installed"]
+    first = subprocess.run(make, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.startswith("evalpipe: installing evalpipe and its dependencies into "), first.stdout
+    again = subprocess.run(make, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert "installing" not in again.stdout  # installed: nothing to say

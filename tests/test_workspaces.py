@@ -408,7 +408,8 @@ sleep 1
 """)
     script.chmod(0o755)
     suite = tmp_path / "calc.yaml"
-    suite.write_text((ROOT / "examples/coding/calc.yaml").read_text().replace("CHANGES.md", "mark-*.md"))
+    suite.write_text((ROOT / "examples/coding/calc.yaml").read_text().replace("CHANGES.md", "mark-*.md")
+                     .replace("../calc/calc.bundle", str(ROOT / "examples/calc/calc.bundle")))
     out = evaluate(suite=str(suite), agent=f"cmd:{script}", n=2, workers=2, workspace=True, agent_timeout=60)
     assert out["status_counts"] == {"passed": 2}
     rows = query(home, "SELECT sample_index, output FROM samples WHERE run_id = ? ORDER BY 1", out["run_id"])

@@ -43,7 +43,7 @@ from tasks.models import EvalCase, InputError
 from tasks.redaction import redact
 from tasks.repos.environments import TESTBED, EnvironmentFailed, runtime_for
 from tasks.repos.workspaces import Change, Workspace, read_change, workspace, workspace_caps
-from tasks.repos.worktrees import RepoError, is_url
+from tasks.repos.worktrees import RepoError, case_repo, is_url, missing_repo
 from tasks.sandbox import Limits, Mounts, SandboxError, bwrap_available, run_command
 from tasks.sandbox.namespace import runtime_dirs
 from tasks.sandbox.network import agent_network
@@ -140,10 +140,11 @@ class WorkspaceAgent:
             raise AgentError(f"--workspace needs a repo_tests case (a repository and a base commit); "
                              f"case {case.id!r} is graded by {case.kind}")
         params = case.params
+        repo = case_repo(case, params.repo)  # beside the suite file, as the grader finds it
         try:
-            runtime = runtime_for(params.environment, params.repo, params.base_commit, needs_pytest=False)
-            with workspace(params.repo, params.base_commit) as ws:
-                return self._run(ws, case, ctx, runtime.python, runtime.mounts, params.repo)
+            runtime = runtime_for(params.environment, repo, params.base_commit, needs_pytest=False)
+            with workspace(repo, params.base_commit) as ws:
+                return self._run(ws, case, ctx, runtime.python, runtime.mounts, repo)
         except (RepoError, EnvironmentFailed, SandboxError) as exc:
             raise AgentError(f"workspace: {exc}") from None
 
@@ -204,6 +205,15 @@ class WorkspaceAgent:
                 f"the change has binary files, which a patch cannot carry: {', '.join(change.binary)} "
                 "(delete them, or list them in the repository's .gitignore)")
         return change.patch
+
+
+def check_workspace_repos(cases: Iterable[EvalCase]) -> None:
+    """Every repository the cases' workspaces check out is there, beside the suite file or
+    at a URL; a missing one is bad input (exit 2) naming the case and the path, before any
+    agent call, not an agent_error on every sample."""
+    for case in cases:
+        if case.kind == "repo_tests" and (line := missing_repo(case, case.params.repo)):
+            raise InputError(line)
 
 
 def _own_code(source: Path, base: Path) -> list[Path]:

@@ -42,10 +42,10 @@ from tasks.repos.environments import (
 from tasks.repos.patching import apply_patch
 from tasks.repos.worktrees import (
     RepoError,
+    case_repo,
     changed_paths,
     checkout,
     discard,
-    is_url,
     restore_paths,
     scan_tree,
 )
@@ -115,7 +115,7 @@ def parse_params(case: EvalCase) -> Params:
     if not g.fail_to_pass and not g.pass_to_pass:
         raise InputError("repo_tests: fail_to_pass and pass_to_pass are both empty")
     return Params(
-        repo=g.repo if is_url(g.repo) else str(case.local_path(g.repo)),
+        repo=case_repo(case, g.repo),
         base_commit=g.base_commit,
         fail_to_pass=tuple(g.fail_to_pass),
         pass_to_pass=tuple(g.pass_to_pass),

@@ -40,11 +40,24 @@ def case_text(doc: dict[str, Any]) -> str:
             lines.append(f"  detail: {_clip(s['detail'])}")
         for violation in s["safety"] or []:
             lines.append(f"  SAFETY: {violation}")
-        lines.append(f"  output: {_clip(s['output'])!r}")
+        lines.extend(_output_lines(_clip(s["output"])))
         trajectory = SampleTrace.parse(s["trace"]).trajectory  # a coding agent's steps (--workspace)
         if steps := trajectory_lines(trajectory):
             lines += [f"  trajectory: {trajectory.steps} step(s)", *(f"  {step}" for step in steps)]
     return "\n".join(lines)
+
+
+def _output_lines(output: str) -> list[str]:
+    """One line quoted (so a trailing space or an empty answer shows), several (a coding
+    agent's patch) as they read, indented, with control characters (a terminal's escape
+    sequences) escaped."""
+    if "\n" not in output.rstrip("\n"):
+        return [f"  output: {output!r}"]
+    return ["  output:", *(f"    {_printable(line)}" for line in output.rstrip("\n").split("\n"))]
+
+
+def _printable(line: str) -> str:
+    return "".join(c if c.isprintable() or c == "\t" else repr(c)[1:-1] for c in line)
 
 
 def _clip(text: str | None) -> str:

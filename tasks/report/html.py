@@ -20,6 +20,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 from tasks.metrics.percent import headline_ci, percent, shown_ci, signed_points, with_ci
 from tasks.report.figures import metric_rows
 from tasks.report.gate_text import decided_by
+from tasks.report.judges import UNCALIBRATED, judge_standing, judged_count
 from tasks.report.trajectory import steps_text
 from tasks.run import RunSummary
 from tasks.run.usage import USAGE_COLUMNS, usage_rows
@@ -148,13 +149,8 @@ def summary_markdown(
         lines += [basis for basis in [decided_by(gate)] if basis]
         lines += [f"- {reason}" for reason in gate.get("reasons", [])]
     for j in judges:
-        doc = j.get("calibration")
-        standing = (
-            f"agreement {with_ci(doc, 'agreement')}, kappa {with_ci(doc, 'kappa')}"
-            if doc
-            else "**not calibrated**: its verdicts come from an uncalibrated instrument"
-        )
-        lines += ["", f"Judge `{j.get('judge', '')}`: {standing}; {j.get('errors', 0)} errors in {j.get('judged', 0)}"]
+        standing = judge_standing(j) or f"**not calibrated**: {UNCALIBRATED}"
+        lines += ["", f"Judge `{j.get('judge', '')}`: {standing}; {judged_count(j)}"]
     rows = slices_table(run)[1:]
     if rows:
         lines += ["", "| slice | cases | pass@1 | CI |", "|---|---|---|---|"]

@@ -3,24 +3,25 @@ figures as the Markdown summary and the HTML report write them, percentages."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tasks.metrics.percent import ci_text, figure, headline_ci
 from tasks.report.figures import metric_rows
 from tasks.report.gate_text import gate_lines
+from tasks.report.judges import UNCALIBRATED, judge_standing, judged_count
 from tasks.report.trajectory import steps_text
 from tasks.run.usage import usage_lines
 from tasks.sandbox import UNSAFE_NOTE
 
 
-def summary_text(s: Mapping[str, Any]) -> str:
+def summary_text(s: Mapping[str, Any], judges: Sequence[Mapping[str, Any]] = ()) -> str:
     """The `run --json` document as lines: headline, other metrics, slices, statuses, then
-    what qualifies the figures (partial, rescored, unsafe, safety, sequential, the gate)."""
+    what qualifies the figures (partial, rescored, unsafe, safety, the judges that graded it
+    with their calibration, as `store.run_calibrations` gives them, sequential, the gate)."""
     lines = [
         f"run {s['run_id']}  suite {s['suite_name']} ({s['suite_version'][:12]})  agent {s['agent']}",
-        f"{s['cases']} cases x n={s['n']} = {s['samples']} samples ({s['cached_samples']} from cache)"
-        f" in {s['duration_s']:.1f}s",
+        f"{_sample_count(s)} ({s['cached_samples']} from cache) in {s['duration_s']:.1f}s",
         f"pass@1 {figure(s['pass_at_k'].get('1'))}  {headline_ci(s['pass_at_1_ci'], s['cases'], s['ci_level'])}"
         + (f"  SE {figure(s['pass_at_1_se'])}" if s["cases"] > 1 else ""),
     ]
@@ -57,6 +58,8 @@ def summary_text(s: Mapping[str, Any]) -> str:
         lines.append(f"SAFETY FAILED: {len(s['safety_violations'])} violation(s)")
         for v in s["safety_violations"][:10]:
             lines.append(f"  {v['case_id']}#{v['sample_index']}: {v['violation']}")
+    for j in judges:
+        lines.append(f"judge {j.get('judge', '')}: {judge_standing(j) or 'NOT CALIBRATED: ' + UNCALIBRATED}; {judged_count(j)}")
     if s.get("no_baseline"):
         lines.append(f"gate: {s['no_baseline']}")
     if s.get("sequential"):
@@ -66,6 +69,15 @@ def summary_text(s: Mapping[str, Any]) -> str:
         decision, *reasons = gate_lines(gate)
         lines.extend([f"gate vs {gate['baseline']}: {decision}", *reasons])
     return "\n".join(lines)
+
+
+def _sample_count(s: Mapping[str, Any]) -> str:
+    """The samples the figures cover, and of how many planned when a run drew fewer (a
+    budget stopped it, a sequential run decided early)."""
+    planned = s["cases"] * s["n"]
+    if s["samples"] == planned:
+        return f"{s['cases']} cases x n={s['n']} = {planned} samples"
+    return f"{s['samples']} of {s['cases']} cases x n={s['n']} = {planned} samples"
 
 
 def sequential_line(seq: Mapping[str, Any]) -> str:

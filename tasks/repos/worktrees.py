@@ -29,7 +29,7 @@ import git
 
 from tasks.files import atomic_path
 from tasks.home import evalpipe_home
-from tasks.models import InputError, sha256_hex
+from tasks.models import EvalCase, InputError, sha256_hex
 
 # No credential prompts: a URL that needs them fails instead of hanging a worker.
 _GIT_ENV = {"GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "true", "GIT_LFS_SKIP_SMUDGE": "1"}
@@ -63,6 +63,20 @@ def run_git(cwd: Path | None, *args: str, timeout: float | None = None) -> str:
 def is_url(text: str) -> bool:
     """`scheme://...` or scp-style `user@host:path`."""
     return bool(_URL.match(text))
+
+
+def case_repo(case: EvalCase, repo: str) -> str:
+    """The repository `repo` a case names: a URL as written, a path resolved against the
+    suite file's folder (`EvalCase.local_path`), whatever the working directory."""
+    return repo if is_url(repo) else str(case.local_path(repo))
+
+
+def missing_repo(case: EvalCase, repo: str) -> str | None:
+    """The line naming the case and the path, when `repo` is a path where nothing is."""
+    found = case_repo(case, repo)
+    if is_url(found) or Path(found).exists():
+        return None
+    return f"case {case.id!r}: repository {repo!r}: no such repository (looked for {found})"
 
 
 def source_of(repo: str) -> str:

@@ -16,23 +16,25 @@ def error_share(summary: Mapping[str, Any], status: str, max_share: float) -> tu
     return errors, samples
 
 
-def broken_agent(summary: Mapping[str, Any], max_share: float) -> str | None:
-    """The exit-4 line: over `max_share` of the samples are agent_error."""
+def broken_agent(summary: Mapping[str, Any], max_share: float, detail: str) -> str | None:
+    """The exit-4 line: over `max_share` of the samples are agent_error (an endpoint that
+    cannot be reached, a command that crashes), with `detail`, the commonest one's, first line."""
     return _over(summary, "agent_error", max_share, "--max-agent-errors",
-                 "the agent is broken, so these numbers say nothing about the model (exit 4)")
+                 "the agent is broken, so these numbers say nothing about the model (exit 4)", detail)
 
 
 def broken_grader(summary: Mapping[str, Any], max_share: float, detail: str) -> str | None:
     """The exit-5 line: over `max_share` of the samples are error (a missing predicate file,
     a repository that is not there), with `detail`, the commonest error's, first line."""
-    line = _over(summary, "error", max_share, "--max-grader-errors",
-                 "the grader could not run, so these numbers measure nothing (exit 5)")
-    return line and f"{line}: {detail.splitlines()[0] if detail else 'no detail'}"
+    return _over(summary, "error", max_share, "--max-grader-errors",
+                 "the grader could not run, so these numbers measure nothing (exit 5)", detail)
 
 
-def _over(summary: Mapping[str, Any], status: str, max_share: float, option: str, meaning: str) -> str | None:
+def _over(summary: Mapping[str, Any], status: str, max_share: float, option: str, meaning: str,
+          detail: str) -> str | None:
     over = error_share(summary, status, max_share)
     if over is None:
         return None
     errors, samples = over
-    return f"{errors} of {samples} samples ({errors / samples:.0%}) are {status}, over {option} {max_share:g}: {meaning}"
+    return (f"{errors} of {samples} samples ({errors / samples:.0%}) are {status}, over {option} {max_share:g}:"
+            f" {meaning}: {detail.splitlines()[0] if detail.strip() else 'no detail'}")

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from tasks.agents import Agent, load_agent
+from tasks.agents.workspace_runner import check_workspace_repos
 from tasks.metrics.cost import PriceTable
 from tasks.metrics.rules import GateRules, check_slices
 from tasks.models import EvalSuite
@@ -60,6 +61,8 @@ def prepare_run(config: RunConfig, store: RunSources, *, agent: Agent | None = N
         agent = load_agent(config.agent, config.agent_timeout_s, config.output_cap)
         if config.workspace:  # the suite file holds the references and hidden tests
             agent = agent.concealing(p for p in [suite_source] if os.path.isfile(p))
+    if config.workspace:  # a repository that is not there is bad input, not an agent_error per sample
+        check_workspace_repos(suite.cases)
     prices = PriceTable.load(config.prices)
     baseline, no_baseline = gate_baseline(config, suite, store)
     spec = RunSpec(

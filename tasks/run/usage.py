@@ -85,6 +85,9 @@ def _cost(rows: pa.Table, counted: pa.Table) -> tuple[float | None, str | None]:
     if rows.num_rows == 0:
         return 0.0, None
     if counted.num_rows == 0:
+        answered = pc.sum(pc.fill_null(pc.not_equal(rows["status"], "agent_error"), True)).as_py()
+        if not answered:  # an `openai:` agent whose endpoint was never reached reports usage when it answers
+            return None, "no sample reported token counts: every one is agent_error, the agent never answered"
         return None, "no sample reported token counts: the agent does not report usage (docs/agents.md)"
     unpriced = counted.filter(pc.is_null(counted["cost_usd"]))
     if unpriced.num_rows:
