@@ -216,3 +216,52 @@ print(sample.verdict.status.value, (after - before) // 1024, sample.verdict.deta
     status, grown_mb, detail = proc.stdout.strip().split(" ", 2)
     assert status == "agent_error" and "the change is over the 4,194,304-byte cap" in detail, proc.stdout
     assert int(grown_mb) < 100, proc.stdout  # the file is 300 MB; the patch would be more
+
+
+WILDCARD_PROBE = '''
+import socket
+for what, host in (("loopback", "127.0.0.1"), ("host-address", {address!r})):
+    try:
+        s = socket.create_connection((host, {port}), timeout=3)
+        print(what, s.recv(5).decode())
+    except OSError as exc:
+        print(what, "unreachable", type(exc).__name__)
+'''
+
+
+def host_address() -> str | None:
+    """The host's own address on its default route (no packet is sent), if it has one."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("203.0.113.1", 9))
+        except OSError:
+            return None
+        address = s.getsockname()[0]
+    return None if address.startswith("127.") else address
+
+
+@pytest.mark.usefixtures("bwrap")
+def test_a_service_on_every_host_address_is_out_of_reach(home, calc_repo, tmp_path, monkeypatch):
+    """A service bound to all of the host's addresses (0.0.0.0): neither its loopback nor its
+    own network address reaches it from the agent's namespace."""
+    address = host_address()
+    if address is None:
+        pytest.skip("the host has no address beside its loopback")
+    server = socket.socket()
+    server.bind(("0.0.0.0", 0))
+    server.listen()
+    threading.Thread(target=Servers._answer, args=(server,), daemon=True).start()
+    try:
+        repo, _ = calc_repo
+        probe = tmp_path / "agents" / "wildcard.py"
+        probe.parent.mkdir()
+        probe.write_text(WILDCARD_PROBE.format(address=address, port=server.getsockname()[1]))
+        monkeypatch.delenv("EVALPIPE_AGENT_NETWORK", raising=False)
+        sample = draw(script_agent(tmp_path, f'"{sys.executable}" "{probe}"\n'), calc_case(repo))
+        lines = sample.trace.agent_run.stdout_tail.splitlines()
+        assert [line.split()[:2] for line in lines] == [["loopback", "unreachable"], ["host-address", "unreachable"]], lines
+        monkeypatch.setenv("EVALPIPE_AGENT_NETWORK", "host")  # the control: on the host's network it answers
+        shared = draw(script_agent(tmp_path, f'"{sys.executable}" "{probe}"\n'), calc_case(repo))
+        assert shared.trace.agent_run.stdout_tail.splitlines() == ["loopback hello", "host-address hello"]
+    finally:
+        server.close()
