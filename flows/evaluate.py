@@ -132,6 +132,9 @@ def run(config: RunConfig, started: float) -> RunSummary:
         run = replace(handed[1], spec=handed[1].spec.model_copy(update={"flow_run_id": flow_run_id}))
     else:
         run = prepare_run(config, store, flow_run_id=flow_run_id)
+    get_run_logger().info("run %s: suite %s (%s, %d cases), agent %s, n=%d%s", run.spec.run_id, run.suite.name,
+                          run.suite.version[:12], len(run.suite.cases), run.spec.agent, run.spec.n,
+                          f", gated against {run.baseline.run_id}" if run.baseline else "")
     steps.snapshot_once(run.suite, store)
     with allowing_unsafe(config.unsafe_no_sandbox), steps.prefect_stages(config) as stages:
         summary = run_loop(run.spec, config, run.suite, run.agent, store, stages, prices=run.prices,

@@ -32,9 +32,13 @@ RESUME = "run the command again (a run resumes from the samples it had stored)"
 
 
 def quiet_prefect() -> None:
-    # Prefect logs every task run at INFO; on a terminal the progress bar says it better.
+    # Prefect logs every task run at INFO; on a terminal the progress bar says it better, so
+    # the console shows warnings only. The flow run's own log (its start, progress, headline
+    # figures and gate decision) still reaches the API at INFO: the UI's Logs tab shows it.
     # Without network, the telemetry of a server started from here would log errors.
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("PREFECT_LOGGING_LOGGERS_PREFECT_FLOW_RUNS_LEVEL", "INFO")
+    os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
 

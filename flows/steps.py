@@ -94,14 +94,19 @@ def _bounded_exit() -> Iterator[None]:
 
 
 class ShownProgress:
-    """Samples graded so far: the CLI's progress hook and, once there is work, the flow
-    run's progress artifact."""
+    """Samples graded so far: the CLI's progress hook, once there is work the flow run's
+    progress artifact, and a line in the flow run's log at every tenth of the work."""
 
     def __init__(self) -> None:
         self.hook = progress_hook.get()
         self.shown: Progress | None = None
+        self.logged = 0  # tenths of the work logged so far
 
     def __call__(self, done: int, total: int) -> None:
+        tenths = 10 * done // total if total else 0
+        if tenths > self.logged:
+            self.logged = tenths
+            get_run_logger().info("progress: %d of %d samples (%d%%)", done, total, 100 * done // total)
         if self.shown is None:
             if self.hook:
                 self.hook(done, total)

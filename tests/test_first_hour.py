@@ -128,3 +128,27 @@ def test_the_text_summary_says_a_judge_is_uncalibrated_until_it_is_calibrated(en
     judge = [line for line in shown.stdout.splitlines() if line.startswith("judge ")]
     assert len(judge) == 1 and ": agreement 66.7% [" in judge[0] and "kappa 0.333 [" in judge[0], shown.stdout
     assert "NOT CALIBRATED" not in shown.stdout
+
+
+def test_a_run_s_flow_run_logs_its_start_progress_headline_and_decision_to_the_ui(env, tmp_path):
+    """The Prefect UI's Logs tab of a `run` flow run: what a user reads there, while the
+    terminal shows no Prefect log line."""
+    import httpx
+
+    user = {k: v for k, v in env.items() if not k.startswith("PREFECT_LOGGING")} | {"PREFECT_API_URL": env["PREFECT_API_URL"]}
+    path = suite(tmp_path / "toy.yaml", 4)
+    (tmp_path / "agent.py").write_text("def answer(inputs, ctx):\n    return 'yes'\n")
+    agent = f"python:{tmp_path / 'agent.py'}:answer"
+    first = cli(["run", str(path), "--agent", agent, "--json"], user)
+    gated = cli(["run", str(path), "--agent", agent, "-n", "2", "--baseline", "previous", "--json"], user)
+    assert gated.returncode == 0, gated.stderr
+    assert "| INFO" not in gated.stderr
+    doc = json.loads(gated.stdout)
+    response = httpx.post(f"{env['PREFECT_API_URL']}/logs/filter",
+                          json={"logs": {"flow_run_id": {"any_": [doc["flow_run_id"]]}}, "sort": "TIMESTAMP_ASC"})
+    messages = [log["message"] for log in response.json()]
+    assert any(m.startswith(f"run {doc['run_id']}: suite toy (") and "4 cases" in m and "n=2" in m
+               and f"gated against {json.loads(first.stdout)['run_id']}" in m for m in messages), messages
+    assert any(m.startswith("progress: 8 of 8 samples (100%)") for m in messages), messages
+    assert any(m.startswith("toy: pass@1 100.0%") for m in messages), messages
+    assert any(m.startswith(f"gate vs {doc['gate']['baseline']}: PASS") for m in messages), messages
