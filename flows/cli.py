@@ -592,8 +592,8 @@ def _decision(run_id: str, baseline: str, rules: Any, metric: str, shared_only: 
         baseline, choice, shared_only = found, previous_choice(run["suite_name"]), True
     else:
         baseline = store.find_run(baseline)["run_id"]
-    result = decision(run, baseline, rules, metric=metric, store=store, shared_only=shared_only, choice=choice)
-    return result, pair_runs(run["run_id"], baseline, metric=metric, store=store)
+    comparison = pair_runs(run["run_id"], baseline, metric=metric, store=store)
+    return decision(comparison, rules, store=store, shared_only=shared_only, choice=choice), comparison
 
 
 server_app = typer.Typer()

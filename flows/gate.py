@@ -108,16 +108,18 @@ def imported_baseline(doc: dict[str, Any], origin: dict[str, str] | None) -> dic
     return {**doc, "baseline_import": origin, "reasons": [*doc["reasons"], note]}
 
 
-def decision(run: Mapping[str, Any], baseline: str, rules: GateRules | None, *, metric: str, store: Store,
-             shared_only: bool = False, choice: str | None = None) -> dict[str, Any]:
-    """The decision on stored run `run` against `baseline`, as `gate` and `report --baseline`
-    show it: the one stored with the run when it was gated against that baseline on that
-    metric and no rule is given now (`rules` None; the rules it was decided by are in it),
-    else decided now by `rules` (None: the defaults)."""
-    summary = RunSummary.read(run["summary"]) if run.get("summary") else None
+def decision(comparison: Comparison, rules: GateRules | None, *, store: Store, shared_only: bool = False,
+             choice: str | None = None) -> dict[str, Any]:
+    """The decision on a stored run against its baseline (`comparison`), as `gate` and
+    `report --baseline` show it: the one stored with the run when it was gated against that
+    baseline on that metric and no rule is given now (`rules` None; the rules it was decided
+    by are in it), else decided now by `rules` (None: the defaults). Deciding anew, runs on
+    different suite versions are refused unless `shared_only`."""
+    summary = comparison.run_summary
     stored = summary.gate if summary else None
-    if (stored is not None and rules is None and stored.baseline == baseline
-            and (stored.metric or "pass") == metric):
+    if (stored is not None and rules is None and stored.baseline == comparison.base["run_id"]
+            and (stored.metric or "pass") == comparison.diff.metric):
         return stored.model_dump(mode="json") | {"decided": "at run time"}
-    comparison = pair_runs(run["run_id"], baseline, metric=metric, store=store, require_same_suite=not shared_only)
+    if not shared_only:
+        check_same_suite(comparison.run, comparison.base)
     return gate_comparison(comparison, rules=rules or GateRules(), store=store, choice=choice) | {"decided": "now"}
