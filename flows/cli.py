@@ -574,24 +574,19 @@ def _decision(run_id: str, baseline: str, rules: Any, metric: str, shared_only: 
     compared on the shared cases; none: said on one line (`decision` null in JSON), exit 0."""
     from flows.gate import decision, pair_runs
     from storage.store import Store
-    from tasks.run.prepare import PREVIOUS, no_baseline_message, previous_choice
+    from tasks.run.prepare import PREVIOUS, find_baseline, no_baseline_message
 
     store = Store.default()
     run = store.find_run(run_id)
-    choice = None
-    if baseline == PREVIOUS:
-        found = store.latest_completed_run_of_suite(run["suite_name"], before=run["run_id"])
-        if found is None:
-            message = no_baseline_message(run["suite_name"], run["run_id"])
-            if fmt == "json":
-                typer.echo(json_doc({"decision": None, "run_id": run["run_id"], "baseline": None,
-                                     "no_baseline": message}))
-            else:
-                typer.echo(f"evalpipe: {message}", err=fmt == "text")
-            raise typer.Exit(0)
-        baseline, choice, shared_only = found, previous_choice(run["suite_name"]), True
-    else:
-        baseline = store.find_run(baseline)["run_id"]
+    found = find_baseline(baseline, run["suite_name"], store, before=run["run_id"])
+    if found is None:
+        message = no_baseline_message(run["suite_name"], run["run_id"])
+        if fmt == "json":
+            typer.echo(json_doc({"decision": None, "run_id": run["run_id"], "baseline": None, "no_baseline": message}))
+        else:
+            typer.echo(f"evalpipe: {message}", err=fmt == "text")
+        raise typer.Exit(0)
+    baseline, choice, shared_only = found.run_id, found.choice, shared_only or baseline == PREVIOUS
     comparison = pair_runs(run["run_id"], baseline, metric=metric, store=store)
     return decision(comparison, rules, store=store, shared_only=shared_only, choice=choice), comparison
 

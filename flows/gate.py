@@ -65,14 +65,6 @@ def run_gate(run: PreparedRun, config: RunConfig, store: Store) -> Gate | None:
     return Gate(baseline.run_id, check, run.rules)
 
 
-def gate_runs(run_id: str, baseline: str, *, rules: GateRules = GateRules(), shared_only: bool = False,
-              store: Store, metric: str = "pass") -> dict[str, Any]:
-    """Gate `run_id` against `baseline` by `rules`. Runs on different suite versions are
-    refused unless `shared_only`, which compares the case hashes they share and says so."""
-    comparison = pair_runs(run_id, baseline, metric=metric, store=store, require_same_suite=not shared_only)
-    return gate_comparison(comparison, rules=rules, store=store)
-
-
 def gate_comparison(
     comparison: Comparison,
     *,

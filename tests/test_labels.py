@@ -132,8 +132,9 @@ def test_labels_round_trip(run, tmp_path, suffix):
 
 
 def test_a_label_never_clears_safety_and_the_gate_blocks(run, tmp_path):
-    from flows.gate import gate_runs
+    from flows.gate import decision, pair_runs
     from flows.judging import export_labels, import_labels
+    from tasks.metrics.rules import GateRules
 
     out = tmp_path / "labels.jsonl"
     export_labels(run["run_id"], out, Store.default())
@@ -142,7 +143,8 @@ def test_a_label_never_clears_safety_and_the_gate_blocks(run, tmp_path):
     first = import_labels(run["run_id"], out, "bob", Store.default())
     second = import_labels(run["run_id"], out, "bob", Store.default())
     assert first["pass_at_k"]["1"] == 1.0 and first["safety_failed"]
-    assert gate_runs(second["run_id"], first["run_id"], store=Store.default())["decision"] == "block"
+    comparison = pair_runs(second["run_id"], first["run_id"], store=Store.default())
+    assert decision(comparison, GateRules(), store=Store.default())["decision"] == "block"
 
 
 BAD_FILES = [

@@ -88,19 +88,19 @@ def gate_baseline(config: RunConfig, suite: EvalSuite, store: RunSources) -> tup
     """The baseline a run (or a rescore) of `suite` is gated against, its rules checked
     against the suite first; none found: what the summary says instead."""
     check_slices(config.rules.slice_min, (name for c in suite.cases for name in c.slices))
-    baseline = find_baseline(config.baseline, suite, store)
+    baseline = find_baseline(config.baseline, suite.name, store)
     return baseline, no_baseline_message(suite.name) if config.baseline and not baseline else None
 
 
-def find_baseline(baseline: str | None, suite: EvalSuite, store: RunSources, *, before: str | None = None
+def find_baseline(baseline: str | None, suite_name: str, store: RunSources, *, before: str | None = None
                   ) -> Baseline | None:
     """The run to gate against: `previous` is the newest completed run of the suite of the
     same name (before run `before`), whatever its version or agent, so an edited suite or a
     changed agent is gated against the last run on the cases they share (none yet: no gate,
     said); anything else, a stored run (id or prefix), found before any agent call is paid for."""
     if baseline == PREVIOUS:
-        found = store.latest_completed_run_of_suite(suite.name, before=before)
-        return Baseline(found, previous_choice(suite.name)) if found else None
+        found = store.latest_completed_run_of_suite(suite_name, before=before)
+        return Baseline(found, previous_choice(suite_name)) if found else None
     return Baseline(store.find_run(baseline)["run_id"]) if baseline else None
 
 
