@@ -60,11 +60,13 @@ class PrefectStages:
     draws: TaskRunner
     grades: TaskRunner
 
+    # `quote`d: Prefect would otherwise walk every sample of the task's lists (and every
+    # field of each) looking for futures, twice per task.
     def draw(self, work: DrawTask) -> Any:
-        return self.draws.submit(draw, {"work": work, "label": work.label})
+        return self.draws.submit(draw, {"work": quote(work), "label": work.label})
 
     def grade(self, work: GradeTask) -> Any:
-        return self.grades.submit(grade, {"work": work, "label": work.label})
+        return self.grades.submit(grade, {"work": quote(work), "label": work.label})
 
 
 @contextmanager

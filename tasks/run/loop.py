@@ -39,6 +39,7 @@ from tasks.metrics.cost import PriceTable
 from tasks.metrics.diff import CaseResult
 from tasks.metrics.rules import GateRules
 from tasks.models import EvalCase, EvalSuite
+from tasks.redaction import secret_values
 from tasks.run.budget import Meter, budget_summary
 from tasks.run.config import RunConfig
 from tasks.run.rescore import RescorePlan
@@ -69,6 +70,10 @@ CHUNK_FLOOR_S = 0.5
 # How long a stopped run waits for the agent calls and gradings in flight: what comes back
 # by then is stored; a call still out is made again by the run that resumes it.
 INTERRUPT_GRACE_S = 2.0
+# How long graded rows wait to be written together (one database write for all of them).
+STORE_EVERY_S = 2.0
+# How often a draw task looks for the run's stop request between agent calls.
+STOP_CHECK_S = 0.05
 
 
 class OutputLog(Protocol):
@@ -134,14 +139,16 @@ class DrawTask:
     def __call__(self) -> list[Drawn]:
         by_id = {c.id: c for c in self.cases}
         log = self.log
+        secrets = secret_values()  # once a task: the environment is read per call otherwise
         with log.appending() if log is not None else nullcontext(None) as append:
             def draw(p: PlannedSample) -> Drawn:
-                drawn = draw_output(self.agent, by_id[p.case_id], p, self.n, self.cap)
+                drawn = draw_output(self.agent, by_id[p.case_id], p, self.n, self.cap, secrets)
                 if append is not None:
                     append(drawn)
                 return drawn
 
-            return timed_prefix(self.planned, draw, self.budget_s, log.stopped if log is not None else None)
+            return timed_prefix(self.planned, draw, self.budget_s,
+                                _at_most_every(STOP_CHECK_S, log.stopped) if log is not None else None)
 
 
 @dataclass(frozen=True)
@@ -160,9 +167,24 @@ class GradeTask:
 
     def __call__(self) -> pa.Table:
         by_id = {c.id: c for c in self.cases}
-        samples = timed_prefix(self.drawn, lambda d: grade_drawn(by_id[d.planned.case_id], d, self.regrade),
+        secrets = secret_values()
+        samples = timed_prefix(self.drawn, lambda d: grade_drawn(by_id[d.planned.case_id], d, self.regrade, secrets),
                                self.budget_s)
         return samples_table(self.run_id, samples, [d.planned for d in self.drawn[: len(samples)]])
+
+
+def _at_most_every(seconds: float, check: Callable[[], bool]) -> Callable[[], bool]:
+    """`check`, asked at most once every `seconds` (its last answer in between): a stop
+    request is a file, and a cheap sample costs less than looking for it."""
+    last = [-math.inf, False]
+
+    def checked() -> bool:
+        now = time.monotonic()
+        if now - last[0] >= seconds:
+            last[:] = [now, check()]
+        return last[1]
+
+    return checked
 
 
 @dataclass
@@ -277,6 +299,9 @@ class _Scheduler:
     # A drawn output's log (by output key), and how many outputs of each log are not stored yet.
     log_of: dict[str, OutputLog] = field(default_factory=dict)
     unstored: dict[OutputLog, int] = field(default_factory=dict)
+    # Graded rows not written yet, and when the last write was (see `_store`).
+    held: list[pa.Table] = field(default_factory=list)
+    stored_at: float = field(default_factory=time.monotonic)
 
     def in_flight(self, kind: str) -> int:
         return sum(1 for k, *_ in self.running.values() if k == kind)
@@ -375,11 +400,17 @@ class _Scheduler:
         self.unstored[log] = len(drawn)
         self.log_of.update((d.planned.output_key, log) for d in drawn)
 
-    def _store(self, rows: list[pa.Table]) -> None:
-        """Store graded rows; a log all of whose outputs are now stored is deleted."""
-        if not rows:
+    def _store(self, rows: list[pa.Table], *, now: bool = False) -> None:
+        """Store graded rows, together with those held back since the last write, once
+        STORE_EVERY_S has passed since it (or `now`): a write opens the database, which costs
+        more than grading a cheap sample, and rows held back are not lost on a kill (their
+        outputs' logs stay until they are stored). A log all of whose outputs are now stored
+        is deleted."""
+        self.held.extend(rows)
+        if not self.held or not (now or time.monotonic() - self.stored_at >= STORE_EVERY_S):
             return
-        table = pa.concat_tables(rows)
+        table = pa.concat_tables(self.held)
+        self.held, self.stored_at = [], time.monotonic()
         self.store.insert_samples(table)
         for key in table["output_key"].to_pylist():
             log = self.log_of.pop(key, None)
@@ -396,9 +427,12 @@ class _Scheduler:
         try:
             self.top_up()
             while self.running:
-                rows = self.finished(self._ready(None))
+                # Rows held back are written when their time comes, even if no task finishes by then.
+                wait = max(0.0, self.stored_at + STORE_EVERY_S - time.monotonic()) if self.held else None
+                rows = self.finished(self._ready(wait))
                 self.top_up()  # the stages get more before this thread writes
                 self._store(rows)
+            self._store([], now=True)
         except BaseException:
             self._wind_down()
             raise
@@ -415,9 +449,11 @@ class _Scheduler:
         while self.running and (left := deadline - time.monotonic()) > 0:
             for entry, future in self._ready(left):
                 try:
-                    self._store(self.finished([(entry, future)]))
+                    self.held.extend(self.finished([(entry, future)]))
                 except Exception:  # noqa: S112 - a failed task has nothing to store; the others may
                     continue
+        with suppress(Exception):  # as below: the logs keep what cannot be stored now
+            self._store([], now=True)
         # The run is ending on an error or a signal already, which is what is reported; the
         # logs stay for the next run if the database cannot take their outputs now.
         with suppress(Exception):
