@@ -7,7 +7,9 @@ samples are kept (`SampleStore`: `storage.store.Store`).
 Drawing and grading are two stages with their own concurrency. Agent calls wait on an API
 or a coding agent (`RunConfig.draw_slots` of them in flight); tests take a core each
 (`RunConfig.grade_workers`). Grading starts as outputs arrive, and what finishes is stored
-together, one write per group.
+together, one database write every STORE_EVERY_S (opening the file costs more than a
+cheap sample). Every draw slot is used from the start: a slow agent's calls fan out at
+once, a fast agent's samples are shared out among them.
 
 A stage's task is bounded by time, not by count: it starts no new sample after
 BATCH_BUDGET_S and hands back the rest, so a kill loses at most about that much grading per
@@ -321,11 +323,6 @@ class _Scheduler:
         """Draws in flight allowed now: a cost budget allows no more calls than it can still
         pay for at the dearest call seen (one while no call has been priced)."""
         slots = self.config.draw_slots
-        if self.draw_pace.per_sample is None:
-            # Until one draw task has come back, as many as there are graders: a fast agent's
-            # samples then go many to a task instead of a task per slot (each a Prefect task
-            # run competing with the graders), and a slow one fans out after one time budget.
-            slots = min(slots, self.config.grade_workers)
         limit = self.meter.budget.max_cost_usd
         if limit is None:
             return slots
