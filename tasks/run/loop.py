@@ -40,7 +40,8 @@ import pyarrow as pa
 from tasks.metrics.cost import PriceTable
 from tasks.metrics.diff import CaseResult
 from tasks.metrics.rules import GateRules
-from tasks.models import EvalCase, EvalSuite
+from tasks.graders import graded_inline
+from tasks.models import EvalCase, EvalSuite, Sample
 from tasks.redaction import secret_values
 from tasks.run.budget import Meter, budget_summary
 from tasks.run.config import RunConfig
@@ -122,9 +123,32 @@ class Stages(Protocol):
 
 
 @dataclass(frozen=True)
+class InlineGrading:
+    """How a draw task grades the outputs of `case_ids` itself (their graders are cheap,
+    `GraderSpec.inline`): a task less per chunk, and their outputs never pass through the
+    run's process on their way to a grader."""
+
+    run_id: str
+    case_ids: frozenset[str]
+    prices: PriceTable
+    regrade: int = 0
+
+
+@dataclass(frozen=True)
+class Drew:
+    """What a draw task did: the first `count` of its planned samples, as outputs for the
+    graders (`drawn`, unpriced) and as sample rows it graded itself (`rows`, priced)."""
+
+    drawn: list[Drawn]
+    rows: pa.Table | None
+    count: int
+
+
+@dataclass(frozen=True)
 class DrawTask:
-    """Draw a prefix of `planned` within `budget_s`: the drawn outputs, each appended to
-    `log` as the agent returns it; none started once the log says the run is stopping."""
+    """Draw a prefix of `planned` within `budget_s`, each output appended to `log` as the
+    agent returns it (none started once the log says the run is stopping), and grade those
+    `inline` names."""
 
     agent: Any
     cases: list[EvalCase]
@@ -133,24 +157,33 @@ class DrawTask:
     cap: int
     budget_s: float | None = BATCH_BUDGET_S
     log: OutputLog | None = None
+    inline: InlineGrading | None = None
 
     @property
     def label(self) -> str:
         return batch_label(self.planned)
 
-    def __call__(self) -> list[Drawn]:
+    def __call__(self) -> Drew:
         by_id = {c.id: c for c in self.cases}
-        log = self.log
+        log, inline = self.log, self.inline
         secrets = secret_values()  # once a task: the environment is read per call otherwise
+        handed: list[Drawn] = []
+        graded: list[tuple[Sample, PlannedSample]] = []
         with log.appending() if log is not None else nullcontext(None) as append:
-            def draw(p: PlannedSample) -> Drawn:
+            def draw(p: PlannedSample) -> None:
                 drawn = draw_output(self.agent, by_id[p.case_id], p, self.n, self.cap, secrets)
                 if append is not None:
                     append(drawn)
-                return drawn
+                if inline is not None and p.case_id in inline.case_ids:
+                    drawn = replace(drawn, usage=priced(drawn.usage, inline.prices))
+                    graded.append((grade_drawn(by_id[p.case_id], drawn, inline.regrade, secrets), p))
+                else:
+                    handed.append(drawn)
 
-            return timed_prefix(self.planned, draw, self.budget_s,
+            done = timed_prefix(self.planned, draw, self.budget_s,
                                 _at_most_every(STOP_CHECK_S, log.stopped) if log is not None else None)
+        rows = samples_table(inline.run_id, *map(list, zip(*graded, strict=True))) if graded and inline else None
+        return Drew(handed, rows, len(done))
 
 
 @dataclass(frozen=True)
@@ -293,6 +326,7 @@ class _Scheduler:
     meter: Meter
     to_draw: deque[PlannedSample]
     to_grade: deque[Drawn]
+    inline: InlineGrading | None = None  # the cases whose outputs their draw task grades
     undrawn: int = 0
     events: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
     running: dict[Any, tuple[str, list, float, OutputLog | None]] = field(default_factory=dict)
@@ -302,7 +336,7 @@ class _Scheduler:
     log_of: dict[str, OutputLog] = field(default_factory=dict)
     unstored: dict[OutputLog, int] = field(default_factory=dict)
     # Graded rows not written yet, and when the last write was (see `_store`).
-    held: list[pa.Table] = field(default_factory=list)
+    held: list[tuple[pa.Table, OutputLog | None]] = field(default_factory=list)
     stored_at: float = field(default_factory=time.monotonic)
 
     def in_flight(self, kind: str) -> int:
@@ -351,7 +385,7 @@ class _Scheduler:
                                                                          self.config.draw_slots)
             log = self.store.output_log(self.spec.run_id)
             task = DrawTask(self.agent, batch_cases(self.cases, planned), planned, self.spec.n,
-                            self.config.output_cap, BATCH_BUDGET_S, log)
+                            self.config.output_cap, BATCH_BUDGET_S, log, self.inline)
             self._start("draw", planned, self.stages.draw(task), log)
 
     def _ready(self, timeout: float | None) -> list[tuple[tuple[str, list, float, OutputLog | None], Any]]:
@@ -364,20 +398,25 @@ class _Scheduler:
             ready.append(self.events.get())
         return [(self.running.pop(key), future) for key, future in ready]
 
-    def finished(self, ready: list) -> list[pa.Table]:
+    def finished(self, ready: list) -> list[tuple[pa.Table, OutputLog | None]]:
         """Handle finished tasks: drawn outputs go to the graders, graded rows are returned
-        to be stored, the undone rest of a task that ran out of time waits again at the front."""
+        to be stored (those a draw task graded with its log, see `_store`), the undone rest
+        of a task that ran out of time waits again at the front."""
         rows = []
         for (kind, items, started, log), future in ready:
             result = future.result()  # a failed task raises its exception
             took = time.monotonic() - started
             if kind == "draw":
-                drawn = [replace(d, usage=priced(d.usage, self.prices)) for d in result]
-                self.draw_pace.add(took, len(drawn))
-                self.meter.add([d.usage.cost_usd for d in drawn])
-                self._logged(drawn, log)
+                drawn = [replace(d, usage=priced(d.usage, self.prices)) for d in result.drawn]
+                graded = result.rows.num_rows if result.rows is not None else 0
+                self.draw_pace.add(took, result.count)
+                self.meter.add([d.usage.cost_usd for d in drawn]
+                               + (result.rows["cost_usd"].to_pylist() if graded else []))
+                self._logged(drawn, graded, log)
                 self.to_grade.extend(drawn)
-                rest = items[len(drawn):]
+                if graded:
+                    rows.append((result.rows, log))
+                rest = items[result.count:]
                 if self.meter.may_draw:
                     self.to_draw.extendleft(reversed(rest))
                 else:
@@ -385,19 +424,28 @@ class _Scheduler:
             else:
                 self.grade_pace.add(took, result.num_rows)
                 self.to_grade.extendleft(reversed(items[result.num_rows:]))
-                rows.append(result)
+                rows.append((result, None))
         return rows
 
-    def _logged(self, drawn: list[Drawn], log: OutputLog | None) -> None:
+    def _logged(self, drawn: list[Drawn], graded: int, log: OutputLog | None) -> None:
+        """Count a draw task's outputs against its log: `drawn` for the graders, and
+        `graded` rows it graded itself."""
         if log is None:
             return
-        if not drawn:
+        if not drawn and not graded:
             self.store.discard_log(log)
             return
-        self.unstored[log] = len(drawn)
+        self.unstored[log] = len(drawn) + graded
         self.log_of.update((d.planned.output_key, log) for d in drawn)
 
-    def _store(self, rows: list[pa.Table], *, now: bool = False) -> None:
+    def _release(self, log: OutputLog, stored: int) -> None:
+        """`stored` more of `log`'s outputs are stored as samples: once all are, it is deleted."""
+        self.unstored[log] -= stored
+        if not self.unstored[log]:
+            del self.unstored[log]
+            self.store.discard_log(log)
+
+    def _store(self, rows: list[tuple[pa.Table, OutputLog | None]], *, now: bool = False) -> None:
         """Store graded rows, together with those held back since the last write, once
         STORE_EVERY_S has passed since it (or `now`): a write opens the database, which costs
         more than grading a cheap sample, and rows held back are not lost on a kill (their
@@ -406,16 +454,16 @@ class _Scheduler:
         self.held.extend(rows)
         if not self.held or not (now or time.monotonic() - self.stored_at >= STORE_EVERY_S):
             return
-        table = pa.concat_tables(self.held)
-        self.held, self.stored_at = [], time.monotonic()
+        held, self.held, self.stored_at = self.held, [], time.monotonic()
+        table = pa.concat_tables([rows for rows, _ in held])
         self.store.insert_samples(table)
-        for key in table["output_key"].to_pylist():
-            log = self.log_of.pop(key, None)
-            if log is not None:
-                self.unstored[log] -= 1
-                if not self.unstored[log]:
-                    del self.unstored[log]
-                    self.store.discard_log(log)
+        for rows, log in held:
+            if log is not None:  # graded by the task that drew them, all from its log
+                self._release(log, rows.num_rows)
+                continue
+            for key in rows["output_key"].to_pylist():
+                if (drawn_in := self.log_of.pop(key, None)) is not None:
+                    self._release(drawn_in, 1)
         self.done += table.num_rows
         if self.progress:
             self.progress(self.done, self.total)
@@ -475,9 +523,12 @@ def draw_and_grade(spec: RunSpec, config: RunConfig, suite: EvalSuite, agent: An
     stored = [stored_output(p) for p in missing if p.output is not None]
     if not stored and not to_draw:
         return Drawing(meter, len(cut))
+    prices = prices or PriceTable()
+    inline = frozenset(c.id for c in suite.cases if graded_inline(c))
     scheduler = _Scheduler(spec, config, {c.id: c for c in suite.cases}, agent, stages, store,
-                           prices or PriceTable(), progress, total - len(missing), total, meter,
-                           deque(to_draw), deque(stored))
+                           prices, progress, total - len(missing), total, meter,
+                           deque(to_draw), deque(stored),
+                           InlineGrading(spec.run_id, inline, prices, spec.regrade) if inline else None)
     scheduler.run()
     return Drawing(meter, len(cut) + scheduler.undrawn)
 
