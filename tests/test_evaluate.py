@@ -12,7 +12,6 @@ from pathlib import Path
 
 import duckdb
 import pytest
-
 from support.graders import IN_A_TASK
 
 ROOT = Path(__file__).resolve().parent.parent

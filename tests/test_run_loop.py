@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
+from support.graders import IN_A_TASK
 
 from storage.store import Store
-from support.graders import IN_A_TASK
 from tasks.agents import load_agent
 from tasks.agents.python import CallableAgent
 from tasks.models import PlatformError

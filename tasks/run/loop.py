@@ -37,10 +37,10 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
+from tasks.graders import graded_inline
 from tasks.metrics.cost import PriceTable
 from tasks.metrics.diff import CaseResult
 from tasks.metrics.rules import GateRules
-from tasks.graders import graded_inline
 from tasks.models import EvalCase, EvalSuite, Sample
 from tasks.redaction import secret_values
 from tasks.run.budget import Meter, budget_summary
