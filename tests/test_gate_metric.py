@@ -20,6 +20,7 @@ import pytest
 
 from evalpipe import evaluate
 from tasks import registry
+from tasks.metrics.percent import signed_points
 from tasks.models import InputError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -73,8 +74,8 @@ def plugin(tmp_path, monkeypatch):
     return path
 
 
-def gate(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flows.cli", "gate", *args], cwd=ROOT, text=True,
+def evalpipe(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, text=True,
                           capture_output=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
@@ -87,7 +88,7 @@ def unpaired_ci(before: np.ndarray, after: np.ndarray, seed: int = 0, n_boot: in
     return float(lo), float(hi)
 
 
-def test_the_gate_decides_on_a_registered_metric_s_case_paired_ci(home, plugin):
+def test_the_gate_decides_on_a_registered_metric_s_case_paired_ci(home, plugin, tmp_path):
     base = evaluate(cases(), v1, name="story", n=N, seed=1)
     run = evaluate(cases(), v2, name="story", n=N, seed=1, baseline=base.run_id, metric="perfect")
     decided = run.gate
@@ -106,19 +107,24 @@ def test_the_gate_decides_on_a_registered_metric_s_case_paired_ci(home, plugin):
     assert hi - lo < u_hi - u_lo
 
     # The same runs on pass@1: the changes cancel, and the gate passes.
-    by_pass = json.loads(gate(run.run_id, "--baseline", base.run_id, "--metric", "pass", "--json").stdout)
+    by_pass = json.loads(evalpipe("gate", run.run_id, "--baseline", base.run_id, "--metric", "pass", "--json").stdout)
     assert (by_pass["decision"], by_pass["verdict"], by_pass["delta_pass_at_1"]) == ("pass", "inconclusive", 0.0)
 
     # `gate --metric perfect` shows the decision stored at run time; given a rule, decides anew to the same CI.
     for extra, decided_when in (((), "at run time"), (("--max-drop", "0"), "now")):
-        done = gate(run.run_id, "--baseline", base.run_id, "--metric", "perfect", "--json", *extra)
+        done = evalpipe("gate", run.run_id, "--baseline", base.run_id, "--metric", "perfect", "--json", *extra)
         assert done.returncode == 1, done.stderr
         doc = json.loads(done.stdout)
         assert doc["decided"] == decided_when and doc["metric"] == "perfect" and doc["decision"] == "block"
         assert doc["delta_ci"] == pytest.approx([lo, hi], abs=1e-6)
-    comment = gate(run.run_id, "--baseline", base.run_id, "--metric", "perfect", "--format", "markdown").stdout
+    comment = evalpipe("gate", run.run_id, "--baseline", base.run_id, "--metric", "perfect", "--format", "markdown").stdout
     assert f"**perfect** {100 * perfect_before.mean():.1f}% → {100 * perfect_after.mean():.1f}%" in comment, comment
     assert "q10" in comment and "| 1.00 (4/4) | 0.00 (3/4) |" in comment
+    page = tmp_path / "diff.html"
+    done = evalpipe("report", run.run_id, "--baseline", base.run_id, "--metric", "perfect", "--out", str(page))
+    assert done.returncode == 0, done.stderr
+    assert f"{signed_points(lo)} to {signed_points(hi)}" in page.read_text()  # the same CI on the page
+    assert f"{signed_points(lo)} to {signed_points(hi)}" in comment
 
     # A slice rule on the metric reads the slice's mean value of it; a sequential run decides on it too.
     sliced = evaluate(cases(), v2, name="story", n=N, seed=1, baseline=base.run_id, metric="perfect",
@@ -138,7 +144,7 @@ def test_the_gate_decides_on_a_registered_metric_s_case_paired_ci(home, plugin):
 def test_a_metric_the_gate_cannot_pair_is_one_line_and_exit_2(home, plugin, metric, message):
     base = evaluate(cases(), v1, name="story", n=N, seed=1)
     run = evaluate(cases(), v2, name="story", n=N, seed=1)
-    done = gate(run.run_id, "--baseline", base.run_id, "--metric", metric)
+    done = evalpipe("gate", run.run_id, "--baseline", base.run_id, "--metric", metric)
     assert done.returncode == 2 and done.stdout == "", done
     assert message in done.stderr and done.stderr.count("\n") == 1, done.stderr
 
