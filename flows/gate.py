@@ -7,7 +7,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from storage.store import Store
-from tasks.metrics.diff import CaseResult, RunDiff, check_metric, check_same_suite, diff_runs, with_metric
+from tasks.metrics.diff import (
+    CaseResult,
+    RunDiff,
+    check_metric,
+    check_same_suite,
+    diff_runs,
+    with_metric,
+)
 from tasks.metrics.gate import gate_diff
 from tasks.metrics.rules import GateRules
 from tasks.run import RunConfig, RunSummary

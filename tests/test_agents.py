@@ -24,7 +24,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tasks.agents import AgentContext, AgentError, AgentSettings, load_agent, parse_replay, reference_text
+from tasks.agents import (
+    AgentContext,
+    AgentError,
+    AgentSettings,
+    load_agent,
+    parse_replay,
+    reference_text,
+)
 from tasks.agents.openai_client import OpenAIClient
 from tasks.models import EvalCase, InputError, Sample, Status, Usage
 from tasks.run import RunConfig
