@@ -149,10 +149,15 @@ def test_a_metric_the_gate_cannot_pair_is_one_line_and_exit_2(home, plugin, metr
     assert message in done.stderr and done.stderr.count("\n") == 1, done.stderr
 
 
-def test_a_registered_metric_s_values_are_computed_on_each_run_s_own_samples():
-    """`mean_score` by name is the per-case mean score the gate's `score` reads: the same
-    pairing and the same CI; a side without sample scores has no values of it, and says so."""
-    from tasks.metrics.diff import CaseResult, diff_runs
+def test_a_registered_metric_s_values_are_computed_on_each_run_s_own_samples(monkeypatch):
+    """A plugin's per-case metric of the sample scores pairs as the gate's `score` does: the
+    same changes, the same CI. The built-ins by name are the headline comparisons themselves
+    (one comparison, one CI, however asked). A side without sample scores has no values of
+    it, and says so."""
+    from tasks.metrics.diff import CaseResult, check_metric, diff_runs
+
+    monkeypatch.setattr(registry, "_METRICS", dict(registry.metrics()))
+    registry.metric("scored", per_case=True)(lambda tallies: tallies.mean_scores)
 
     def run(scores: list[tuple[float, ...]]) -> list[CaseResult]:
         return [CaseResult(f"c{i}", f"h{i}", len(s), sum(x == 1.0 for x in s), sum(s) / len(s), (), s)
@@ -160,10 +165,13 @@ def test_a_registered_metric_s_values_are_computed_on_each_run_s_own_samples():
 
     before = run([(1.0, 0.5), (0.0, 0.0), (0.25, 0.75), (1.0, 1.0)])
     after = run([(0.5, 0.5), (0.5, 0.0), (1.0, 0.75), (1.0, 0.0)])
-    by_name, by_score = (diff_runs(after, before, metric=m, seed=3) for m in ("mean_score", "score"))
+    by_name, by_score = (diff_runs(after, before, metric=m, seed=3) for m in ("scored", "score"))
+    assert by_name.metric == "scored" and by_score.metric == "score"
     assert by_name.overall.delta == pytest.approx(by_score.overall.delta) == pytest.approx(-0.125 / 4)
     assert by_name.overall.ci == pytest.approx(by_score.overall.ci)
     assert [c.change for c in by_name.cases] == pytest.approx([c.change for c in by_score.cases])
+    assert (check_metric("pass@1"), check_metric("mean_score")) == ("pass", "score")
+    assert diff_runs(after, before, metric="mean_score", seed=3).to_json() == by_score.to_json()
     unscored = [CaseResult(r.case_id, r.case_hash, r.n, r.c, r.score) for r in before]
-    with pytest.raises(InputError, match="--metric mean_score: it has no per-case values on baseline"):
-        diff_runs(after, unscored, metric="mean_score")
+    with pytest.raises(InputError, match="--metric scored: it has no per-case values on baseline"):
+        diff_runs(after, unscored, metric="scored")

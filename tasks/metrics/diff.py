@@ -29,6 +29,9 @@ from tasks.registry import metrics
 Metric = str
 METRICS: tuple[Metric, ...] = ("pass", "score")
 METRIC_NAMES: dict[str, str] = {"pass": "pass@1", "score": "mean score"}  # as reports name them
+# The built-in registered metrics are these two by name (`pass@1` is each case's c/n,
+# `mean_score` its mean score): one comparison, and so one CI, whichever name asks for it.
+ALIASES: dict[str, Metric] = {"pass@1": "pass", "mean_score": "score"}
 Label = Literal["regressed", "improved", "new", "removed", "unchanged"]
 # The order a diff lists its cases in: what needs a look first.
 LABELS: tuple[Label, ...] = ("regressed", "improved", "new", "removed", "unchanged")
@@ -153,8 +156,9 @@ def metric_name(metric: Metric) -> str:
 
 def check_metric(metric: str) -> Metric:
     """`pass`, `score`, or a registered metric that has a value per case, shown as a
-    fraction (the gate's CI, `--max-drop` and thresholds are in percentage points); else
-    `InputError` naming it and what it could be."""
+    fraction (the gate's CI, `--max-drop` and thresholds are in percentage points), the
+    built-ins by name as `ALIASES` says; else `InputError` naming it and what it could be."""
+    metric = ALIASES.get(metric, metric)
     if metric in METRICS:
         return metric
     known = metrics()
