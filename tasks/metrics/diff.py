@@ -6,9 +6,9 @@ a case measured by both runs has a before and an after; one only the run measure
 one only the baseline measured is `removed` (two suite versions are compared on their shared
 cases, and the rest is counted, never silently dropped). A paired case is `regressed`,
 `improved` or `unchanged` by the sign of its change in the chosen metric: the pass rate c/n
-(`pass`), the mean score (`score`), or any registered per-case metric by name (`pass@1`,
-`mean_score`, a plugin's: its value on each case, computed on each run's samples by
-`with_metric`). Per slice, the mean paired change comes with its bootstrap CI (none for a
+(`pass`), the mean score (`score`), or a plugin's registered per-case metric by name (its
+value on each case, computed on each run's samples by `with_metric`; the built-in `pass@1`
+and `mean_score` are `pass` and `score`). Per slice, the mean paired change comes with its bootstrap CI (none for a
 single case).
 """
 
@@ -213,9 +213,8 @@ def diff_runs(
 ) -> RunDiff:
     """Pair `run` with `baseline` by case hash and label every case."""
     metric = check_metric(metric)
-    after = _by_hash(with_metric(_by_hash(run, "run").values(), metric, f"run {run_id}"), "run")
-    before = _by_hash(with_metric(_by_hash(baseline, "baseline").values(), metric, f"baseline {baseline_id}"),
-                      "baseline")
+    after = _by_hash(run, "run", metric, run_id)
+    before = _by_hash(baseline, "baseline", metric, baseline_id)
     changes = [_change(before.get(h), after.get(h), metric) for h in after.keys() | before.keys()]
     rank = {label: i for i, label in enumerate(LABELS)}
     # Regressions most negative first, improvements most positive first, the rest by id.
@@ -237,13 +236,14 @@ def diff_runs(
     )
 
 
-def _by_hash(results: Iterable[CaseResult], side: str) -> dict[str, CaseResult]:
-    out: dict[str, CaseResult] = {}
+def _by_hash(results: Iterable[CaseResult], side: str, metric: Metric, run_id: str) -> dict[str, CaseResult]:
+    """One side's results by case hash, checked, each with its value of `metric`."""
+    checked: dict[str, CaseResult] = {}
     for r in results:
         if r.n < 1 or not 0 <= r.c <= r.n:
             raise InputError(f"diff: {side} case {r.case_id!r} has n={r.n}, c={r.c}: needs n >= 1 and 0 <= c <= n")
-        out[r.case_hash] = r
-    return out
+        checked[r.case_hash] = r
+    return {r.case_hash: r for r in with_metric(checked.values(), metric, f"{side} {run_id}")}
 
 
 def _change(before: CaseResult | None, after: CaseResult | None, metric: Metric) -> CaseChange:

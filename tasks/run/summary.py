@@ -15,6 +15,7 @@ import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from tasks.metrics.aggregate import REQUIRED_COLUMNS, Aggregate, Row, aggregate
+from tasks.metrics.diff import METRICS
 from tasks.models import EvalSuite, InputError
 from tasks.run.spec import RunSpec
 from tasks.run.usage import USAGE_SAMPLE_COLUMNS, RunUsage, usage_summary
@@ -152,7 +153,7 @@ class RunSummary(_Doc):
     def slice_values(self, metric: str) -> dict[str, float | None] | None:
         """Each slice's pass@1, or its mean score with `metric` "score" (the gate's slice rules);
         None for a registered metric, which the summary holds no per-slice value of."""
-        if metric not in ("pass", "score"):
+        if metric not in METRICS:
             return None
         return {name: s.mean_score if metric == "score" else s.pass_at_1 for name, s in self.slices.items()}
 
@@ -220,7 +221,7 @@ class Measured:
     def slice_values(self, metric: str) -> dict[str, float | None] | None:
         """Each slice's pass@1, or its mean score with `metric` "score" (the gate's slice rules);
         None for a registered metric, which the aggregate holds no per-slice value of."""
-        if metric not in ("pass", "score"):
+        if metric not in METRICS:
             return None
         return {name: m.mean_score if metric == "score" else m.pass_at_1 for name, m in self.aggregate.slices.items()}
 
