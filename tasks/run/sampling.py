@@ -21,7 +21,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from tasks.agents import AgentContext, AgentError, max_output_bytes, seen_beyond_inputs
+from tasks.agents import AgentContext, AgentError, seen_beyond_inputs
+from tasks.agents.settings import DEFAULT_MAX_OUTPUT_BYTES
 from tasks.graders import grade, grader_fingerprint
 from tasks.models import (
     EvalCase,
@@ -241,8 +242,8 @@ def draw_sample(
     agent, case: EvalCase, planned: PlannedSample, n: int, regrade: int = 0, cap: int | None = None
 ) -> Sample:
     """Draw one output (or take the planned stored one) and grade it: both stages in turn.
-    `cap`: the output limit in bytes (default from the environment, see `max_output_bytes`)."""
-    return grade_drawn(case, draw_output(agent, case, planned, n, max_output_bytes() if cap is None else cap),
+    `cap`: the output limit in bytes (default: the built-in one, `AgentSettings`)."""
+    return grade_drawn(case, draw_output(agent, case, planned, n, DEFAULT_MAX_OUTPUT_BYTES if cap is None else cap),
                        regrade)
 
 
