@@ -617,7 +617,7 @@ def server_start(port: PortOpt = None, as_json: JsonFlag = False) -> None:
     server, started = start_managed(port)
     doc = {"started": started, **server.to_json()}
     verb = "started" if started else "already running (kept until stopped)"
-    emit(doc, as_json, f"evalpipe server {verb}: Prefect UI {server.url} (pid {server.pid})\n"
+    emit(doc, as_json, f"evalpipe server {verb}: Prefect UI {server.ui_url} (pid {server.pid})\n"
                        "runs in this EVALPIPE_HOME report to it; stop it with `evalpipe server stop`")
 
 
