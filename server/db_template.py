@@ -90,11 +90,9 @@ def seed(prefect_home: Path, env: Mapping[str, str], log: IO | None = None, *, b
     template (the server then migrates its database itself, as without a template)."""
     if (prefect_home / DATABASE).exists() or names_another_database(prefect_home, env):
         return False
-    template = template_path(env)
-    if template is None:
-        return False
     try:
-        if not (_at_one_revision(template) or (build_missing and build(template, log))):
+        template = ready(env, log, build_missing=build_missing)
+        if template is None:
             return False
         prefect_home.mkdir(parents=True, exist_ok=True)
         part = prefect_home / f".{DATABASE}.{os.getpid()}.part"
@@ -105,6 +103,15 @@ def seed(prefect_home: Path, env: Mapping[str, str], log: IO | None = None, *, b
         return False
     _say(log, f"{SEEDED} {template}")
     return True
+
+
+def ready(env: Mapping[str, str], log: IO | None = None, *, build_missing: bool = True) -> Path | None:
+    """The installed Prefect's template, built first when it is missing or damaged and
+    `build_missing`; None when there is none."""
+    template = template_path(env)
+    if template is None or not (_at_one_revision(template) or (build_missing and build(template, log))):
+        return None
+    return template
 
 
 def _say(log: IO | None, line: str) -> None:
@@ -150,3 +157,10 @@ def _at_one_revision(database: Path) -> bool:
             return len(db.execute("SELECT version_num FROM alembic_version").fetchall()) == 1
     except sqlite3.Error:
         return False
+
+
+if __name__ == "__main__":  # `python -m server.db_template`: made ahead, by `make`'s install step
+    made = ready(os.environ)
+    if made is None:
+        sys.exit(f"evalpipe: no Prefect database template could be made in {cache_dir()}")
+    print(f"evalpipe: Prefect's database template: {made}")

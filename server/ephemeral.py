@@ -41,12 +41,14 @@ def start_temporary() -> tuple[str, bool, str | None]:
     server = SubprocessASGIServer()
     if server.running:
         return server.api_url, False, _AUTH if getattr(server, "_evalpipe_auth", False) else None
-    # A PREFECT_HOME's first temporary server copies the template, when a managed server's
-    # start has made one; it builds none (that costs more than the migration it saves once).
-    db_template.seed(prefect_home, os.environ, build_missing=False)
-    timeout_s = start_timeout(prefect_home)
     prefect_home.mkdir(parents=True, exist_ok=True)
     log = prefect_home / "evalpipe-ephemeral.log"
+    # A PREFECT_HOME's first temporary server copies the template when one was made (by a
+    # managed server's start, or `make`), but builds none: on a CI runner, whose cache is as
+    # new as its PREFECT_HOME, the build would cost more than the migration it replaces.
+    with open(log, "ab") as out:
+        db_template.seed(prefect_home, os.environ, out, build_missing=False)
+    timeout_s = start_timeout(prefect_home)
     launch = server._run_uvicorn_command
 
     def launch_guarded():

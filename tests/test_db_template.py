@@ -67,6 +67,24 @@ def test_fresh_homes_start_from_the_template_and_record_their_runs(tmp_path: Pat
             stop_managed(home)
 
 
+@pytest.mark.slow
+def test_a_temporary_servers_fresh_prefect_home_copies_the_template_and_records_the_run(tmp_path: Path) -> None:
+    work = write_work(tmp_path)
+    cache = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+    template = db_template.ready(cache)
+    assert template is not None
+    prefect_home = tmp_path / "prefect-temporary"
+    env = client_env(work, tmp_path / "home", PREFECT_HOME=str(prefect_home), **cache)
+    proc = evalpipe(*run_args(work, "--json"), env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert f"{db_template.SEEDED} {template}" in (prefect_home / "evalpipe-ephemeral.log").read_text()
+    # The temporary server ended with the command; its database holds the run's flow run.
+    with closing(sqlite3.connect(prefect_home / "prefect.db")) as db:
+        states = db.execute("SELECT state_type FROM flow_run WHERE id = ?",
+                            (json.loads(proc.stdout)["flow_run_id"],)).fetchall()
+    assert states == [("COMPLETED",)]
+
+
 def test_the_key_names_the_prefect_version_and_changes_with_its_migrations(tmp_path: Path) -> None:
     import prefect
 
