@@ -90,15 +90,16 @@ def seed(prefect_home: Path, env: Mapping[str, str], log: IO | None = None, *, b
     template (the server then migrates its database itself, as without a template)."""
     if (prefect_home / DATABASE).exists() or names_another_database(prefect_home, env):
         return False
+    part = prefect_home / f".{DATABASE}.{os.getpid()}.part"
     try:
         template = ready(env, log, build_missing=build_missing)
         if template is None:
             return False
         prefect_home.mkdir(parents=True, exist_ok=True)
-        part = prefect_home / f".{DATABASE}.{os.getpid()}.part"
         shutil.copyfile(template, part)
         os.replace(part, prefect_home / DATABASE)
-    except OSError as exc:  # a read-only cache, a full disk: the server migrates as it would without
+    except (OSError, sqlite3.Error) as exc:  # a read-only cache, a full disk: the server migrates, as without
+        part.unlink(missing_ok=True)
         _say(log, f"no Prefect database template ({exc}): the server migrates its own")
         return False
     _say(log, f"{SEEDED} {template}")

@@ -41,6 +41,9 @@ def test_fresh_homes_start_from_the_template_and_record_their_runs(tmp_path: Pat
     template = db_template.template_path({"XDG_CACHE_HOME": str(cache)})
     template.parent.mkdir(parents=True)
     template.write_bytes(b"not a database")  # damaged: rebuilt, never copied
+    foreign = template.parent / "prefect-0.0.1-0123456789abcdef.db"  # another Prefect's: never used
+    with closing(sqlite3.connect(foreign)) as db:
+        db.executescript("CREATE TABLE alembic_version (version_num TEXT); INSERT INTO alembic_version VALUES ('foreign');")
     homes = [tmp_path / "home-1", tmp_path / "home-2"]
     try:
         built_at = None
@@ -55,9 +58,9 @@ def test_fresh_homes_start_from_the_template_and_record_their_runs(tmp_path: Pat
             assert f"{db_template.SEEDED} {template}" in log
             built_at = built_at or template.stat().st_mtime_ns
             assert template.stat().st_mtime_ns == built_at  # built once, by the first home
-        assert len(_revision(template)) == 1
+        assert len(_revision(template)) == 1 and _revision(foreign) == [("foreign",)]
         # The template stays pristine: the runs went to the homes' copies.
-        assert [p.name for p in template.parent.iterdir()] == [template.name]
+        assert sorted(p.name for p in template.parent.iterdir()) == sorted([template.name, foreign.name])
         for home in homes:
             assert _revision(home / "server" / "prefect" / "prefect.db") == _revision(template)
         assert "built the Prefect database template" in (homes[0] / "server" / "server.log").read_text()
@@ -99,6 +102,16 @@ def test_the_key_names_the_prefect_version_and_changes_with_its_migrations(tmp_p
     added = db_template.digest(scripts)
     (scripts / "2026_01_02_000000_def_second.py").write_text("revision = 'def'  # patched\n")
     assert len({before, added, db_template.digest(scripts)}) == 3
+
+
+def test_a_template_that_cannot_be_made_leaves_the_migration_to_the_server(tmp_path: Path) -> None:
+    (tmp_path / "not-a-folder").write_text("")
+    log = tmp_path / "server.log"
+    with log.open("ab") as out:
+        copied = db_template.seed(tmp_path / "home", {"XDG_CACHE_HOME": str(tmp_path / "not-a-folder")}, out)
+    assert copied is False
+    assert log.read_text().startswith("evalpipe: no Prefect database template (")
+    assert not (tmp_path / "home").exists()  # nothing half-made: the server creates it all
 
 
 def test_a_home_with_a_database_or_one_named_elsewhere_is_left_alone(tmp_path: Path) -> None:
