@@ -639,7 +639,7 @@ def server_status(as_json: JsonFlag = False) -> None:
     from server.managed import status
 
     doc = status()
-    human = (f"running: Prefect UI {doc['url']} (pid {doc['pid']}, {'healthy' if doc['healthy'] else 'not answering'})"
+    human = (f"running: Prefect UI {doc['ui_url']} (pid {doc['pid']}, {'healthy' if doc['healthy'] else 'not answering'})"
              f"; log {doc['log']}" if doc["running"] else _not_running(doc.get("stale_pid")))
     emit(doc, as_json, human)
 
