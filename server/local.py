@@ -130,8 +130,10 @@ def start_server(
     auth: str | None = None,
 ) -> Server:
     """Start `prefect server start` in its own process group and wait until it is healthy.
-    Output goes to `log` (default: discarded), so a caller's terminal or CI log stays clean.
-    `auth`: the credentials its API requires (see `server_env`)."""
+    A PREFECT_HOME without a database first gets a copy of the template made once per
+    Prefect (server/db_template.py). Output goes to `log` (default: discarded), so a
+    caller's terminal or CI log stays clean. `auth`: the credentials its API requires (see
+    `server_env`)."""
     port = port or free_port()
     if port_taken(port):
         raise InputError(f"--port {port}: something is already listening on {HOST}:{port}")
