@@ -61,6 +61,8 @@ def test_fresh_homes_start_from_the_template_and_record_their_runs(tmp_path: Pat
         assert len(_revision(template)) == 1 and _revision(foreign) == [("foreign",)]
         # The template stays pristine: the runs went to the homes' copies.
         assert sorted(p.name for p in template.parent.iterdir()) == sorted([template.name, foreign.name])
+        with closing(sqlite3.connect(template)) as db:
+            assert db.execute("SELECT count(*) FROM flow_run").fetchone() == (0,)
         for home in homes:
             assert _revision(home / "server" / "prefect" / "prefect.db") == _revision(template)
         assert "built the Prefect database template" in (homes[0] / "server" / "server.log").read_text()
