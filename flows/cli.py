@@ -644,7 +644,7 @@ def server_start(port: PortOpt = None, as_json: JsonFlag = False) -> None:
     server, started = start_managed(port)
     doc = {"started": started, **server.to_json()}
     verb = "started" if started else "already running (kept until stopped)"
-    emit(doc, as_json, f"evalpipe server {verb}: Prefect UI {server.url} (pid {server.pid})\n"
+    emit(doc, as_json, f"evalpipe server {verb}: Prefect UI {server.ui_url} (pid {server.pid})\n"
                        "runs in this EVALPIPE_HOME report to it; stop it with `evalpipe server stop`")
 
 
@@ -666,7 +666,7 @@ def server_status(as_json: JsonFlag = False) -> None:
     from server.managed import status
 
     doc = status()
-    human = (f"running: Prefect UI {doc['url']} (pid {doc['pid']}, {'healthy' if doc['healthy'] else 'not answering'})"
+    human = (f"running: Prefect UI {doc['ui_url']} (pid {doc['pid']}, {'healthy' if doc['healthy'] else 'not answering'})"
              f"; log {doc['log']}" if doc["running"] else _not_running(doc.get("stale_pid")))
     emit(doc, as_json, human)
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from server import db_template
 from server.reaper import guard
 from tasks.models import InputError, PlatformError
 
@@ -129,20 +130,25 @@ def start_server(
     auth: str | None = None,
 ) -> Server:
     """Start `prefect server start` in its own process group and wait until it is healthy.
-    Output goes to `log` (default: discarded), so a caller's terminal or CI log stays clean.
-    `auth`: the credentials its API requires (see `server_env`)."""
+    A PREFECT_HOME without a database first gets a copy of the template made once per
+    Prefect (server/db_template.py). Output goes to `log` (default: discarded), so a
+    caller's terminal or CI log stays clean. `auth`: the credentials its API requires (see
+    `server_env`)."""
     port = port or free_port()
     if port_taken(port):
         raise InputError(f"--port {port}: something is already listening on {HOST}:{port}")
+    env = server_env(port, prefect_home, auth=auth)
+    home = prefect_home or user_prefect_home()
+    db_template.seed(home, env, log)  # a fresh home's database, copied rather than migrated
+    timeout_s = start_timeout(home) if timeout_s is None else timeout_s
     prefect = Path(sys.executable).with_name("prefect")
     process = subprocess.Popen(
         [str(prefect), "server", "start", "--host", HOST, "--port", str(port)],
-        env=server_env(port, prefect_home, auth=auth), stdin=subprocess.DEVNULL,
+        env=env, stdin=subprocess.DEVNULL,
         stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True,
     )
     server = Server(process, f"http://{HOST}:{port}")
     try:
-        timeout_s = start_timeout(prefect_home or user_prefect_home()) if timeout_s is None else timeout_s
         wait_healthy(server.api_url, process, timeout_s)
     except BaseException:
         server.stop()

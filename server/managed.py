@@ -50,6 +50,7 @@ from tasks.models import InputError, PlatformError
 MODE_ENV = "EVALPIPE_SERVER"
 IDLE_ENV = "EVALPIPE_SERVER_IDLE_S"
 DEFAULT_IDLE_S = 1800.0
+UI_V2 = "v2"  # the path of Prefect's current UI (its UI_VERSION_PATH_SEGMENT)
 Mode = Literal["managed", "temporary"]
 
 
@@ -98,12 +99,20 @@ class Managed:
         return f"{self.url}/api"
 
     @property
+    def ui_url(self) -> str:
+        """Where evalpipe's links into the UI start: Prefect's current UI (under /v2). Its
+        login page shows just the form; the classic UI, which Prefect serves at a link
+        without /v2 (`/runs/flow-run/ID`), probes the API before its login and greets a
+        visitor without credentials with "Authentication failed" and "Oops" toasts."""
+        return f"{self.url}/{UI_V2}"
+
+    @property
     def auth(self) -> str:
         """The credentials its API requires (`user:password`)."""
         return credentials(self.directory)
 
     def to_json(self) -> dict[str, Any]:
-        return {"pid": self.pid, "port": self.port, "url": self.url, "api_url": self.api_url,
+        return {"pid": self.pid, "port": self.port, "url": self.url, "ui_url": self.ui_url, "api_url": self.api_url,
                 "log": str(log_path(self.directory)), "prefect_home": str(self.directory / "prefect"),
                 "credentials": str(credentials_path(self.directory)), "idle_stop_s": self.idle_s}
 
