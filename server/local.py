@@ -10,6 +10,7 @@ is not Prefect's default 4200, so it is always set in the server's environment.
 
 from __future__ import annotations
 
+import base64
 import math
 import os
 import signal
@@ -99,18 +100,25 @@ def server_env(port: int, prefect_home: Path | None = None, base: dict[str, str]
     return env
 
 
-def healthy(api_url: str) -> bool:
+def healthy(api_url: str, auth: str | None = None) -> bool:
+    """Whether the server at `api_url` answers; with `auth`, whether it takes those
+    credentials too (another home's server on the same port answers its health check)."""
+    url, headers = f"{api_url}/health", {}
+    if auth is not None:
+        url, headers = f"{api_url}/admin/version", {"Authorization": "Basic " + base64.b64encode(auth.encode()).decode()}
     try:
-        with urllib.request.urlopen(f"{api_url}/health", timeout=2) as resp:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=2) as resp:
             return resp.status == 200
     except (urllib.error.URLError, OSError):
         return False
 
 
-def wait_healthy(api_url: str, process: subprocess.Popen, timeout_s: float) -> None:
-    """Poll the health endpoint until it answers; fail early if the server process exits."""
+def wait_healthy(api_url: str, process: subprocess.Popen, timeout_s: float, auth: str | None = None) -> None:
+    """Poll the server until it answers (with `auth`: to those credentials, so that a server
+    another command started on the same port meanwhile is not taken for this one); fail
+    early if the server process exits."""
     deadline = time.monotonic() + timeout_s
-    while not healthy(api_url):
+    while not healthy(api_url, auth):
         if process.poll() is not None:
             raise PlatformError(f"the Prefect server exited with status {process.returncode} while starting")
         if time.monotonic() > deadline:
@@ -149,7 +157,7 @@ def start_server(
     )
     server = Server(process, f"http://{HOST}:{port}")
     try:
-        wait_healthy(server.api_url, process, timeout_s)
+        wait_healthy(server.api_url, process, timeout_s, auth)
     except BaseException:
         server.stop()
         raise

@@ -245,13 +245,20 @@ def _record(server: Managed) -> None:
 
 def _start(directory: Path, port: int | None, idle_s: float | None) -> Managed:
     """Under the state lock: start the server, record it, start its idle watch."""
+    chosen = port is None
     if port is None:
         port = DEFAULT_PORT if not port_taken(DEFAULT_PORT) else free_port()
     log = log_path(directory)
     with open(log, "ab") as out:
         try:
-            server = start_server(port, prefect_home=directory / "prefect", log=out,
-                                  auth=credentials(directory))
+            try:
+                server = start_server(port, prefect_home=directory / "prefect", log=out, auth=credentials(directory))
+            except PlatformError:
+                if not (chosen and port_taken(port)):
+                    raise
+                # Another home's server took the port between the check and the start.
+                port = free_port()
+                server = start_server(port, prefect_home=directory / "prefect", log=out, auth=credentials(directory))
         except PlatformError as exc:
             raise PlatformError(f"{exc}; its log: {log}") from None
         idle_s = idle_s or None  # 0: never stops

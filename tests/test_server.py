@@ -33,8 +33,9 @@ from support.cli import (
     write_work,
 )
 
-from server.local import free_port, start_timeout
+from server.local import free_port, healthy, start_timeout, wait_healthy
 from server.managed import stop_managed
+from tasks.models import PlatformError
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +102,21 @@ def test_the_managed_server_wants_its_credentials(managed: tuple[dict, dict[str,
     preflight = httpx.options(url, headers={"Origin": "http://attacker.example",
                                             "Access-Control-Request-Method": "POST"}, timeout=30)
     assert preflight.headers.get("access-control-allow-origin") in (None, doc["url"])
+
+
+@pytest.mark.slow
+def test_another_homes_server_on_the_port_is_not_taken_for_ours(managed: tuple[dict, dict[str, str]]) -> None:
+    """Two homes' first runs at once both saw 4200 free; the one whose server lost the port
+    found the other's answering its health check and sent its runs there (401s). A server is
+    ours only if it takes our credentials."""
+    doc, _ = managed
+    ours = Path(doc["credentials"]).read_text().strip()
+    assert healthy(doc["api_url"]) and healthy(doc["api_url"], ours)
+    assert not healthy(doc["api_url"], "evalpipe:another-homes-credentials")
+    # Waiting on it for a server process that then exits (its port was taken) fails, naming the exit.
+    lost = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
+    with pytest.raises(PlatformError, match="exited"):
+        wait_healthy(doc["api_url"], lost, 30, auth="evalpipe:another-homes-credentials")
 
 
 @pytest.mark.slow
