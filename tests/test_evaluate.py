@@ -316,7 +316,7 @@ def test_a_task_cut_short_by_its_budget_has_the_rest_drawn_once(prefect_harness,
         return drew
 
     monkeypatch.setattr(loop.DrawTask, "__call__", recorded)
-    monkeypatch.setattr(loop, "BATCH_BUDGET_S", 0.2)
+    monkeypatch.setattr(loop, "DRAW_BUDGET_S", 0.2)
     monkeypatch.setenv("EVALPIPE_TEST_SLEEP", "0.05")
     suite = write_suite(tmp_path / "toy.yaml", 12)
     out = evaluate(suite=str(suite), agent=agent("slow"), n=2, k=[1], workers=2, agent_concurrency=2,

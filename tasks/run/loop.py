@@ -12,8 +12,8 @@ cheap sample). Every draw slot is used from the start: a slow agent's calls fan 
 once, a fast agent's samples are shared out among them.
 
 A stage's task is bounded by time, not by count: it starts no new sample after
-BATCH_BUDGET_S and hands back the rest, so a kill loses at most about that much grading per
-worker, however cheap or dear a sample is; drawn outputs are not lost at all, each logged
+BATCH_BUDGET_S (a draw task: DRAW_BUDGET_S) and hands back the rest, so a kill loses at most
+about that much grading per worker, however cheap or dear a sample is; drawn outputs are not lost at all, each logged
 as the agent returns it (`SampleStore.output_log`, docs/storage.md). Tasks are cut from what is waiting when a slot
 frees (a share of it per slot, never fewer samples than fill CHUNK_FLOOR_S at the rate
 seen so far): cheap samples go many to a task, so the ~10 ms a Prefect task costs stays
@@ -69,6 +69,10 @@ from tasks.run.summary import (
 from tasks.run.usage import priced
 
 BATCH_BUDGET_S = 2.0
+# A draw task's: longer, as its outputs are safe in its log as they arrive, and each task
+# boundary leaves its slot idle while the next task starts (a latency-bound run's chunks
+# then end in one wave, not two).
+DRAW_BUDGET_S = 2 * BATCH_BUDGET_S
 CHUNK_FLOOR_S = 0.5
 # How long a stopped run waits for the agent calls and gradings in flight: what comes back
 # by then is stored; a call still out is made again by the run that resumes it.
@@ -155,7 +159,7 @@ class DrawTask:
     planned: list[PlannedSample]
     n: int
     cap: int
-    budget_s: float | None = BATCH_BUDGET_S
+    budget_s: float | None = DRAW_BUDGET_S
     log: OutputLog | None = None
     inline: InlineGrading | None = None
 
@@ -385,7 +389,7 @@ class _Scheduler:
                                                                          self.config.draw_slots)
             log = self.store.output_log(self.spec.run_id)
             task = DrawTask(self.agent, batch_cases(self.cases, planned), planned, self.spec.n,
-                            self.config.output_cap, BATCH_BUDGET_S, log, self.inline)
+                            self.config.output_cap, DRAW_BUDGET_S, log, self.inline)
             self._start("draw", planned, self.stages.draw(task), log)
 
     def _ready(self, timeout: float | None) -> list[tuple[tuple[str, list, float, OutputLog | None], Any]]:
