@@ -183,6 +183,8 @@ def _locked(path: Path, message: str, wait_s: float) -> str:
             f" stop it, then run again ({LOCK_WAIT_ENV} sets the wait)")
 
 
+# What DuckDB raises when a signal's handler raised during a query.
+_QUERY_INTERRUPTED = "Query interrupted"
 # DuckDB's words for a file it cannot trust: bad header, short read, failed checksum.
 _DAMAGED = ("not a valid duckdb database", "could not read enough bytes", "corrupt", "checksum")
 
@@ -207,6 +209,13 @@ def _platform_errors(path: Path) -> Iterator[None]:
             ) from None
         if isinstance(exc, duckdb.IOException):
             raise PlatformError(f"cannot use database {path}: {detail}") from None
+        raise
+    except RuntimeError as exc:
+        # A signal that arrives during a query (Ctrl-C, SIGTERM) runs its handler, whose
+        # exception DuckDB drops, ending the query with this error instead: it is the stop it
+        # was, so that the run is recorded `interrupted` (not `failed`) and resumable.
+        if str(exc) == _QUERY_INTERRUPTED:
+            raise KeyboardInterrupt from exc
         raise
 
 
