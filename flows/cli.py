@@ -45,6 +45,8 @@ app.add_typer(suite_app, name="suite")
 suite_app.add_typer(import_app, name="import")
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print exactly one JSON document.")]
+METRIC_HELP = ("What the paired CI compares: pass (pass@1), score (mean score), or a registered per-case metric"
+               " by name (pass@1, mean_score, a plugin's).")
 UnsafeFlag = Annotated[bool, typer.Option(
     "--unsafe-no-sandbox", help="Without bubblewrap, run the suite's code unprotected instead of refusing.")]
 
@@ -211,7 +213,7 @@ def run(
         "--max-new-failures", min=0, help="Gate rule: block when more than N always-passing cases now fail.")] = None,
     min_slice: Annotated[list[str] | None, typer.Option(
         "--min-slice", metavar="SLICE=X", help="Gate rule: block when the slice is below X; repeatable.")] = None,
-    metric: Annotated[str, typer.Option("--metric", help="Gate on pass (pass@1) or score (mean score).")] = "pass",
+    metric: Annotated[str, typer.Option("--metric", help=METRIC_HELP)] = "pass",
     max_agent_errors: Annotated[float, typer.Option(
         "--max-agent-errors", min=0.0, max=1.0, metavar="FRACTION",
         help="Exit 4 when more than this share of samples are agent_error: the agent is broken,"
@@ -222,13 +224,35 @@ def run(
              " so the numbers measure nothing.")] = 0.1,
     unsafe_no_sandbox: UnsafeFlag = False,
     max_output_bytes: Annotated[int | None, typer.Option(
-        "--max-output-bytes", min=1, help="Cap on each agent output (default 4 MB).")] = None,
+        "--max-output-bytes", min=1, help="Cap on each agent output (default 4 MB; $EVALPIPE_MAX_OUTPUT_BYTES).")] = None,
+    cmd_timeout: Annotated[float | None, typer.Option(
+        "--cmd-timeout", metavar="SECONDS",
+        help="Seconds a cmd: agent may take per sample (default 300; $EVALPIPE_AGENT_TIMEOUT_S).")] = None,
+    openai_timeout: Annotated[float | None, typer.Option(
+        "--openai-timeout", metavar="SECONDS",
+        help="Seconds per request of an openai: agent (default 60; $EVALPIPE_OPENAI_TIMEOUT_S).")] = None,
+    openai_max_attempts: Annotated[int | None, typer.Option(
+        "--openai-max-attempts", min=1, metavar="N",
+        help="Requests an openai: agent makes per sample, retries included (default 5;"
+             " $EVALPIPE_OPENAI_MAX_ATTEMPTS).")] = None,
     workspace: Annotated[bool, typer.Option(
         "--workspace", help="Run a cmd:/python: coding agent per sample in a fresh checkout of the case's"
                             " base commit, sandboxed; its output is the change it leaves there.")] = False,
     agent_timeout: Annotated[float | None, typer.Option(
         "--agent-timeout", metavar="SECONDS",
         help="With --workspace: seconds per agent run (default 1800).")] = None,
+    agent_memory_mb: Annotated[int | None, typer.Option(
+        "--agent-memory-mb", min=1, metavar="MB",
+        help="With --workspace: the agent's address-space cap (default 8192; $EVALPIPE_AGENT_MEMORY_MB).")] = None,
+    workspace_tree_mb: Annotated[int | None, typer.Option(
+        "--workspace-tree-mb", min=1, metavar="MB",
+        help="With --workspace: cap on the files the agent leaves (default 4096; $EVALPIPE_WORKSPACE_TREE_MB).")] = None,
+    workspace_change_bytes: Annotated[int | None, typer.Option(
+        "--workspace-change-bytes", min=1, metavar="N",
+        help="With --workspace: cap on the agent's change (default 4 MB; $EVALPIPE_WORKSPACE_CHANGE_BYTES).")] = None,
+    max_trajectory_bytes: Annotated[int | None, typer.Option(
+        "--max-trajectory-bytes", min=1, metavar="N",
+        help="With --workspace: cap on the trajectory kept (default 1 MB; $EVALPIPE_MAX_TRAJECTORY_BYTES).")] = None,
     max_cost: Annotated[float | None, typer.Option(
         "--max-cost", metavar="USD",
         help="Start no new agent call once the drawn samples cost this much; the run ends partial (exit 6)."
@@ -262,7 +286,10 @@ def run(
         max_drop=max_drop, max_new_failures=max_new_failures, min_slice=parse_slice_thresholds(min_slice or ()) or None,
         metric=metric, runner=runner, workers=workers, agent_concurrency=agent_concurrency, dask_address=dask_address,
         batch_size=batch_size, regrade=regrade, unsafe_no_sandbox=unsafe_no_sandbox,
-        max_output_bytes=max_output_bytes, workspace=workspace, agent_timeout=agent_timeout, max_cost=max_cost,
+        max_output_bytes=max_output_bytes, cmd_timeout=cmd_timeout, openai_timeout=openai_timeout,
+        openai_max_attempts=openai_max_attempts, workspace=workspace, agent_timeout=agent_timeout,
+        agent_memory_mb=agent_memory_mb, workspace_tree_mb=workspace_tree_mb,
+        workspace_change_bytes=workspace_change_bytes, max_trajectory_bytes=max_trajectory_bytes, max_cost=max_cost,
         max_samples=max_samples, prices=str(prices) if prices else None, sequential=sequential,
         sequential_rounds=rounds)
     # Every check of the input, once, before Prefect starts: a one-line message, not a failed
@@ -388,7 +415,7 @@ def rescore_cmd(
     max_drop: MaxDropOpt = None,
     max_new_failures: MaxNewFailuresOpt = None,
     min_slice: MinSliceOpt = None,
-    metric: Annotated[str, typer.Option("--metric", help="Gate on pass (pass@1) or score (mean score).")] = "pass",
+    metric: Annotated[str, typer.Option("--metric", help=METRIC_HELP)] = "pass",
     as_json: JsonFlag = False,
 ) -> None:
     """A new run of SUITE graded on RUN_ID's stored outputs, without calling its agent.
@@ -529,7 +556,7 @@ def gate_cmd(
     max_drop: MaxDropOpt = None,
     max_new_failures: MaxNewFailuresOpt = None,
     min_slice: MinSliceOpt = None,
-    metric: Annotated[str, typer.Option("--metric", help="Compare on pass (pass@1) or score (mean score).")] = "pass",
+    metric: Annotated[str, typer.Option("--metric", help=METRIC_HELP)] = "pass",
     shared_only: Annotated[bool, typer.Option("--shared-only", help="Compare only shared case hashes.")] = False,
     fmt: Annotated[str, typer.Option("--format", help="text, json or markdown (a pull-request comment).")] = "text",
     as_json: JsonFlag = False,
@@ -618,7 +645,7 @@ def server_start(port: PortOpt = None, as_json: JsonFlag = False) -> None:
     server, started = start_managed(port)
     doc = {"started": started, **server.to_json()}
     verb = "started" if started else "already running (kept until stopped)"
-    emit(doc, as_json, f"evalpipe server {verb}: Prefect UI {server.url} (pid {server.pid})\n"
+    emit(doc, as_json, f"evalpipe server {verb}: Prefect UI {server.ui_url} (pid {server.pid})\n"
                        "runs in this EVALPIPE_HOME report to it; stop it with `evalpipe server stop`")
 
 
@@ -640,7 +667,7 @@ def server_status(as_json: JsonFlag = False) -> None:
     from server.managed import status
 
     doc = status()
-    human = (f"running: Prefect UI {doc['url']} (pid {doc['pid']}, {'healthy' if doc['healthy'] else 'not answering'})"
+    human = (f"running: Prefect UI {doc['ui_url']} (pid {doc['pid']}, {'healthy' if doc['healthy'] else 'not answering'})"
              f"; log {doc['log']}" if doc["running"] else _not_running(doc.get("stale_pid")))
     emit(doc, as_json, human)
 
@@ -661,7 +688,7 @@ def report_cmd(
     max_drop: MaxDropOpt = None,
     max_new_failures: MaxNewFailuresOpt = None,
     min_slice: MinSliceOpt = None,
-    metric: Annotated[str, typer.Option("--metric", help="With --baseline: pass (pass@1) or score.")] = "pass",
+    metric: Annotated[str, typer.Option("--metric", help="With --baseline: " + METRIC_HELP)] = "pass",
 ) -> None:
     """Write a self-contained HTML report of a stored run (or of what changed against a baseline).
 

@@ -47,11 +47,11 @@ def main() -> None:
     server = running()
     if server is None or os.environ.get("PREFECT_API_URL"):  # the runs went to another API
         return
-    print(f"\nPrefect UI: {server.url}/runs (flow runs; each one's Artifacts tab has its summary"
+    print(f"\nPrefect UI: {server.ui_url}/runs (flow runs; each one's Artifacts tab has its summary"
           " and per-slice table)")
     for run in runs:
         if run["flow_run_id"]:
-            print(f"  {run['suite_name']:<10} {server.url}/runs/flow-run/{run['flow_run_id']}")
+            print(f"  {run['suite_name']:<10} {server.ui_url}/runs/flow-run/{run['flow_run_id']}")
     print(f"The UI asks for the server's credentials: paste the content of {credentials_path(server.directory)}.")
     print("The server serves the next commands too; `evalpipe server stop` stops it now.")
 

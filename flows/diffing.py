@@ -16,7 +16,8 @@ FORMATS = ("text", "json", "markdown")
 TEXT_ROWS = 30  # changed cases listed in the text form; --json lists every case
 
 FormatOpt = Annotated[str, typer.Option("--format", help="text, json or markdown (a pull-request comment).")]
-MetricOpt = Annotated[str, typer.Option("--metric", help="Compare on pass (pass@1) or score (mean score).")]
+MetricOpt = Annotated[str, typer.Option("--metric", help="What the paired CI compares: pass (pass@1), score (mean"
+                                                            " score), or a registered per-case metric by name.")]
 
 
 def output_format(fmt: str, as_json: bool) -> str:

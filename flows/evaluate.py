@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from contextvars import ContextVar
 from dataclasses import replace
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
@@ -48,7 +48,7 @@ def evaluate(
     max_drop: Annotated[float, Field(ge=0, le=1)] = 0.0,
     max_new_failures: Annotated[int | None, Field(ge=0)] = None,
     min_slice: dict[str, Annotated[float, Field(ge=0, le=1)]] | None = None,
-    metric: Literal["pass", "score"] = "pass",
+    metric: str = "pass",
     runner: Runner = "threads",
     workers: Annotated[int | None, Field(ge=1, le=MAX_WORKERS)] = None,
     agent_concurrency: Annotated[int | None, Field(ge=1, le=MAX_WORKERS)] = None,
@@ -57,8 +57,15 @@ def evaluate(
     regrade: Annotated[int, Field(ge=0, le=MAX_REGRADE)] = 0,
     unsafe_no_sandbox: bool = False,
     max_output_bytes: Annotated[int | None, Field(ge=1)] = None,
+    cmd_timeout: Annotated[float | None, Field(gt=0)] = None,
+    openai_timeout: Annotated[float | None, Field(gt=0)] = None,
+    openai_max_attempts: Annotated[int | None, Field(ge=1)] = None,
     workspace: bool = False,
     agent_timeout: Annotated[float | None, Field(gt=0)] = None,
+    agent_memory_mb: Annotated[int | None, Field(ge=1)] = None,
+    workspace_tree_mb: Annotated[int | None, Field(ge=1)] = None,
+    workspace_change_bytes: Annotated[int | None, Field(ge=1)] = None,
+    max_trajectory_bytes: Annotated[int | None, Field(ge=1)] = None,
     max_cost: Annotated[float | None, Field(gt=0)] = None,
     max_samples: Annotated[int | None, Field(ge=1)] = None,
     prices: str | None = None,
@@ -85,7 +92,8 @@ def evaluate(
         max_new_failures: Gate rule: block when more than this many cases that always
             passed in the baseline fail in some sample now.
         min_slice: Gate rule: slice name -> the lowest pass@1 (or mean score) it may have.
-        metric: What the gate's paired CI compares: pass (pass@1) or score (mean score).
+        metric: What the gate's paired CI compares: pass (pass@1), score (mean score), or a
+            registered per-case metric by name (pass@1, mean_score, a plugin's).
         runner: Task runner for sampling: threads, processes or dask.
         workers: Parallel graders (default: CPU count): tests take a core each.
         agent_concurrency: Agent calls in flight (default 16): they wait on an API or a
@@ -96,10 +104,24 @@ def evaluate(
         unsafe_no_sandbox: Without bubblewrap, run the suite's code (python_tests,
             repo_tests, predicate) unprotected instead of refusing. Stated in the summary.
         max_output_bytes: Cap on each agent output in bytes (default 4 MB, or
-            EVALPIPE_MAX_OUTPUT_BYTES).
+            EVALPIPE_MAX_OUTPUT_BYTES on the machine that runs the flow).
+        cmd_timeout: Seconds a cmd: agent may take per sample (default 300, or
+            EVALPIPE_AGENT_TIMEOUT_S).
+        openai_timeout: Seconds per request of an openai: agent (default 60, or
+            EVALPIPE_OPENAI_TIMEOUT_S).
+        openai_max_attempts: Requests an openai: agent makes per sample, retries included
+            (default 5, or EVALPIPE_OPENAI_MAX_ATTEMPTS).
         workspace: Run a cmd: or python: coding agent per sample in a fresh checkout of the
             case's base commit, in the sandbox; its output is the change it leaves there.
         agent_timeout: With workspace: seconds each agent run may take (default 1800).
+        agent_memory_mb: With workspace: the agent's address-space cap in MB (default 8192,
+            or EVALPIPE_AGENT_MEMORY_MB).
+        workspace_tree_mb: With workspace: cap in MB on the files the agent leaves (default
+            4096, or EVALPIPE_WORKSPACE_TREE_MB).
+        workspace_change_bytes: With workspace: cap on the agent's change in bytes (default
+            4 MB, or EVALPIPE_WORKSPACE_CHANGE_BYTES).
+        max_trajectory_bytes: With workspace: cap on the trajectory kept, in bytes (default
+            1 MB, or EVALPIPE_MAX_TRAJECTORY_BYTES).
         max_cost: Budget in USD: no new agent call starts once the drawn samples cost this
             much; the run ends partial, and the same run with a larger budget draws the rest.
         max_samples: Budget in agent calls: draw at most this many samples (cached ones are free).
@@ -111,8 +133,10 @@ def evaluate(
         sequential_rounds: The number of rounds (looks) of a sequential run.
     """
     started = time.perf_counter()
-    # The parameters, as the form shows them, are the fields of the run's configuration.
-    config = RunConfig(**{name: value for name, value in locals().items() if name in RunConfig.model_fields})
+    # The parameters, as the form shows them, are the fields of the run's configuration; those
+    # not given take this machine's documented overrides (a deployment's worker), read here.
+    config = RunConfig.build("evaluate", **{name: value for name, value in locals().items()
+                                            if name in RunConfig.model_fields})
     return steps.final_state(run(config, started))
 
 

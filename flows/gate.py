@@ -7,7 +7,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from storage.store import Store
-from tasks.metrics.diff import CaseResult, RunDiff, check_metric, check_same_suite, diff_runs
+from tasks.metrics.diff import (
+    CaseResult,
+    RunDiff,
+    check_metric,
+    check_same_suite,
+    diff_runs,
+    with_metric,
+)
 from tasks.metrics.gate import gate_diff
 from tasks.metrics.rules import GateRules
 from tasks.run import RunConfig, RunSummary
@@ -42,10 +49,10 @@ def pair_runs(run_id: str, baseline: str, *, metric: str = "pass", store: Store,
     run, base = store.find_run(run_id), store.find_run(baseline)
     if require_same_suite:
         check_same_suite(run, base)
-    results = store.case_results(run["run_id"])
+    metric = check_metric(metric)
+    results = with_metric(store.case_results(run["run_id"]), metric, f"run {run['run_id']}")
     diff = diff_runs(results, store.case_results(base["run_id"]),
-                     run_id=run["run_id"], baseline_id=base["run_id"], metric=check_metric(metric),
-                     seed=run["seed"])
+                     run_id=run["run_id"], baseline_id=base["run_id"], metric=metric, seed=run["seed"])
     return Comparison(run, base, diff, results)
 
 
@@ -79,8 +86,8 @@ def gate_comparison(
     `slice_values`: the run's, when the caller has them (a run gating before its summary is
     stored; else read back). `choice`: how the baseline was chosen (`previous`), said."""
     run, summary = comparison.run, comparison.run_summary
-    if slice_values is None:
-        slice_values = summary.slice_values(comparison.diff.metric) if summary else {}
+    if slice_values is None and summary is not None:  # still None: the diff's (a registered metric)
+        slice_values = summary.slice_values(comparison.diff.metric)
     if safety_failed is None:
         safety_failed = store.safety_failed(run["run_id"])
     doc = gate_diff(comparison.diff, comparison.results, safety_failed=safety_failed,

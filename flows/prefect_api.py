@@ -124,7 +124,7 @@ def _started_line(server: managed.Managed) -> str:
     s = server.idle_s
     idle = (f"it stops after {s / 60:g} min unused" if s and s >= 120 else f"it stops after {s:g} s unused" if s
             else "it runs until stopped")
-    return (f"started a local Prefect server for this EVALPIPE_HOME, UI {server.url} (login: "
+    return (f"started a local Prefect server for this EVALPIPE_HOME, UI {server.ui_url} (login: "
             f"{managed.credentials_path(server.directory)}); later commands reuse it, {idle}, "
             "`evalpipe server stop` stops it now")
 
@@ -144,6 +144,7 @@ def _connected(api_url: str, server: managed.Managed | None, json_mode: bool,
         PREFECT_API_AUTH_STRING,
         PREFECT_API_URL,
         PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+        PREFECT_UI_URL,
         temporary_settings,
     )
 
@@ -151,8 +152,8 @@ def _connected(api_url: str, server: managed.Managed | None, json_mode: bool,
     # 1 s steps, at the end of every flow run (0.5 s a run on average), and a run whose
     # process dies is found `interrupted` by evalpipe itself. Workers keep Prefect's default.
     updates: dict[Any, Any] = {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
-    if server is not None:
-        updates |= {PREFECT_API_URL: api_url, PREFECT_API_AUTH_STRING: server.auth}
+    if server is not None:  # its flow run links go to the UI whose login page shows no errors
+        updates |= {PREFECT_API_URL: api_url, PREFECT_API_AUTH_STRING: server.auth, PREFECT_UI_URL: server.ui_url}
     elif temporary_auth is not None:  # its URL stays unset: Prefect's client knows the temporary server
         updates |= {PREFECT_API_AUTH_STRING: temporary_auth}
     try:

@@ -60,7 +60,8 @@ def rescore(
         max_drop: Gate threshold: block only when the drop is surely larger than this.
         max_new_failures: Gate rule: block when more than this many always-passing cases now fail.
         min_slice: Gate rule: slice name -> the lowest pass@1 (or mean score) it may have.
-        metric: What the gate's paired CI compares: pass (pass@1) or score (mean score).
+        metric: What the gate's paired CI compares: pass (pass@1), score (mean score), or a
+            registered per-case metric by name.
     """
     started = time.perf_counter()
     store = Store.default()

@@ -15,14 +15,33 @@ from tasks.run.config import Runner
 def task_runner(runner: Runner, workers: int, dask_address: str | None) -> Iterator[TaskRunner]:
     """The started task runner, its worker processes pointed at this process's API."""
     with _api_for_workers(runner), _make(runner, workers, dask_address) as started:
+        if runner == "processes":
+            _start_workers(started, workers)
         yield started
+
+
+def _preload() -> None:
+    """In each new worker process: import what its tasks run (Prefect's engine, the stages,
+    the graders), about 2 s of CPU, once, before its first task rather than during it."""
+    import flows.steps  # noqa: F401
+    import tasks.graders  # noqa: F401
+
+
+def _start_workers(runner: TaskRunner, workers: int) -> None:
+    """Start the pool's processes now, so that they import while the run plans and draws;
+    a process pool otherwise starts each on a first task, which then waits for it. (The
+    pool is Prefect's; where it is not where this version keeps it, they start on demand.)"""
+    executor = getattr(runner, "_executor", None)
+    if executor is not None:
+        for _ in range(workers):
+            executor.submit(int)
 
 
 def _make(runner: Runner, workers: int, dask_address: str | None) -> TaskRunner:
     if runner == "threads":
         return ThreadPoolTaskRunner(max_workers=workers)
     if runner == "processes":
-        return ProcessPoolTaskRunner(max_workers=workers)
+        return ProcessPoolTaskRunner(max_workers=workers, initializer=_preload)
     from prefect_dask import DaskTaskRunner
 
     if dask_address:

@@ -38,14 +38,31 @@ def snapshot(suite: EvalSuite, store: Store) -> str:
     return str(store.snapshot(suite))
 
 
+class Sealed:
+    """A stage's task as its Prefect task takes it: an object Prefect does not look into.
+    Otherwise it walks every sample of the task (and every field of each) looking for
+    futures, twice a task; `quote` would spare that too, but Dask takes it apart (a tuple)."""
+
+    __slots__ = ("work",)
+
+    def __init__(self, work: DrawTask | GradeTask) -> None:
+        self.work = work
+
+    def __getstate__(self) -> DrawTask | GradeTask:
+        return self.work
+
+    def __setstate__(self, work: DrawTask | GradeTask) -> None:
+        self.work = work
+
+
 @task(name="sample", cache_policy=NO_CACHE, persist_result=False, task_run_name="sample {label}")
-def draw(work: DrawTask, label: str) -> Any:
-    return work()
+def draw(sealed: Sealed, label: str) -> Any:
+    return sealed.work()
 
 
 @task(name="grade", cache_policy=NO_CACHE, persist_result=False, task_run_name="grade {label}")
-def grade(work: GradeTask, label: str) -> Any:
-    return work()
+def grade(sealed: Sealed, label: str) -> Any:
+    return sealed.work()
 
 
 @task(name="aggregate", cache_policy=NO_CACHE, persist_result=False)
@@ -61,10 +78,10 @@ class PrefectStages:
     grades: TaskRunner
 
     def draw(self, work: DrawTask) -> Any:
-        return self.draws.submit(draw, {"work": work, "label": work.label})
+        return self.draws.submit(draw, {"sealed": Sealed(work), "label": work.label})
 
     def grade(self, work: GradeTask) -> Any:
-        return self.grades.submit(grade, {"work": work, "label": work.label})
+        return self.grades.submit(grade, {"sealed": Sealed(work), "label": work.label})
 
 
 @contextmanager

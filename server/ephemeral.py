@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from server import db_template
 from server.local import START_TIMEOUT_ENV, start_timeout
 from server.reaper import guard
 from tasks.models import PlatformError
@@ -37,12 +38,17 @@ def start_temporary() -> tuple[str, bool, str | None]:
     )
 
     prefect_home = get_current_settings().home
-    timeout_s = start_timeout(prefect_home)
     server = SubprocessASGIServer()
     if server.running:
         return server.api_url, False, _AUTH if getattr(server, "_evalpipe_auth", False) else None
     prefect_home.mkdir(parents=True, exist_ok=True)
     log = prefect_home / "evalpipe-ephemeral.log"
+    # A PREFECT_HOME's first temporary server copies the template when one was made (by a
+    # managed server's start, or `make`), but builds none: on a CI runner, whose cache is as
+    # new as its PREFECT_HOME, the build would cost more than the migration it replaces.
+    with open(log, "ab") as out:
+        db_template.seed(prefect_home, os.environ, out, build_missing=False)
+    timeout_s = start_timeout(prefect_home)
     launch = server._run_uvicorn_command
 
     def launch_guarded():

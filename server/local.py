@@ -10,6 +10,7 @@ is not Prefect's default 4200, so it is always set in the server's environment.
 
 from __future__ import annotations
 
+import base64
 import math
 import os
 import signal
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from server import db_template
 from server.reaper import guard
 from tasks.models import InputError, PlatformError
 
@@ -98,18 +100,25 @@ def server_env(port: int, prefect_home: Path | None = None, base: dict[str, str]
     return env
 
 
-def healthy(api_url: str) -> bool:
+def healthy(api_url: str, auth: str | None = None) -> bool:
+    """Whether the server at `api_url` answers; with `auth`, whether it takes those
+    credentials too (another home's server on the same port answers its health check)."""
+    url, headers = f"{api_url}/health", {}
+    if auth is not None:
+        url, headers = f"{api_url}/admin/version", {"Authorization": "Basic " + base64.b64encode(auth.encode()).decode()}
     try:
-        with urllib.request.urlopen(f"{api_url}/health", timeout=2) as resp:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=2) as resp:
             return resp.status == 200
     except (urllib.error.URLError, OSError):
         return False
 
 
-def wait_healthy(api_url: str, process: subprocess.Popen, timeout_s: float) -> None:
-    """Poll the health endpoint until it answers; fail early if the server process exits."""
+def wait_healthy(api_url: str, process: subprocess.Popen, timeout_s: float, auth: str | None = None) -> None:
+    """Poll the server until it answers (with `auth`: to those credentials, so that a server
+    another command started on the same port meanwhile is not taken for this one); fail
+    early if the server process exits."""
     deadline = time.monotonic() + timeout_s
-    while not healthy(api_url):
+    while not healthy(api_url, auth):
         if process.poll() is not None:
             raise PlatformError(f"the Prefect server exited with status {process.returncode} while starting")
         if time.monotonic() > deadline:
@@ -129,21 +138,26 @@ def start_server(
     auth: str | None = None,
 ) -> Server:
     """Start `prefect server start` in its own process group and wait until it is healthy.
-    Output goes to `log` (default: discarded), so a caller's terminal or CI log stays clean.
-    `auth`: the credentials its API requires (see `server_env`)."""
+    A PREFECT_HOME without a database first gets a copy of the template made once per
+    Prefect (server/db_template.py). Output goes to `log` (default: discarded), so a
+    caller's terminal or CI log stays clean. `auth`: the credentials its API requires (see
+    `server_env`)."""
     port = port or free_port()
     if port_taken(port):
         raise InputError(f"--port {port}: something is already listening on {HOST}:{port}")
+    env = server_env(port, prefect_home, auth=auth)
+    home = prefect_home or user_prefect_home()
+    db_template.seed(home, env, log)  # a fresh home's database, copied rather than migrated
+    timeout_s = start_timeout(home) if timeout_s is None else timeout_s
     prefect = Path(sys.executable).with_name("prefect")
     process = subprocess.Popen(
         [str(prefect), "server", "start", "--host", HOST, "--port", str(port)],
-        env=server_env(port, prefect_home, auth=auth), stdin=subprocess.DEVNULL,
+        env=env, stdin=subprocess.DEVNULL,
         stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True,
     )
     server = Server(process, f"http://{HOST}:{port}")
     try:
-        timeout_s = start_timeout(prefect_home or user_prefect_home()) if timeout_s is None else timeout_s
-        wait_healthy(server.api_url, process, timeout_s)
+        wait_healthy(server.api_url, process, timeout_s, auth)
     except BaseException:
         server.stop()
         raise

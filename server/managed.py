@@ -50,6 +50,7 @@ from tasks.models import InputError, PlatformError
 MODE_ENV = "EVALPIPE_SERVER"
 IDLE_ENV = "EVALPIPE_SERVER_IDLE_S"
 DEFAULT_IDLE_S = 1800.0
+UI_V2 = "v2"  # the path of Prefect's current UI (its UI_VERSION_PATH_SEGMENT)
 Mode = Literal["managed", "temporary"]
 
 
@@ -98,12 +99,20 @@ class Managed:
         return f"{self.url}/api"
 
     @property
+    def ui_url(self) -> str:
+        """Where evalpipe's links into the UI start: Prefect's current UI (under /v2). Its
+        login page shows just the form; the classic UI, which Prefect serves at a link
+        without /v2 (`/runs/flow-run/ID`), probes the API before its login and greets a
+        visitor without credentials with "Authentication failed" and "Oops" toasts."""
+        return f"{self.url}/{UI_V2}"
+
+    @property
     def auth(self) -> str:
         """The credentials its API requires (`user:password`)."""
         return credentials(self.directory)
 
     def to_json(self) -> dict[str, Any]:
-        return {"pid": self.pid, "port": self.port, "url": self.url, "api_url": self.api_url,
+        return {"pid": self.pid, "port": self.port, "url": self.url, "ui_url": self.ui_url, "api_url": self.api_url,
                 "log": str(log_path(self.directory)), "prefect_home": str(self.directory / "prefect"),
                 "credentials": str(credentials_path(self.directory)), "idle_stop_s": self.idle_s}
 
@@ -236,13 +245,20 @@ def _record(server: Managed) -> None:
 
 def _start(directory: Path, port: int | None, idle_s: float | None) -> Managed:
     """Under the state lock: start the server, record it, start its idle watch."""
+    chosen = port is None
     if port is None:
         port = DEFAULT_PORT if not port_taken(DEFAULT_PORT) else free_port()
     log = log_path(directory)
     with open(log, "ab") as out:
         try:
-            server = start_server(port, prefect_home=directory / "prefect", log=out,
-                                  auth=credentials(directory))
+            try:
+                server = start_server(port, prefect_home=directory / "prefect", log=out, auth=credentials(directory))
+            except PlatformError:
+                if not (chosen and port_taken(port)):
+                    raise
+                # Another home's server took the port between the check and the start.
+                port = free_port()
+                server = start_server(port, prefect_home=directory / "prefect", log=out, auth=credentials(directory))
         except PlatformError as exc:
             raise PlatformError(f"{exc}; its log: {log}") from None
         idle_s = idle_s or None  # 0: never stops

@@ -630,17 +630,18 @@ class Database:
 
     def case_results(self, run_id: str) -> list[CaseResult]:
         """One `CaseResult` per case of a run (counts, mean score, the case's slices in the run's
-        suite): what `diff` and the gate's rules read."""
+        suite, each sample's score for a registered metric): what `diff` and the gate's rules read."""
         with self.connect(read_only=True) as con:
             rows = con.execute(
                 "SELECT s.case_id, s.case_hash, count(*), count(*) FILTER (WHERE s.passed),"
-                " coalesce(avg(s.score), 0), any_value(c.slices)"
+                " coalesce(avg(s.score), 0), any_value(c.slices),"
+                " list(coalesce(s.score, 0) ORDER BY s.sample_index)"
                 " FROM samples s JOIN runs r ON r.run_id = s.run_id"
                 " LEFT JOIN cases c ON c.suite_version = r.suite_version AND c.case_id = s.case_id"
                 " WHERE s.run_id = ? GROUP BY s.case_id, s.case_hash ORDER BY s.case_id", [run_id]
             ).fetchall()
-        return [CaseResult(cid, h, int(n), int(c), float(score), tuple(slices or ()))
-                for cid, h, n, c, score, slices in rows]
+        return [CaseResult(cid, h, int(n), int(c), float(score), tuple(slices or ()), tuple(map(float, scores)))
+                for cid, h, n, c, score, slices, scores in rows]
 
     def latest_completed_run_of_suite(self, suite_name: str, *, before: str | None = None) -> str | None:
         """The newest completed run of the suite of this name, whatever its version or agent

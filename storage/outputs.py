@@ -4,7 +4,8 @@
 Two places, one per kind of writer:
 - the log of each draw task (`OutputLog`): a file of its own under `spool/RUN_ID/` in the
   home, to which the task, on whatever thread, process or Dask worker it runs, appends each
-  output the moment the agent returns it: one `write`, no lock shared with any other
+  output the moment the agent returns it (cheap ones a few at a time, see `HOLD_S`): one
+  `write`, no lock shared with any other
   writer, and DuckDB (which one process at a time may hold) is not touched. The loop
   deletes a log once every output in it is graded and stored as a sample;
 - the `outputs` table of the DuckDB file, written only by a process that runs a loop: the
@@ -39,6 +40,8 @@ from tasks.run.sampling import Drawn
 from tasks.run.stored import row_output
 
 SPOOL = "spool"
+# A log holds back outputs that took less than this, all together, to draw (see `appending`).
+HOLD_S = 0.01
 # In a run's spool folder: its draw tasks start no new agent call (Ctrl-C, a termination signal).
 STOP = "STOP"
 
@@ -71,21 +74,35 @@ class OutputLog:
             yield lambda drawn: None
             return
         failed = False
+        held: list[bytes] = []
+        held_s = 0.0  # what the outputs held back took to draw
 
-        def append(drawn: Drawn) -> None:
-            nonlocal failed
-            line = json.dumps(output_record(self.run_id, drawn), ensure_ascii=False).encode()
-            data = memoryview(_checksum(line) + b" " + line + b"\n")
+        def write() -> None:
+            nonlocal failed, held_s
+            data = memoryview(b"".join(held))
+            held.clear()
+            held_s = 0.0
             try:
                 while data and not failed:
                     data = data[os.write(fd, data):]
             except OSError:
                 failed = True
 
+        def append(drawn: Drawn) -> None:
+            # Written at once, unless it and those held back took under HOLD_S to draw: a
+            # write costs more than such an output, and losing them to a kill costs less.
+            nonlocal held_s
+            line = json.dumps(output_record(self.run_id, drawn), ensure_ascii=False).encode()
+            held.append(_checksum(line) + b" " + line + b"\n")
+            held_s += drawn.draw_s
+            if held_s >= HOLD_S:
+                write()
+
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield append
         finally:
+            write()
             os.close(fd)
 
 

@@ -35,8 +35,9 @@ def _secret_name(name: str) -> bool:
 def redact(text: str, also: Iterable[str | None] = (), secrets: Sequence[str] | None = None) -> str:
     """`text` with every configured secret (and each of `also`) replaced by `***`. `secrets`:
     `secret_values()` read once by a caller masking many strings (a sample's trace)."""
+    known = secret_values() if secrets is None else secrets
     extra = [s for s in also if s]
-    for secret in sorted({*(secret_values() if secrets is None else secrets), *extra}, key=len, reverse=True):
+    for secret in sorted({*known, *extra}, key=len, reverse=True) if extra else known:
         if secret in text:
             text = text.replace(secret, MASK)
     return text

@@ -9,7 +9,9 @@ A grader kind is one decorated function, `fn(output, case, params) -> Verdict`:
 Its parameter model checks a suite's cases when the suite loads (exit 2 naming the case and
 field), `tasks.graders.grade` makes it total (an exception is an `error` verdict),
 `runs_code=True` makes a run refuse without bubblewrap (unless it allows running unprotected),
-and its `version`, its module's source and `fingerprint(case)` key the cached verdicts.
+`inline=True` (a cheap check: no sandbox, no model call) grades it in the task that drew the
+output rather than in a grading task of its own, and its `version`, its module's source and
+`fingerprint(case)` key the cached verdicts.
 
 What a grader records goes to the sample's trace (`tasks.trace.SampleTrace`) through a
 keyword parameter `trace`. With `trace=Model` (a pydantic model whose fields all have
@@ -81,6 +83,9 @@ class GraderSpec:
     baseline: Callable[[EvalCase], Verdict] | None
     takes_trace: bool
     trace: type[BaseModel] | None = None  # the model of what it records (see the docstring)
+    # Cheap (microseconds, no sandbox, no model call): graded in the task that drew the
+    # output, not handed to a grading task of its own (`tasks.run.loop`).
+    inline: bool = False
 
     def __call__(self, output: str, case: EvalCase, trace: SampleTrace) -> Verdict:
         if not self.takes_trace:
@@ -137,10 +142,12 @@ def grader(
     oracle: bool = True,
     baseline: Callable[[EvalCase], Verdict] | None = None,
     trace: type[BaseModel] | None = None,
+    inline: bool = False,
 ) -> Callable[[Callable[..., Verdict]], Callable[..., Verdict]]:
     """Decorator: `fn(output, case, params[, trace=...]) -> Verdict` grades cases of `kind`,
     whose grader parameters `params` (a pydantic model, best with `extra="forbid"`) checks;
-    `trace`, the model of what it records (see the module's docstring)."""
+    `trace`, the model of what it records (see the module's docstring); `inline`, that it is
+    cheap enough to grade where the output is drawn (see `GraderSpec.inline`)."""
     if not isinstance(kind, str) or not kind or kind != kind.strip():
         raise ValueError(f"grader kind must be a non-empty name, got {kind!r}")
     if not (inspect.isclass(params) and hasattr(params, "model_validate")):
@@ -151,8 +158,10 @@ def grader(
         takes_trace = "trace" in inspect.signature(fn).parameters
         if trace is not None and not takes_trace:
             raise ValueError(f"grader {kind!r} declares trace={trace.__name__} but takes no `trace` parameter")
+        if inline and runs_code:
+            raise ValueError(f"grader {kind!r}: a grader that runs code is graded in the sandbox, not inline")
         spec = GraderSpec(kind, fn, params, bool(runs_code), str(version), fingerprint, oracle, baseline,
-                          takes_trace, trace)
+                          takes_trace, trace, bool(inline))
         _add(_GRADERS, "grader kind", kind, spec)
         return fn
 

@@ -24,9 +24,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tasks.agents import AgentContext, AgentError, load_agent, parse_replay, reference_text
+from tasks.agents import (
+    AgentContext,
+    AgentError,
+    AgentSettings,
+    load_agent,
+    parse_replay,
+    reference_text,
+)
 from tasks.agents.openai_client import OpenAIClient
 from tasks.models import EvalCase, InputError, Sample, Status, Usage
+from tasks.run import RunConfig
 from tasks.run.sampling import PlannedSample, bounded_output, draw_sample, truncation_marker
 from tasks.suites.dataset import load_suite
 from tasks.trace import SampleTrace
@@ -203,8 +211,7 @@ def test_cmd_timeout_kills_the_whole_process_group(
         "pathlib.Path('child.pid').write_text(str(child.pid))\n"
         "time.sleep(60)\n"
     )
-    monkeypatch.setenv("EVALPIPE_AGENT_TIMEOUT_S", "1")
-    agent = load_agent(f"cmd:{sys.executable} hang.py")
+    agent = load_agent(f"cmd:{sys.executable} hang.py", settings=AgentSettings(cmd_timeout=1))
     with pytest.raises(AgentError, match="timed out after 1 s"):
         agent.generate(case(), ctx())
     status = Path(f"/proc/{(cwd / 'child.pid').read_text()}/status")
@@ -328,9 +335,9 @@ def test_bad_specs_are_one_line_input_errors(cwd: Path, spec: str, message: str)
 
 
 def test_bad_timeout_setting_is_an_input_error(cwd: Path, monkeypatch) -> None:
-    monkeypatch.setenv("EVALPIPE_AGENT_TIMEOUT_S", "soon")
+    monkeypatch.setenv("EVALPIPE_AGENT_TIMEOUT_S", "soon")  # read where the run is configured
     with pytest.raises(InputError, match="EVALPIPE_AGENT_TIMEOUT_S='soon' is not a number"):
-        load_agent("cmd:cat")
+        RunConfig.build("run", suite="s.yaml", agent="cmd:cat")
 
 
 # --- openai: against a real local HTTP server --------------------------------------------
@@ -700,9 +707,9 @@ def test_cmd_output_is_read_with_a_cap_never_held_whole(cwd: Path) -> None:
     )
     script = (
         "import json, resource, sys\n"
-        "from tasks.agents import AgentContext, load_agent\n"
+        "from tasks.agents import AgentContext, AgentSettings, load_agent\n"
         "from tasks.models import EvalCase\n"
-        f"agent = load_agent('cmd:{sys.executable} flood.py')\n"
+        f"agent = load_agent('cmd:{sys.executable} flood.py', settings=AgentSettings(max_output_bytes=1000000))\n"
         "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
         "case = EvalCase(id='c', grader={'kind': 'exact'})\n"
         "out = agent.generate(case, AgentContext('c', 0, 0, 1))\n"
@@ -714,7 +721,7 @@ def test_cmd_output_is_read_with_a_cap_never_held_whole(cwd: Path) -> None:
         cwd=cwd,
         capture_output=True,
         check=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "EVALPIPE_MAX_OUTPUT_BYTES": "1000000"},
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     result = json.loads(done.stdout)
     assert result["len"] == 1_000_001  # the cap and one byte, to say there was more
@@ -727,9 +734,8 @@ def test_outputs_over_the_cap_are_truncated_with_a_marker(
     (hostile / "flood.py").write_text("print('y' * 5000, end='')\n")
     endpoint = serve((200, {}), content="z" * 5000)
     monkeypatch.setenv("OPENAI_BASE_URL", endpoint.url)
-    monkeypatch.setenv("EVALPIPE_MAX_OUTPUT_BYTES", "1001")
     for spec in ("python:hostile.py:huge", f"cmd:{sys.executable} flood.py", "openai:m"):
-        sample = draw(load_agent(spec))
+        sample = draw(load_agent(spec, settings=AgentSettings(max_output_bytes=1001)), cap=1001)
         assert sample.output.endswith(truncation_marker(1001)), spec
         kept = sample.output.removesuffix(truncation_marker(1001))
         assert len(kept.encode()) in (1000, 1001) and len(set(kept)) == 1  # no half "é"
@@ -741,7 +747,7 @@ def test_outputs_over_the_cap_are_truncated_with_a_marker(
         assert regraded.output == sample.output and regraded.trace.output_truncated is None
     monkeypatch.setenv("EVALPIPE_MAX_OUTPUT_BYTES", "4MB")
     with pytest.raises(InputError, match="EVALPIPE_MAX_OUTPUT_BYTES='4MB' is not a whole"):
-        load_agent("python:hostile.py:huge")
+        RunConfig.build("run", suite="s.yaml", agent="python:hostile.py:huge")
 
 
 def test_run_takes_the_output_cap_on_the_command_line(prefect_harness, home, hostile) -> None:

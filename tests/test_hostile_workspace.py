@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from test_workspaces import bwrap, calc_case, draw, script_agent  # noqa: F401 - bwrap: a fixture
 
-from tasks.agents import load_agent
+from tasks.agents import AgentSettings, load_agent
 from tasks.models import InputError, Status
 
 pytestmark = pytest.mark.skipif(shutil.which("pasta") is None, reason="pasta (Debian package passt) is not installed")
@@ -177,16 +177,15 @@ echo "ran $0"
 
 @pytest.mark.usefixtures("bwrap")
 @pytest.mark.parametrize(("setting", "value", "reason"), [
-    ("EVALPIPE_WORKSPACE_TREE_MB", "1", "over the 1,048,576-byte cap (EVALPIPE_WORKSPACE_TREE_MB)"),
-    ("EVALPIPE_WORKSPACE_CHANGE_BYTES", "100000", "the change is over the 100,000-byte cap"),
+    ("workspace_tree_mb", 1, "over the 1,048,576-byte cap (--workspace-tree-mb)"),
+    ("workspace_change_bytes", 100000, "the change is over the 100,000-byte cap (--workspace-change-bytes)"),
 ])
-def test_a_tree_or_change_over_its_cap_is_an_agent_error_with_the_reason(home, calc_repo, tmp_path, monkeypatch,
+def test_a_tree_or_change_over_its_cap_is_an_agent_error_with_the_reason(home, calc_repo, tmp_path,
                                                                         setting, value, reason):
     """Issue 33, item 7: the change was built in memory and the tree had no total cap."""
     repo, _ = calc_repo
-    monkeypatch.setenv(setting, value)
     body = f'"{sys.executable}" -c "open(\'big.txt\', \'w\').write(\'line\\\\n\' * 400_000)"\n'
-    sample = draw(script_agent(tmp_path, body), calc_case(repo))
+    sample = draw(script_agent(tmp_path, body, settings=AgentSettings(**{setting: value})), calc_case(repo))
     assert sample.verdict.status is Status.agent_error and reason in sample.verdict.detail, sample.verdict.detail
     assert sample.output == ""
 

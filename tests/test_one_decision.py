@@ -127,27 +127,6 @@ def test_one_budget_per_run_whatever_the_mode(home, tmp_path, sequential):
     assert spent.budget.stopped.startswith("--max-cost 3 spent")
 
 
-def test_a_pickled_agent_keeps_the_run_s_settings(tmp_path, monkeypatch):
-    import pickle
-
-    from tasks.agents import load_agent
-
-    script = tmp_path / "agent.sh"
-    script.write_text("#!/bin/sh\necho yes\n")
-    script.chmod(0o755)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("EVALPIPE_AGENT_TIMEOUT_S", "7")
-    agent = load_agent("cmd:./agent.sh", output_cap=8 << 20)
-    monkeypatch.setenv("EVALPIPE_AGENT_TIMEOUT_S", "99")  # the worker's environment differs
-    again = pickle.loads(pickle.dumps(agent))
-    assert (again.max_output_bytes, again.timeout_s, again.fingerprint) == (8 << 20, 7.0, agent.fingerprint)
-
-    monkeypatch.setenv("EVALPIPE_OPENAI_TIMEOUT_S", "3")
-    chat = load_agent("openai:toy-model")
-    monkeypatch.setenv("EVALPIPE_OPENAI_TIMEOUT_S", "50")
-    assert pickle.loads(pickle.dumps(chat)).client.timeout_s == 3.0
-
-
 # Through the command line: the decision rendered by every output from the one stored object.
 
 def cli(args: list[str], env: dict) -> subprocess.CompletedProcess:

@@ -37,7 +37,7 @@ def test_labels_counts_and_order() -> None:
     doc = diff.to_json()
     assert all({"case_id", "label"} <= set(case) for case in doc["cases"]) and len(doc["cases"]) == 7
     assert doc["cases"][4] == {"case_id": "fresh", "label": "new", "change": None, "before": None,
-                               "after": {"passes": 1, "samples": 5, "score": 0.2}, "slices": ["all"]}
+                               "after": {"passes": 1, "samples": 5, "score": 0.2, "value": 0.2}, "slices": ["all"]}
     assert doc["dropped_cases"] == 2 and doc["counts"]["removed"] == 1
 
 

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
+from support.graders import IN_A_TASK
 
 from storage.store import Store
 from tasks.agents import load_agent
@@ -25,9 +26,9 @@ from tasks.suites.dataset import build_suite
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def toy_suite(cases: int):
+def toy_suite(cases: int, kind: str = "exact"):
     return build_suite("toy", [(f"case {i}", {"id": f"q{i:03d}", "inputs": {"i": i}, "reference": "yes",
-                                              "grader": {"kind": "exact"}}) for i in range(cases)], {}, "test")
+                                              "grader": {"kind": kind}}) for i in range(cases)], {}, "test")
 
 
 def spec_for(config: RunConfig, suite, agent) -> RunSpec:
@@ -127,7 +128,7 @@ def test_agent_calls_run_beyond_the_graders_and_grading_starts_as_outputs_arrive
                         grading[0] -= 1
             return self.grades.submit(run)
 
-    suite, agent = toy_suite(24), CallableAgent.of(agent_fn)
+    suite, agent = toy_suite(24, IN_A_TASK), CallableAgent.of(agent_fn)  # graded in tasks of their own
     config = RunConfig(suite="toy", agent=agent.spec, workers=1, agent_concurrency=6)
     with local_stages(config) as plain:
         summary = run_loop(spec_for(config, suite, agent), config, suite, agent, Store(tmp_path / "home"),
@@ -223,3 +224,35 @@ def test_the_flows_parameters_are_the_run_configuration():
     from flows.evaluate import evaluate
 
     assert set(evaluate.parameters.properties) == set(RunConfig.model_fields)
+
+
+def test_cheap_graders_grade_where_the_output_is_drawn_and_others_in_grading_tasks(tmp_path):
+    """A suite mixing `exact` (inline) and a grader of a task of its own: every sample is
+    stored once with the verdict either path gives, the grading tasks see only the second
+    kind, and no output log is left behind."""
+    cheap = toy_suite(6)
+    dear = toy_suite(6, IN_A_TASK)
+    cases = [*cheap.cases, *(c.model_copy(update={"id": f"d{c.id}"}) for c in dear.cases)]
+    suite = build_suite("mixed", [(c.id, c.model_dump(mode="json", include={"id", "inputs", "reference", "grader"}))
+                                  for c in cases], {}, "test")
+    graded_in_tasks: list[str] = []
+
+    class Watched(LocalStages):
+        def grade(self, task):
+            graded_in_tasks.extend(d.planned.case_id for d in task.drawn)
+            return super().grade(task)
+
+    agent = CallableAgent.of(answer)
+    config = RunConfig(suite="mixed", agent=agent.spec, n=3, workers=1)
+    home = tmp_path / "home"
+    with local_stages(config) as plain:
+        summary = run_loop(spec_for(config, suite, agent), config, suite, agent, Store(home),
+                           Watched(plain.draws, plain.grades))
+    assert summary.samples == 36
+    assert sorted(set(graded_in_tasks)) == sorted(c.id for c in suite.cases if c.id.startswith("d"))
+    assert len(graded_in_tasks) == 18
+    # The same verdicts either way: the two graders agree on every output.
+    by_case = dict(rows(home, "SELECT case_id, list(status ORDER BY sample_index) FROM samples GROUP BY case_id"))
+    assert all(by_case[f"d{cid}"] == by_case[cid] for cid in (c.id for c in cheap.cases))
+    assert rows(home, "SELECT count(*), count(DISTINCT (case_id, sample_index)) FROM samples") == [(36, 36)]
+    assert not list((home / "spool").rglob("*.log"))

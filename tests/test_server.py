@@ -19,6 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from support.browser import CHROMIUM, Browser
 from support.cli import (
     EVALPIPE,
     ROOT,
@@ -32,8 +33,9 @@ from support.cli import (
     write_work,
 )
 
-from server.local import free_port, start_timeout
+from server.local import free_port, healthy, start_timeout, wait_healthy
 from server.managed import stop_managed
+from tasks.models import PlatformError
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +68,7 @@ def test_start_reports_where_the_server_is(managed: tuple[dict, dict[str, str]])
     doc, env = managed
     assert doc["started"] is True
     assert doc["url"] == f"http://127.0.0.1:{doc['port']}" and doc["api_url"] == doc["url"] + "/api"
+    assert doc["ui_url"] == doc["url"] + "/v2"
     assert alive(doc["pid"])
     home = Path(env["EVALPIPE_HOME"])
     assert Path(doc["log"]).parent == home / "server" and Path(doc["log"]).is_file()
@@ -102,6 +105,21 @@ def test_the_managed_server_wants_its_credentials(managed: tuple[dict, dict[str,
 
 
 @pytest.mark.slow
+def test_another_homes_server_on_the_port_is_not_taken_for_ours(managed: tuple[dict, dict[str, str]]) -> None:
+    """Two homes' first runs at once both saw 4200 free; the one whose server lost the port
+    found the other's answering its health check and sent its runs there (401s). A server is
+    ours only if it takes our credentials."""
+    doc, _ = managed
+    ours = Path(doc["credentials"]).read_text().strip()
+    assert healthy(doc["api_url"]) and healthy(doc["api_url"], ours)
+    assert not healthy(doc["api_url"], "evalpipe:another-homes-credentials")
+    # Waiting on it for a server process that then exits (its port was taken) fails, naming the exit.
+    lost = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
+    with pytest.raises(PlatformError, match="exited"):
+        wait_healthy(doc["api_url"], lost, 30, auth="evalpipe:another-homes-credentials")
+
+
+@pytest.mark.slow
 def test_second_start_says_so_and_exits_0(managed: tuple[dict, dict[str, str]]) -> None:
     doc, env = managed
     again = evalpipe("server", "start", env=env)
@@ -119,7 +137,7 @@ def test_a_run_reports_to_the_managed_server(managed: tuple[dict, dict[str, str]
     assert proc.stdout.startswith("run ")
     # Off a terminal, progress lines come too; beside them only the flow run's URL (no hint).
     lines = [line for line in proc.stderr.splitlines() if " samples graded " not in line]
-    assert len(lines) == 1 and lines[0].startswith(f"evalpipe: flow run {doc['url']}/runs/flow-run/"), proc.stderr
+    assert len(lines) == 1 and lines[0].startswith(f"evalpipe: flow run {doc['ui_url']}/runs/flow-run/"), proc.stderr
     flow_run_id = lines[0].rsplit("/", 1)[1]
     flow_run = httpx.get(f"{doc['api_url']}/flow_runs/{flow_run_id}", auth=basic_auth(doc), timeout=30).json()
     assert flow_run["state"]["type"] == "COMPLETED"
@@ -129,6 +147,63 @@ def test_a_run_reports_to_the_managed_server(managed: tuple[dict, dict[str, str]
     summary = json.loads(as_json.stdout)
     flow_run = f"{doc['api_url']}/flow_runs/{summary['flow_run_id']}"
     assert httpx.get(flow_run, auth=basic_auth(doc), timeout=30).status_code == 200
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="chromium is not installed")
+def test_the_printed_link_opens_on_a_plain_login_and_the_credentials_get_in(
+        managed: tuple[dict, dict[str, str]], work: Path, tmp_path: Path) -> None:
+    """What a user meets following the flow run link a run prints: the login form and nothing
+    else (the classic UI's link greeted them with "Authentication failed" and "Oops" before
+    they typed), "Invalid credentials" for a wrong password, the flow run once the right ones
+    are in."""
+    doc, env = managed
+    proc = evalpipe(*run_args(work), env=env)
+    assert proc.returncode == 0, proc.stderr
+    link = next(line.split(" ")[-1] for line in proc.stderr.splitlines() if line.startswith("evalpipe: flow run "))
+    flow_run = httpx.get(f"{doc['api_url']}/flow_runs/{link.rsplit('/', 1)[1]}", auth=basic_auth(doc),
+                         timeout=30).json()
+    (tmp_path / "profile").mkdir()
+    browser = Browser(tmp_path / "profile", tmp_path / "chromium.log")
+    try:
+        browser.open(link)
+        browser.wait_for(_LOGIN_SETTLED, timeout_s=60)
+        before = browser.evaluate("document.body.innerText")
+        _log_in(browser, "evalpipe:wrong")
+        wrong = browser.wait_for("document.body.innerText.includes('Invalid credentials') && document.body.innerText")
+        _log_in(browser, ":".join(basic_auth(doc)))
+        inside = browser.wait_for(f"document.body.innerText.includes({json.dumps(flow_run['name'])})"
+                                  " && document.body.innerText", timeout_s=60)
+        path = browser.evaluate("location.pathname")
+    finally:
+        browser.close()
+    assert [line for line in before.splitlines() if line.strip()] == ["Login", "Login"], before
+    assert "Oops" not in wrong and "Something went wrong" not in wrong
+    assert path == f"/v2/runs/flow-run/{flow_run['id']}" and "Login" not in inside.splitlines()
+
+
+# The login form is up, the page has probed the API (and been refused: 401), and nothing on
+# it has changed for a second since: what it shows then is what a user sees before typing.
+_LOGIN_SETTLED = """(() => {
+    if (!window.__watched) {
+        window.__watched = true;
+        window.__changed = performance.now();
+        new MutationObserver(() => { window.__changed = performance.now(); }).observe(
+            document, {subtree: true, childList: true, characterData: true, attributes: true});
+    }
+    const refused = performance.getEntriesByType('resource')
+        .some(r => r.name.includes('/api/') && r.responseStatus === 401);
+    return !!document.querySelector('input[type=password]') && refused
+        && performance.now() - window.__changed > 1000;
+})()"""
+
+
+def _log_in(browser: Browser, credentials: str) -> None:
+    """Type `credentials` into the login form, replacing what is there, and press its button."""
+    browser.evaluate("document.querySelector('input[type=password]').select()")
+    browser.evaluate("document.querySelector('input[type=password]').focus()")
+    browser.send("Input.insertText", text=credentials)
+    browser.evaluate("document.querySelector('form button[type=submit]').click()")
 
 
 @pytest.mark.slow

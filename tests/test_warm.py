@@ -101,7 +101,7 @@ def test_a_later_run_reuses_the_server(warm, work: Path) -> None:
     proc = evalpipe(*run_args(work), env=env)
     assert proc.returncode == 0, proc.stderr
     assert STARTED not in proc.stderr
-    assert f"evalpipe: flow run {before['url']}/runs/flow-run/" in proc.stderr
+    assert f"evalpipe: flow run {before['ui_url']}/runs/flow-run/" in proc.stderr
     after = status(env)
     assert (after["pid"], after["url"]) == (before["pid"], before["url"])
     assert server_processes(home) == [before["pid"]]

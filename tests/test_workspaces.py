@@ -23,7 +23,7 @@ import git
 import pytest
 from support.git_repos import commit
 
-from tasks.agents import load_agent
+from tasks.agents import AgentSettings, load_agent
 from tasks.models import EvalCase, Status
 from tasks.repos.patching import apply_patch
 from tasks.repos.workspaces import read_change, workspace
@@ -162,14 +162,14 @@ def calc_case(repo: Path, **grader: object) -> EvalCase:
                             "test_patch": HIDDEN_TEST_PATCH, **grader})
 
 
-def script_agent(tmp_path: Path, body: str, timeout: float = 60.0):
-    """A `cmd:` agent: a shell script with `body`, loaded for --workspace."""
+def script_agent(tmp_path: Path, body: str, timeout: float = 60.0, settings: AgentSettings | None = None):
+    """A `cmd:` agent: a shell script with `body`, loaded for --workspace with the run's `settings`."""
     agents = tmp_path / "agents"
     agents.mkdir(exist_ok=True)
     script = agents / f"agent{len(list(agents.iterdir()))}.sh"
     script.write_text("#!/bin/sh\n" + body)
     script.chmod(0o755)
-    return load_agent(f"cmd:{script}", timeout)
+    return load_agent(f"cmd:{script}", timeout, settings)
 
 
 def draw(agent, case: EvalCase, index: int = 0):
@@ -342,11 +342,10 @@ def solve(inputs, ctx):
     assert sample.trace.agent_run.stdout_tail == "done\n"
 
 
-def test_the_memory_cap_holds(home, calc_repo, tmp_path, bwrap, monkeypatch):
+def test_the_memory_cap_holds(home, calc_repo, tmp_path, bwrap):
     repo, _ = calc_repo
-    monkeypatch.setenv("EVALPIPE_AGENT_MEMORY_MB", "200")
     body = '"$EVALPIPE_PYTHON" -c "b = bytearray(400 << 20)" || { echo "no room" >&2; exit 5; }\n'
-    sample = draw(script_agent(tmp_path, body), calc_case(repo))
+    sample = draw(script_agent(tmp_path, body, settings=AgentSettings(agent_memory_mb=200)), calc_case(repo))
     assert sample.verdict.status is Status.agent_error and "exited with status 5" in sample.verdict.detail
     assert "MemoryError" in sample.trace.agent_run.stderr_tail
 

@@ -6,11 +6,12 @@ Bad specs fail at load time with `InputError`; a failure while generating (user 
 raised, the command exited non-zero or timed out, the endpoint gave up) is an `AgentError`,
 which the flow records as an `agent_error` sample.
 
-Every agent pickles as (spec, working directory, fingerprint) and is re-created where it
-is unpickled (a worker process, a Dask worker) by the loader `load_agent` uses for its
-kind. If the agent there has another fingerprint — its code was edited mid-run, or a
-worker sees another endpoint — each of its samples fails with `AgentError` rather than
-being cached under the wrong key.
+Every agent pickles as (spec, working directory, fingerprint, the run's `AgentSettings`) and
+is re-created where it is unpickled (a worker process, a Dask worker) by the loader
+`load_agent` uses for its kind, with those settings (`tasks.agents.settings`). If the agent
+there has another fingerprint — its code was edited mid-run, or a worker sees another
+endpoint — each of its samples fails with `AgentError` rather than being cached under the
+wrong key.
 
 Each kind is a module of its own: `python`, `cmd`, `replay`, `reference` and `chat`
 (`openai:`, over `openai_client`); what they share, pickling included, is in `base`.
@@ -18,31 +19,24 @@ Each kind is a module of its own: `python`, `cmd`, `replay`, `reference` and `ch
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 # Importing a kind's module registers its scheme (`tasks.registry.agent_kind`).
 from tasks.agents import chat, cmd, python, reference, replay  # noqa: F401
-from tasks.agents.base import (
-    MAX_OUTPUT_ENV,
-    Agent,
-    AgentContext,
-    AgentError,
-    max_output_bytes,
-)
+from tasks.agents.base import Agent, AgentContext, AgentError, Reloadable
 from tasks.agents.chat import PROMPT_FIELDS
-from tasks.agents.cmd import CmdAgent
 from tasks.agents.python import call_user_code
 from tasks.agents.reference import reference_text
 from tasks.agents.replay import parse_replay
+from tasks.agents.settings import AgentSettings
 from tasks.agents.workspace_runner import DEFAULT_AGENT_TIMEOUT_S, WorkspaceAgent
 from tasks.models import EvalCase, InputError
 from tasks.registry import AgentKindSpec, agent_kind_spec, agent_kinds
 
 __all__ = [
-    "DEFAULT_AGENT_TIMEOUT_S", "MAX_OUTPUT_ENV", "PROMPT_FIELDS", "Agent", "AgentContext", "AgentError", "call_user_code",
-    "load_agent", "max_output_bytes", "parse_replay", "reference_text", "seen_beyond_inputs",
+    "DEFAULT_AGENT_TIMEOUT_S", "PROMPT_FIELDS", "Agent", "AgentContext", "AgentError", "AgentSettings",
+    "call_user_code", "load_agent", "parse_replay", "reference_text", "seen_beyond_inputs",
 ]
 
 
@@ -54,22 +48,20 @@ def seen_beyond_inputs(spec: str, case: EvalCase) -> dict[str, Any]:
     return kind.sees(case) if kind is not None and kind.sees is not None else {}
 
 
-def load_agent(spec: str, workspace_timeout_s: float | None = None, output_cap: int | None = None) -> Agent:
+def load_agent(spec: str, workspace_timeout_s: float | None = None, settings: AgentSettings | None = None) -> Agent:
     """Parse and load an `--agent` spec, resolving relative paths against the working directory.
     With `workspace_timeout_s`, a coding agent run per sample in a workspace (`--workspace`).
-    `output_cap`: the run's cap on an output in bytes (default: `max_output_bytes()`), which
-    a command agent reads no further than."""
-    max_output_bytes()  # a bad setting is bad input, refused before any work
-    agent = _load(spec, workspace_timeout_s)
-    if output_cap is not None and isinstance(agent, CmdAgent):
-        return replace(agent, max_output_bytes=output_cap)
-    return agent
-
-
-def _load(spec: str, workspace_timeout_s: float | None) -> Agent:
+    `settings`: the run's (`RunConfig.agent_settings`; default: the built-in ones), which the
+    agent keeps, pickled or not."""
+    settings = settings or AgentSettings()
     base = Path.cwd()
     if workspace_timeout_s is not None:
-        return WorkspaceAgent.load(spec, base, workspace_timeout_s)
+        return WorkspaceAgent.load(spec, base, workspace_timeout_s, settings)
+    agent = _load(spec, base)
+    return agent.with_settings(settings) if isinstance(agent, Reloadable) else agent
+
+
+def _load(spec: str, base: Path) -> Agent:
     scheme, sep, rest = spec.partition(":")
     kind = agent_kind_spec(scheme if sep else spec)
     if kind is None or kind.bare == bool(sep):

@@ -1,26 +1,20 @@
 """What every agent kind shares: the `Agent` protocol and its `AgentContext`, `AgentError`,
-pickling as a spec (`Reloadable`), the fingerprint, and the settings read from the
-environment (the output cap, `EVALPIPE_MAX_OUTPUT_BYTES`)."""
+pickling as a spec with the run's settings (`Reloadable`), and the fingerprint."""
 
 from __future__ import annotations
 
 import json
-import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol, Self, TypeVar
+from typing import Any, Protocol, Self
 
 from pydantic import ValidationError
 
+from tasks.agents.settings import AgentSettings
 from tasks.models import EvalCase, InputError, Usage, canonical_json, sha256_hex
 from tasks.trace import SampleTrace
-
-MAX_OUTPUT_ENV = "EVALPIPE_MAX_OUTPUT_BYTES"
-DEFAULT_MAX_OUTPUT_BYTES = 4 << 20
-
-_N = TypeVar("_N", int, float)
 
 
 @dataclass(frozen=True)
@@ -75,24 +69,6 @@ class Agent(Protocol):
     def generate(self, case: EvalCase, ctx: AgentContext) -> str: ...
 
 
-def max_output_bytes() -> int:
-    """The cap on an agent's output: `EVALPIPE_MAX_OUTPUT_BYTES`, default 4 MB."""
-    return env_positive(MAX_OUTPUT_ENV, DEFAULT_MAX_OUTPUT_BYTES, int, "a whole number of bytes")
-
-
-def env_positive(name: str, default: _N, kind: Callable[[str], _N], what: str) -> _N:
-    raw = os.environ.get(name)
-    if not raw:
-        return default
-    try:
-        value = kind(raw)
-    except ValueError:
-        raise InputError(f"{name}={raw!r} is not {what}") from None
-    if value <= 0:
-        raise InputError(f"{name}={raw!r} must be positive")
-    return value
-
-
 def spec_fingerprint(spec: str, code: Any) -> str:
     """A fingerprint of the spec and what it reads (code, files, a recording): every kind
     but `openai:`, whose identity is its endpoint and settings."""
@@ -107,6 +83,11 @@ class Reloadable(ABC):
     spec: str
     fingerprint: str
     base: Path
+    # The run's settings (a timeout, an output cap) that the spec does not carry: set by
+    # `with_settings` when the run loads the agent, they travel with it when it is pickled
+    # (to a process or a Dask worker) and are set again on the agent loaded there, never
+    # read anew from that machine's environment.
+    settings: AgentSettings = field(default_factory=AgentSettings, kw_only=True)
 
     @classmethod
     @abstractmethod
@@ -114,23 +95,18 @@ class Reloadable(ABC):
         """The agent `spec` names (`rest`: what follows its scheme), with relative paths
         resolved against `base`; `InputError` when it cannot be loaded."""
 
-    def settings(self) -> dict[str, Any]:
-        """The run's settings of this agent (a timeout, an output cap) that its spec does not
-        carry: they travel with it when it is pickled (to a process or a Dask worker) and are
-        set again on the agent loaded there, never read anew from that machine's environment."""
-        return {}
-
-    def with_settings(self, settings: dict[str, Any]) -> Self:
-        return replace(self, **settings) if settings else self
+    def with_settings(self, settings: AgentSettings) -> Self:
+        """This agent with the run's `settings` (a kind that keeps a setting elsewhere, in a
+        client, sets it there too)."""
+        return replace(self, settings=settings)
 
     def __reduce__(self) -> tuple[Callable[..., Agent], tuple[Any, ...]]:
         # The kind, not the `--agent` dispatch in `tasks.agents`: that sits above every
         # kind, and this module below them.
-        return _restore, (type(self), self.spec, str(self.base), self.fingerprint, self.settings())
+        return _restore, (type(self), self.spec, str(self.base), self.fingerprint, self.settings)
 
 
-def _restore(kind: type[Reloadable], spec: str, base: str, fingerprint: str,
-             settings: dict[str, Any] | None = None) -> Agent:
+def _restore(kind: type[Reloadable], spec: str, base: str, fingerprint: str, settings: AgentSettings) -> Agent:
     try:
         agent = kind.load(spec, spec.partition(":")[2], Path(base))
     except InputError as exc:
@@ -139,7 +115,7 @@ def _restore(kind: type[Reloadable], spec: str, base: str, fingerprint: str,
         return _Unavailable(
             spec, fingerprint, "the agent's code or settings changed since the run started"
         )
-    return agent.with_settings(settings or {})
+    return agent.with_settings(settings)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from urllib.parse import parse_qsl
 
 from tasks.agents.base import AgentContext, AgentError, Reloadable
 from tasks.agents.openai_client import EndpointError, OpenAIClient
+from tasks.agents.settings import AgentSettings
 from tasks.models import EvalCase, InputError, canonical_json, sha256_hex
 from tasks.registry import agent_kind
 
@@ -46,22 +47,17 @@ class OpenAIAgent(Reloadable):
         system = params.pop("system", None)
         if system is not None and not isinstance(system, str):
             system = json.dumps(system)
-        try:
-            client = OpenAIClient.from_env()
-        except ValueError as exc:
-            raise InputError(f"agent {spec!r}: {exc}") from None
+        client = OpenAIClient.from_env()
         identity = {
             "model": model, "params": params, "system": system, "base_url": client.base_url
         }
         fingerprint = sha256_hex(canonical_json({"openai": identity}))
         return cls(spec, fingerprint, base, model, params, system, client)
 
-    def settings(self) -> dict[str, Any]:
+    def with_settings(self, settings: AgentSettings) -> OpenAIAgent:
         # The client's timeout and retries; never its key, which each machine reads itself.
-        return {"timeout_s": self.client.timeout_s, "max_attempts": self.client.max_attempts}
-
-    def with_settings(self, settings: dict[str, Any]) -> OpenAIAgent:
-        return replace(self, client=replace(self.client, **settings)) if settings else self
+        client = replace(self.client, timeout_s=settings.openai_timeout, max_attempts=settings.openai_max_attempts)
+        return replace(self, settings=settings, client=client)
 
     def generate(self, case: EvalCase, ctx: AgentContext) -> str:
         messages = chat_messages(case.inputs, self.system)

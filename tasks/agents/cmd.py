@@ -14,24 +14,14 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from tasks.agents.base import (
-    DEFAULT_MAX_OUTPUT_BYTES,
-    AgentContext,
-    AgentError,
-    Reloadable,
-    env_positive,
-    max_output_bytes,
-    spec_fingerprint,
-)
+from tasks.agents.base import AgentContext, AgentError, Reloadable, spec_fingerprint
 from tasks.models import EvalCase, InputError, sha256_hex
 from tasks.redaction import redact
 from tasks.registry import agent_kind
 from tasks.sandbox import PidsCgroup, kill_until_gone
 from tasks.sandbox.forkserver import capture
 
-DEFAULT_CMD_TIMEOUT_S = 300.0
 STDERR_TAIL = 2000  # characters of a failed command's stderr kept in the error
 # The pids cgroup of a `cmd:` agent is there to find every process it leaves, not to
 # confine trusted code: a cap no honest agent meets.
@@ -50,13 +40,11 @@ class CmdAgent(Reloadable):
     It runs in the directory `load_agent` was called from, in its own session and process
     group. The moment it exits, everything it started is killed (see `_Descendants`), so
     a leftover holding its stdout cannot make it wait out its timeout, and nothing stays
-    behind. Its output is read as it comes with a cap: past `max_output_bytes` it is read
-    and dropped, never held.
+    behind. Its output is read as it comes with a cap: past the run's `max_output_bytes` it
+    is read and dropped, never held. It may take the run's `cmd_timeout` seconds.
     """
 
     argv: tuple[str, ...] = ()
-    timeout_s: float = DEFAULT_CMD_TIMEOUT_S
-    max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
 
     @classmethod
     def load(cls, spec: str, rest: str, base: Path) -> CmdAgent:
@@ -72,14 +60,8 @@ class CmdAgent(Reloadable):
                 raise InputError(f"agent {spec!r}: {program} is not an executable file")
         elif shutil.which(program) is None:
             raise InputError(f"agent {spec!r}: command {program!r} not found on PATH")
-        timeout_s = env_positive(
-            "EVALPIPE_AGENT_TIMEOUT_S", DEFAULT_CMD_TIMEOUT_S, float, "a number of seconds"
-        )
         fingerprint = spec_fingerprint(spec, _tree_files(argv, base))
-        return cls(spec, fingerprint, base, argv, timeout_s, max_output_bytes())
-
-    def settings(self) -> dict[str, Any]:
-        return {"timeout_s": self.timeout_s, "max_output_bytes": self.max_output_bytes}
+        return cls(spec, fingerprint, base, argv)
 
     def generate(self, case: EvalCase, ctx: AgentContext) -> str:
         payload = {
@@ -113,14 +95,14 @@ class CmdAgent(Reloadable):
                     raise AgentError(f"cannot start {self.argv[0]!r}: {reason}") from None
             # One byte over the cap tells the sampler to truncate (and say so).
             out, err, timed_out = _collect(
-                proc, descendants, self.max_output_bytes + 1, self.timeout_s
+                proc, descendants, self.settings.max_output_bytes + 1, self.settings.cmd_timeout
             )
             problem = _report_usage(usage_file, ctx)
         finally:
             descendants.close()
             scratch.cleanup()
         if timed_out:
-            raise AgentError(f"timed out after {self.timeout_s:g} s")
+            raise AgentError(f"timed out after {self.settings.cmd_timeout:g} s")
         if proc.returncode != 0:
             how = (
                 f"killed by signal {-proc.returncode}"

@@ -4,7 +4,7 @@ Used by the `openai:` agent and by `openai:` judges. The SDK does the HTTP, the 
 timeout and the retries: 408, 409, 429, 5xx, connection errors and timeouts are retried
 with exponential backoff and jitter, honouring `Retry-After`/`retry-after-ms`; any other
 status fails at once (a 400 or 401 will not get better by asking again). What is left
-here: the settings from the environment, the one request evalpipe makes, and a failure
+here: the endpoint and key from the environment, the one request evalpipe makes, and a failure
 as one line (`EndpointError`) with every secret masked before it is shortened — a key
 cut in half by the shortening would no longer be found, and would leak.
 """
@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     import openai
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
+DEFAULT_TIMEOUT_S = 60.0  # per request
+DEFAULT_MAX_ATTEMPTS = 5  # the first request and up to 4 retries
 ERROR_CHARS = 300  # of the server's error body kept in the message
 # What the SDK retries, so that a failure can say whether it was retried.
 RETRIED_STATUSES = frozenset({408, 409, 429})
@@ -49,34 +51,20 @@ class EndpointError(Exception):
 class OpenAIClient:
     base_url: str = DEFAULT_BASE_URL
     api_key: str | None = field(default=None, repr=False)
-    timeout_s: float = 60.0  # per request
-    max_attempts: int = 5  # the first request and up to 4 retries
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
     _sdk: openai.OpenAI | None = field(default=None, init=False, repr=False, compare=False)
     _lock: threading.Lock = field(
         default_factory=threading.Lock, init=False, repr=False, compare=False
     )
 
     @classmethod
-    def from_env(cls, **overrides: Any) -> OpenAIClient:
-        """`OPENAI_BASE_URL`, `OPENAI_API_KEY`, `EVALPIPE_OPENAI_TIMEOUT_S`,
-        `EVALPIPE_OPENAI_MAX_ATTEMPTS`; keyword arguments win over the environment."""
-        settings: dict[str, Any] = {
-            "base_url": os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL,
-            "api_key": os.environ.get("OPENAI_API_KEY") or None,
-        }
-        for key, env, kind in (
-            ("timeout_s", "EVALPIPE_OPENAI_TIMEOUT_S", float),
-            ("max_attempts", "EVALPIPE_OPENAI_MAX_ATTEMPTS", int),
-        ):
-            if os.environ.get(env):
-                try:
-                    settings[key] = kind(os.environ[env])
-                except ValueError:
-                    raise ValueError(f"{env}={os.environ[env]!r} is not a number") from None
-        client = cls(**{**settings, **overrides})
-        if client.timeout_s <= 0 or client.max_attempts < 1:
-            raise ValueError("the OpenAI timeout must be positive and max attempts at least 1")
-        return client
+    def from_env(cls) -> OpenAIClient:
+        """The endpoint and its key, `OPENAI_BASE_URL` and `OPENAI_API_KEY`: each machine's
+        own credentials. The timeout and attempts are the caller's to set (an agent's are its
+        run's settings: `tasks.agents.settings.AgentSettings`)."""
+        return cls(base_url=os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL,
+                   api_key=os.environ.get("OPENAI_API_KEY") or None)
 
     def chat(
         self,

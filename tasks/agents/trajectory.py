@@ -1,6 +1,6 @@
 """An agent's trajectory: the steps it wrote as JSON lines to the file named by
-`EVALPIPE_TRAJECTORY` (`ctx.trajectory`; `ctx.record` appends a step), read back with a cap for the
-sample's trace. Secrets are masked where every trace string is (`tasks.run.sampling`).
+`EVALPIPE_TRAJECTORY` (`ctx.trajectory`; `ctx.record` appends a step), read back with a cap (the run's
+`max_trajectory_bytes`) for the sample's trace. Secrets are masked where every trace string is (`tasks.run.sampling`).
 
 Each line is one step, a JSON object such as `{"role": "assistant", "content": ...}`,
 `{"tool": "bash", "input": ..., "output": ...}`; a line that is not a JSON object is kept
@@ -15,17 +15,9 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from tasks.agents.base import env_positive
 from tasks.trace import Trajectory, Truncation
 
 TRAJECTORY_ENV = "EVALPIPE_TRAJECTORY"
-MAX_TRAJECTORY_ENV = "EVALPIPE_MAX_TRAJECTORY_BYTES"
-DEFAULT_MAX_TRAJECTORY_BYTES = 1 << 20
-
-
-def max_trajectory_bytes() -> int:
-    """The cap on a stored trajectory: `EVALPIPE_MAX_TRAJECTORY_BYTES`, default 1 MB."""
-    return env_positive(MAX_TRAJECTORY_ENV, DEFAULT_MAX_TRAJECTORY_BYTES, int, "a whole number of bytes")
 
 
 def read_trajectory(path: Path, cap: int) -> Trajectory | None:

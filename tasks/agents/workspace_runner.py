@@ -11,7 +11,7 @@ Per sample (docs/agents.md, "Coding agents"):
   workspace and its scratch directory writable, `EVALPIPE_HOME` hidden (the database,
   mirrors, other samples' workspaces), so are the suite file and the case's repository
   source (`concealing`), HOME a scratch directory, a private /tmp, a
-  wall-clock timeout, memory and process caps; when it exits, everything it started is
+  wall-clock timeout, memory and process caps (the run's `AgentSettings`); when it exits, everything it started is
   killed. Only the variables of `PASSED_ENV` and `EVALPIPE_AGENT_ENV` reach it;
 - what it printed goes to the trace (its tails), its trajectory too; the output graded is
   the change against the base commit (`read_change`).
@@ -30,19 +30,20 @@ import json
 import os
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from tasks.agents.base import AgentContext, AgentError, env_positive, spec_fingerprint
+from tasks.agents.base import AgentContext, AgentError, spec_fingerprint
 from tasks.agents.cmd import STDERR_TAIL, CmdAgent
 from tasks.agents.python import PythonAgent
-from tasks.agents.trajectory import TRAJECTORY_ENV, max_trajectory_bytes, read_trajectory
+from tasks.agents.settings import AgentSettings
+from tasks.agents.trajectory import TRAJECTORY_ENV, read_trajectory
 from tasks.callables import load_callable
 from tasks.home import HOME_DIR, evalpipe_home
 from tasks.models import EvalCase, InputError
 from tasks.redaction import redact
 from tasks.repos.environments import TESTBED, EnvironmentFailed, runtime_for
-from tasks.repos.workspaces import Change, Workspace, read_change, workspace, workspace_caps
+from tasks.repos.workspaces import Change, Workspace, read_change, workspace
 from tasks.repos.worktrees import RepoError, case_repo, is_url, missing_repo
 from tasks.sandbox import Limits, Mounts, SandboxError, bwrap_available, run_command
 from tasks.sandbox.namespace import runtime_dirs
@@ -50,8 +51,6 @@ from tasks.sandbox.network import agent_network
 from tasks.trace import ProcessRun, WorkspaceChange
 
 DEFAULT_AGENT_TIMEOUT_S = 1800.0
-AGENT_MEMORY_ENV = "EVALPIPE_AGENT_MEMORY_MB"
-DEFAULT_AGENT_MEMORY_MB = 8192  # an address-space cap: runtimes reserve far more than they use
 AGENT_MAX_PROCS = 512
 AGENT_FILE_SIZE_MB = 1024
 EXTRA_ENV = "EVALPIPE_AGENT_ENV"  # more variable names to pass, comma-separated
@@ -90,15 +89,17 @@ class WorkspaceAgent:
     base: Path
     argv: tuple[str, ...]  # cmd: the command; python: the host running the function
     timeout_s: float
-    memory_mb: int
     # The agent's own code, shown read-only (`_own_code`): never the working directory.
     visible: tuple[str, ...]
     # Files and folders that hold answers (the suite file: references, hidden tests), hidden
     # from the agent besides EVALPIPE_HOME and each case's repository source.
     concealed: tuple[str, ...] = ()
+    # The run's memory cap, caps on the tree, the change and the trajectory: pickled with it.
+    settings: AgentSettings = field(default_factory=AgentSettings)
 
     @classmethod
-    def load(cls, spec: str, base: Path, timeout_s: float = DEFAULT_AGENT_TIMEOUT_S) -> WorkspaceAgent:
+    def load(cls, spec: str, base: Path, timeout_s: float = DEFAULT_AGENT_TIMEOUT_S,
+             settings: AgentSettings | None = None) -> WorkspaceAgent:
         scheme, _, rest = spec.partition(":")
         if scheme == "cmd":
             inner = CmdAgent.load(spec, rest, base)
@@ -116,17 +117,14 @@ class WorkspaceAgent:
             raise InputError(f"agent {spec!r}: --workspace takes a cmd: or python: agent")
         if timeout_s <= 0:
             raise InputError(f"--agent-timeout {timeout_s:g}: must be positive")
-        memory_mb = env_positive(AGENT_MEMORY_ENV, DEFAULT_AGENT_MEMORY_MB, int, "a whole number of MB")
         passed_env_names()  # a bad name is refused before any work
-        try:
-            workspace_caps()
-        except ValueError as exc:
-            raise InputError(str(exc)) from None
         if bwrap_available():
             agent_network({})  # no pasta and no EVALPIPE_AGENT_NETWORK=host: refused before any work
-        settings = {"inner": inner.fingerprint, "workspace": {"timeout_s": timeout_s, "memory_mb": memory_mb}}
+        settings = settings or AgentSettings()
+        shaping = {"inner": inner.fingerprint,
+                   "workspace": {"timeout_s": timeout_s, "memory_mb": settings.agent_memory_mb}}
         visible = tuple(dict.fromkeys(code))
-        return cls(spec, spec_fingerprint(spec, settings), base, argv, timeout_s, memory_mb, visible)
+        return cls(spec, spec_fingerprint(spec, shaping), base, argv, timeout_s, visible, settings=settings)
 
     def concealing(self, paths: Iterable[str]) -> WorkspaceAgent:
         """This agent with `paths` (files or folders) hidden from it too."""
@@ -175,7 +173,7 @@ class WorkspaceAgent:
                       *_answer_folders(self.concealed), *_project_homes(self._code(dirs=True))),
                 blank=tuple(str(p) for p in secret if p.is_file()),
             )
-        limits = Limits(timeout_s=self.timeout_s, memory_mb=self.memory_mb, max_procs=AGENT_MAX_PROCS,
+        limits = Limits(timeout_s=self.timeout_s, memory_mb=self.settings.agent_memory_mb, max_procs=AGENT_MAX_PROCS,
                         file_size_mb=AGENT_FILE_SIZE_MB)
         # The case on stdin, as for a `cmd:` agent outside a workspace.
         argv = ["/bin/sh", "-c", 'case=$1; shift; exec "$@" < "$case"', "evalpipe-agent", str(case_file),
@@ -188,7 +186,7 @@ class WorkspaceAgent:
             isolation=result.isolation, stdout_tail=_tail(result.stdout, OUTPUT_TAIL),
             stderr_tail=_tail(result.stderr, OUTPUT_TAIL),
         )
-        trajectory = read_trajectory(ws.trajectory, max_trajectory_bytes())
+        trajectory = read_trajectory(ws.trajectory, self.settings.max_trajectory_bytes)
         if trajectory is not None:
             ctx.trace.trajectory = trajectory
         if result.timed_out:
@@ -198,7 +196,7 @@ class WorkspaceAgent:
             how = f"killed by signal {-code}" if code < 0 else f"exited with status {code}"
             tail = redact(result.stderr.decode("utf-8", "replace")).strip()[-STDERR_TAIL:]
             raise AgentError(f"{how}: {tail}" if tail else how)
-        change = read_change(ws)
+        change = read_change(ws, self.settings.workspace_caps)
         ctx.trace.workspace = _change_note(change)
         if change.binary:
             raise AgentError(

@@ -68,6 +68,13 @@ def _grade_extra(output: str, case: EvalCase, trace: SampleTrace) -> list[str]:
     return safety
 
 
+def graded_inline(case: EvalCase) -> bool:
+    """Whether every grader of `case` is cheap enough to grade where its output is drawn
+    (`GraderSpec.inline`)."""
+    kinds = [case.kind, *(g.get("kind") for g in case.extra_graders)]
+    return all((spec := grader_spec(kind)) is not None and spec.inline for kind in kinds)
+
+
 def _graded_by(grader: dict[str, Any], case: EvalCase) -> EvalCase:
     """The case as one of its extra graders sees it: that grader's, and no others."""
     return case.model_copy(update={"grader": grader, "extra_graders": ()})

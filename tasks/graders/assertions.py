@@ -42,7 +42,7 @@ def normalize_text(text: str) -> str:
     return " ".join(text.split()).casefold()
 
 
-@grader("exact", params=ExactParams)
+@grader("exact", params=ExactParams, inline=True)
 def exact(output: str, case: EvalCase, params: ExactParams) -> Verdict:
     ref = _reference_text(case)
     if params.normalize:
@@ -50,7 +50,7 @@ def exact(output: str, case: EvalCase, params: ExactParams) -> Verdict:
     return _verdict(output == ref, f"expected {_preview(ref)}, got {_preview(output)}")
 
 
-@grader("contains", params=ContainsParams)
+@grader("contains", params=ContainsParams, inline=True)
 def contains(output: str, case: EvalCase, params: ContainsParams) -> Verdict:
     ref = _reference_text(case)
     if not params.case_sensitive:
@@ -59,7 +59,7 @@ def contains(output: str, case: EvalCase, params: ContainsParams) -> Verdict:
     return _verdict(found, f"{_preview(ref)} {'found' if found else 'not found'} in output")
 
 
-@grader("regex", params=RegexParams)
+@grader("regex", params=RegexParams, inline=True)
 def regex(output: str, case: EvalCase, params: RegexParams) -> Verdict:
     pattern, full = params.pattern, params.fullmatch
     rx = compile_pattern(pattern, f"case {case.id!r}: grader.pattern")
@@ -116,7 +116,7 @@ def _reference_number(case: EvalCase) -> float:
     raise InputError(f"case {case.id!r}: numeric grader needs a number reference, got {ref!r}")
 
 
-@grader("numeric", params=NumericParams, trace=SampleTrace)
+@grader("numeric", params=NumericParams, trace=SampleTrace, inline=True)
 def numeric(output: str, case: EvalCase, params: NumericParams, *, trace: SampleTrace) -> Verdict:
     ref = _reference_number(case)
     abs_tol, rel_tol = params.abs_tol, params.rel_tol
@@ -147,7 +147,7 @@ def parse_json(output: str) -> Any:
         raise ValueError("nested too deeply") from None
 
 
-@grader("json", params=JsonParams)
+@grader("json", params=JsonParams, inline=True)
 def json_grader(output: str, case: EvalCase, params: JsonParams) -> Verdict:
     ref = case.reference
     fields = params.fields

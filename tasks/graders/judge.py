@@ -22,6 +22,7 @@ Judge callables (`module:function`):
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from typing import Any, Literal
 
 from tasks.agents import PROMPT_FIELDS, AgentError, call_user_code
 from tasks.agents.openai_client import EndpointError, OpenAIClient
+from tasks.agents.settings import AgentSettings, env_overrides
 from tasks.callables import load_callable
 from tasks.fences import strip_fence_ends
 from tasks.models import (
@@ -184,11 +186,11 @@ def _openai_judge(spec: str, rubric: str | None, samples: int, params: dict[str,
     reserved = sorted({"model", "messages", "seed", "n", "stream"} & set(params))
     if reserved:
         raise InputError(f"judge {spec!r}: params {', '.join(reserved)} are set by evalpipe")
-    try:
-        client = OpenAIClient.from_env()
-    except ValueError as exc:
-        raise InputError(f"judge {spec!r}: {exc}") from None
-    client = _shared_client(client.base_url, client.api_key, client.timeout_s, client.max_attempts)
+    # A judge is made where it grades, and graders are handed the case alone, no run's
+    # settings: its timeout and attempts are this process's overrides (docs/judges.md).
+    settings = AgentSettings(**env_overrides(os.environ))
+    client = OpenAIClient.from_env()
+    client = _shared_client(client.base_url, client.api_key, settings.openai_timeout, settings.openai_max_attempts)
     identity = {
         "judge": "openai",
         "protocol": JUDGE_PROTOCOL,

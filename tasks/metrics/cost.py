@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -44,10 +43,10 @@ class PriceTable:
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> PriceTable:
-        """The price file `path`, else the one `EVALPIPE_PRICES` names, else none. A file
-        that cannot be read or has a bad entry is bad input naming the file and the model."""
-        path = path or os.environ.get(PRICES_ENV) or None
-        if path is None:
+        """The price file `path` (a run's: its `--prices`, else the file `EVALPIPE_PRICES`
+        names, read where its configuration is built), else none. A file that cannot be read
+        or has a bad entry is bad input naming the file and the model."""
+        if not path:
             return cls()
         where = f"price file {path}"
         try:

@@ -6,24 +6,32 @@ a case measured by both runs has a before and an after; one only the run measure
 one only the baseline measured is `removed` (two suite versions are compared on their shared
 cases, and the rest is counted, never silently dropped). A paired case is `regressed`,
 `improved` or `unchanged` by the sign of its change in the chosen metric: the pass rate c/n
-(`pass`) or the mean score (`score`). Per slice, the mean paired change comes with its
-bootstrap CI (none for a single case).
+(`pass`), the mean score (`score`), or a plugin's registered per-case metric by name (its
+value on each case, computed on each run's samples by `with_metric`; the built-in `pass@1`
+and `mean_score` are `pass` and `score`). Per slice, the mean paired change comes with its bootstrap CI (none for a
+single case).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import numpy as np
 
 from tasks.metrics.stats import DEFAULT_LEVEL, DEFAULT_N_BOOT, bootstrap_mean_ci
+from tasks.metrics.tallies import Tallies, per_case_values
 from tasks.models import InputError
+from tasks.registry import metrics
 
-Metric = Literal["pass", "score"]
+# What a diff and the gate compare: "pass", "score", or a registered per-case metric's name.
+Metric = str
 METRICS: tuple[Metric, ...] = ("pass", "score")
 METRIC_NAMES: dict[str, str] = {"pass": "pass@1", "score": "mean score"}  # as reports name them
+# The built-in registered metrics are these two by name (`pass@1` is each case's c/n,
+# `mean_score` its mean score): one comparison, and so one CI, whichever name asks for it.
+ALIASES: dict[str, Metric] = {"pass@1": "pass", "mean_score": "score"}
 Label = Literal["regressed", "improved", "new", "removed", "unchanged"]
 # The order a diff lists its cases in: what needs a look first.
 LABELS: tuple[Label, ...] = ("regressed", "improved", "new", "removed", "unchanged")
@@ -41,9 +49,14 @@ class CaseResult:
     c: int
     score: float  # the mean of the samples' scores
     slices: tuple[str, ...] = ()
+    scores: tuple[float, ...] = ()  # each sample's, in index order (a registered metric's input)
+    # Registered metrics' values on this case, by name (`with_metric`).
+    values: Mapping[str, float] = field(default_factory=dict, compare=False)
 
     def value(self, metric: Metric) -> float:
-        return self.c / self.n if metric == "pass" else self.score
+        if metric == "pass":
+            return self.c / self.n
+        return self.score if metric == "score" else self.values[metric]
 
 
 @dataclass(frozen=True)
@@ -58,9 +71,9 @@ class CaseChange:
     def slices(self) -> tuple[str, ...]:
         return (self.after or self.before).slices  # type: ignore[union-attr]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, metric: Metric = "pass") -> dict[str, Any]:
         def side(r: CaseResult | None) -> dict[str, Any] | None:
-            return None if r is None else {"passes": r.c, "samples": r.n, "score": r.score}
+            return None if r is None else {"passes": r.c, "samples": r.n, "score": r.score, "value": r.value(metric)}
 
         return {"case_id": self.case_id, "label": self.label, "change": self.change,
                 "before": side(self.before), "after": side(self.after), "slices": list(self.slices)}
@@ -101,6 +114,14 @@ class RunDiff:
         """Cases left out of every paired figure: measured by one run only."""
         return len(self.cases) - self.shared
 
+    def slice_means(self) -> dict[str, float]:
+        """Each slice's mean value of the metric over the run's cases (shared and new)."""
+        members: dict[str, list[float]] = {}
+        for case in self.cases:
+            for name in case.after.slices if case.after is not None else ():
+                members.setdefault(name, []).append(case.after.value(self.metric))
+        return {name: float(np.mean(values)) for name, values in sorted(members.items())}
+
     def labelled(self, label: Label) -> list[CaseChange]:
         return [c for c in self.cases if c.label == label]
 
@@ -113,7 +134,7 @@ class RunDiff:
             "delta": None if self.overall is None else self.overall.delta,
             "delta_ci": None if self.overall is None or self.overall.ci is None else list(self.overall.ci),
             "slices": {name: s.to_json() for name, s in self.slices.items()},
-            "cases": [c.to_json() for c in self.cases],
+            "cases": [c.to_json(self.metric) for c in self.cases],
         }
 
 
@@ -128,10 +149,55 @@ def check_same_suite(run: Mapping[str, Any], baseline: Mapping[str, Any]) -> Non
         )
 
 
+def metric_name(metric: Metric) -> str:
+    """The compared metric as reports name it."""
+    return METRIC_NAMES.get(metric, metric)
+
+
 def check_metric(metric: str) -> Metric:
-    if metric not in METRICS:
-        raise InputError(f"--metric: expected {' or '.join(METRICS)}, got {metric!r}")
-    return metric  # type: ignore[return-value]
+    """`pass`, `score`, or a registered metric that has a value per case, shown as a
+    fraction (the gate's CI, `--max-drop` and thresholds are in percentage points), the
+    built-ins by name as `ALIASES` says; else `InputError` naming it and what it could be."""
+    metric = ALIASES.get(metric, metric)
+    if metric in METRICS:
+        return metric
+    known = metrics()
+    paired = sorted(name for name, spec in known.items() if spec.per_case and spec.percent)
+    choices = f"pass, score or a registered per-case metric: {', '.join(paired) or 'none'}"
+    spec = known.get(metric)
+    if spec is None:
+        raise InputError(f"--metric: unknown metric {metric!r} (expected {choices})")
+    if not spec.per_case:
+        raise InputError(f"--metric {metric}: it has no per-case values (it is computed over the whole run), so it"
+                         f" cannot be paired case by case (expected {choices})")
+    if not spec.percent:
+        raise InputError(f"--metric {metric}: it is a plain number, not a fraction: the gate's CI, --max-drop and"
+                         f" thresholds are in percentage points (expected {choices})")
+    return metric
+
+
+def with_metric(results: Iterable[CaseResult], metric: Metric, side: str) -> list[CaseResult]:
+    """`results` (one run's, `side` names it) with `metric`'s value on each case, a registered
+    metric's computed on the run's own tallies as `run --json` computes it (`pass` and
+    `score` are read from the counts); `InputError` when it has no value per case here."""
+    results = list(results)
+    if metric in METRICS or all(metric in r.values for r in results):
+        return results
+    if not results:
+        return results
+    n = np.array([r.n for r in results], dtype=np.int64)
+    scores = (np.array([s for r in results for s in r.scores], dtype=np.float64)
+              if all(len(r.scores) == r.n for r in results) else None)
+    tallies = Tallies.of_samples([r.case_id for r in results], np.repeat(np.arange(len(results)), n), n,
+                                 np.array([r.c for r in results], dtype=np.int64), scores)
+    try:
+        values = per_case_values(metrics()[metric], tallies)
+    except Exception as exc:  # noqa: BLE001 - a plugin's failure, said in one line
+        raise InputError(f"--metric {metric}: on {side}'s cases it raised {type(exc).__name__}: "
+                         + " ".join(str(exc).split())[:300]) from None
+    if values is None:
+        raise InputError(f"--metric {metric}: it has no per-case values on {side}: nothing to compare")
+    return [replace(r, values={**r.values, metric: float(v)}) for r, v in zip(results, values, strict=True)]
 
 
 def diff_runs(
@@ -147,8 +213,8 @@ def diff_runs(
 ) -> RunDiff:
     """Pair `run` with `baseline` by case hash and label every case."""
     metric = check_metric(metric)
-    after = _by_hash(run, "run")
-    before = _by_hash(baseline, "baseline")
+    after = _by_hash(run, "run", metric, run_id)
+    before = _by_hash(baseline, "baseline", metric, baseline_id)
     changes = [_change(before.get(h), after.get(h), metric) for h in after.keys() | before.keys()]
     rank = {label: i for i, label in enumerate(LABELS)}
     # Regressions most negative first, improvements most positive first, the rest by id.
@@ -170,13 +236,14 @@ def diff_runs(
     )
 
 
-def _by_hash(results: Iterable[CaseResult], side: str) -> dict[str, CaseResult]:
-    out: dict[str, CaseResult] = {}
+def _by_hash(results: Iterable[CaseResult], side: str, metric: Metric, run_id: str) -> dict[str, CaseResult]:
+    """One side's results by case hash, checked, each with its value of `metric`."""
+    checked: dict[str, CaseResult] = {}
     for r in results:
         if r.n < 1 or not 0 <= r.c <= r.n:
             raise InputError(f"diff: {side} case {r.case_id!r} has n={r.n}, c={r.c}: needs n >= 1 and 0 <= c <= n")
-        out[r.case_hash] = r
-    return out
+        checked[r.case_hash] = r
+    return {r.case_hash: r for r in with_metric(checked.values(), metric, f"{side} {run_id}")}
 
 
 def _change(before: CaseResult | None, after: CaseResult | None, metric: Metric) -> CaseChange:

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from tasks.metrics.diff import METRIC_NAMES, CaseResult, RunDiff, SliceChange, paired_change
+from tasks.metrics.diff import CaseResult, RunDiff, SliceChange, metric_name, paired_change
 from tasks.metrics.percent import percent, signed_points
 from tasks.metrics.rules import GateRules, rule_blocks
 from tasks.metrics.stats import DEFAULT_LEVEL, DEFAULT_N_BOOT
@@ -188,14 +188,18 @@ def gate_diff(
     safety_failed: bool,
     must_pass: frozenset[str] | None,
     suite_version: str,
-    slice_values: Mapping[str, float | None],
+    slice_values: Mapping[str, float | None] | None,
     rules: GateRules = GateRules(),
 ) -> dict[str, Any]:
     """The `gate --json` document of a run (`results`, all its cases) against its baseline
     (`diff`): the paired CI's decision, then the blocks of the team's `rules` and the suite's
     `must_pass` cases (None: its snapshot is not here, said among the reasons), safety first.
-    The document records the rules it was decided by and the cases shared, added and removed."""
+    The document records the rules it was decided by and the cases shared, added and removed.
+    `slice_values`: each slice's value of the metric (None: the means of its cases' values in
+    the diff, as for a registered metric, which a summary holds no per-slice value of)."""
     metric = diff.metric
+    if slice_values is None:
+        slice_values = diff.slice_means()
     if not results:
         raise InputError("gate: the run has no cases")
     if diff.overall is None:
@@ -204,10 +208,10 @@ def gate_diff(
     counts = diff.counts()
     # The diff's own paired change: the gate decides on the CI the diff shows, not a second one.
     result = decide(diff.overall, diff.ci_level, safety_failed=safety_failed, pass_at_1=pass_at_1,
-                    metric_name=METRIC_NAMES[metric], min_pass_at_1=rules.min_pass_at_1, max_drop=rules.max_drop,
+                    metric_name=metric_name(metric), min_pass_at_1=rules.min_pass_at_1, max_drop=rules.max_drop,
                     dropped_run=counts["new"], dropped_baseline=counts["removed"]).to_json()
     stated = replace(rules, must_pass=must_pass or frozenset())
-    blocks = rule_blocks(stated, results, diff, slice_values, METRIC_NAMES[metric])
+    blocks = rule_blocks(stated, results, diff, slice_values, metric_name(metric))
     if blocks:
         safety = [r for r in result["reasons"] if r.startswith("safety:")]
         rest = [r for r in result["reasons"] if not r.startswith("safety:")]

@@ -114,12 +114,9 @@ def _one(spec: MetricSpec, tallies: Tallies, seed: int, n_boot: int, level: floa
     doc: dict[str, Any] = {"value": None, "ci": None, "percent": spec.percent}
     try:
         if spec.per_case:
-            per_case = spec.fn(tallies)
-            if per_case is None:
+            values = per_case_values(spec, tallies)
+            if values is None:
                 return doc
-            values = np.asarray(per_case, dtype=np.float64).ravel()
-            if values.size != len(tallies) or not np.isfinite(values).all():
-                raise ValueError(f"expected {len(tallies)} finite per-case values, got {values.size}")
             doc["value"] = float(values.mean())
             if len(tallies) > 1:
                 doc["ci"] = list(bootstrap_mean_ci(values, seed=seed, n_boot=n_boot, level=level))
@@ -134,6 +131,19 @@ def _one(spec: MetricSpec, tallies: Tallies, seed: int, n_boot: int, level: floa
         return {"value": None, "ci": None, "percent": spec.percent,
                 "error": f"metric {spec.name} raised {type(exc).__name__}: {exc}"[:500]}
     return doc
+
+
+def per_case_values(spec: MetricSpec, tallies: Tallies) -> NDArray[np.float64] | None:
+    """A per-case metric's value on each case (None: it has none here, as the mean score of
+    samples that carry no scores); `ValueError` when it returns other than one finite
+    number per case. What it raises, it raises."""
+    per_case = spec.fn(tallies)
+    if per_case is None:
+        return None
+    values = np.asarray(per_case, dtype=np.float64).ravel()
+    if values.size != len(tallies) or not np.isfinite(values).all():
+        raise ValueError(f"expected {len(tallies)} finite per-case values, got {values.size}")
+    return values
 
 
 def _finite(value: Any) -> float | None:

@@ -16,7 +16,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from tasks.metrics.diff import METRIC_NAMES, CaseChange, RunDiff
+from tasks.metrics.diff import CaseChange, RunDiff, metric_name
 from tasks.metrics.percent import percent, signed_points
 from tasks.report.gate_text import decided_by
 from tasks.report.html import TEMPLATES, clip
@@ -43,7 +43,7 @@ def render_diff_report(
     """``details``: case id → {inputs, reference, before, after}, where ``before``/``after``
     is one sample {index, status, output, detail, trajectory} of that run or None; needed for
     the cases `expanded(diff)` names."""
-    metric = METRIC_NAMES[diff.metric]
+    metric = metric_name(diff.metric)
     delta, ci = change_shown(diff, gate)
     shown = {c.case_id for c in expanded(diff)}
     sections = [
@@ -79,7 +79,8 @@ def render_diff_report(
 
 def _case_view(case: CaseChange, detail: Mapping[str, Any], metric: str) -> dict[str, Any]:
     def counts(r) -> str:
-        return "—" if r is None else f"{r.c}/{r.n}" + (f" (score {r.score:.2f})" if metric == "score" else "")
+        shown = "score" if metric == "score" else metric
+        return "—" if r is None else f"{r.c}/{r.n}" + (f" ({shown} {r.value(metric):.2f})" if metric != "pass" else "")
 
     return {
         "case_id": case.case_id, "label": case.label, "change": signed_points(case.change),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tasks.metrics.diff import METRIC_NAMES
+from tasks.metrics.diff import metric_name
 from tasks.metrics.percent import signed_points
 from tasks.report.html import clip
 
@@ -12,7 +12,7 @@ from tasks.report.html import clip
 def diff_text(doc: dict[str, Any], limit: int) -> str:
     """The `diff --json` document for a terminal: counts, the overall change, the changed
     cases (regressions first, largest first; the first `limit`), the slices."""
-    metric = METRIC_NAMES[doc["metric"]]
+    metric = metric_name(doc["metric"])
     level = f"{100 * doc['ci_level']:g}%"
     lines = [f"diff {doc['run_id']} against {doc['baseline']}: {metric} on {doc['shared_cases']} shared cases"
              + (f" ({doc['dropped_cases']} measured by one run only: new or removed)" if doc["dropped_cases"] else "")]
@@ -42,7 +42,7 @@ def _side(side: dict[str, Any] | None, metric: str) -> str:
     if side is None:
         return "-"
     counts = f"{side['passes']}/{side['samples']}"
-    return counts if metric == "pass" else f"score {side['score']:.2f} ({counts})"
+    return counts if metric == "pass" else f"{'score' if metric == 'score' else metric} {side['value']:.2f} ({counts})"
 
 
 def _plain(text: str) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tasks.metrics.diff import METRIC_NAMES, CaseChange, RunDiff
+from tasks.metrics.diff import CaseChange, RunDiff, metric_name
 from tasks.metrics.percent import percent, signed_points
 from tasks.report.gate_text import decided_by
 from tasks.report.html import clip
@@ -35,7 +35,7 @@ def comparison_markdown(
 ) -> str:
     """The decision (when gated), the metric before → after with the paired CI, the counts of
     each label, the worst regressions and best improvements, and the slices that moved."""
-    metric = METRIC_NAMES[diff.metric]
+    metric = metric_name(diff.metric)
     level = f"{100 * diff.ci_level:g}%"
     lines = []
     if gate:
@@ -82,10 +82,14 @@ def change_shown(diff: RunDiff, gate: Mapping[str, Any] | None) -> tuple[float |
 
 
 def headline(summary: RunSummary | None, metric: str) -> float | None:
-    """A run's overall value of the compared metric: pass@1, or the mean score."""
+    """A run's overall value of the compared metric: pass@1, the mean score, or a registered
+    metric's (`run --json`'s `metrics`)."""
     if summary is None:
         return None
-    return summary.mean_score if metric == "score" else summary.pass_at_k.get("1")
+    if metric in ("pass", "score"):
+        return summary.mean_score if metric == "score" else summary.pass_at_k.get("1")
+    figure = (summary.metrics or {}).get(metric)
+    return figure.value if figure is not None else None
 
 
 def _cases_table(title: str, cases: Sequence[CaseChange], limit: int, metric: str) -> list[str]:
@@ -102,7 +106,9 @@ def _cases_table(title: str, cases: Sequence[CaseChange], limit: int, metric: st
 def _side(result, metric: str) -> str:
     if result is None:
         return "—"
-    return f"{result.c}/{result.n}" if metric == "pass" else f"{result.score:.2f} ({result.c}/{result.n})"
+    if metric == "pass":
+        return f"{result.c}/{result.n}"
+    return f"{result.value(metric):.2f} ({result.c}/{result.n})"
 
 
 def _slices_table(diff: RunDiff, level: str) -> list[str]:

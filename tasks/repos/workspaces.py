@@ -23,11 +23,11 @@ Layout under `EVALPIPE_HOME/`:
 A scratch directory is removed when its sample ends, and, if the process died first, by
 the next workspace made under the same home.
 
-Both are capped (`workspace_caps`): the tree the agent left at `EVALPIPE_WORKSPACE_TREE_MB`
-(default 4096) in all, counted before git reads it, and the change at
-`EVALPIPE_WORKSPACE_CHANGE_BYTES` (default 4 MB, the output cap's default: a longer patch
-would be cut, and a cut patch does not apply), read from git's output no further than
-that; over either, `ChangeTooLarge` says which and by how much.
+Both are capped (`Caps`, the run's `workspace_tree_mb` and `workspace_change_bytes`): the tree
+the agent left at 4096 MB by default in all, counted before git reads it, and the change at
+4 MB by default (the output cap's default: a longer patch would be cut, and a cut patch does
+not apply), read from git's output no further than that; over either, `ChangeTooLarge` says
+which and by how much.
 """
 
 from __future__ import annotations
@@ -56,9 +56,7 @@ from tasks.repos.worktrees import (
     mirror,
 )
 
-TREE_MB_ENV = "EVALPIPE_WORKSPACE_TREE_MB"
 DEFAULT_TREE_MB = 4096
-CHANGE_BYTES_ENV = "EVALPIPE_WORKSPACE_CHANGE_BYTES"
 DEFAULT_CHANGE_BYTES = 4 << 20
 _CHUNK = 1 << 16
 
@@ -92,7 +90,7 @@ class Change:
 
 
 class ChangeTooLarge(RepoError):
-    """The tree or the change is over its cap (`workspace_caps`); the message says which."""
+    """The tree or the change is over its cap (`Caps`); the message says which."""
 
 
 @dataclass(frozen=True)
@@ -101,16 +99,7 @@ class Caps:
     change_bytes: int
 
 
-def workspace_caps() -> Caps:
-    """The caps on a workspace's tree and change, from the environment; `ValueError` naming
-    a bad setting."""
-    values = []
-    for name, default in ((TREE_MB_ENV, DEFAULT_TREE_MB), (CHANGE_BYTES_ENV, DEFAULT_CHANGE_BYTES)):
-        raw = os.environ.get(name) or str(default)
-        if not raw.isdigit() or int(raw) <= 0:
-            raise ValueError(f"{name}={raw!r} is not a positive whole number")
-        values.append(int(raw))
-    return Caps(values[0] << 20, values[1])
+DEFAULT_CAPS = Caps(DEFAULT_TREE_MB << 20, DEFAULT_CHANGE_BYTES)
 
 
 def _git(args: list[str], env: dict[str, str], cwd: Path | None = None, stdin: bytes | None = None) -> bytes:
@@ -237,17 +226,16 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def read_change(ws: Workspace, caps: Caps | None = None) -> Change:
+def read_change(ws: Workspace, caps: Caps = DEFAULT_CAPS) -> Change:
     """What the tree holds against the base commit, as a git diff; `RepoError` when git
-    cannot read it, `ChangeTooLarge` over `caps` (default: `workspace_caps()`). What git
+    cannot read it, `ChangeTooLarge` over `caps`. What git
     must not meet is removed first and named: special files (FIFOs, sockets, devices: git
     would block on them) and nested `.git` entries (git would take the directory for
     another repository and record a commit id, not files)."""
-    caps = caps or workspace_caps()
     removed, size = _remove_unreadable(ws.tree)
     if size > caps.tree_bytes:
         raise ChangeTooLarge(f"the workspace holds {size:,} bytes of files, over the {caps.tree_bytes:,}-byte cap"
-                             f" ({TREE_MB_ENV})")
+                             " (--workspace-tree-mb)")
     git_dir = ws.harness_dir / "git"
     if git_dir.exists():
         shutil.rmtree(git_dir)
@@ -290,7 +278,7 @@ def _git_capped(args: list[str], env: dict[str, str], cwd: Path, cap: int) -> by
             proc.stdout.close()
             returncode = proc.wait()
         if size > cap:
-            raise ChangeTooLarge(f"the change is over the {cap:,}-byte cap ({CHANGE_BYTES_ENV})")
+            raise ChangeTooLarge(f"the change is over the {cap:,}-byte cap (--workspace-change-bytes)")
         if returncode != 0:
             err.seek(0)
             lines = err.read(4096).decode("utf-8", "replace").strip().splitlines()

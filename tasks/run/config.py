@@ -1,17 +1,21 @@
 """How a run is made: `RunConfig`, every option of `evalpipe run` (and of the flow's parameter
 form, and of `evalpipe.evaluate`) as one typed, frozen value, built once at the top and read
-by the loop, instead of parameters threaded through each layer and environment variables."""
+by the loop, instead of parameters threaded through each layer and environment variables.
+The documented `EVALPIPE_*` overrides of its defaults (the agent's settings, the price file)
+are read here, once, by `RunConfig.build`: nothing below reads them."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from tasks.agents import DEFAULT_AGENT_TIMEOUT_S, max_output_bytes
-from tasks.metrics.diff import Metric
+from tasks.agents import DEFAULT_AGENT_TIMEOUT_S, AgentSettings
+from tasks.agents.settings import env_overrides
+from tasks.metrics.cost import PRICES_ENV
+from tasks.metrics.diff import Metric, check_metric
 from tasks.metrics.rules import GateRules
 from tasks.metrics.sequential import DEFAULT_ROUNDS
 from tasks.models import MAX_N, MAX_REGRADE, MAX_ROUNDS, MAX_WORKERS, InputError
@@ -48,13 +52,25 @@ class RunConfig(BaseModel):
     regrade: Annotated[int, Field(ge=0, le=MAX_REGRADE)] = 0
     unsafe_no_sandbox: bool = False
     max_output_bytes: Annotated[int | None, Field(ge=1)] = None
+    cmd_timeout: Annotated[float | None, Field(gt=0)] = None
+    openai_timeout: Annotated[float | None, Field(gt=0)] = None
+    openai_max_attempts: Annotated[int | None, Field(ge=1)] = None
     workspace: bool = False
     agent_timeout: Annotated[float | None, Field(gt=0)] = None
+    agent_memory_mb: Annotated[int | None, Field(ge=1)] = None
+    workspace_tree_mb: Annotated[int | None, Field(ge=1)] = None
+    workspace_change_bytes: Annotated[int | None, Field(ge=1)] = None
+    max_trajectory_bytes: Annotated[int | None, Field(ge=1)] = None
     max_cost: Annotated[float | None, Field(gt=0)] = None
     max_samples: Annotated[int | None, Field(ge=1)] = None
     prices: str | None = None
     sequential: bool = False
     sequential_rounds: Annotated[int, Field(ge=1, le=MAX_ROUNDS)] = DEFAULT_ROUNDS
+
+    @field_validator("metric")
+    @classmethod
+    def _known_metric(cls, metric: str) -> Metric:
+        return check_metric(metric)
 
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:
@@ -72,14 +88,20 @@ class RunConfig(BaseModel):
         return self
 
     @classmethod
-    def build(cls, command: str, named: Callable[[str], str] = lambda field: field, **options: Any) -> RunConfig:
+    def build(cls, command: str, named: Callable[[str], str] = lambda field: field,
+              environ: Mapping[str, str] | None = None, **options: Any) -> RunConfig:
         """The configuration of `options`, or `InputError`: one line, prefixed by `command`,
-        naming the option as `named` shows a field (`--max-cost` on the command line)."""
+        naming the option as `named` shows a field (`--max-cost` on the command line). An
+        option not given (None) takes its documented override from `environ` (default: this
+        process's environment; `tasks.agents.settings.ENV`, `EVALPIPE_PRICES`), read here once."""
+        environ = os.environ if environ is None else environ
+        overrides: dict[str, Any] = {**env_overrides(environ), "prices": environ.get(PRICES_ENV) or None}
+        options = {**options, **{name: value for name, value in overrides.items() if options.get(name) is None}}
         try:
             return cls(**options)
         except ValidationError as exc:
             first = exc.errors()[0]
-            if first["type"] == "value_error" and not first["loc"]:  # a rule between options
+            if first["type"] == "value_error":  # a rule between options, or a check's own line
                 raise InputError(f"{command}: {first['ctx']['error']}") from None
             where = ".".join(named(str(part)) if i == 0 else str(part) for i, part in enumerate(first["loc"]))
             raise InputError(f"{command}: {where}: {first['msg']}") from None
@@ -95,9 +117,15 @@ class RunConfig(BaseModel):
         return self.agent_concurrency or DEFAULT_AGENT_CONCURRENCY
 
     @property
+    def agent_settings(self) -> AgentSettings:
+        """The settings the agent takes from the run (those not given: the built-in defaults)."""
+        given = {name: getattr(self, name) for name in AgentSettings.model_fields}
+        return AgentSettings(**{name: value for name, value in given.items() if value is not None})
+
+    @property
     def output_cap(self) -> int:
-        """The cap on each agent output in bytes: `max_output_bytes`, else the environment's."""
-        return self.max_output_bytes or max_output_bytes()
+        """The cap on each agent output in bytes."""
+        return self.agent_settings.max_output_bytes
 
     @property
     def agent_timeout_s(self) -> float | None:
@@ -124,4 +152,4 @@ class RunConfig(BaseModel):
                 "max_new_failures": self.max_new_failures, "min_slice": self.min_slice, "metric": self.metric,
                 "suite_ref": self.suite, "workspace": self.workspace, "agent_timeout_s": self.agent_timeout_s,
                 "max_cost": self.max_cost, "max_samples": self.max_samples,
-                "max_output_bytes": self.max_output_bytes, **resolved}
+                "agent_settings": self.agent_settings.model_dump(), **resolved}

@@ -7,7 +7,9 @@ samples are kept (`SampleStore`: `storage.store.Store`).
 Drawing and grading are two stages with their own concurrency. Agent calls wait on an API
 or a coding agent (`RunConfig.draw_slots` of them in flight); tests take a core each
 (`RunConfig.grade_workers`). Grading starts as outputs arrive, and what finishes is stored
-together, one write per group.
+together, one database write every STORE_EVERY_S (opening the file costs more than a
+cheap sample). Every draw slot is used from the start: a slow agent's calls fan out at
+once, a fast agent's samples are shared out among them.
 
 A stage's task is bounded by time, not by count: it starts no new sample after
 BATCH_BUDGET_S and hands back the rest, so a kill loses at most about that much grading per
@@ -35,10 +37,12 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
+from tasks.graders import graded_inline
 from tasks.metrics.cost import PriceTable
 from tasks.metrics.diff import CaseResult
 from tasks.metrics.rules import GateRules
 from tasks.models import EvalCase, EvalSuite, Sample
+from tasks.redaction import secret_values
 from tasks.run.budget import Meter, budget_summary
 from tasks.run.config import RunConfig
 from tasks.run.rescore import RescorePlan
@@ -70,6 +74,10 @@ CHUNK_FLOOR_S = 0.5
 # How long a stopped run waits for the agent calls and gradings in flight: what comes back
 # by then is stored; a call still out is made again by the run that resumes it.
 INTERRUPT_GRACE_S = 2.0
+# How long graded rows wait to be written together (one database write for all of them).
+STORE_EVERY_S = 2.0
+# How often a draw task looks for the run's stop request between agent calls.
+STOP_CHECK_S = 0.05
 
 
 class OutputLog(Protocol):
@@ -116,9 +124,32 @@ class Stages(Protocol):
 
 
 @dataclass(frozen=True)
+class InlineGrading:
+    """How a draw task grades the outputs of `case_ids` itself (their graders are cheap,
+    `GraderSpec.inline`): a task less per chunk, and their outputs never pass through the
+    run's process on their way to a grader."""
+
+    run_id: str
+    case_ids: frozenset[str]
+    prices: PriceTable
+    regrade: int = 0
+
+
+@dataclass(frozen=True)
+class Drew:
+    """What a draw task did: the first `count` of its planned samples, as outputs for the
+    graders (`drawn`, unpriced) and as sample rows it graded itself (`rows`, priced)."""
+
+    drawn: list[Drawn]
+    rows: pa.Table | None
+    count: int
+
+
+@dataclass(frozen=True)
 class DrawTask:
-    """Draw a prefix of `planned` within `budget_s`: the drawn outputs, each appended to
-    `log` as the agent returns it; none started once the log says the run is stopping."""
+    """Draw a prefix of `planned` within `budget_s`, each output appended to `log` as the
+    agent returns it (none started once the log says the run is stopping), and grade those
+    `inline` names."""
 
     agent: Any
     cases: list[EvalCase]
@@ -127,22 +158,33 @@ class DrawTask:
     cap: int
     budget_s: float | None = BATCH_BUDGET_S
     log: OutputLog | None = None
+    inline: InlineGrading | None = None
 
     @property
     def label(self) -> str:
         return batch_label(self.planned)
 
-    def __call__(self) -> list[Drawn]:
+    def __call__(self) -> Drew:
         by_id = {c.id: c for c in self.cases}
-        log = self.log
+        log, inline = self.log, self.inline
+        secrets = secret_values()  # once a task: the environment is read per call otherwise
+        handed: list[Drawn] = []
+        graded: list[tuple[Sample, PlannedSample]] = []
         with log.appending() if log is not None else nullcontext(None) as append:
-            def draw(p: PlannedSample) -> Drawn:
-                drawn = draw_output(self.agent, by_id[p.case_id], p, self.n, self.cap)
+            def draw(p: PlannedSample) -> None:
+                drawn = draw_output(self.agent, by_id[p.case_id], p, self.n, self.cap, secrets)
                 if append is not None:
                     append(drawn)
-                return drawn
+                if inline is not None and p.case_id in inline.case_ids:
+                    drawn = replace(drawn, usage=priced(drawn.usage, inline.prices))
+                    graded.append((grade_drawn(by_id[p.case_id], drawn, inline.regrade, secrets), p))
+                else:
+                    handed.append(drawn)
 
-            return timed_prefix(self.planned, draw, self.budget_s, log.stopped if log is not None else None)
+            done = timed_prefix(self.planned, draw, self.budget_s,
+                                _at_most_every(STOP_CHECK_S, log.stopped) if log is not None else None)
+        rows = samples_table(inline.run_id, *map(list, zip(*graded, strict=True))) if graded and inline else None
+        return Drew(handed, rows, len(done))
 
 
 @dataclass(frozen=True)
@@ -161,15 +203,30 @@ class GradeTask:
 
     def __call__(self) -> pa.Table:
         by_id = {c.id: c for c in self.cases}
+        secrets = secret_values()
 
         def graded(d: Drawn) -> Sample:
-            sample = grade_drawn(by_id[d.planned.case_id], d, self.regrade)
+            sample = grade_drawn(by_id[d.planned.case_id], d, self.regrade, secrets)
             # A stored output's row refers to it (`samples_table`): its text is not kept, so a
             # task holds one output at a time, however many it grades.
             return sample.model_copy(update={"output": ""}) if isinstance(d.output, StoredOutput) else sample
 
         samples = timed_prefix(self.drawn, graded, self.budget_s)
         return samples_table(self.run_id, samples, [d.planned for d in self.drawn[: len(samples)]])
+
+
+def _at_most_every(seconds: float, check: Callable[[], bool]) -> Callable[[], bool]:
+    """`check`, asked at most once every `seconds` (its last answer in between): a stop
+    request is a file, and a cheap sample costs less than looking for it."""
+    last = [-math.inf, False]
+
+    def checked() -> bool:
+        now = time.monotonic()
+        if now - last[0] >= seconds:
+            last[:] = [now, check()]
+        return last[1]
+
+    return checked
 
 
 @dataclass
@@ -276,6 +333,7 @@ class _Scheduler:
     meter: Meter
     to_draw: deque[PlannedSample]
     to_grade: deque[Drawn]
+    inline: InlineGrading | None = None  # the cases whose outputs their draw task grades
     undrawn: int = 0
     events: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
     running: dict[Any, tuple[str, list, float, OutputLog | None]] = field(default_factory=dict)
@@ -284,6 +342,9 @@ class _Scheduler:
     # A drawn output's log (by output key), and how many outputs of each log are not stored yet.
     log_of: dict[str, OutputLog] = field(default_factory=dict)
     unstored: dict[OutputLog, int] = field(default_factory=dict)
+    # Graded rows not written yet, and when the last write was (see `_store`).
+    held: list[tuple[pa.Table, OutputLog | None]] = field(default_factory=list)
+    stored_at: float = field(default_factory=time.monotonic)
 
     def in_flight(self, kind: str) -> int:
         return sum(1 for k, *_ in self.running.values() if k == kind)
@@ -303,11 +364,6 @@ class _Scheduler:
         """Draws in flight allowed now: a cost budget allows no more calls than it can still
         pay for at the dearest call seen (one while no call has been priced)."""
         slots = self.config.draw_slots
-        if self.draw_pace.per_sample is None:
-            # Until one draw task has come back, as many as there are graders: a fast agent's
-            # samples then go many to a task instead of a task per slot (each a Prefect task
-            # run competing with the graders), and a slow one fans out after one time budget.
-            slots = min(slots, self.config.grade_workers)
         limit = self.meter.budget.max_cost_usd
         if limit is None:
             return slots
@@ -336,7 +392,7 @@ class _Scheduler:
                                                                          self.config.draw_slots)
             log = self.store.output_log(self.spec.run_id)
             task = DrawTask(self.agent, batch_cases(self.cases, planned), planned, self.spec.n,
-                            self.config.output_cap, BATCH_BUDGET_S, log)
+                            self.config.output_cap, BATCH_BUDGET_S, log, self.inline)
             self._start("draw", planned, self.stages.draw(task), log)
 
     def _ready(self, timeout: float | None) -> list[tuple[tuple[str, list, float, OutputLog | None], Any]]:
@@ -349,20 +405,25 @@ class _Scheduler:
             ready.append(self.events.get())
         return [(self.running.pop(key), future) for key, future in ready]
 
-    def finished(self, ready: list) -> list[pa.Table]:
+    def finished(self, ready: list) -> list[tuple[pa.Table, OutputLog | None]]:
         """Handle finished tasks: drawn outputs go to the graders, graded rows are returned
-        to be stored, the undone rest of a task that ran out of time waits again at the front."""
+        to be stored (those a draw task graded with its log, see `_store`), the undone rest
+        of a task that ran out of time waits again at the front."""
         rows = []
         for (kind, items, started, log), future in ready:
             result = future.result()  # a failed task raises its exception
             took = time.monotonic() - started
             if kind == "draw":
-                drawn = [replace(d, usage=priced(d.usage, self.prices)) for d in result]
-                self.draw_pace.add(took, len(drawn))
-                self.meter.add([d.usage.cost_usd for d in drawn])
-                self._logged(drawn, log)
+                drawn = [replace(d, usage=priced(d.usage, self.prices)) for d in result.drawn]
+                graded = result.rows.num_rows if result.rows is not None else 0
+                self.draw_pace.add(took, result.count)
+                self.meter.add([d.usage.cost_usd for d in drawn]
+                               + (result.rows["cost_usd"].to_pylist() if graded else []))
+                self._logged(drawn, graded, log)
                 self.to_grade.extend(drawn)
-                rest = items[len(drawn):]
+                if graded:
+                    rows.append((result.rows, log))
+                rest = items[result.count:]
                 if self.meter.may_draw:
                     self.to_draw.extendleft(reversed(rest))
                 else:
@@ -370,31 +431,46 @@ class _Scheduler:
             else:
                 self.grade_pace.add(took, result.num_rows)
                 self.to_grade.extendleft(reversed(items[result.num_rows:]))
-                rows.append(result)
+                rows.append((result, None))
         return rows
 
-    def _logged(self, drawn: list[Drawn], log: OutputLog | None) -> None:
+    def _logged(self, drawn: list[Drawn], graded: int, log: OutputLog | None) -> None:
+        """Count a draw task's outputs against its log: `drawn` for the graders, and
+        `graded` rows it graded itself."""
         if log is None:
             return
-        if not drawn:
+        if not drawn and not graded:
             self.store.discard_log(log)
             return
-        self.unstored[log] = len(drawn)
+        self.unstored[log] = len(drawn) + graded
         self.log_of.update((d.planned.output_key, log) for d in drawn)
 
-    def _store(self, rows: list[pa.Table]) -> None:
-        """Store graded rows; a log all of whose outputs are now stored is deleted."""
-        if not rows:
+    def _release(self, log: OutputLog, stored: int) -> None:
+        """`stored` more of `log`'s outputs are stored as samples: once all are, it is deleted."""
+        self.unstored[log] -= stored
+        if not self.unstored[log]:
+            del self.unstored[log]
+            self.store.discard_log(log)
+
+    def _store(self, rows: list[tuple[pa.Table, OutputLog | None]], *, now: bool = False) -> None:
+        """Store graded rows, together with those held back since the last write, once
+        STORE_EVERY_S has passed since it (or `now`): a write opens the database, which costs
+        more than grading a cheap sample, and rows held back are not lost on a kill (their
+        outputs' logs stay until they are stored). A log all of whose outputs are now stored
+        is deleted."""
+        self.held.extend(rows)
+        if not self.held or not (now or time.monotonic() - self.stored_at >= STORE_EVERY_S):
             return
-        table = pa.concat_tables(rows)
+        held, self.held, self.stored_at = self.held, [], time.monotonic()
+        table = pa.concat_tables([rows for rows, _ in held])
         self.store.insert_samples(table)
-        for key in table["output_key"].to_pylist():
-            log = self.log_of.pop(key, None)
-            if log is not None:
-                self.unstored[log] -= 1
-                if not self.unstored[log]:
-                    del self.unstored[log]
-                    self.store.discard_log(log)
+        for rows, log in held:
+            if log is not None:  # graded by the task that drew them, all from its log
+                self._release(log, rows.num_rows)
+                continue
+            for key in rows["output_key"].to_pylist():
+                if (drawn_in := self.log_of.pop(key, None)) is not None:
+                    self._release(drawn_in, 1)
         self.done += table.num_rows
         if self.progress:
             self.progress(self.done, self.total)
@@ -403,9 +479,12 @@ class _Scheduler:
         try:
             self.top_up()
             while self.running:
-                rows = self.finished(self._ready(None))
+                # Rows held back are written when their time comes, even if no task finishes by then.
+                wait = max(0.0, self.stored_at + STORE_EVERY_S - time.monotonic()) if self.held else None
+                rows = self.finished(self._ready(wait))
                 self.top_up()  # the stages get more before this thread writes
                 self._store(rows)
+            self._store([], now=True)
         except BaseException:
             self._wind_down()
             raise
@@ -422,9 +501,11 @@ class _Scheduler:
         while self.running and (left := deadline - time.monotonic()) > 0:
             for entry, future in self._ready(left):
                 try:
-                    self._store(self.finished([(entry, future)]))
+                    self.held.extend(self.finished([(entry, future)]))
                 except Exception:  # noqa: S112 - a failed task has nothing to store; the others may
                     continue
+        with suppress(Exception):  # as below: the logs keep what cannot be stored now
+            self._store([], now=True)
         # The run is ending on an error or a signal already, which is what is reported; the
         # logs stay for the next run if the database cannot take their outputs now.
         with suppress(Exception):
@@ -449,9 +530,12 @@ def draw_and_grade(spec: RunSpec, config: RunConfig, suite: EvalSuite, agent: An
     stored = [stored_output(p) for p in missing if p.output is not None]
     if not stored and not to_draw:
         return Drawing(meter, len(cut))
+    prices = prices or PriceTable()
+    inline = frozenset(c.id for c in suite.cases if graded_inline(c))
     scheduler = _Scheduler(spec, config, {c.id: c for c in suite.cases}, agent, stages, store,
-                           prices or PriceTable(), progress, total - len(missing), total, meter,
-                           deque(to_draw), deque(stored))
+                           prices, progress, total - len(missing), total, meter,
+                           deque(to_draw), deque(stored),
+                           InlineGrading(spec.run_id, inline, prices, spec.regrade) if inline else None)
     scheduler.run()
     return Drawing(meter, len(cut) + scheduler.undrawn)
 

@@ -58,7 +58,7 @@ def prepare_run(config: RunConfig, store: RunSources, *, agent: Agent | None = N
     suite, suite_source = store.resolve_suite(config.suite)
     sandbox = run_sandbox_mode(suite.grader_kinds, config.unsafe_no_sandbox)
     if agent is None:
-        agent = load_agent(config.agent, config.agent_timeout_s, config.output_cap)
+        agent = load_agent(config.agent, config.agent_timeout_s, config.agent_settings)
         if config.workspace:  # the suite file holds the references and hidden tests
             agent = agent.concealing(p for p in [suite_source] if os.path.isfile(p))
     if config.workspace:  # a repository that is not there is bad input, not an agent_error per sample

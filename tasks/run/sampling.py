@@ -21,7 +21,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from tasks.agents import AgentContext, AgentError, max_output_bytes, seen_beyond_inputs
+from tasks.agents import AgentContext, AgentError, seen_beyond_inputs
+from tasks.agents.settings import DEFAULT_MAX_OUTPUT_BYTES
 from tasks.graders import grade, grader_fingerprint
 from tasks.models import (
     EvalCase,
@@ -124,16 +125,16 @@ def truncation_marker(cap: int) -> str:
     return f"\n[evalpipe: output truncated at {cap} bytes]"
 
 
-def bounded_output(output: Any, cap: int, trace: SampleTrace) -> str:
+def bounded_output(output: Any, cap: int, trace: SampleTrace, secrets: Sequence[str] | None = None) -> str:
     """An agent's output as it is graded and stored; `trace` records what was changed.
     `AgentError` if it is not a `str`: converting it would hide a bug (a `None` from a
-    missing `return` would grade as "None")."""
+    missing `return` would grade as "None"). `secrets`: see `storable`."""
     if not isinstance(output, str):
         raise AgentError(f"returned {type(output).__name__}, expected str")
     text, replaced = encodable(output)
     if replaced:
         trace.output_replaced_chars = replaced
-    masked = redact(text)
+    masked = redact(text, secrets=secrets)
     if masked != text:
         trace.output_redacted = masked.count(MASK) - text.count(MASK)
     data = masked.encode("utf-8")
@@ -186,9 +187,10 @@ def stored_output(planned: PlannedSample) -> Drawn:
     return Drawn(planned, planned.output, planned.usage or Usage(), planned.trace or SampleTrace(), planned.draw_s)
 
 
-def draw_output(agent, case: EvalCase, planned: PlannedSample, n: int, cap: int) -> Drawn:
+def draw_output(agent, case: EvalCase, planned: PlannedSample, n: int, cap: int,
+                secrets: Sequence[str] | None = None) -> Drawn:
     """Draw one output from the agent. Never raises: a failed call is a `Drawn` with its
-    `error`. `cap`: the output limit in bytes (`RunConfig.output_cap`)."""
+    `error`. `cap`: the output limit in bytes (`RunConfig.output_cap`); `secrets`: see `storable`."""
     if planned.output is not None:
         return stored_output(planned)
     started = time.perf_counter()
@@ -199,15 +201,15 @@ def draw_output(agent, case: EvalCase, planned: PlannedSample, n: int, cap: int)
             raw = agent.generate(case, ctx)
         finally:  # a failed call took its time (and maybe its tokens) too
             usage = Usage(**{"latency_s": time.perf_counter() - started, **ctx.reported})
-        output = bounded_output(raw, cap, trace)
+        output = bounded_output(raw, cap, trace, secrets)
     except AgentError as exc:
         return Drawn(planned, "", usage, trace, time.perf_counter() - started, f"agent failed: {exc}")
     return Drawn(planned, output, usage, trace, time.perf_counter() - started)
 
 
-def grade_drawn(case: EvalCase, drawn: Drawn, regrade: int = 0) -> Sample:
+def grade_drawn(case: EvalCase, drawn: Drawn, regrade: int = 0, secrets: Sequence[str] | None = None) -> Sample:
     """Grade a drawn (or stored) output into its `Sample`. Never raises: an agent failure is
-    an `agent_error`; a grader's is the grader's verdict."""
+    an `agent_error`; a grader's is the grader's verdict. `secrets`: see `storable`."""
     started = time.perf_counter()
     trace = drawn.trace.model_copy()
     output = output_text(drawn.output)
@@ -222,7 +224,7 @@ def grade_drawn(case: EvalCase, drawn: Drawn, regrade: int = 0) -> Sample:
             trace.regrade = again
             trace.env_flaky = any(s != verdict.status for s in again)
     # Graders and judges write text of their own (an exception, a judge's rationale).
-    secrets = secret_values()
+    secrets = secret_values() if secrets is None else secrets
     verdict = verdict.model_copy(update={"detail": storable(verdict.detail, secrets),
                                          "safety": tuple(storable(v, secrets) for v in verdict.safety)})
     p = drawn.planned
@@ -243,8 +245,8 @@ def draw_sample(
     agent, case: EvalCase, planned: PlannedSample, n: int, regrade: int = 0, cap: int | None = None
 ) -> Sample:
     """Draw one output (or take the planned stored one) and grade it: both stages in turn.
-    `cap`: the output limit in bytes (default from the environment, see `max_output_bytes`)."""
-    return grade_drawn(case, draw_output(agent, case, planned, n, max_output_bytes() if cap is None else cap),
+    `cap`: the output limit in bytes (default: the built-in one, `AgentSettings`)."""
+    return grade_drawn(case, draw_output(agent, case, planned, n, DEFAULT_MAX_OUTPUT_BYTES if cap is None else cap),
                        regrade)
 
 

@@ -15,6 +15,7 @@ import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from tasks.metrics.aggregate import REQUIRED_COLUMNS, Aggregate, Row, aggregate
+from tasks.metrics.diff import METRICS
 from tasks.models import EvalSuite, InputError
 from tasks.run.spec import RunSpec
 from tasks.run.usage import USAGE_SAMPLE_COLUMNS, RunUsage, usage_summary
@@ -65,7 +66,7 @@ class GateSummary(_Doc):
     run_id: str
     baseline: str
     # Absent from gates stored before the case-level rules.
-    metric: str | None = None  # what the paired CI compared: "pass" (pass@1) or "score"
+    metric: str | None = None  # what the paired CI compared: "pass" (pass@1), "score" or a registered metric
     dropped_cases: int | None = None  # measured by one run only
     blocks: list[dict[str, Any]] | None = None  # the rules that blocked, each naming its cases or slice
     # Absent from gates stored before one decision was rendered everywhere (issue 30).
@@ -149,8 +150,11 @@ class RunSummary(_Doc):
             where = ".".join(map(str, first["loc"]))
             raise InputError(f"run {doc.get('run_id', '?')!r}: summary key {where}: {first['msg']}") from None
 
-    def slice_values(self, metric: str) -> dict[str, float | None]:
-        """Each slice's pass@1, or its mean score with `metric` "score" (the gate's slice rules)."""
+    def slice_values(self, metric: str) -> dict[str, float | None] | None:
+        """Each slice's pass@1, or its mean score with `metric` "score" (the gate's slice rules);
+        None for a registered metric, which the summary holds no per-slice value of."""
+        if metric not in METRICS:
+            return None
         return {name: s.mean_score if metric == "score" else s.pass_at_1 for name, s in self.slices.items()}
 
     def to_json(self) -> dict[str, Any]:
@@ -214,8 +218,11 @@ class Measured:
     def safety_failed(self) -> bool:
         return self.aggregate.safety_failed
 
-    def slice_values(self, metric: str) -> dict[str, float | None]:
-        """Each slice's pass@1, or its mean score with `metric` "score" (the gate's slice rules)."""
+    def slice_values(self, metric: str) -> dict[str, float | None] | None:
+        """Each slice's pass@1, or its mean score with `metric` "score" (the gate's slice rules);
+        None for a registered metric, which the aggregate holds no per-slice value of."""
+        if metric not in METRICS:
+            return None
         return {name: m.mean_score if metric == "score" else m.pass_at_1 for name, m in self.aggregate.slices.items()}
 
     def rows(self) -> list[Row]:

@@ -1,0 +1,78 @@
+"""A run's settings of its agent (`AgentSettings`): the output cap, the `cmd:` and `openai:`
+timeouts, a coding agent's memory and the caps on what it leaves. They are fields of the run's
+configuration (`tasks.run.RunConfig`: `run`'s options, the flow's parameters), handed to the
+agent when it is loaded, and carried with it wherever it is pickled (`tasks.agents.base.Reloadable`):
+an agent re-created on a worker never reads that machine's environment.
+
+The `EVALPIPE_*` variables of `ENV` stay documented overrides of the defaults, read once, where a
+run's configuration is built (`RunConfig.build`, from the environment it is handed); nothing
+below that reads them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tasks.agents.openai_client import DEFAULT_MAX_ATTEMPTS, DEFAULT_TIMEOUT_S
+from tasks.models import InputError
+from tasks.repos.workspaces import DEFAULT_CHANGE_BYTES, DEFAULT_TREE_MB, Caps
+
+DEFAULT_MAX_OUTPUT_BYTES = 4 << 20
+DEFAULT_CMD_TIMEOUT_S = 300.0
+
+
+class AgentSettings(BaseModel):
+    """The settings an agent takes from its run; each field's default is the built-in one."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_output_bytes: Annotated[int, Field(ge=1)] = DEFAULT_MAX_OUTPUT_BYTES
+    cmd_timeout: Annotated[float, Field(gt=0)] = DEFAULT_CMD_TIMEOUT_S  # seconds per `cmd:` call
+    openai_timeout: Annotated[float, Field(gt=0)] = DEFAULT_TIMEOUT_S  # seconds per request
+    openai_max_attempts: Annotated[int, Field(ge=1)] = DEFAULT_MAX_ATTEMPTS
+    max_trajectory_bytes: Annotated[int, Field(ge=1)] = 1 << 20
+    # A coding agent's (`--workspace`): an address-space cap (runtimes reserve far more than
+    # they use), and the caps on the tree it leaves and on its change.
+    agent_memory_mb: Annotated[int, Field(ge=1)] = 8192
+    workspace_tree_mb: Annotated[int, Field(ge=1)] = DEFAULT_TREE_MB
+    workspace_change_bytes: Annotated[int, Field(ge=1)] = DEFAULT_CHANGE_BYTES
+
+    @property
+    def workspace_caps(self) -> Caps:
+        return Caps(self.workspace_tree_mb << 20, self.workspace_change_bytes)
+
+
+# Each setting's documented override (docs/contract.md §10), and what its value must be.
+ENV: dict[str, str] = {
+    "max_output_bytes": "EVALPIPE_MAX_OUTPUT_BYTES",
+    "cmd_timeout": "EVALPIPE_AGENT_TIMEOUT_S",
+    "openai_timeout": "EVALPIPE_OPENAI_TIMEOUT_S",
+    "openai_max_attempts": "EVALPIPE_OPENAI_MAX_ATTEMPTS",
+    "max_trajectory_bytes": "EVALPIPE_MAX_TRAJECTORY_BYTES",
+    "agent_memory_mb": "EVALPIPE_AGENT_MEMORY_MB",
+    "workspace_tree_mb": "EVALPIPE_WORKSPACE_TREE_MB",
+    "workspace_change_bytes": "EVALPIPE_WORKSPACE_CHANGE_BYTES",
+}
+
+
+def env_overrides(environ: Mapping[str, str]) -> dict[str, int | float]:
+    """The settings `environ` overrides (an empty variable is unset); a bad value is
+    `InputError` naming the variable."""
+    found: dict[str, int | float] = {}
+    for name, var in ENV.items():
+        raw = environ.get(var, "").strip()
+        if not raw:
+            continue
+        kind = AgentSettings.model_fields[name].annotation
+        try:
+            value = kind(raw)
+        except ValueError:
+            what = "a whole number" if kind is int else "a number"
+            raise InputError(f"{var}={raw!r} is not {what}") from None
+        if value <= 0:
+            raise InputError(f"{var}={raw!r} must be positive")
+        found[name] = value
+    return found

@@ -1,0 +1,21 @@
+"""A grader for tests that need a grading task of its own: `exact`'s verdict, registered
+without `inline` (as a plugin's grader is by default), so the run hands its outputs to a
+grading task rather than grading them where they are drawn."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from tasks.models import EvalCase, Verdict
+from tasks.registry import grader
+
+IN_A_TASK = "exact_in_a_task"
+
+
+class _Params(BaseModel):
+    pass
+
+
+@grader(IN_A_TASK, params=_Params)
+def exact_in_a_task(output: str, case: EvalCase, params: _Params) -> Verdict:
+    return Verdict.ok() if output == case.reference else Verdict.fail(detail=f"expected {case.reference!r}")
