@@ -1,10 +1,15 @@
-"""Peak memory where candidates choose the size: reading back a run of 5,000 samples whose
-outputs are at the output cap (the reduce step, `report` and a fully cached re-run), and a JUnit report of millions
-of nested elements. Each figure is the peak RSS of a fresh process doing only that step,
-beside the peer: the same step reading whole rows / the whole XML tree, as evalpipe did
-before (measured on fewer samples where the whole would not fit, and scaled).
+"""Peak memory where candidates choose the size: a stored run of 1,000 samples whose outputs
+are 1 MB each, read back by the reduce step and `report`, and used again by a fully cached
+re-run, a regrade (the graders changed: every output graded anew from the store) and a
+rescore (`evalpipe rescore`: another suite graded on the run's outputs), each the whole run
+loop on thread pools; and a JUnit report of millions of nested elements. Each figure is the
+peak RSS of a fresh process doing only that step, beside the peer: the same step reading
+whole rows / the whole XML tree (measured on fewer samples where the whole would not fit,
+and scaled).
 
-    .venv/bin/python bench/memory.py [--samples 5000] [--output-mb 4]
+    .venv/bin/python bench/memory.py [--samples 1000] [--output-mb 1]
+
+Run it with PYTHONPATH naming an older checkout to measure that one's steps (before/after).
 """
 
 from __future__ import annotations
@@ -22,30 +27,78 @@ ROOT = Path(__file__).resolve().parent.parent
 PEER_SAMPLES = 200
 
 
-def make_run(home: Path, samples: int, output_bytes: int) -> str:
-    """A stored run of `samples` samples (5 per case), each output `output_bytes` long
-    (written by DuckDB itself: identical outputs compress to little on disk, and are full
-    size again in memory when read)."""
-    from storage import db
-    from storage.store import Store
+N = 5  # samples per case
+
+
+def suite(samples: int, reference: str = "yes"):
+    """The stored run's suite: `samples` / N cases, exact-graded against `reference`."""
+    from tasks.suites.dataset import build_suite
+
+    return build_suite("memory", [(f"c{i:05d}", {"id": f"c{i:05d}", "inputs": {"i": i}, "reference": reference,
+                                                 "grader": {"kind": "exact"}}) for i in range(samples // N)], {},
+                       "bench")
+
+
+def spec_of(suite, *, rescored_from: str | None = None):
     from tasks.run import RunSpec
 
+    return RunSpec(suite_version=suite.version, suite_name=suite.name, agent="bench", agent_fingerprint="bench",
+                   n=N, ks=[1], seed=0, config={"rescored_from": rescored_from} if rescored_from else {})
+
+
+def make_run(home: Path, samples: int, output_bytes: int) -> str:
+    """A stored, finished run of `samples` samples (N per case) with the keys a run of the
+    bench's suite plans, each output `output_bytes` long and its own (a stored text is kept
+    once, so equal outputs would be one)."""
+    import pyarrow as pa
+
+    from storage.store import Store
+    from tasks.run import RunStatus, plan
+    from tasks.run.samples import SAMPLE_SCHEMA
+
     store = Store(home)
-    spec = RunSpec(suite_version="0" * 64, suite_name="memory", agent="bench", agent_fingerprint="bench",
-                   n=5, ks=[1], seed=0)
+    ran = suite(samples)
+    spec = spec_of(ran)
     store.start_run(spec)
-    for start in range(0, samples, 50):  # a transaction a slice: DuckDB holds uncommitted rows whole
-        with store.connect() as con:
-            con.execute("SET memory_limit = '6GB'")  # this writer's cache is not what is measured
-            con.execute(
-                "INSERT INTO samples (run_id, case_id, sample_index, seed, output, status, passed, score, detail,"
-                " safety, trace, duration_s, cache_key, cached, case_hash, output_key, output_head)"
-                " SELECT ?, printf('c%05d', i // 5), i % 5, 0, repeat('x', ?), 'failed', false, 0, 'wrong',"
-                " []::VARCHAR[], '{}', 0, printf('%s-%d', ?, i), false, '', printf('%s-%d', ?, i), repeat('x', ?)"
-                " FROM range(?, ?) r(i)",
-                [spec.run_id, output_bytes, spec.run_id, spec.run_id, min(output_bytes, db.OUTPUT_HEAD_CHARS), start,
-                 min(samples, start + 50)])
+    store.snapshot(ran)
+    planned = plan(ran, spec)
+    for start in range(0, len(planned), 20):  # a transaction a slice: DuckDB holds uncommitted rows whole
+        part = planned[start:start + 20]
+        rows = [{"run_id": spec.run_id, "case_id": p.case_id, "sample_index": p.index, "seed": p.seed,
+                 "output": f"{start + i:08d}".ljust(output_bytes, "x"), "status": "failed", "passed": False,
+                 "score": 0.0, "detail": "wrong", "safety": [], "trace": "{}", "duration_s": 0.0,
+                 "cache_key": p.cache_key, "cached": False, "case_hash": p.case_hash, "output_key": p.output_key}
+                for i, p in enumerate(part)]
+        store.insert_samples(pa.Table.from_pylist(rows, schema=SAMPLE_SCHEMA))
+    store.finish_run(spec.run_id, RunStatus.completed, None)
     return spec.run_id
+
+
+def loop(home: Path, source: str, samples: int, step: str) -> None:
+    """One step as a run does it: the whole run loop, on thread pools (`local_stages`)."""
+    import inspect
+
+    from storage.store import Store
+    from tasks.run import RunConfig, plan
+    from tasks.run.loop import local_stages, run_loop
+    from tasks.run.rescore import rescore_plan
+
+    store = Store(home)
+    ran = suite(samples)
+    graded = ran if step == "cached re-run" else suite(samples, reference="no")  # new graders: graded anew
+    spec = spec_of(graded, rescored_from=source if step == "rescore" else None)
+    config = RunConfig(suite="memory", agent="bench", n=N, workers=2)
+    rescoring = None
+    if step == "rescore":
+        store.snapshot(graded)
+        # An older checkout (before/after) reads whole outputs and takes no reader.
+        stored = inspect.signature(store.run_samples).parameters.get("whole_outputs") is not None
+        source_rows = store.run_samples(source, whole_outputs=False) if stored else store.run_samples(source)
+        rescoring = rescore_plan(spec.run_id, plan(graded, spec), graded, ran, source, source_rows,
+                                 *([store] if stored else []))
+    with local_stages(config) as stages:
+        summary = run_loop(spec, config, graded, None, store, stages, rescoring=rescoring)
+    assert summary.samples == samples, summary.samples
 
 
 STEPS = {
@@ -54,15 +107,9 @@ STEPS = {
               " agent='b', agent_fingerprint='b', n=5, ks=[1], seed=0)))",
     "report": "from flows.report import read_case_rows; from storage.store import Store\n"
               "read_case_rows(RUN, Store(HOME))",
-    # A fully cached re-run of the stored run: its samples found and copied as a new run's.
-    "cached re-run": "from storage.store import Store; from tasks.run import RunSpec\n"
-                     "from tasks.run.loop import reuse_cached; from tasks.run.sampling import PlannedSample\n"
-                     "keys = Store(HOME).run_samples(RUN, ['case_id', 'sample_index', 'cache_key', 'output_key'])\n"
-                     "planned = [PlannedSample(r['case_id'], r['sample_index'], 0, r['cache_key'], '',"
-                     " output_key=r['output_key']) for r in keys.to_pylist()]\n"
-                     "spec = RunSpec(suite_version='0'*64, suite_name='m', agent='b', agent_fingerprint='b', n=5,"
-                     " ks=[1], seed=0)\n"
-                     "assert reuse_cached(spec, planned, Store(HOME)) == []",
+    # The stored run used again by the run loop: copied whole, graded anew, rescored.
+    **{step: f"from bench.memory import loop; loop(HOME, RUN, SAMPLES, {step!r})"
+       for step in ("cached re-run", "regrade", "rescore")},
     "whole rows": "from storage.store import Store; Store(HOME).run_samples(RUN)",
     "junit stream": "from tasks.graders.junit import parse_junit, JUnitError\n"
                     "try:\n    parse_junit(XML)\nexcept JUnitError:\n    pass",
@@ -70,9 +117,9 @@ STEPS = {
 }
 
 
-def peak(step: str, run_id: str, home: Path, xml_depth: int = 0) -> tuple[float, float]:
+def peak(step: str, run_id: str, home: Path, xml_depth: int = 0, samples: int = 0) -> tuple[float, float]:
     """(peak RSS in MB, seconds) of a fresh process doing one step."""
-    prelude = (f"from pathlib import Path\nRUN = {run_id!r}\nHOME = Path({str(home)!r})\n"
+    prelude = (f"from pathlib import Path\nRUN = {run_id!r}\nHOME = Path({str(home)!r})\nSAMPLES = {samples}\n"
                f"XML = b'<testsuites><testsuite>' + b'<x>' * {xml_depth} + b'</x>' * {xml_depth} "
                "+ b'</testsuite></testsuites>'\n")
     # VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the parent across exec.
@@ -87,25 +134,24 @@ def peak(step: str, run_id: str, home: Path, xml_depth: int = 0) -> tuple[float,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--samples", type=int, default=5000)
-    parser.add_argument("--output-mb", type=float, default=4.0)
+    parser.add_argument("--samples", type=int, default=1000)
+    parser.add_argument("--output-mb", type=float, default=1.0)
     parser.add_argument("--xml-depth", type=int, default=2_000_000)
-    parser.add_argument("--steps", default="reduce,report,cached re-run",
-                        help="which reads of the big run to measure (a cached re-run reads outputs a"
-                             " DuckDB vector at a time: about 2,048 outputs' worth of memory)")
+    parser.add_argument("--steps", default="reduce,report,cached re-run,regrade,rescore",
+                        help="which uses of the big run to measure, in this order (each adds a run to its home)")
     args = parser.parse_args()
     out_bytes = int(args.output_mb * (1 << 20))
     with tempfile.TemporaryDirectory() as tmp:
-        home = Path(tmp)
+        home, peer_home = Path(tmp, "big"), Path(tmp, "peer")
         t = time.perf_counter()
         big = make_run(home, args.samples, out_bytes)
-        small = make_run(home, PEER_SAMPLES, out_bytes)
+        small = make_run(peer_home, PEER_SAMPLES, out_bytes)
         print(f"stored {args.samples} + {PEER_SAMPLES} samples of {args.output_mb:g} MB outputs in "
               f"{time.perf_counter() - t:.1f} s (load {os.getloadavg()[0]:.1f})", file=sys.stderr)
         rows = {}
         for step in args.steps.split(","):
-            rows[f"evalpipe {step}, {args.samples} samples"] = peak(step, big, home)
-        mb, s = peak("whole rows", small, home)
+            rows[f"evalpipe {step}, {args.samples} samples"] = peak(step, big, home, samples=args.samples)
+        mb, s = peak("whole rows", small, peer_home)
         rows[f"peer: whole rows, {PEER_SAMPLES} samples"] = (mb, s)
         rows[f"peer: whole rows, scaled to {args.samples}"] = (mb * args.samples / PEER_SAMPLES, None)
         rows[f"evalpipe JUnit stream, {args.xml_depth:,} nested"] = peak("junit stream", big, home, args.xml_depth)

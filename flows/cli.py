@@ -13,6 +13,7 @@ import gc
 import logging
 import sys
 import time
+from concurrent.futures import BrokenExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
@@ -802,6 +803,9 @@ def _platform_error(exc: BaseException) -> PlatformError | None:
         return exc
     if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:
         return disk_full(exc.filename or "a file")
+    if isinstance(exc, BrokenExecutor):  # `--runner processes`: a worker killed, or out of memory
+        return PlatformError("a worker process of the run died (killed, or out of memory): run the same command"
+                             " again to resume; every output the agent returned is kept")
     return None
 
 
@@ -857,7 +861,7 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as exc:
         typer.echo(f"evalpipe: {exc}", err=True)
         return 2
-    except (PlatformError, OSError) as exc:
+    except (PlatformError, OSError, BrokenExecutor) as exc:
         failure = _platform_error(exc)
         if failure is None:
             raise

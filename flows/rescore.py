@@ -83,7 +83,7 @@ def rescore(
                 "baseline": found.run_id if found else None},
     )
     plan = rescore_plan(spec.run_id, run.plan(suite_obj, spec), suite_obj, source_suite, source["run_id"],
-                        store.run_samples(source["run_id"]))
+                        store.run_samples(source["run_id"], whole_outputs=False), store)
     if (origin := store.imported_from(source["run_id"])) is not None:
         store.record_imported_outputs(spec.run_id, origin)  # before any of its samples is stored
     prepared = PreparedRun(spec, suite_obj, None, PriceTable(), found, config.rules, no_baseline)

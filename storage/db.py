@@ -14,10 +14,12 @@ run whose process is gone reads as `interrupted`, and the next run to start stor
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
 import re
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -36,10 +38,16 @@ from tasks.run import RunSpec, RunSummary
 from tasks.run.samples import SAMPLE_COLUMNS, SAMPLE_SCHEMA, output_ddl, sample_ddl
 from tasks.run.spec import RunStatus
 from tasks.run.steps import CACHE_LOOKUP_COLUMNS, COPY_COLUMNS
+from tasks.run.stored import StoredOutput, row_output
 from tasks.run.usage import USAGE_SAMPLE_COLUMNS
 
 # How many characters of each output `output_head` keeps (`failing_samples` reads no more).
 OUTPUT_HEAD_CHARS = 4096
+# An output longer than this many characters is stored once, in chunks of this many, in
+# `output_chunks` (by the sha256 of its text, the row's `output_sha`; its `output` is null):
+# DuckDB reads a text column a vector (2,048 values) at a time, so a column of whole outputs
+# at the cap costs gigabytes to scan, and a column of chunks at most 2,048 chunks.
+OUTPUT_CHUNK_CHARS = 8192
 # Columns of the samples table beyond the sample row (SAMPLE_SCHEMA): derived from it on
 # every insert, never exported (an import derives them again).
 DERIVED_COLUMNS = {"output_head": f"left(output, {OUTPUT_HEAD_CHARS})"}
@@ -109,6 +117,18 @@ CREATE INDEX IF NOT EXISTS outputs_output_key ON outputs (output_key);
 CREATE TABLE IF NOT EXISTS imported_runs (
     run_id VARCHAR PRIMARY KEY, file VARCHAR, manifest_sha256 VARCHAR, imported_at TIMESTAMPTZ);
 """,
+    # Long outputs stored once, in chunks (OUTPUT_CHUNK_CHARS), by the sha256 of their text;
+    # the rows refer to them by `output_sha`. Rows stored before keep their outputs inline,
+    # read as they were. `sample_outputs` gives every sample's output whole, for SQL readers.
+    """
+ALTER TABLE samples ADD COLUMN IF NOT EXISTS output_sha VARCHAR;
+ALTER TABLE outputs ADD COLUMN IF NOT EXISTS output_sha VARCHAR;
+CREATE TABLE IF NOT EXISTS output_chunks (
+    output_sha VARCHAR, chunk INTEGER, text VARCHAR, PRIMARY KEY (output_sha, chunk));
+CREATE OR REPLACE VIEW sample_outputs AS
+    SELECT run_id, case_id, sample_index, coalesce(output, (SELECT string_agg(c.text, '' ORDER BY c.chunk)
+        FROM output_chunks c WHERE c.output_sha = samples.output_sha)) AS output FROM samples;
+""",
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -159,11 +179,18 @@ def _current(con: duckdb.DuckDBPyConnection) -> bool:
     return version == SCHEMA_VERSION
 
 
+# Threads of one process share the file's database; two opening it at once (graders reading
+# stored outputs while the loop writes) could get it before DuckDB's Python client had set it
+# up ("python_arrow_scan does not exist"), so it is opened one thread at a time.
+_OPENING = threading.Lock()
+
+
 def _open(path: Path, read_only: bool, wait_s: float) -> duckdb.DuckDBPyConnection:
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            return duckdb.connect(str(path), read_only=read_only)
+            with _OPENING:
+                return duckdb.connect(str(path), read_only=read_only)
         except duckdb.IOException as exc:
             if "could not set lock" not in str(exc).lower():
                 raise
@@ -183,6 +210,8 @@ def _locked(path: Path, message: str, wait_s: float) -> str:
             f" stop it, then run again ({LOCK_WAIT_ENV} sets the wait)")
 
 
+# What DuckDB raises when a signal's handler raised during a query.
+_QUERY_INTERRUPTED = "Query interrupted"
 # DuckDB's words for a file it cannot trust: bad header, short read, failed checksum.
 _DAMAGED = ("not a valid duckdb database", "could not read enough bytes", "corrupt", "checksum")
 
@@ -208,20 +237,81 @@ def _platform_errors(path: Path) -> Iterator[None]:
         if isinstance(exc, duckdb.IOException):
             raise PlatformError(f"cannot use database {path}: {detail}") from None
         raise
+    except RuntimeError as exc:
+        # A signal that arrives during a query (Ctrl-C, SIGTERM) runs its handler, whose
+        # exception DuckDB drops, ending the query with this error instead: it is the stop it
+        # was, so that the run is recorded `interrupted` (not `failed`) and resumable.
+        if str(exc) == _QUERY_INTERRUPTED:
+            raise KeyboardInterrupt from exc
+        raise
 
 
 def now() -> datetime:
     return datetime.now(UTC)
 
 
-def insert_rows(con: duckdb.DuckDBPyConnection, batch: pa.Table) -> None:
+def insert_rows(con: duckdb.DuckDBPyConnection, rows: pa.Table) -> None:
     """Insert sample rows (any subset of the sample columns that includes `output`) with
-    their derived columns; rows already present are left as they are."""
+    their derived columns, long outputs in chunks (`chunked`); rows already present are
+    left as they are."""
+    batch = chunked(con, rows)
     derived = ", ".join(DERIVED_COLUMNS.values())
+    source = "batch"
+    if pc.any(pc.and_(pc.is_null(batch["output"]), pc.is_valid(batch["output_sha"]))).as_py():
+        # A row that refers to a stored output (no text) takes the head of its first chunk.
+        derived = f"left(coalesce(batch.output, head.text), {OUTPUT_HEAD_CHARS})"
+        source = "batch LEFT JOIN output_chunks head ON head.output_sha = batch.output_sha AND head.chunk = 0"
     con.execute(
         f"INSERT INTO samples ({', '.join([*batch.column_names, *DERIVED_COLUMNS])})"
-        f" SELECT *, {derived} FROM batch ON CONFLICT DO NOTHING"
+        f" SELECT {stored_columns(batch, 'batch')}, {derived} FROM {source} ON CONFLICT DO NOTHING"
     )
+
+
+def chunked(con: duckdb.DuckDBPyConnection, rows: pa.Table) -> pa.Table:
+    """`rows` (with an `output` column) with every output longer than OUTPUT_CHUNK_CHARS
+    written to `output_chunks` (once per text: a text stored before is not written again) and
+    its sha256 in `output_sha`. A row without its text (`output` null) keeps the `output_sha`
+    it names; a row with its text has the one derived from it. Written in this transaction;
+    `stored_columns` leaves the chunked texts out of the row."""
+    given = rows["output_sha"] if "output_sha" in rows.column_names else pa.nulls(rows.num_rows, pa.string())
+    shas = pc.if_else(pc.is_valid(rows["output"]), pa.scalar(None, pa.string()), given).to_pylist()
+    long = pc.fill_null(pc.greater(pc.utf8_length(rows["output"]), OUTPUT_CHUNK_CHARS), False)
+    for i in pc.indices_nonzero(long).to_pylist():  # one text at a time: rows may hold many
+        shas[i] = _store_text(con, rows["output"][i].as_py())
+    rows = rows.drop_columns([c for c in ("output_sha",) if c in rows.column_names])
+    return rows.append_column("output_sha", pa.array(shas, pa.string()))
+
+
+def stored_columns(rows: pa.Table, table: str) -> str:
+    """The SELECT list that stores `chunked` rows (of `table`): an output kept in chunks is not kept inline too."""
+    return ", ".join(f"CASE WHEN {table}.output_sha IS NULL THEN {table}.output END" if c == "output"
+                     else f"{table}.{c}" for c in rows.column_names)
+
+
+def _store_text(con: duckdb.DuckDBPyConnection, text: str) -> str:
+    sha = hashlib.sha256(text.encode()).hexdigest()
+    pieces = [text[i:i + OUTPUT_CHUNK_CHARS] for i in range(0, len(text), OUTPUT_CHUNK_CHARS)]
+    chunks = pa.table({"output_sha": pa.array([sha] * len(pieces), pa.string()),  # noqa: F841 - read by DuckDB
+                       "chunk": pa.array(range(len(pieces)), pa.int32()), "text": pa.array(pieces, pa.string())})
+    con.execute("INSERT INTO output_chunks SELECT * FROM chunks ON CONFLICT DO NOTHING")
+    return sha
+
+
+def read_text(con: duckdb.DuckDBPyConnection, sha: str) -> str:
+    """The stored output whose text hashes to `sha`, whole."""
+    pieces = con.execute("SELECT text FROM output_chunks WHERE output_sha = ? ORDER BY chunk", [sha]).fetchall()
+    if not pieces:
+        raise PlatformError(f"database: the stored output {sha[:12]} is missing from output_chunks (a damaged"
+                            " file?): restore it from a backup, or run the same command in a fresh home")
+    return "".join(text for (text,) in pieces)
+
+
+def with_whole_outputs(con: duckdb.DuckDBPyConnection, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Sample rows (dicts) with each output kept in chunks read back whole into `output`."""
+    for row in rows:
+        if row.get("output_sha") is not None:
+            row["output"] = read_text(con, row["output_sha"])
+    return rows
 
 
 def _run_dict(description, row) -> dict[str, Any]:
@@ -402,14 +492,22 @@ class Database:
                 " FROM samples JOIN places ON samples.run_id = places.src_run AND samples.case_id = places.src_case"
                 " AND samples.sample_index = places.src_index ON CONFLICT DO NOTHING", [run_id])
 
-    def stored_outputs(self, places: pa.Table) -> dict[str, str]:
-        """Output key → output of the stored samples `places` names (run id, case id, index)."""
+    def stored_outputs(self, places: pa.Table) -> dict[str, str | StoredOutput]:
+        """Output key → output of the stored samples `places` names (run id, case id, index):
+        its text, or a long one as a `StoredOutput`, read when it is graded."""
         if places.num_rows == 0:
             return {}
         with self.connect(read_only=True) as con:
-            rows = con.execute(
-                "SELECT output_key, output FROM samples JOIN places USING (run_id, case_id, sample_index)").fetchall()
-        return dict(rows)
+            rows = con.sql("SELECT output_key, output, output_sha FROM samples"
+                           " JOIN places USING (run_id, case_id, sample_index)").to_arrow_table().to_pylist()
+        return {row["output_key"]: row_output(row, self) for row in rows}
+
+    def read_output(self, sha: str) -> str:
+        """The stored output whose text hashes to `sha` (a `StoredOutput`'s)."""
+        # Not read-only: it is read while the run's loop writes, and one process opens the
+        # file in one mode at a time.
+        with self.connect() as con:
+            return read_text(con, sha)
 
     def insert_samples(self, rows: pa.Table) -> None:
         """Write samples; rows already present (same run, case, index) are left as they are.
@@ -430,18 +528,27 @@ class Database:
                 "INSERT INTO aggregates VALUES (?, ?, ?, ?, ?, ?)", [[run_id, *row] for row in rows]
             )
 
-    def run_samples(self, run_id: str, columns: Sequence[str] | None = None) -> pa.Table:
+    def run_samples(self, run_id: str, columns: Sequence[str] | None = None, *,
+                    whole_outputs: bool = True) -> pa.Table:
         """The run's samples in (case, index) order: every column, or only `columns` (the
-        outputs and traces of thousands of samples are gigabytes a summary never reads)."""
+        outputs and traces of thousands of samples are gigabytes a summary never reads).
+        `whole_outputs=False`: each output as stored, a long one null beside its `output_sha`
+        (`tasks.run.stored.row_output`)."""
         wanted = list(SAMPLE_COLUMNS if columns is None else columns)
         unknown = set(wanted) - set(SAMPLE_COLUMNS)
         if unknown:
             raise ValueError(f"not sample columns: {sorted(unknown)}")
+        read = [*wanted, *(["output_sha"] if "output" in wanted and "output_sha" not in wanted else [])]
         with self.connect(read_only=True) as con:
-            return con.sql(
-                f"SELECT {', '.join(wanted)} FROM samples WHERE run_id = ? ORDER BY case_id, sample_index",
+            table = con.sql(
+                f"SELECT {', '.join(read)} FROM samples WHERE run_id = ? ORDER BY case_id, sample_index",
                 params=[run_id],
             ).to_arrow_table()
+            if whole_outputs and "output" in wanted and table["output_sha"].null_count < table.num_rows:
+                rows = with_whole_outputs(con, table.select(["output", "output_sha"]).to_pylist())
+                table = table.set_column(read.index("output"), "output",
+                                         pa.array([row["output"] for row in rows], pa.string()))
+        return table.select(wanted)
 
     def get_run(self, run_id: str) -> dict[str, Any] | None:
         with self.connect(read_only=True) as con:
@@ -556,7 +663,7 @@ class Database:
                 f"SELECT {', '.join(SAMPLE_COLUMNS)} FROM samples WHERE run_id = ? AND case_id = ? ORDER BY sample_index",
                 [run_id, case_id])
             names = [d[0] for d in cur.description]
-            return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+            return with_whole_outputs(con, [dict(zip(names, row, strict=True)) for row in cur.fetchall()])
 
     def samples_of_cases(self, run_ids: Sequence[str], case_ids: Sequence[str]) -> list[dict[str, Any]]:
         """The samples of some cases in some runs (the diff report's expanded cases), in
@@ -568,5 +675,5 @@ class Database:
                 f"SELECT {', '.join(SAMPLE_COLUMNS)} FROM samples WHERE list_contains(?, run_id) AND list_contains(?, case_id) ORDER BY run_id, case_id, sample_index",
                 [list(run_ids), list(case_ids)])
             names = [d[0] for d in cur.description]
-            return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+            return with_whole_outputs(con, [dict(zip(names, row, strict=True)) for row in cur.fetchall()])
 

@@ -19,7 +19,6 @@ side has and the other lacks (a newer or older schema) are left to their default
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import shutil
@@ -38,7 +37,10 @@ from storage.db import Database
 from storage.snapshots import Snapshots, read_snapshot_file
 from tasks.files import atomic_path
 from tasks.models import InputError
-from tasks.run.samples import SAMPLE_COLUMNS
+from tasks.run.samples import SAMPLE_COLUMNS, SAMPLE_SCHEMA
+
+# A file holds each output whole: how this home stores it (`output_sha`, chunks) is its own.
+EXPORTED_COLUMNS = tuple(c for c in SAMPLE_COLUMNS if c != "output_sha")
 
 FORMAT = "evalpipe-run-export"
 FORMAT_VERSION = 1
@@ -165,6 +167,37 @@ def _read_parquet(path: Path, name: str, file: Path, cap: int) -> pa.Table:
     return pa.Table.from_batches(batches, schema=parquet.schema_arrow)
 
 
+def _write_samples(con, run_id: str, target: Path) -> int:
+    """Write the run's samples (EXPORTED_COLUMNS, each output whole) to a Parquet file, a
+    batch of rows at a time: a run of outputs at the cap is never in memory whole."""
+    rows = con.sql(f"SELECT {', '.join(SAMPLE_COLUMNS)} FROM samples WHERE run_id = ?"
+                   " ORDER BY case_id, sample_index", params=[run_id]).fetch_record_batch(_BATCH_ROWS)
+    reader = con.cursor()  # the chunks are read beside the rows streaming from `con`
+    schema = pa.schema([SAMPLE_SCHEMA.field(c) for c in EXPORTED_COLUMNS])
+    written = 0
+    with pq.ParquetWriter(target, schema) as writer:
+        for batch in rows:
+            whole = db.with_whole_outputs(reader, batch.to_pylist())
+            writer.write_table(pa.Table.from_pylist(whole, schema=schema))
+            written += len(whole)
+    return written
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _plain(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    """A member as the format has it: only its name and size (no owner, mode or time of this machine)."""
+    plain = tarfile.TarInfo(info.name)
+    plain.size = info.size
+    return plain
+
+
 def _run_row(run: dict[str, Any]) -> dict[str, Any]:
     row = dict(run)
     for key in ("config", "summary"):
@@ -203,27 +236,25 @@ class Exports(Database, Snapshots):
         snapshot = self.snapshot_path(run["suite_version"])
         if not snapshot.exists():
             raise InputError(f"run {run_id}: the snapshot of suite {run['suite_version'][:12]} is missing from {snapshot.parent}")
-        with self.connect(read_only=True) as con:
-            suite = _rows(con, "SELECT * FROM suites WHERE version = ?", run["suite_version"])
-            cases = _rows(con, "SELECT * FROM cases WHERE suite_version = ?", run["suite_version"])
-            aggregates = _rows(con, "SELECT * FROM aggregates WHERE run_id = ?", run_id)
-            samples = con.sql(f"SELECT {', '.join(SAMPLE_COLUMNS)} FROM samples WHERE run_id = ? ORDER BY case_id, sample_index",
-                              params=[run_id]).to_arrow_table()
-        row = {k: v for k, v in run.items() if k not in LOCAL_RUN_COLUMNS}
-        doc = {"run": row, "suite": suite, "cases": cases, "aggregates": aggregates}
-        parquet = io.BytesIO()
-        pq.write_table(samples, parquet)
-        members = {"run.json": json.dumps(doc, default=str).encode(), "samples.parquet": parquet.getvalue(),
-                   "snapshot.parquet": snapshot.read_bytes()}
-        manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "run_id": run_id,
-                    "suite_version": run["suite_version"],
-                    "files": {name: hashlib.sha256(data).hexdigest() for name, data in members.items()}}
-        with atomic_path(out) as tmp, tarfile.open(tmp, "w") as tar:
-            for name, data in {"manifest.json": json.dumps(manifest, indent=1).encode(), **members}.items():
-                info = tarfile.TarInfo(name)
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-        return {"run_id": run_id, "path": str(out), "samples": samples.num_rows, "bytes": out.stat().st_size}
+        with tempfile.TemporaryDirectory(prefix="evalpipe-export-") as scratch:
+            members = {"run.json": Path(scratch, "run.json"), "samples.parquet": Path(scratch, "samples.parquet"),
+                       "snapshot.parquet": snapshot}
+            with self.connect(read_only=True) as con:
+                suite = _rows(con, "SELECT * FROM suites WHERE version = ?", run["suite_version"])
+                cases = _rows(con, "SELECT * FROM cases WHERE suite_version = ?", run["suite_version"])
+                aggregates = _rows(con, "SELECT * FROM aggregates WHERE run_id = ?", run_id)
+                written = _write_samples(con, run_id, members["samples.parquet"])
+            row = {k: v for k, v in run.items() if k not in LOCAL_RUN_COLUMNS}
+            doc = {"run": row, "suite": suite, "cases": cases, "aggregates": aggregates}
+            members["run.json"].write_bytes(json.dumps(doc, default=str).encode())
+            manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "run_id": run_id,
+                        "suite_version": run["suite_version"],
+                        "files": {name: _sha256(file) for name, file in members.items()}}
+            Path(scratch, "manifest.json").write_bytes(json.dumps(manifest, indent=1).encode())
+            with atomic_path(out) as tmp, tarfile.open(tmp, "w") as tar:
+                for name, file in {"manifest.json": Path(scratch, "manifest.json"), **members}.items():
+                    tar.add(file, arcname=name, recursive=False, filter=_plain)
+        return {"run_id": run_id, "path": str(out), "samples": written, "bytes": out.stat().st_size}
 
     def import_run(self, path: Path) -> dict[str, Any]:
         """Bring an exported run into this home; `imported` is false when it was already here
@@ -260,7 +291,7 @@ class Exports(Database, Snapshots):
                     _insert(con, table, rows)
                 _insert(con, "aggregates", doc["aggregates"], keyed=False)  # no key: written with the run, once
                 columns = [c for c in _columns(con, "samples") if c in samples.column_names
-                           and c not in db.DERIVED_COLUMNS]
+                           and c in EXPORTED_COLUMNS]
                 db.insert_rows(con, samples.select(columns))
             con.execute("COMMIT")
         return {"run_id": run["run_id"], "imported": new, "samples": samples.num_rows, "suite_version": version}

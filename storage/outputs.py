@@ -34,9 +34,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from storage.db import Database
+from storage.db import Database, chunked, stored_columns
 from tasks.run.samples import output_record, outputs_table
 from tasks.run.sampling import Drawn
+from tasks.run.stored import row_output
 
 SPOOL = "spool"
 # A log holds back outputs that took less than this, all together, to draw (see `appending`).
@@ -186,14 +187,19 @@ class Outputs(Database):
     def _insert_outputs(self, table: pa.Table) -> None:
         # An output whose sample is stored is done with: a log can outlive that by a moment.
         with self.connect() as con:
-            con.register("drawn", table)
+            con.execute("BEGIN")
+            drawn = chunked(con, table)
+            con.register("drawn", drawn)
             con.execute(
-                "INSERT INTO outputs SELECT * FROM drawn WHERE output_key NOT IN"
-                " (SELECT output_key FROM samples JOIN drawn USING (output_key)) ON CONFLICT DO NOTHING")
+                f"INSERT INTO outputs ({', '.join(drawn.column_names)}) SELECT {stored_columns(drawn, 'drawn')} FROM drawn"
+                " WHERE output_key NOT IN (SELECT output_key FROM samples JOIN drawn USING (output_key))"
+                " ON CONFLICT DO NOTHING")
+            con.execute("COMMIT")
 
     def drawn_outputs(self, output_keys: Sequence[str]) -> dict[str, Mapping[str, Any]]:
-        """Output key → the stored, ungraded output with that key (rows of `OUTPUT_SCHEMA`;
-        a failed call has none to reuse)."""
+        """Output key → the stored, ungraded output with that key (rows of `OUTPUT_SCHEMA`,
+        a long output as a `StoredOutput`, read when it is graded; a failed call has none to
+        reuse)."""
         if not output_keys:
             return {}
         wanted = pa.table({"output_key": pa.array(list(output_keys), pa.string())})
@@ -202,4 +208,4 @@ class Outputs(Database):
             rows = con.sql(
                 "SELECT outputs.* FROM outputs JOIN wanted USING (output_key) WHERE error IS NULL"
                 " QUALIFY row_number() OVER (PARTITION BY output_key ORDER BY run_id DESC) = 1").to_arrow_table()
-        return {row["output_key"]: row for row in rows.to_pylist()}
+        return {row["output_key"]: {**row, "output": row_output(row, self)} for row in rows.to_pylist()}

@@ -58,6 +58,7 @@ from tasks.run.sampling import (
 from tasks.run.sequential import draw_sequentially, stopped_gate
 from tasks.run.spec import RunSpec, RunStatus
 from tasks.run.steps import batch_cases, batch_label, pending, plan, with_stored_outputs
+from tasks.run.stored import StoredOutput
 from tasks.run.summary import (
     GateSummary,
     Measured,
@@ -207,8 +208,14 @@ class GradeTask:
     def __call__(self) -> pa.Table:
         by_id = {c.id: c for c in self.cases}
         secrets = secret_values()
-        samples = timed_prefix(self.drawn, lambda d: grade_drawn(by_id[d.planned.case_id], d, self.regrade, secrets),
-                               self.budget_s)
+
+        def graded(d: Drawn) -> Sample:
+            sample = grade_drawn(by_id[d.planned.case_id], d, self.regrade, secrets)
+            # A stored output's row refers to it (`samples_table`): its text is not kept, so a
+            # task holds one output at a time, however many it grades.
+            return sample.model_copy(update={"output": ""}) if isinstance(d.output, StoredOutput) else sample
+
+        samples = timed_prefix(self.drawn, graded, self.budget_s)
         return samples_table(self.run_id, samples, [d.planned for d in self.drawn[: len(samples)]])
 
 

@@ -19,6 +19,7 @@ import pyarrow as pa
 from tasks.models import EvalSuite, canonical_json, sha256_hex
 from tasks.run.samples import row_usage
 from tasks.run.sampling import PlannedSample, grading_fingerprint
+from tasks.run.stored import OutputReader, row_output
 
 
 @dataclass(frozen=True)
@@ -32,9 +33,10 @@ class RescorePlan:
 
 
 def rescore_plan(run_id: str, planned: Sequence[PlannedSample], suite: EvalSuite, source_suite: EvalSuite,
-                 source_run: str, source: pa.Table) -> RescorePlan:
+                 source_run: str, source: pa.Table, reader: OutputReader) -> RescorePlan:
     """`planned`: the plan of the new run `run_id` (with the source's agent fingerprint, n
-    and seed); `source`: the sample rows of run `source_run`; `source_suite`: the suite it ran."""
+    and seed); `source`: the sample rows of run `source_run` as stored (a long output by its
+    `output_sha`, read from `reader` when it is graded); `source_suite`: the suite it ran."""
     asked = {c.id: c.inputs_hash for c in source_suite.cases}
     same_question = {c.id for c in suite.cases if asked.get(c.id) == c.inputs_hash}
     rows = {(r["case_id"], r["sample_index"]): r for r in source.to_pylist() if r["case_id"] in same_question}
@@ -48,7 +50,7 @@ def rescore_plan(run_id: str, planned: Sequence[PlannedSample], suite: EvalSuite
         if row["status"] == "agent_error":
             failed.append(row | {"run_id": run_id, "case_hash": p.case_hash, "cached": True})
             continue
-        stored = replace(p, output=row["output"], usage=row_usage(row))
+        stored = replace(p, output=row_output(row, reader), usage=row_usage(row))
         if row["output_key"] != p.output_key:
             stored = replace(stored, seed=row["seed"], output_key="", cache_key=sha256_hex(
                 canonical_json(["rescored", row["cache_key"], grading[p.case_id]])))

@@ -12,6 +12,7 @@ import pyarrow as pa
 from tasks.metrics.cost import PriceTable
 from tasks.models import Sample, Usage
 from tasks.run.sampling import Drawn, PlannedSample
+from tasks.run.stored import StoredOutput
 from tasks.run.usage import priced
 from tasks.trace import SampleTrace
 
@@ -25,6 +26,9 @@ SAMPLE_SCHEMA = pa.schema(
         # Added by schema step 4 (storage/db.py), in this order: older rows hold nulls.
         ("output_key", pa.string()), ("latency_s", pa.float64()), ("input_tokens", pa.int64()),
         ("output_tokens", pa.int64()), ("usage_model", pa.string()), ("cost_usd", pa.float64()),
+        # Added by schema step 8: an output longer than a chunk is stored once, in chunks, by
+        # the sha256 of its text, and `output` is null (storage/db.py, `output_chunks`).
+        ("output_sha", pa.string()),
     ]
 )
 SAMPLE_COLUMNS: tuple[str, ...] = tuple(SAMPLE_SCHEMA.names)
@@ -47,13 +51,16 @@ def sample_ddl(table: str = "samples") -> str:
 
 
 def samples_table(run_id: str, samples: Sequence[Sample], planned: Sequence[PlannedSample]) -> pa.Table:
-    """`Sample`s (with their `PlannedSample`s, for keys and case hashes) as sample rows."""
+    """`Sample`s (with their `PlannedSample`s, for keys and case hashes) as sample rows. A
+    sample graded from a `StoredOutput` refers to it (`output_sha`) instead of holding it."""
     cols: dict[str, list] = {c: [] for c in SAMPLE_COLUMNS}
     for s, p in zip(samples, planned, strict=True):
         v = s.verdict
+        stored = p.output if isinstance(p.output, StoredOutput) else None
         for col, value in (
             ("run_id", run_id), ("case_id", s.case_id), ("sample_index", s.index), ("seed", s.seed),
-            ("output", s.output), ("status", v.status.value), ("passed", v.passed), ("score", v.score),
+            ("output", None if stored else s.output), ("output_sha", stored and stored.sha),
+            ("status", v.status.value), ("passed", v.passed), ("score", v.score),
             ("detail", v.detail), ("safety", list(v.safety)), ("trace", s.trace.to_json()),
             ("duration_s", s.duration_s), ("cache_key", p.cache_key), ("cached", s.cached),
             ("case_hash", p.case_hash), ("output_key", p.output_key or None),
@@ -74,6 +81,7 @@ OUTPUT_SCHEMA = pa.schema(
         ("draw_s", pa.float64()), ("error", pa.string()), ("latency_s", pa.float64()),
         ("input_tokens", pa.int64()), ("output_tokens", pa.int64()), ("usage_model", pa.string()),
         ("cost_usd", pa.float64()),
+        ("output_sha", pa.string()),  # schema step 8, as the samples'
     ]
 )
 
@@ -98,9 +106,9 @@ def outputs_table(records: Sequence[Mapping[str, Any]]) -> pa.Table:
 
 
 def stored_drawn(planned: PlannedSample, row: Mapping[str, Any], prices: PriceTable) -> PlannedSample:
-    """`planned` with the output a stored row of `OUTPUT_SCHEMA` holds for it, its usage
-    (priced, as a draw is) and the trace the agent wrote (a trajectory, a workspace
-    change): graded, not drawn again."""
+    """`planned` with the output a stored row of `OUTPUT_SCHEMA` holds for it (its text or a
+    `StoredOutput`: `tasks.run.stored.row_output`), its usage (priced, as a draw is) and the
+    trace the agent wrote (a trajectory, a workspace change): graded, not drawn again."""
     trace = SampleTrace.model_validate_json(row["trace"]) if row["trace"] else SampleTrace()
     return replace(planned, output=row["output"], usage=priced(row_usage(row), prices), trace=trace,
                    draw_s=row["draw_s"] or 0.0)

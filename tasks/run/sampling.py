@@ -36,6 +36,7 @@ from tasks.models import (
     sha256_hex,
 )
 from tasks.redaction import MASK, redact, secret_values
+from tasks.run.stored import StoredOutput, output_text
 from tasks.trace import SampleTrace, Truncation
 
 T = TypeVar("T")
@@ -77,8 +78,9 @@ class PlannedSample:
     case_hash: str
     # A stored output to grade instead of drawing one (a cached output graded anew, or
     # `--regrade`, or one drawn before a kill and never graded), with what its call took
-    # when it was drawn and, for the last, the trace the agent wrote.
-    output: str | None = None
+    # when it was drawn and, for the last, the trace the agent wrote. A long one is a
+    # `StoredOutput`, read when it is graded.
+    output: str | StoredOutput | None = None
     output_key: str = ""
     usage: Usage | None = None
     trace: SampleTrace | None = field(default=None, hash=False, compare=False)
@@ -167,7 +169,7 @@ class Drawn:
     call took, and the trace the agent and the output's bounding wrote."""
 
     planned: PlannedSample
-    output: str
+    output: str | StoredOutput
     usage: Usage
     trace: SampleTrace
     draw_s: float = 0.0
@@ -210,14 +212,15 @@ def grade_drawn(case: EvalCase, drawn: Drawn, regrade: int = 0, secrets: Sequenc
     an `agent_error`; a grader's is the grader's verdict. `secrets`: see `storable`."""
     started = time.perf_counter()
     trace = drawn.trace.model_copy()
+    output = output_text(drawn.output)
     if drawn.error is not None:
         verdict = Verdict.fail(Status.agent_error, drawn.error)
     else:
         trace.agent_s = round(drawn.draw_s, 6)
-        verdict = grade(drawn.output, case, trace)
+        verdict = grade(output, case, trace)
         if regrade:
             # Same output graded again: any disagreement is the environment's flakiness.
-            again = [grade(drawn.output, case).status for _ in range(regrade)]
+            again = [grade(output, case).status for _ in range(regrade)]
             trace.regrade = again
             trace.env_flaky = any(s != verdict.status for s in again)
     # Graders and judges write text of their own (an exception, a judge's rationale).
@@ -229,7 +232,7 @@ def grade_drawn(case: EvalCase, drawn: Drawn, regrade: int = 0, secrets: Sequenc
         case_id=case.id,
         index=p.index,
         seed=p.seed,
-        output=drawn.output,
+        output=output,
         verdict=verdict,
         trace=_storable_trace(trace, secrets),
         duration_s=drawn.draw_s + time.perf_counter() - started,

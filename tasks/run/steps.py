@@ -15,6 +15,7 @@ from tasks.models import EvalCase, EvalSuite
 from tasks.run.samples import row_usage
 from tasks.run.sampling import PlannedSample, plan_samples
 from tasks.run.spec import RunSpec
+from tasks.run.stored import StoredOutput
 from tasks.run.usage import USAGE_SAMPLE_COLUMNS, priced
 
 
@@ -87,8 +88,8 @@ def pending(spec: RunSpec, planned: Sequence[PlannedSample], stored: pa.Table) -
 NOT_REUSED_STATUSES = ("error",)
 
 
-def with_stored_outputs(missing: Sequence[PlannedSample], regrade: pa.Table, outputs: Mapping[str, str],
-                        prices: PriceTable) -> list[PlannedSample]:
+def with_stored_outputs(missing: Sequence[PlannedSample], regrade: pa.Table,
+                        outputs: Mapping[str, str | StoredOutput], prices: PriceTable) -> list[PlannedSample]:
     """The planned samples with the stored output (`outputs` by output key, read for
     `regrade`'s rows) and what its call took (priced by `prices` where it was not) of each
     one that has one, graded rather than drawn again, so the agent is not asked twice (nor
