@@ -21,6 +21,7 @@ from pydantic import Field
 from flows import steps
 from flows.artifacts import publish
 from flows.gate import run_gate
+from flows.interrupt import stop_requested
 from storage.store import Store
 from tasks.metrics.sequential import DEFAULT_ROUNDS
 from tasks.models import MAX_N, MAX_REGRADE, MAX_ROUNDS, MAX_WORKERS
@@ -164,7 +165,7 @@ def run(config: RunConfig, started: float) -> RunSummary:
         summary = run_loop(run.spec, config, run.suite, run.agent, store, stages, prices=run.prices,
                            progress=steps.ShownProgress(), gate=run_gate(run, config, store),
                            no_baseline=run.no_baseline, log=get_run_logger(), reduce=steps.reduce_in_task,
-                           started=started)
+                           started=started, stopping=stop_requested)
     publish(summary, store)
     steps.log_headline(summary)
     return summary

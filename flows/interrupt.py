@@ -68,6 +68,12 @@ def bounded_under_prefect() -> Iterator[None]:
             signal.signal(signal.SIGTERM, prefects)
 
 
+def stop_requested() -> bool:
+    """Whether this process was asked to stop (a signal bounded the time left to it)."""
+    with _lock:
+        return _deadline != float("inf")
+
+
 def ends_within(seconds: float) -> None:
     """End the process (exit 130, the one line) `seconds` from now unless it ends first, or
     sooner if an earlier call said sooner."""

@@ -18,6 +18,7 @@ from pydantic import Field
 from flows import steps
 from flows.artifacts import publish
 from flows.gate import run_gate
+from flows.interrupt import stop_requested
 from storage.store import Store
 from storage.suites import resolve_suite
 from tasks import run
@@ -90,7 +91,8 @@ def rescore(
     with allowing_unsafe(unsafe_no_sandbox), steps.prefect_stages(config) as stages:
         summary = run_loop(spec, config, suite_obj, None, store, stages, progress=steps.ShownProgress(),
                            gate=run_gate(prepared, config, store), no_baseline=no_baseline,
-                           log=get_run_logger(), reduce=steps.reduce_in_task, started=started, rescoring=plan)
+                           log=get_run_logger(), reduce=steps.reduce_in_task, started=started, rescoring=plan,
+                           stopping=stop_requested)
     publish(summary, store)
     steps.log_headline(summary)
     return steps.final_state(summary)

@@ -21,7 +21,7 @@ import random
 import re
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -420,16 +420,18 @@ class Database:
             )
 
     @contextmanager
-    def recorded_run(self, spec: RunSpec) -> Iterator[None]:
+    def recorded_run(self, spec: RunSpec, stopping: Callable[[], bool] | None = None) -> Iterator[None]:
         """The run's row from start to end: `running` now, `failed` if the body raises an error,
         `interrupted` if it is stopped (Ctrl-C, a termination signal: anything that is not an
-        `Exception`), which the same command resumes. The body records `completed` itself, with
-        the summary."""
+        `Exception`, or any error once `stopping()` says a stop was asked for: a library the
+        stop reached first may have turned it into one), which the same command resumes. The
+        body records `completed` itself, with the summary."""
         self.start_run(spec)
         try:
             yield
         except Exception:
-            self.finish_run(spec.run_id, RunStatus.failed, None)
+            stopped = stopping is not None and stopping()
+            self.finish_run(spec.run_id, RunStatus.interrupted if stopped else RunStatus.failed, None)
             raise
         except BaseException:
             self.finish_run(spec.run_id, RunStatus.interrupted, None)

@@ -87,3 +87,16 @@ def test_a_store_on_a_home_with_nothing_yet_reads_as_empty(tmp_path: Path):
     with pytest.raises(InputError, match="no such run"):
         store.find_run("r")
     assert store.find_snapshot("abcdef12") is None
+
+
+@pytest.mark.parametrize(("stopping", "status"), [(False, "failed"), (True, "interrupted")])
+def test_an_error_a_stop_surfaced_as_records_the_run_interrupted(tmp_path: Path, stopping: bool, status: str):
+    """A signal that reaches a library first (DuckDB, Dask) can come out as an ordinary error:
+    once the process was asked to stop, the run is `interrupted` (resumable), not `failed`."""
+    from tasks.run import RunSpec
+
+    store = Store(tmp_path / "home")
+    spec = RunSpec(suite_version="v", suite_name="s", agent="reference", agent_fingerprint="f", n=1, ks=[1], seed=0)
+    with pytest.raises(RuntimeError), store.recorded_run(spec, lambda: stopping):
+        raise RuntimeError("Query interrupted")
+    assert store.get_run(spec.run_id)["status"] == status

@@ -110,7 +110,7 @@ class SampleStore(Protocol):
     def run_samples(self, run_id: str, columns: Sequence[str] | None = None) -> pa.Table: ...
     def write_aggregates(self, run_id: str, rows: Sequence[tuple]) -> None: ...
     def case_results(self, run_id: str) -> list[CaseResult]: ...
-    def recorded_run(self, spec: RunSpec) -> AbstractContextManager[None]: ...
+    def recorded_run(self, spec: RunSpec, stopping: Callable[[], bool] | None = None) -> AbstractContextManager[None]: ...
     def finish_run(self, run_id: str, status: RunStatus, summary: RunSummary | None) -> None: ...
 
 
@@ -565,16 +565,19 @@ def run_loop(spec: RunSpec, config: RunConfig, suite: EvalSuite, agent: Any, sto
              prices: PriceTable | None = None, progress: Progress | None = None, gate: Gate | None = None,
              no_baseline: str | None = None, log: logging.Logger | logging.LoggerAdapter | None = None,
              reduce: Callable[[RunSpec, EvalSuite, SampleStore], Measured] = reduce_run,
-             started: float | None = None, rescoring: RescorePlan | None = None) -> RunSummary:
+             started: float | None = None, rescoring: RescorePlan | None = None,
+             stopping: Callable[[], bool] | None = None) -> RunSummary:
     """A whole run, recorded in `store` from `running` to its end status: plan, reuse what is
     cached, draw and grade the rest (`config.sequential` with a `gate`: in rounds, until its
     decision is made, each look logged to `log`), reduce, and `gate` the figures
     (`no_baseline`: one was asked for and none exists, said in the summary); then the summary,
     built once. `started`: when the run began (`time.perf_counter()`), for its `duration_s`;
     default: now. `rescoring`: a rescore, which grades another run's stored outputs in place
-    of drawing (no agent is called) and is gated, budgeted and summarized as any run."""
+    of drawing (no agent is called) and is gated, budgeted and summarized as any run.
+    `stopping`: whether the process was asked to stop (a signal), so that an error the stop
+    surfaced as records the run `interrupted`, not `failed`."""
     started = time.perf_counter() if started is None else started
-    with store.recorded_run(spec):
+    with store.recorded_run(spec, stopping):
         planned = plan(suite, spec)
         record = None
         if rescoring is not None:
