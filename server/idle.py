@@ -5,7 +5,8 @@ table, not from the server: any connection to the server's port (a command's cli
 worker, a UI tab, an events websocket held through a long agent call) is use now, and a
 closed one, lingering in TIME_WAIT for 60 s, says how long ago it closed. A command also
 holds the use lock (server/managed.py) for as long as it runs. When neither was seen for
-IDLE_S seconds, it stops the server and removes its record, then exits; it exits as well
+IDLE_S seconds, it stops the server and removes its record, then exits; it stops the server
+within HOME_CHECK_S of its home's deletion too, whatever the idle time; it exits as well
 when the server ends otherwise (`evalpipe server stop`), or when `evalpipe server start`
 made the record say it is kept until stopped. It never connects to the server,
 so it is not use itself.
@@ -20,6 +21,7 @@ import time
 from pathlib import Path
 
 TIME_WAIT_S = 60.0  # Linux's TCP_TIMEWAIT_LEN
+HOME_CHECK_S = 10.0
 LOOPBACK = "0100007F"  # 127.0.0.1 as /proc/net/tcp writes it (also the tail of its IPv6-mapped form)
 LISTEN, TIME_WAIT = "0A", "06"
 
@@ -48,13 +50,15 @@ def last_use_age(port: int, tables: tuple[str, ...] = ("/proc/net/tcp", "/proc/n
 
 
 def watch(directory: Path, pid: int, port: int, idle_s: float) -> None:
-    from server.managed import idle_time, stop_if_unused
+    from server.managed import idle_time, stop_homeless, stop_if_unused
 
     try:
         server = os.pidfd_open(pid)
     except ProcessLookupError:
         return
-    poll_s = min(max(idle_s / 10, 0.2), 30.0)
+    # Its home is looked for as often, at most HOME_CHECK_S apart: a deleted home (a
+    # temporary one, a cleaned CI workspace) leaves a server no command can use again.
+    poll_s = min(max(idle_s / 10, 0.2), HOME_CHECK_S)
     last_use = time.monotonic()
 
     def recently_used() -> bool:
@@ -65,6 +69,9 @@ def watch(directory: Path, pid: int, port: int, idle_s: float) -> None:
         return time.monotonic() - last_use < idle_s
 
     while not select.select([server], [], [], poll_s)[0]:  # readable: the server exited
+        if not directory.exists():
+            stop_homeless(pid)
+            return
         if idle_time(directory, pid) is None:  # `evalpipe server start` keeps it now, or it was replaced
             return
         if not recently_used():

@@ -319,6 +319,13 @@ def stop_if_unused(directory: Path, pid: int, recently_used: Any) -> bool:
         return True
 
 
+def stop_homeless(pid: int) -> None:
+    """Stop server `pid`, whose home (its record, its database) was deleted: no command can
+    find it, or use it, again."""
+    if _is_prefect_process(pid):
+        _stop_group(pid)
+
+
 def stop_managed(home: Path | None = None) -> tuple[Managed | None, Managed | None]:
     """Stop the managed server: SIGTERM to its process group, SIGKILL if it lingers.
     Returns `lookup`'s (stopped server, stale record)."""

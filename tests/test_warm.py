@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -150,6 +151,26 @@ def test_it_stops_itself_when_unused_and_leaves_nothing_behind(warm) -> None:
     assert wait_gone(processes_with("EVALPIPE_HOME", str(home)), 10)
     assert sorted(p.name for p in (home / "server").iterdir()) == ["credentials", "prefect", "server.log"]
     assert status(env)["running"] is False
+
+
+@pytest.mark.slow
+def test_a_server_whose_home_was_deleted_stops_within_seconds(work: Path, tmp_path: Path) -> None:
+    """Issue 34 #6: 21 servers of throw-away homes were found idling after an hour of benches.
+    Deleting the home stops its server within HOME_CHECK_S, however long its idle time."""
+    from server.idle import HOME_CHECK_S
+
+    home = tmp_path / "throw-away"
+    env = client_env(work, home, EVALPIPE_SERVER="managed", EVALPIPE_SERVER_IDLE_S="1800")
+    try:
+        assert evalpipe(*run_args(work), env=env).returncode == 0
+        pids = server_processes(home)
+        assert pids and status(env)["running"]
+        shutil.rmtree(home)
+        assert wait_gone(pids, HOME_CHECK_S + 20), "the server outlived its deleted home"
+        assert wait_gone(processes_with("EVALPIPE_HOME", str(home)), 10)  # its idle watch too
+    finally:
+        for pid in server_processes(home):
+            os.killpg(pid, signal.SIGKILL)
 
 
 @pytest.mark.slow
