@@ -251,14 +251,16 @@ def _start(directory: Path, port: int | None, idle_s: float | None) -> Managed:
     log = log_path(directory)
     with open(log, "ab") as out:
         try:
-            try:
-                server = start_server(port, prefect_home=directory / "prefect", log=out, auth=credentials(directory))
-            except PlatformError:
-                if not (chosen and port_taken(port)):
-                    raise
-                # Another home's server took the port between the check and the start.
-                port = free_port()
-                server = start_server(port, prefect_home=directory / "prefect", log=out, auth=credentials(directory))
+            while True:
+                try:
+                    server = start_server(port, prefect_home=directory / "prefect", log=out,
+                                          auth=credentials(directory))
+                    break
+                except PlatformError:
+                    if not (chosen and port_taken(port)):
+                        raise
+                    # Another home's server took the port between the check and the start.
+                    chosen, port = False, free_port()
         except PlatformError as exc:
             raise PlatformError(f"{exc}; its log: {log}") from None
         idle_s = idle_s or None  # 0: never stops

@@ -187,7 +187,10 @@ class DrawTask:
 
             done = timed_prefix(self.planned, draw, self.budget_s,
                                 _at_most_every(STOP_CHECK_S, log.stopped) if log is not None else None)
-        rows = samples_table(inline.run_id, *map(list, zip(*graded, strict=True))) if graded and inline else None
+        rows = None
+        if graded and inline is not None:
+            samples, planned = zip(*graded, strict=True)
+            rows = samples_table(inline.run_id, samples, planned)
         return Drew(handed, rows, len(done))
 
 
