@@ -424,48 +424,40 @@ def rescore_cmd(
     (never drawn, never counted as failures). With --baseline it is gated by the same rules
     as `run`: exit 1 when blocked."""
     from storage.store import Store
-    from storage.suites import resolve_suite
-    from tasks.metrics.diff import check_metric
     from tasks.metrics.rules import parse_slice_thresholds
-    from tasks.sandbox import run_sandbox_mode
+    from tasks.run.rescore import prepare_rescore
 
-    if _rules(min_pass_at_1, max_drop, max_new_failures, min_slice) is not None and not baseline:
-        bad_input("--min-pass-at-1, --max-drop, --max-new-failures and --min-slice are gate rules: they go with"
-                  " --baseline")
     store = Store.default()
-    suite_obj, pinned = resolve_suite(suite, store)
-    run_sandbox_mode(suite_obj.grader_kinds, unsafe_no_sandbox)
     store.check()
-    source = store.find_run(run_id)
-    from flows.prefect_api import prefect_api, quiet_prefect
-
-    quiet_prefect()  # before flows.rescore imports Prefect, whose logging is set up at import
-    from flows.rescore import source_suite_of
-    from tasks.run import RunConfig
-    from tasks.run.prepare import gate_baseline
-
-    source_suite_of(source, suite_obj, store)  # bad input is refused before Prefect starts
-    config = RunConfig(suite=pinned, agent=source["agent"], baseline=baseline, min_pass_at_1=min_pass_at_1,
-                       max_drop=max_drop or 0.0, max_new_failures=max_new_failures,
-                       min_slice=parse_slice_thresholds(min_slice or ()) or None, metric=check_metric(metric))
-    gate_baseline(config, suite_obj, store)  # an unknown baseline or slice, too
-    with prefect_api(as_json) as watch, _progress(suite_obj.name, as_json) as hook:
-        from flows.artifacts import progress_hook
-        from flows.rescore import rescore
-        from flows.steps import flow_result
-
-        token = progress_hook.set(hook)
-        try:
-            summary = flow_result(watch(rescore)(
-                run_id=source["run_id"], suite=pinned, workers=workers, unsafe_no_sandbox=unsafe_no_sandbox,
-                baseline=baseline, min_pass_at_1=config.min_pass_at_1, max_drop=config.max_drop,
-                max_new_failures=config.max_new_failures, min_slice=config.min_slice, metric=config.metric,
-                return_state=True))
-        finally:
-            progress_hook.reset(token)
+    options = {"suite": suite, "runner": "threads", "workers": workers, "unsafe_no_sandbox": unsafe_no_sandbox,
+               "baseline": baseline, "min_pass_at_1": min_pass_at_1, "max_drop": max_drop or 0.0,
+               "max_new_failures": max_new_failures, "min_slice": parse_slice_thresholds(min_slice or ()) or None,
+               "metric": metric}
+    # Every check of the input, once, before Prefect starts; the flow is handed what was prepared.
+    prepared = prepare_rescore(run_id, store, **options)
+    summary = rescore_flow(prepared, options, as_json)
     typer.echo(json_doc(summary) if as_json else _summary_text(summary))
     if summary.get("gate", {}).get("decision") == "block":
         raise typer.Exit(1)
+
+
+def rescore_flow(prepared: Any, options: dict[str, Any], as_json: bool) -> dict[str, Any]:
+    """The `rescore` flow run that `prepared` (a `PreparedRescore` of `options`) describes,
+    handed to the flow so that it checks nothing again, a progress bar beside it."""
+    from flows.prefect_api import prefect_api
+
+    source_run, options = prepared.plan.source_run, options | {"suite": prepared.config.suite}
+    with prefect_api(as_json) as watch, _progress(prepared.run.suite.name, as_json) as hook:
+        from flows.artifacts import progress_hook
+        from flows.rescore import prepared_here, rescore
+        from flows.steps import flow_result
+
+        token, handed = progress_hook.set(hook), prepared_here.set(((source_run, options), prepared))
+        try:
+            return flow_result(watch(rescore)(run_id=source_run, **options, return_state=True))
+        finally:
+            progress_hook.reset(token)
+            prepared_here.reset(handed)
 
 
 runs_app = typer.Typer(no_args_is_help=True, help="Stored runs.")

@@ -10,6 +10,7 @@ then reduces and gates by the same rules as a run.
 from __future__ import annotations
 
 import time
+from contextvars import ContextVar
 from typing import Annotated, Any
 
 from prefect import flow, get_run_logger
@@ -20,17 +21,13 @@ from flows.artifacts import publish
 from flows.gate import run_gate
 from flows.interrupt import stop_requested
 from storage.store import Store
-from storage.suites import resolve_suite
-from tasks import run
-from tasks.metrics.cost import PriceTable
 from tasks.metrics.diff import Metric
-from tasks.models import MAX_WORKERS, EvalSuite, InputError
-from tasks.run import RunConfig, RunSpec
+from tasks.models import MAX_WORKERS
+from tasks.run import RunConfig
 from tasks.run.config import Runner
 from tasks.run.loop import run_loop
-from tasks.run.prepare import PreparedRun, gate_baseline
-from tasks.run.rescore import rescore_plan
-from tasks.sandbox import allowing_unsafe, run_sandbox_mode
+from tasks.run.rescore import PreparedRescore, prepare_rescore
+from tasks.sandbox import allowing_unsafe
 
 
 @flow(name="rescore", persist_result=False, log_prints=False)
@@ -66,47 +63,27 @@ def rescore(
     """
     started = time.perf_counter()
     store = Store.default()
-    source = store.find_run(run_id)
-    suite_obj, suite_source = resolve_suite(suite, store)
-    sandbox = run_sandbox_mode(suite_obj.grader_kinds, unsafe_no_sandbox)
-    source_suite = source_suite_of(source, suite_obj, store)
-    config = RunConfig(suite=suite, agent=source["agent"], runner=runner, workers=workers,
-                       unsafe_no_sandbox=unsafe_no_sandbox, baseline=baseline, min_pass_at_1=min_pass_at_1,
-                       max_drop=max_drop, max_new_failures=max_new_failures, min_slice=min_slice, metric=metric)
-    found, no_baseline = gate_baseline(config, suite_obj, store)
-    steps.snapshot_once(suite_obj, store)
-    spec = RunSpec(
-        suite_version=suite_obj.version, suite_name=suite_obj.name, agent=source["agent"],
-        agent_fingerprint=source["agent_fingerprint"], n=source["n"], ks=list(source["ks"]),
-        seed=source["seed"],
-        config={"rescored_from": source["run_id"], "suite_ref": suite, "suite_source": suite_source,
-                "runner": runner, "workers": config.grade_workers, "sandbox": sandbox,
-                "baseline": found.run_id if found else None},
-    )
-    plan = rescore_plan(spec.run_id, run.plan(suite_obj, spec), suite_obj, source_suite, source["run_id"],
-                        store.run_samples(source["run_id"], whole_outputs=False), store)
-    if (origin := store.imported_from(source["run_id"])) is not None:
+    options = {name: value for name, value in locals().items() if name in RunConfig.model_fields}
+    handed = prepared_here.get()
+    if handed is not None and handed[0] == (run_id, options):
+        rescoring = handed[1]
+    else:
+        rescoring = prepare_rescore(run_id, store, **options)
+    config, prepared, spec = rescoring.config, rescoring.run, rescoring.run.spec
+    steps.snapshot_once(prepared.suite, store)
+    if (origin := store.imported_from(rescoring.plan.source_run)) is not None:
         store.record_imported_outputs(spec.run_id, origin)  # before any of its samples is stored
-    prepared = PreparedRun(spec, suite_obj, None, PriceTable(), found, config.rules, no_baseline)
     with allowing_unsafe(unsafe_no_sandbox), steps.prefect_stages(config) as stages:
-        summary = run_loop(spec, config, suite_obj, None, store, stages, progress=steps.ShownProgress(),
-                           gate=run_gate(prepared, config, store), no_baseline=no_baseline,
-                           log=get_run_logger(), reduce=steps.reduce_in_task, started=started, rescoring=plan,
-                           stopping=stop_requested)
+        summary = run_loop(spec, config, prepared.suite, None, store, stages, progress=steps.ShownProgress(),
+                           gate=run_gate(prepared, config, store), no_baseline=prepared.no_baseline,
+                           log=get_run_logger(), reduce=steps.reduce_in_task, started=started,
+                           rescoring=rescoring.plan, stopping=stop_requested)
     publish(summary, store)
     steps.log_headline(summary)
     return steps.final_state(summary)
 
 
-def source_suite_of(source: dict[str, Any], suite: EvalSuite, store: Store) -> EvalSuite:
-    """The suite the stored run `source` ran (its snapshot); bad input, before any work,
-    when it is gone or shares no question (case id and inputs) with `suite`."""
-    if not store.snapshot_path(source["suite_version"]).exists():
-        raise InputError(f"run {source['run_id']}: the snapshot of its suite {source['suite_version'][:12]}"
-                         f" is missing from {store.snapshot_dir}: cannot tell which questions it asked")
-    ran = store.read_snapshot(source["suite_version"])
-    asked = {(c.id, c.inputs_hash) for c in ran.cases}
-    if not any((c.id, c.inputs_hash) in asked for c in suite.cases):
-        raise InputError(f"run {source['run_id']} has no output for any case of suite {suite.name!r}"
-                         " (no case with the same id and inputs): nothing to score")
-    return ran
+# The rescore as `evalpipe rescore` prepared it in this process, keyed by the flow's
+# parameters: the flow takes it rather than checking everything again (as `evaluate` does).
+prepared_here: ContextVar[tuple[tuple[str, dict[str, Any]], PreparedRescore] | None] = ContextVar(
+    "rescore_prepared_here", default=None)

@@ -177,3 +177,33 @@ def test_keys_hold_what_the_agent_sees_and_how_its_output_is_graded():
     assert ruled.output_key == base.output_key and ruled.cache_key != base.cache_key
     assert plan("x", "python:a.py:f", slices=["s"]).cache_key == base.cache_key
     assert plan("x", "reference").output_key != plan("y", "reference").output_key
+
+
+def test_rescore_checks_its_inputs_once_and_the_flow_grades_what_was_checked(env, tmp_path, monkeypatch):
+    """`evalpipe rescore` prepares the rescore (every check) before Prefect starts and hands it
+    to the flow: the flow does not look again, so a snapshot that vanishes in between (which
+    preparing refuses) does not stop it, and it grades the suite as it was checked."""
+    suite = write(tmp_path / "toy.yaml", CASES)
+    proc = cli(["run", str(suite), "--agent", f"python:{AGENTS}:flaky", "-n", "2", "--json"], env)
+    assert proc.returncode == 0, proc.stderr
+    source = json.loads(proc.stdout)
+    monkeypatch.setenv("PREFECT_API_URL", env["PREFECT_API_URL"])
+    from flows.cli import rescore_flow
+    from storage.store import Store
+    from tasks.errors import InputError
+    from tasks.run.rescore import prepare_rescore
+
+    store = Store.default()
+    options = {"suite": str(suite), "runner": "threads", "workers": 1, "unsafe_no_sandbox": False,
+               "baseline": None, "min_pass_at_1": None, "max_drop": 0.0, "max_new_failures": None,
+               "min_slice": None, "metric": "pass"}
+    prepared = prepare_rescore(source["run_id"][:17], store, **options)
+    assert prepared.config.suite == prepared.run.spec.config["suite_source"]  # pinned
+    snapshot = store.snapshot_path(source["suite_version"])
+    snapshot.unlink()
+    write(suite, {"z": "{id: z, inputs: {}, reference: 'yes', grader: {kind: exact}}"})  # edited meanwhile
+    with pytest.raises(InputError, match="snapshot of its suite"):
+        prepare_rescore(source["run_id"], store, **options)
+    doc = rescore_flow(prepared, options, as_json=True)
+    assert doc["source_run"] == source["run_id"] and doc["run_id"] == prepared.run.spec.run_id
+    assert doc["cases"] == 3 and doc["samples"] == 6 and doc["unscored"] == []

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from tasks.graders import grade, grader_fingerprint
 from tasks.graders.judge import delimit, parse_reply, render
 from tasks.metrics.calibration import calibrate
-from tasks.models import EvalCase, InputError, Status
+from tasks.models import EvalCase, EvalSuite, InputError, Status
 from tasks.trace import SampleTrace
 
 CANARY = "CANARY-7f3a"
@@ -159,6 +159,30 @@ def test_openai_judge_failures_are_errors(endpoint, monkeypatch, status, content
     with endpoint(lambda body: (status, content)):
         verdict = grade("yes", judge_case("openai:m", rubric=RUBRIC))
     assert verdict.status is Status.error
+
+
+def test_a_run_s_grading_task_gives_its_judges_the_run_s_settings_wherever_it_is_unpickled(endpoint, monkeypatch):
+    """Issue 30 item 5: a grading task carries the run's `openai_max_attempts` to a worker,
+    whose own environment (here 4 attempts) never decides; outside a run, it still does."""
+    import pickle
+
+    from tasks.agents.settings import AgentSettings
+    from tasks.run.loop import GradeTask
+    from tasks.run.sampling import Drawn, plan_samples
+    from tasks.models import Usage
+
+    monkeypatch.setenv("EVALPIPE_OPENAI_MAX_ATTEMPTS", "4")
+    case = judge_case("openai:m", rubric=RUBRIC)
+    (planned,) = plan_samples(EvalSuite(name="s", cases=[case]), "fp", 1, 0)
+    drawn = Drawn(planned, "yes", Usage(), SampleTrace(), 0.0)
+    task = GradeTask("r", [case], [drawn], settings=AgentSettings(openai_max_attempts=1))
+    with endpoint(lambda body: (503, "overloaded")) as server:
+        monkeypatch.setenv("EVALPIPE_OPENAI_MAX_ATTEMPTS", "4")  # the fixture's 2 was the edge's
+        (row,) = pickle.loads(pickle.dumps(task))().to_pylist()
+        assert row["status"] == "error" and len(server.requests) == 1
+        del server.requests[:]
+        monkeypatch.setenv("EVALPIPE_OPENAI_MAX_ATTEMPTS", "2")
+        assert grade("yes", case).status is Status.error and len(server.requests) == 2
 
 
 def test_openai_judge_needs_a_rubric(endpoint):

@@ -24,7 +24,9 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -143,6 +145,22 @@ def judge_params(case: EvalCase) -> tuple[str, str | None, int, dict[str, Any]]:
     return p.function, p.rubric, p.samples, p.params
 
 
+# The run's settings where a run grades (`judging`): a judge made on a worker (a Dask
+# machine) takes its timeout and attempts from the run, never that machine's environment.
+# Outside a run (`judge calibrate`, a script) this process's documented overrides apply.
+judge_settings: ContextVar[AgentSettings | None] = ContextVar("judge_settings", default=None)
+
+
+@contextmanager
+def judging(settings: AgentSettings | None) -> Iterator[None]:
+    """Judges made inside take `settings` (the run's `openai_timeout`, `openai_max_attempts`)."""
+    token = judge_settings.set(settings)
+    try:
+        yield
+    finally:
+        judge_settings.reset(token)
+
+
 def load_judge(
     spec: str,
     rubric: str | None = None,
@@ -186,9 +204,7 @@ def _openai_judge(spec: str, rubric: str | None, samples: int, params: dict[str,
     reserved = sorted({"model", "messages", "seed", "n", "stream"} & set(params))
     if reserved:
         raise InputError(f"judge {spec!r}: params {', '.join(reserved)} are set by evalpipe")
-    # A judge is made where it grades, and graders are handed the case alone, no run's
-    # settings: its timeout and attempts are this process's overrides (docs/judges.md).
-    settings = AgentSettings(**env_overrides(os.environ))
+    settings = judge_settings.get() or AgentSettings(**env_overrides(os.environ))
     client = OpenAIClient.from_env()
     client = _shared_client(client.base_url, client.api_key, settings.openai_timeout, settings.openai_max_attempts)
     identity = {

@@ -37,7 +37,9 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
+from tasks.agents.settings import AgentSettings
 from tasks.graders import graded_inline
+from tasks.graders.judge import judging
 from tasks.metrics.cost import PriceTable
 from tasks.metrics.diff import CaseResult
 from tasks.metrics.rules import GateRules
@@ -203,12 +205,17 @@ class GradeTask:
     drawn: list[Drawn]
     regrade: int = 0
     budget_s: float | None = BATCH_BUDGET_S
+    settings: AgentSettings | None = None  # the run's, for its judges (`tasks.graders.judge.judging`)
 
     @property
     def label(self) -> str:
         return batch_label([d.planned for d in self.drawn])
 
     def __call__(self) -> pa.Table:
+        with judging(self.settings):
+            return self._graded()
+
+    def _graded(self) -> pa.Table:
         by_id = {c.id: c for c in self.cases}
         secrets = secret_values()
 
@@ -390,7 +397,7 @@ class _Scheduler:
         while self.to_grade and self.in_flight("grade") < slots:
             drawn = self._take(self.to_grade, self.grade_pace, slots)
             task = GradeTask(self.spec.run_id, batch_cases(self.cases, [d.planned for d in drawn]), drawn,
-                             self.spec.regrade, BATCH_BUDGET_S)
+                             self.spec.regrade, BATCH_BUDGET_S, self.config.agent_settings)
             self._start("grade", drawn, self.stages.grade(task))
         while (self.to_draw and self.meter.may_draw and self.in_flight("draw") < self._draw_limit()
                and self._backlog_ok()):

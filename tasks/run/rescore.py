@@ -13,13 +13,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Protocol
 
 import pyarrow as pa
 
-from tasks.models import EvalSuite, canonical_json, sha256_hex
+from tasks.metrics.cost import PriceTable
+from tasks.models import EvalSuite, InputError, canonical_json, sha256_hex
+from tasks.run.config import RunConfig
+from tasks.run.prepare import PreparedRun, RunSources, gate_baseline
 from tasks.run.samples import row_usage
 from tasks.run.sampling import PlannedSample, grading_fingerprint
+from tasks.run.spec import RunSpec
+from tasks.run.steps import plan
 from tasks.run.stored import OutputReader, row_output
+from tasks.sandbox import run_sandbox_mode
 
 
 @dataclass(frozen=True)
@@ -30,6 +38,66 @@ class RescorePlan:
     to_grade: list[PlannedSample]  # each with its stored output
     failed_calls: pa.Table  # the source's agent_error samples: facts about the agent, carried as they are
     unscored: list[str]  # case ids with no stored sample
+
+
+class RescoreSources(RunSources, OutputReader, Protocol):
+    """Where a rescore's source run, its suite's snapshot and its outputs are read
+    (`storage.store.Store`)."""
+
+    def snapshot_path(self, version: str) -> Path: ...
+    def read_snapshot(self, version: str) -> EvalSuite: ...
+    def run_samples(self, run_id: str, columns: Sequence[str] | None = None, *,
+                    whole_outputs: bool = True) -> pa.Table: ...
+
+
+@dataclass(frozen=True)
+class PreparedRescore:
+    """A rescore, resolved and checked: the run it records and what it grades."""
+
+    config: RunConfig
+    run: PreparedRun
+    plan: RescorePlan
+
+
+def prepare_rescore(source_ref: str, store: RescoreSources, **options: Any) -> PreparedRescore:
+    """The rescore of the stored run `source_ref` (id or prefix) that `options` (fields of a
+    `RunConfig`, its agent aside: the source's) describe, every input checked once, before
+    anything is graded: the suite, the sandbox, the source's snapshot, the rules and baseline."""
+    source = store.find_run(source_ref)
+    suite, suite_source = store.resolve_suite(options["suite"])
+    # Pinned, as a run's: the suite that was checked is the one graded, even if a branch moves.
+    # No environment overrides: a rescore calls no agent and prices nothing.
+    config = RunConfig.build("rescore", lambda field: "--" + field.replace("_", "-"), environ={},
+                             **options | {"agent": source["agent"], "suite": suite_source})
+    sandbox = run_sandbox_mode(suite.grader_kinds, config.unsafe_no_sandbox)
+    source_suite = source_suite_of(source, suite, store)
+    baseline, no_baseline = gate_baseline(config, suite, store)
+    spec = RunSpec(
+        suite_version=suite.version, suite_name=suite.name, agent=source["agent"],
+        agent_fingerprint=source["agent_fingerprint"], n=source["n"], ks=list(source["ks"]), seed=source["seed"],
+        config={"rescored_from": source["run_id"], "suite_ref": config.suite, "suite_source": suite_source,
+                "runner": config.runner, "workers": config.grade_workers, "sandbox": sandbox,
+                "baseline": baseline.run_id if baseline else None},
+    )
+    grading = rescore_plan(spec.run_id, plan(suite, spec), suite, source_suite, source["run_id"],
+                           store.run_samples(source["run_id"], whole_outputs=False), store)
+    return PreparedRescore(config, PreparedRun(spec, suite, None, PriceTable(), baseline, config.rules, no_baseline),
+                           grading)
+
+
+def source_suite_of(source: dict[str, Any], suite: EvalSuite, store: RescoreSources) -> EvalSuite:
+    """The suite the stored run `source` ran (its snapshot); bad input, before any work,
+    when it is gone or shares no question (case id and inputs) with `suite`."""
+    if not store.snapshot_path(source["suite_version"]).exists():
+        raise InputError(f"run {source['run_id']}: the snapshot of its suite {source['suite_version'][:12]}"
+                         f" is missing from {store.snapshot_path(source['suite_version']).parent}:"
+                         " cannot tell which questions it asked")
+    ran = store.read_snapshot(source["suite_version"])
+    asked = {(c.id, c.inputs_hash) for c in ran.cases}
+    if not any((c.id, c.inputs_hash) in asked for c in suite.cases):
+        raise InputError(f"run {source['run_id']} has no output for any case of suite {suite.name!r}"
+                         " (no case with the same id and inputs): nothing to score")
+    return ran
 
 
 def rescore_plan(run_id: str, planned: Sequence[PlannedSample], suite: EvalSuite, source_suite: EvalSuite,
