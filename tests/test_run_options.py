@@ -46,6 +46,20 @@ def test_the_flow_s_parameters_are_the_run_configuration_field_by_field():
         assert got.get("description"), f"the flow's docstring does not describe {name}"
 
 
+def test_the_rescore_flow_s_parameters_are_run_configuration_fields():
+    """A rescore is a run (`tasks.run.rescore.prepare_rescore` builds its `RunConfig`): each of
+    its flow's parameters but the source run is a field, with the field's bounds and default."""
+    from flows.rescore import rescore
+
+    flow = rescore.parameters.model_dump()["properties"]
+    config = RunConfig.model_json_schema()["properties"]
+    assert set(flow) - {"run_id"} <= set(config)
+    for name in set(flow) - {"run_id"}:
+        assert _bounds(flow[name]) == _bounds(config[name]), name
+        assert flow[name].get("default") == config[name].get("default"), name
+        assert flow[name].get("description"), f"the rescore flow's docstring does not describe {name}"
+
+
 def test_the_run_command_s_options_are_the_run_configuration():
     from flows.cli import run
 
