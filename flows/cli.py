@@ -26,6 +26,7 @@ from typer._click.exceptions import (  # typer's own click: not exported by name
 
 from flows.interrupt import INTERRUPTED, INTERRUPTED_LINE, stop_on_signals
 from flows.output import json_doc
+from flows.prefect_api import loading_heap
 from tasks.metrics.percent import figure
 from tasks.models import MAX_N, MAX_REGRADE, MAX_ROUNDS, MAX_WORKERS, InputError, PlatformError
 from tasks.registry import load_plugins
@@ -838,6 +839,7 @@ def main(argv: list[str] | None = None) -> int:
     # with Prefect and pydantic loaded; frozen objects are still freed as modules go.
     atexit.unregister(gc.freeze)
     atexit.register(gc.freeze)
+    loading_heap()  # a slow collector until Prefect is loaded (flows.prefect_api)
     stop_on_signals()  # Ctrl-C and SIGTERM: exit 130 within seconds, the run resumable
     try:
         # Plugins register their graders and metrics before any suite is read (tasks.registry).
