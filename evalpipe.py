@@ -1,4 +1,4 @@
-"""evalpipe's Python API: `from evalpipe import evaluate` (docs/python-api.md).
+"""evalpipe's Python API: `from evalpipe import evaluate, rescore` (docs/python-api.md).
 
 `evaluate(suite, agent, **options)` makes the run `evalpipe run` makes, with the same options
 (`RunConfig`), stored the same way in EVALPIPE_HOME, and returns its typed summary. It runs
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from storage.store import Store
 
-__all__ = ["evaluate"]
+__all__ = ["evaluate", "rescore"]
 
 SuiteLike = str | os.PathLike | Sequence[Any]
 AgentLike = str | Callable[..., Any]
@@ -44,9 +44,7 @@ def evaluate(suite: SuiteLike, agent: AgentLike, *, name: str = "suite",
     blocked gate is in the summary (`summary.gate.decision`), not raised.
     """
     from flows.gate import run_gate
-    from storage.store import Store
     from tasks.agents.python import CallableAgent
-    from tasks.home import hide_home
     from tasks.models import InputError
     from tasks.run import RunConfig, RunSummary
     from tasks.run.loop import local_stages, run_loop
@@ -54,11 +52,7 @@ def evaluate(suite: SuiteLike, agent: AgentLike, *, name: str = "suite",
     from tasks.sandbox import allowing_unsafe
 
     started = time.perf_counter()
-    store = Store.default()
-    if home is not None:
-        store = Store(home)
-        hide_home(store.home)  # as EVALPIPE_HOME is: from the code graded in the sandbox
-    store.check()
+    store = _store(home)
     ref = _suite_ref(suite, name, store)
     own = None if isinstance(agent, str) else CallableAgent.of(agent)
     config = RunConfig.build("evaluate", suite=ref, agent=agent if own is None else own.spec, **options)
@@ -78,6 +72,49 @@ def evaluate(suite: SuiteLike, agent: AgentLike, *, name: str = "suite",
                            progress=progress, gate=run_gate(run, config, store),
                            no_baseline=run.no_baseline, started=started)
     return RunSummary.read(summary.to_json())
+
+
+def rescore(run_id: str, suite: SuiteLike, *, name: str = "suite",
+            progress: Callable[[int, int], None] | None = None, home: str | os.PathLike | None = None,
+            **options: Any):
+    """`evalpipe rescore`: a new run of `suite` graded on the outputs stored by run `run_id`
+    (id or unambiguous prefix), without calling its agent; cases it has no output for are
+    `unscored`. `suite`, `name`, `progress` and `home` as for `evaluate`; `options`: the
+    rescore's options (`workers`, `unsafe_no_sandbox`, `baseline` and the gate's rules:
+    `min_pass_at_1`, `max_drop`, `max_new_failures`, `min_slice`, `metric`). Returns the
+    `RunSummary`; a blocked gate is in `summary.gate`, not raised."""
+    from flows.gate import run_gate
+    from tasks.run import RunSummary
+    from tasks.run.loop import local_stages, run_loop
+    from tasks.run.rescore import prepare_rescore
+    from tasks.sandbox import allowing_unsafe
+
+    started = time.perf_counter()
+    store = _store(home)
+    prepared = prepare_rescore(run_id, store, **{"suite": _suite_ref(suite, name, store), **options})
+    config, run = prepared.config, prepared.run
+    if not store.has_snapshot(run.suite):
+        store.snapshot(run.suite)
+    if (origin := store.imported_from(prepared.plan.source_run)) is not None:
+        store.record_imported_outputs(run.spec.run_id, origin)  # before any of its samples is stored
+    with allowing_unsafe(config.unsafe_no_sandbox), local_stages(config) as stages:
+        summary = run_loop(run.spec, config, run.suite, None, store, stages, progress=progress,
+                           gate=run_gate(run, config, store), no_baseline=run.no_baseline, started=started,
+                           rescoring=prepared.plan)
+    return RunSummary.read(summary.to_json())
+
+
+def _store(home: str | os.PathLike | None) -> Store:
+    """The home's store (default: EVALPIPE_HOME's), checked before any work."""
+    from storage.store import Store
+    from tasks.home import hide_home
+
+    store = Store.default()
+    if home is not None:
+        store = Store(home)
+        hide_home(store.home)  # as EVALPIPE_HOME is: from the code graded in the sandbox
+    store.check()
+    return store
 
 
 def _suite_ref(suite: SuiteLike, name: str, store: Store) -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from evalpipe import evaluate
+from evalpipe import evaluate, rescore
 from tasks.metrics.sequential import look_points
 from tasks.run.sequential import case_order
 
@@ -84,6 +84,23 @@ def test_every_rule_blocks_a_plain_run_and_the_python_api(home, rule):
     assert gate.decision == "block" and any(r.startswith(head) for r in gate.reasons), gate.reasons
     assert gate.rules == {"min_pass_at_1": None, "max_drop": 0.0, "max_new_failures": None, "min_slice": {},
                           "must_pass": list(must_pass)} | {k: v for k, v in options.items() if k in gate.rules}
+
+
+@pytest.mark.parametrize("rule", sorted(RULES))
+def test_every_rule_blocks_a_rescore_as_it_blocks_the_run(home, rule):
+    """Rescore is a mode of the same loop: v2's stored outputs, re-graded without its agent and
+    gated against v1 by each rule, decide what the plain run of v2 decided."""
+    options, head, _ = RULES[rule]
+    must_pass = ("q31",) if rule == "must_pass" else ()
+    base = _baseline(home, must_pass)
+    ran = evaluate(cases(must_pass), v2, name="rules", seed=3, baseline=base.run_id, **options)
+    CALLS.clear()
+    again = rescore(ran.run_id, cases(must_pass), name="rules", baseline=base.run_id, **options)
+    assert CALLS == [] and again.run_id != ran.run_id and again.pass_at_k == ran.pass_at_k
+    assert (again.gate.decision, again.gate.reasons, again.gate.rules) == (
+        ran.gate.decision, ran.gate.reasons, ran.gate.rules)
+    assert again.gate.delta_ci == ran.gate.delta_ci
+    assert again.gate.decision == ("pass" if head is None else "block")
 
 
 @pytest.mark.parametrize("rule", sorted(r for r in RULES if RULES[r][1]))
