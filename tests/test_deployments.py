@@ -225,6 +225,24 @@ def test_the_run_form_takes_the_gate_s_rules_and_a_blocked_run_is_failed(stack: 
     assert "slice_threshold" in [b["rule"] for b in gate["blocks"]]
 
 
+def test_the_run_form_s_threshold_and_sample_budget_hold_as_in_every_other_mode(stack: Stack, on_demand: dict) -> None:
+    """Two more rows of the rule matrix (tests/test_one_decision.py) through the form, side by
+    side on the pool's workers: pass@1 below `min_pass_at_1` blocks; `max_samples` draws that
+    many and ends Partial."""
+    base = {"suite": "examples/qa.yaml", "agent": DEMO_AGENT, "n": 3, "k": [1, 3]}
+    below = stack.trigger("on-demand", base | {"seed": 7, "baseline": "previous", "min_pass_at_1": 0.99})
+    budget = stack.trigger("on-demand", base | {"seed": 8, "max_samples": 5})
+    final = stack.wait_final(below)
+    assert (final["state"]["type"], final["state"]["name"]) == ("FAILED", "Blocked")
+    gate = worker_run(stack, final["id"])["summary"]["gate"]
+    assert gate["rules"]["min_pass_at_1"] == 0.99 and any(r.startswith("threshold:") for r in gate["reasons"])
+    final = stack.wait_final(budget)
+    assert (final["state"]["type"], final["state"]["name"]) == ("COMPLETED", "Partial")
+    summary = worker_run(stack, final["id"])["summary"]
+    assert summary["partial"] and summary["budget"]["drawn_samples"] == 5
+    assert summary["undrawn_samples"] == 10 * 3 - 5  # examples/qa.yaml: 10 cases
+
+
 @pytest.mark.parametrize(("params", "message"), [
     ({"n": 0}, "Validation failed for field 'n'. Failure reason: 0 is less than the minimum of 1"),
     ({"runner": "gpu"}, "Validation failed for field 'runner'. Failure reason: 'gpu' is not one of"),
