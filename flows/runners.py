@@ -6,7 +6,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner, ThreadPoolTaskRunner
+from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
 from tasks.run.config import Runner
 
@@ -19,10 +19,8 @@ def task_runner(runner: Runner, workers: int, dask_address: str | None) -> Itera
 
 
 def _make(runner: Runner, workers: int, dask_address: str | None) -> TaskRunner:
-    if runner == "threads":
+    if runner != "dask":  # processes: the task runs on a thread, its work in a worker (tasks.run.workers)
         return ThreadPoolTaskRunner(max_workers=workers)
-    if runner == "processes":
-        return ProcessPoolTaskRunner(max_workers=workers)
     from prefect_dask import DaskTaskRunner
 
     if dask_address:
@@ -37,15 +35,16 @@ def _make(runner: Runner, workers: int, dask_address: str | None) -> TaskRunner:
 
 @contextmanager
 def _api_for_workers(runner: Runner) -> Iterator[None]:
-    """Worker processes, and the thread that forwards their events to the server, talk to
-    the server holding the flow run. The processes read the environment (without a URL, each
-    would boot a server of its own); the forwarding thread reads Prefect's global settings,
-    not the caller's context, and without this it recorded the task runs on another
-    database (thousands of `FOREIGN KEY constraint failed` tracebacks, task runs missing)."""
+    """A Dask cluster's workers run Prefect's task engine and talk to the server holding the
+    flow run. Worker processes read the environment (without a URL, each would boot a
+    server of its own), and Prefect's threads read its global settings, not the caller's
+    context: without this, task runs were recorded on another database (thousands of
+    `FOREIGN KEY constraint failed` tracebacks, task runs missing). Threads and the
+    processes runner's workers (`tasks.run.workers`, no Prefect) need neither."""
     import prefect.context
     from prefect.settings import get_current_settings
 
-    if runner == "threads":
+    if runner != "dask":
         yield
         return
     api = get_current_settings().api

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from concurrent.futures import Executor
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +27,7 @@ from tasks.models import EvalSuite, InputError
 from tasks.run import RunConfig, RunSpec, RunSummary
 from tasks.run.loop import DrawTask, GradeTask, SampleStore, reduce_run
 from tasks.run.summary import Measured
+from tasks.run.workers import run_in, worker_processes
 
 
 def _snapshot_key(context, parameters) -> str:
@@ -43,16 +45,16 @@ class Sealed:
     Otherwise it walks every sample of the task (and every field of each) looking for
     futures, twice a task; `quote` would spare that too, but Dask takes it apart (a tuple)."""
 
-    __slots__ = ("work",)
+    __slots__ = ("work", "pool")
 
-    def __init__(self, work: DrawTask | GradeTask) -> None:
-        self.work = work
+    def __init__(self, work: DrawTask | GradeTask, pool: Executor | None = None) -> None:
+        self.work, self.pool = work, pool  # pool: the worker processes its work runs in
 
     def __getstate__(self) -> DrawTask | GradeTask:
         return self.work
 
     def __setstate__(self, work: DrawTask | GradeTask) -> None:
-        self.work = work
+        self.work, self.pool = work, None
 
 
 @task(name="sample", cache_policy=NO_CACHE, persist_result=False, task_run_name="sample {label}")
@@ -62,7 +64,7 @@ def draw(sealed: Sealed, label: str) -> Any:
 
 @task(name="grade", cache_policy=NO_CACHE, persist_result=False, task_run_name="grade {label}")
 def grade(sealed: Sealed, label: str) -> Any:
-    return sealed.work()
+    return run_in(sealed.pool, sealed.work)
 
 
 @task(name="aggregate", cache_policy=NO_CACHE, persist_result=False)
@@ -76,12 +78,13 @@ class PrefectStages:
 
     draws: TaskRunner
     grades: TaskRunner
+    grading_processes: Executor | None = None  # --runner processes: where grading work runs
 
     def draw(self, work: DrawTask) -> Any:
         return self.draws.submit(draw, {"sealed": Sealed(work), "label": work.label})
 
     def grade(self, work: GradeTask) -> Any:
-        return self.grades.submit(grade, {"sealed": Sealed(work), "label": work.label})
+        return self.grades.submit(grade, {"sealed": Sealed(work, self.grading_processes), "label": work.label})
 
 
 @contextmanager
@@ -93,8 +96,9 @@ def prefect_stages(config: RunConfig) -> Iterator[PrefectStages]:
             with _bounded_exit():
                 yield PrefectStages(grades, grades)
             return
-        with task_runner("threads", config.draw_slots, None) as draws, _bounded_exit():
-            yield PrefectStages(draws, grades)
+        pool = worker_processes(config.grade_workers) if config.runner == "processes" else nullcontext()
+        with task_runner("threads", config.draw_slots, None) as draws, pool as workers, _bounded_exit():
+            yield PrefectStages(draws, grades, workers)
 
 
 @contextmanager

@@ -1,0 +1,62 @@
+"""Worker processes for the grading stage (`--runner processes`): each grading task's work
+(`tasks.run.loop.GradeTask`) runs in a process of its own, so graders that spend CPU in
+Python (a judge's parsing, a custom grader, the hand-off of each program to its sandbox)
+take neither the run's process's CPU nor its GIL.
+
+The workers are forked from a server process that imported the stages once (multiprocessing's
+`forkserver`, its preload): a worker starts in milliseconds and costs no import, where a
+fresh interpreter per worker imports Prefect and the stages (~1.4 s of CPU each). A worker
+runs the plain task, never Prefect: the task run stays on a thread of the run's process,
+which waits for its worker, so the UI and the loop see the same task runs as with threads.
+
+The forkserver outlives a run (one per process), so each pool hands its workers the
+environment of the run that made it (EVALPIPE_HOME, the sandbox's settings), never the one
+the server was started with. A worker that dies (killed, out of memory) breaks the pool:
+the task's wait raises `BrokenProcessPool`, the run fails (exit 3) with every output it
+drew stored, and the pool's end kills any worker CPython started as it broke (a submit
+racing the breakage starts one that nothing would stop or join).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Executor, ProcessPoolExecutor
+from contextlib import contextmanager
+from typing import Any
+
+# What a worker needs, imported once in the forkserver: the stages and the graders.
+_PRELOAD = ["tasks.run.loop", "tasks.graders"]
+
+
+@contextmanager
+def worker_processes(workers: int) -> Iterator[Executor]:
+    """A pool of `workers` processes for stage tasks, ended (its workers gone) on exit."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(_PRELOAD)
+    pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_adopt, initargs=(dict(os.environ),))
+    ended = False
+    try:
+        yield pool
+        ended = True
+    finally:
+        # Stopped or failed, the run does not wait for its graders (a program may have 600 s
+        # left); a broken pool may hold a worker that nothing else would stop.
+        cut = not ended or getattr(pool, "_broken", False)
+        workers_left = list((getattr(pool, "_processes", None) or {}).values())
+        pool.shutdown(wait=not cut, cancel_futures=True)
+        if cut:
+            for worker in workers_left:
+                worker.kill()
+                worker.join()
+
+
+def run_in(pool: Executor | None, work: Callable[[], Any]) -> Any:
+    """`work()` in a worker of `pool` (or here, without one), waiting for its result."""
+    return work() if pool is None else pool.submit(work).result()
+
+
+def _adopt(environ: Mapping[str, str]) -> None:
+    os.environ.clear()
+    os.environ.update(environ)
