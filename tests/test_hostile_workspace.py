@@ -408,3 +408,31 @@ def test_where_the_filter_cannot_be_set_the_agent_does_not_run(home, calc_repo, 
     assert "\n" not in sample.verdict.detail.strip()
     assert not marker.exists()
     assert subprocess.run(["pgrep", "-P", str(os.getpid()), "pasta"], capture_output=True).stdout == b""
+
+
+OUTSIDE_PROBE = '''
+import socket
+try:
+    print("outside", socket.create_connection(("pypi.org", 443), timeout=10).getpeername()[0])
+except OSError as exc:
+    print("outside unreachable", type(exc).__name__, exc)
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("bwrap")
+def test_the_outside_stays_in_reach_through_the_filter(home, calc_repo, tmp_path, monkeypatch):
+    """What the filter must not take: a registry this host reaches, the agent reaches too
+    (its name resolved by the host's resolver, its connection carried by pasta)."""
+    try:
+        socket.create_connection(("pypi.org", 443), timeout=10).close()
+    except OSError as exc:
+        pytest.skip(f"this host does not reach pypi.org:443 ({exc})")
+    repo, _ = calc_repo
+    probe = tmp_path / "agents" / "outside.py"
+    probe.parent.mkdir()
+    probe.write_text(OUTSIDE_PROBE)
+    monkeypatch.delenv("EVALPIPE_AGENT_NETWORK", raising=False)
+    sample = draw(script_agent(tmp_path, f'"{sys.executable}" "{probe}"\n'), calc_case(repo))
+    lines = sample.trace.agent_run.stdout_tail.splitlines()
+    assert lines and lines[0].startswith("outside ") and "unreachable" not in lines[0], (lines, sample.verdict)

@@ -16,8 +16,8 @@ stack and reach it. So before the command runs, every destination this host deli
 itself (its local routing table: the addresses of all interfaces, IPv4 and IPv6, link-local
 ones and any wider local route), read then, is made local in the namespace too (`guard`):
 a connection to it stays inside the namespace, where nothing listens. Local routes and not
-`unreachable` ones: a socket bound to the interface (`SO_BINDTODEVICE`, `IP_PKTINFO`) goes
-out on it when the lookup fails, while a local route on that interface matches. The
+`unreachable` ones: a socket bound to the interface (`SO_BINDTODEVICE`) goes out on it
+when the lookup fails, while a local route on that interface matches. The
 command has no capability to change them. Where pasta is missing, a workspace run refuses
 unless `EVALPIPE_AGENT_NETWORK=host` lets its agent share the host's network
 (docs/sandbox.md).
