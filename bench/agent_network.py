@@ -2,7 +2,7 @@
 
 The same command (`/bin/true`) started in the sandbox with no network (the peer), and with
 its own network: pasta joining it to the outside, then the filter keeping this host's
-addresses out of reach (reading the host's routes, a child adding local routes in the
+addresses out of reach (reading the host's routes, then adding local routes in the
 namespace). Medians of N starts.
 
 Usage: python bench/agent_network.py [--starts 21]
@@ -49,7 +49,7 @@ def main() -> None:
     for label, values in whole.items():
         print(f"  {label:<28}{ms(values)}")
     print("  of which, with its own network:")
-    for part, label in zip(PARTS, ("pasta start", "reading the host's routes", "filter (child, routes)"), strict=True):
+    for part, label in zip(PARTS, ("pasta start", "reading the host's routes", "filter (local routes)"), strict=True):
         print(f"    {label:<26}{ms(spent[part])}")
 
 

@@ -358,7 +358,18 @@ def secondary_addresses():
             _ip("addr", "del", address, "dev", "lo")
 
 
-@pytest.mark.usefixtures("bwrap")
+@pytest.fixture(params=["thread", "child"])
+def joined_by(request, monkeypatch):
+    """How the filter is set: a thread of ours (we hold CAP_SYS_ADMIN) or a forked child
+    joining the namespace's user namespace first (what a non-root harness does)."""
+    if request.param == "thread" and not network._is_admin():
+        pytest.skip("only a process holding CAP_SYS_ADMIN sets the filter from a thread")
+    if request.param == "child":
+        monkeypatch.setattr(network, "_is_admin", lambda: False)
+    return request.param
+
+
+@pytest.mark.usefixtures("bwrap", "joined_by")
 def test_a_service_on_another_address_of_the_host_is_out_of_reach(home, calc_repo, tmp_path, monkeypatch,
                                                                   secondary_addresses):
     """The red team's class, on the host's other addresses: pasta carries a connection to
@@ -391,14 +402,14 @@ def test_a_service_on_another_address_of_the_host_is_out_of_reach(home, calc_rep
         servers.close()
 
 
-@pytest.mark.usefixtures("bwrap")
+@pytest.mark.usefixtures("bwrap", "joined_by")
 def test_where_the_filter_cannot_be_set_the_agent_does_not_run(home, calc_repo, tmp_path, monkeypatch):
     """The filter is set by a child joining the namespace; where it fails, the sample fails
     with its one line and the agent never ran: never an open network."""
     def refuse(destinations):
         raise OSError("no route may be added here")
 
-    monkeypatch.setattr(network, "_add_local_routes", refuse)  # in the forked child
+    monkeypatch.setattr(network, "_add_local_routes", refuse)
     monkeypatch.delenv("EVALPIPE_AGENT_NETWORK", raising=False)
     repo, _ = calc_repo
     marker = tmp_path / "ran"

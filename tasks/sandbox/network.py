@@ -36,9 +36,11 @@ import socket
 import struct
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -185,6 +187,7 @@ _RTA_DST, _RTA_OIF = 1, 4
 _RTMSG = struct.Struct("=BBBBBBBBI")  # family, dst_len, src_len, tos, table, protocol, scope, type, flags
 _NLMSGHDR = struct.Struct("=IHHII")  # length, type, flags, sequence, port
 _CLONE_NEWUSER, _CLONE_NEWNET = 0x10000000, 0x40000000
+_CAP_SYS_ADMIN = 21
 _NS_GET_USERNS = 0xB701  # ioctl_ns(2): the user namespace owning a namespace
 
 Destinations = tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
@@ -213,19 +216,47 @@ def host_destinations() -> Destinations:
 
 def guard(net: int, user: int, destinations: Destinations) -> None:
     """Make `destinations` local in the network namespace `net` (owned by the user
-    namespace `user`), on its interface to pasta, so that nothing sent to them leaves it.
-    Done by a child that joins the namespace (its owner first where that is not ours: as
-    a non-root user we need its capabilities); `SandboxError` naming why when it cannot."""
-    join_user = os.fstat(user).st_ino != os.stat("/proc/self/ns/user").st_ino
+    namespace `user`), on its interface to pasta, so that nothing sent to them leaves it;
+    `SandboxError` naming why when it cannot. Done from inside the namespace: by a thread
+    of ours where we hold CAP_SYS_ADMIN (root), else by a forked child, which joins the
+    owning user namespace first for its capabilities (only a single-threaded process may);
+    a fork of a big harness costs tens of ms, a thread next to nothing."""
+    try:
+        if _is_admin():
+            _in_thread(net, destinations)
+        else:
+            _in_child(net, user, destinations)
+    except OSError as exc:
+        raise SandboxError(f"cannot filter the sandbox's network: {exc}") from None
+
+
+def _in_thread(net: int, destinations: Destinations) -> None:
+    failed: list[OSError] = []
+
+    def work() -> None:  # the namespace joined is this thread's alone, and it ends here
+        try:
+            _join(net, _CLONE_NEWNET)
+            _add_local_routes(destinations)
+        except OSError as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=work, name="evalpipe-network-filter")
+    thread.start()
+    thread.join()
+    if failed:
+        raise failed[0]
+
+
+def _in_child(net: int, user: int, destinations: Destinations) -> None:
     read, write = os.pipe()
     child = os.fork()
     if child == 0:  # pragma: no cover - a forked child, reporting on its pipe
         status = 1
         try:
             os.close(read)
-            for fd, kind in ((user, _CLONE_NEWUSER), (net, _CLONE_NEWNET)):
-                if (kind == _CLONE_NEWNET or join_user) and _LIBC.setns(fd, kind) != 0:
-                    raise OSError(ctypes.get_errno(), f"setns: {os.strerror(ctypes.get_errno())}")
+            if os.fstat(user).st_ino != os.stat("/proc/self/ns/user").st_ino:
+                _join(user, _CLONE_NEWUSER)
+            _join(net, _CLONE_NEWNET)
             _add_local_routes(destinations)
             status = 0
         except BaseException as exc:  # noqa: BLE001 - whatever it is, the parent says it
@@ -237,7 +268,22 @@ def guard(net: int, user: int, destinations: Destinations) -> None:
         reason = pipe.read().decode(errors="replace")
     _, status = os.waitpid(child, 0)
     if status != 0:
-        raise SandboxError(f"cannot filter the sandbox's network: {reason or f'wait status {status}'}")
+        raise OSError(reason or f"the child's wait status {status}")
+
+
+def _join(fd: int, kind: int) -> None:
+    if _LIBC.setns(fd, kind) != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, f"setns: {os.strerror(error)}")
+
+
+@lru_cache(maxsize=1)
+def _is_admin() -> bool:
+    """Whether this process holds CAP_SYS_ADMIN, with which a thread may join a network
+    namespace without its user namespace."""
+    status = Path("/proc/self/status").read_text()
+    effective = next(line.split()[1] for line in status.splitlines() if line.startswith("CapEff:"))
+    return bool(int(effective, 16) >> _CAP_SYS_ADMIN & 1)
 
 
 def _add_local_routes(destinations: Destinations) -> None:
