@@ -54,6 +54,19 @@ _SETUP_TIMEOUT_S = 30.0
 _PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL(None, use_errno=True)
 
+# rtnetlink(7): the constants of <linux/netlink.h> and <linux/rtnetlink.h> used here.
+_RTM_NEWROUTE, _RTM_GETROUTE = 24, 26
+_NLMSG_ERROR, _NLMSG_DONE = 2, 3
+_NLM_F_REQUEST, _NLM_F_ACK, _NLM_F_DUMP, _NLM_F_EXCL, _NLM_F_CREATE = 0x1, 0x4, 0x300, 0x200, 0x400
+_RTN_LOCAL, _RTN_ANYCAST = 2, 4
+_RT_TABLE_LOCAL, _RTPROT_STATIC, _RT_SCOPE_HOST = 255, 4, 254
+_RTA_DST, _RTA_OIF = 1, 4
+_RTMSG = struct.Struct("=BBBBBBBBI")  # family, dst_len, src_len, tos, table, protocol, scope, type, flags
+_NLMSGHDR = struct.Struct("=IHHII")  # length, type, flags, sequence, port
+_CLONE_NEWUSER, _CLONE_NEWNET = 0x10000000, 0x40000000
+_CAP_SYS_ADMIN = 21
+_NS_GET_USERNS = 0xB701  # ioctl_ns(2): the user namespace owning a namespace
+
 
 @dataclass(frozen=True)
 class OwnNetwork:
@@ -177,19 +190,6 @@ def _die_with_parent() -> None:
     _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-# rtnetlink(7): the constants of <linux/netlink.h> and <linux/rtnetlink.h> used here.
-_RTM_NEWROUTE, _RTM_GETROUTE = 24, 26
-_NLMSG_ERROR, _NLMSG_DONE = 2, 3
-_NLM_F_REQUEST, _NLM_F_ACK, _NLM_F_DUMP, _NLM_F_EXCL, _NLM_F_CREATE = 0x1, 0x4, 0x300, 0x200, 0x400
-_RTN_LOCAL, _RTN_ANYCAST = 2, 4
-_RT_TABLE_LOCAL, _RTPROT_STATIC, _RT_SCOPE_HOST = 255, 4, 254
-_RTA_DST, _RTA_OIF = 1, 4
-_RTMSG = struct.Struct("=BBBBBBBBI")  # family, dst_len, src_len, tos, table, protocol, scope, type, flags
-_NLMSGHDR = struct.Struct("=IHHII")  # length, type, flags, sequence, port
-_CLONE_NEWUSER, _CLONE_NEWNET = 0x10000000, 0x40000000
-_CAP_SYS_ADMIN = 21
-_NS_GET_USERNS = 0xB701  # ioctl_ns(2): the user namespace owning a namespace
-
 Destinations = tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
 
 
@@ -198,15 +198,18 @@ def host_destinations() -> Destinations:
     anycast routes of its routing tables (each address of each interface, and any wider
     local route), as they are now."""
     found = set()
-    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as nl:
-        request = _RTMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0, 0, 0, 0, 0)
-        for kind, body in _exchange(nl, [(_RTM_GETROUTE, _NLM_F_REQUEST | _NLM_F_DUMP, request)]):
-            if kind == _NLMSG_ERROR and (error := -struct.unpack_from("=i", body)[0]):
-                raise SandboxError(f"cannot read this host's addresses: {os.strerror(error)}")
-            if kind != _RTM_NEWROUTE:  # a dump's routes come as RTM_NEWROUTE
-                continue
+    request = _RTMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0, 0, 0, 0, 0)
+    try:
+        with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as nl:
+            answers = _exchange(nl, [(_RTM_GETROUTE, _NLM_F_REQUEST | _NLM_F_DUMP, request)])
+    except OSError as exc:
+        raise SandboxError(f"cannot read this host's addresses: {exc}") from None
+    for kind, body in answers:
+        if kind == _NLMSG_ERROR and (error := -struct.unpack_from("=i", body)[0]):
+            raise SandboxError(f"cannot read this host's addresses: {os.strerror(error)}")
+        if kind == _RTM_NEWROUTE:  # a dump's routes come as RTM_NEWROUTE
             family, dst_len, *_, route_type, _ = _RTMSG.unpack_from(body)
-            dst = _attributes(body[_RTMSG.size:]).get(_RTA_DST)
+            dst = _attributes(body[_RTMSG.size:]).get(_RTA_DST)  # none: a default route (a TPROXY table's), no address
             if route_type in (_RTN_LOCAL, _RTN_ANYCAST) and dst and family in (socket.AF_INET, socket.AF_INET6):
                 net = ipaddress.ip_network((ipaddress.ip_address(dst), dst_len), strict=False)
                 if not net.is_loopback:
@@ -289,6 +292,8 @@ def _is_admin() -> bool:
 def _add_local_routes(destinations: Destinations) -> None:
     """In this process's network namespace: a local route to each destination through its
     one interface other than the loopback (pasta's)."""
+    if not destinations:
+        return
     links = [index for index, name in socket.if_nameindex() if name != "lo"]
     if len(links) != 1:
         raise OSError(f"expected one interface beside the loopback, found {len(links)}")
