@@ -13,11 +13,11 @@ own (nothing listens on it there).
 pasta has no destination filter: a packet to any other address of this host (a docker
 bridge's, a second interface's, a secondary address) would go out through the host's
 stack and reach it. So before the command runs, every destination this host delivers to
-itself (its local routing table: the addresses of all interfaces, IPv4 and IPv6, link-local
-ones and any wider local route), read then, is made local in the namespace too (`guard`):
-a connection to it stays inside the namespace, where nothing listens. Local routes and not
-`unreachable` ones: a socket bound to the interface (`SO_BINDTODEVICE`) goes out on it
-when the lookup fails, while a local route on that interface matches. The
+itself (the local routes of its routing tables: the addresses of all interfaces, IPv4 and
+IPv6, link-local ones, any wider local route), read then, is made local in the namespace
+too (`guard`): a connection to it stays inside the namespace, where nothing listens. Local
+routes and not `unreachable` ones: a socket bound to the interface (`SO_BINDTODEVICE`) goes
+out on it when the lookup fails, while a local route on that interface matches. The
 command has no capability to change them. Where pasta is missing, a workspace run refuses
 unless `EVALPIPE_AGENT_NETWORK=host` lets its agent share the host's network
 (docs/sandbox.md).
