@@ -20,6 +20,7 @@ from test_workspaces import bwrap, calc_case, draw, script_agent  # noqa: F401 -
 
 from tasks.agents import AgentSettings, load_agent
 from tasks.models import InputError, Status
+from tasks.sandbox import network
 
 pytestmark = pytest.mark.skipif(shutil.which("pasta") is None, reason="pasta (Debian package passt) is not installed")
 
@@ -264,3 +265,190 @@ def test_a_service_on_every_host_address_is_out_of_reach(home, calc_repo, tmp_pa
         assert shared.trace.agent_run.stdout_tail.splitlines() == ["loopback hello", "host-address hello"]
     finally:
         server.close()
+
+
+# ------------------------------------------------- the host's other addresses (issue 33, item 1)
+
+SECONDARY_PROBE = '''
+import socket, subprocess
+# First try to undo the filter: the agent has no capability in its namespace.
+for undo in (["ip", "route", "flush", "table", "local"], ["ip", "route", "del", "local", {first!r}, "table", "local"]):
+    try:
+        done = subprocess.run(undo, capture_output=True, text=True)
+        print("undo", done.returncode, done.stderr.strip().replace(" ", "_") or "-")
+    except OSError as exc:
+        print("undo", "missing", type(exc).__name__)
+link = next(name for _, name in socket.if_nameindex() if name != "lo")
+for address, tcp, udp in {targets!r}:
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    for how in ("plain", "bound"):  # bound to pasta's interface: a failed route lookup sends it there
+        for kind, port in ((socket.SOCK_STREAM, tcp), (socket.SOCK_DGRAM, udp)):
+            try:
+                s = socket.socket(family, kind)
+                s.settimeout(2)
+                if how == "bound":
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, link.encode())
+                s.connect((address, port))
+                if kind == socket.SOCK_DGRAM:
+                    s.send(b"ping")
+                print(address, how, kind.name, s.recv(5).decode())
+            except OSError as exc:
+                print(address, how, kind.name, "unreachable", type(exc).__name__)
+'''
+
+
+class SecondaryServers:
+    """A TCP and a UDP service answering "hello" on each of `addresses`; `udp_seen`
+    counts the datagrams that reached them (a probe that times out never proves none did)."""
+
+    def __init__(self, addresses: list[str]) -> None:
+        self.sockets, self.targets, self.udp_seen = [], [], 0
+        for address in addresses:
+            family = socket.AF_INET6 if ":" in address else socket.AF_INET
+            tcp = socket.socket(family)
+            tcp.bind((address, 0))
+            tcp.listen()
+            udp = socket.socket(family, socket.SOCK_DGRAM)
+            udp.bind((address, 0))
+            self.sockets += [tcp, udp]
+            threading.Thread(target=Servers._answer, args=(tcp,), daemon=True).start()
+            threading.Thread(target=self._echo_udp, args=(udp,), daemon=True).start()
+            self.targets.append((address, tcp.getsockname()[1], udp.getsockname()[1]))
+
+    def _echo_udp(self, udp: socket.socket) -> None:
+        while True:
+            try:
+                _, peer = udp.recvfrom(16)
+            except OSError:
+                return
+            self.udp_seen += 1
+            try:
+                udp.sendto(b"hello", peer)
+            except OSError:
+                return  # closed meanwhile
+
+    def close(self) -> None:
+        for s in self.sockets:
+            s.close()
+
+
+def _ip(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", *args], capture_output=True, text=True)
+
+
+@pytest.fixture
+def secondary_addresses():
+    """Addresses this host gets for the test's duration, as a docker bridge or a second
+    interface would give it: a private IPv4 one, and an IPv6 one where the host has a
+    global IPv6 address (pasta then carries IPv6), both on the loopback device (this
+    kernel may lack the dummy driver; IPv6 without duplicate detection, so that it can be
+    bound at once). Removed whatever happens."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("adding an address to this host needs root and iproute2's ip")
+    tag = os.getpid() % 60000
+    wanted = [f"198.19.{tag // 250 + 1}.{tag % 250 + 1}/32"]
+    if _ip("-6", "addr", "show", "scope", "global").stdout.strip():
+        wanted.append(f"fd65:7661:6c70::{tag:x}/128")
+    added = []
+    try:
+        for address in wanted:
+            done = _ip("addr", "add", address, "dev", "lo", *(["nodad"] if ":" in address else []))
+            if done.returncode != 0:
+                pytest.skip(f"cannot add {address} to this host: {done.stderr.strip()}")
+            added.append(address)
+        yield [a.split("/")[0] for a in added]
+    finally:
+        for address in added:
+            _ip("addr", "del", address, "dev", "lo")
+
+
+@pytest.fixture(params=["thread", "child"])
+def joined_by(request, monkeypatch):
+    """How the filter is set: a thread of ours (we hold CAP_SYS_ADMIN) or a forked child
+    joining the namespace's user namespace first (what a non-root harness does)."""
+    if request.param == "thread" and not network._is_admin():
+        pytest.skip("only a process holding CAP_SYS_ADMIN sets the filter from a thread")
+    if request.param == "child":
+        monkeypatch.setattr(network, "_is_admin", lambda: False)
+    return request.param
+
+
+@pytest.mark.usefixtures("bwrap", "joined_by")
+def test_a_service_on_another_address_of_the_host_is_out_of_reach(home, calc_repo, tmp_path, monkeypatch,
+                                                                  secondary_addresses):
+    """The red team's class, on the host's other addresses: pasta carries a connection to
+    any address out through the host's stack, so one the host itself holds (a docker
+    bridge's, a second interface's) reached its services. Plainly or bound to pasta's
+    interface (`SO_BINDTODEVICE`, which got past `unreachable` routes), TCP or UDP, IPv4
+    and IPv6: nothing reaches them, and the agent cannot remove the filter."""
+    servers = SecondaryServers(secondary_addresses)
+    try:
+        repo, _ = calc_repo
+        probe = tmp_path / "agents" / "secondary.py"
+        probe.parent.mkdir()
+        probe.write_text(SECONDARY_PROBE.format(first=secondary_addresses[0], targets=servers.targets))
+        monkeypatch.delenv("EVALPIPE_AGENT_NETWORK", raising=False)
+        agent = script_agent(tmp_path, f'"{sys.executable}" "{probe}"\n')
+        sample = draw(agent, calc_case(repo))
+        lines = sample.trace.agent_run.stdout_tail.splitlines()
+        undo, reached = lines[:2], lines[2:]
+        assert len(reached) == 4 * len(secondary_addresses), (sample.verdict.detail, sample.trace.agent_run)
+        assert all(line.split()[1] not in ("0", "missing") for line in undo), undo  # both refused
+        assert [line.split()[3] for line in reached] == ["unreachable"] * len(reached), reached
+        assert servers.udp_seen == 0
+        # The control: without the filter, the same probe reaches both services on each.
+        monkeypatch.setattr(network, "guard", lambda *args: None)
+        control = draw(agent, calc_case(repo))
+        open_lines = control.trace.agent_run.stdout_tail.splitlines()[2:]
+        assert [line for line in open_lines if " plain " in line] == [
+            f"{address} plain {kind} hello" for address in secondary_addresses
+            for kind in ("SOCK_STREAM", "SOCK_DGRAM")], (control.verdict.detail, control.trace.agent_run)
+    finally:
+        servers.close()
+
+
+@pytest.mark.usefixtures("bwrap", "joined_by")
+def test_where_the_filter_cannot_be_set_the_agent_does_not_run(home, calc_repo, tmp_path, monkeypatch):
+    """The filter is set by a child joining the namespace; where it fails, the sample fails
+    with its one line and the agent never ran: never an open network."""
+    def refuse(destinations):
+        raise OSError("no route may be added here")
+
+    monkeypatch.setattr(network, "_add_local_routes", refuse)
+    monkeypatch.delenv("EVALPIPE_AGENT_NETWORK", raising=False)
+    repo, _ = calc_repo
+    marker = tmp_path / "ran"
+    sample = draw(script_agent(tmp_path, f'touch "{marker}"\n'), calc_case(repo))
+    assert sample.verdict.status is Status.agent_error, sample.verdict
+    assert "cannot filter the sandbox's network: no route may be added here" in sample.verdict.detail
+    assert "\n" not in sample.verdict.detail.strip()
+    assert not marker.exists()
+    assert subprocess.run(["pgrep", "-P", str(os.getpid()), "pasta"], capture_output=True).stdout == b""
+
+
+OUTSIDE_PROBE = '''
+import socket
+try:
+    print("outside", socket.create_connection(("pypi.org", 443), timeout=10).getpeername()[0])
+except OSError as exc:
+    print("outside unreachable", type(exc).__name__, exc)
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("bwrap")
+def test_the_outside_stays_in_reach_through_the_filter(home, calc_repo, tmp_path, monkeypatch):
+    """What the filter must not take: a registry this host reaches, the agent reaches too
+    (its name resolved by the host's resolver, its connection carried by pasta)."""
+    try:
+        socket.create_connection(("pypi.org", 443), timeout=10).close()
+    except OSError as exc:
+        pytest.skip(f"this host does not reach pypi.org:443 ({exc})")
+    repo, _ = calc_repo
+    probe = tmp_path / "agents" / "outside.py"
+    probe.parent.mkdir()
+    probe.write_text(OUTSIDE_PROBE)
+    monkeypatch.delenv("EVALPIPE_AGENT_NETWORK", raising=False)
+    sample = draw(script_agent(tmp_path, f'"{sys.executable}" "{probe}"\n'), calc_case(repo))
+    lines = sample.trace.agent_run.stdout_tail.splitlines()
+    assert lines and lines[0].startswith("outside ") and "unreachable" not in lines[0], (lines, sample.verdict)

@@ -7,23 +7,40 @@ out through the host's stack, with `--no-map-gw` (the gateway is not the host's 
 and no port forwarded either way (`-t none -u none -U none`) but the TCP ports of `-T`:
 the endpoints the run itself names on this machine's loopback (an `OPENAI_BASE_URL` of
 `http://127.0.0.1:8000/v1`). So a service on the host's 127.0.0.1 (a Dask scheduler, a
-Prefect server, a database) is refused, the host's own address is the namespace's own
-(nothing listens on it there), and a connection to any other address goes out as the
-host's would. Where pasta is missing, a workspace run refuses unless
-`EVALPIPE_AGENT_NETWORK=host` lets its agent share the host's network (docs/sandbox.md).
+Prefect server, a database) is refused, and the host's primary address is the namespace's
+own (nothing listens on it there).
+
+pasta has no destination filter: a packet to any other address of this host (a docker
+bridge's, a second interface's, a secondary address) would go out through the host's
+stack and reach it. So before the command runs, every destination this host delivers to
+itself (the local routes of its routing tables: the addresses of all interfaces, IPv4 and
+IPv6, link-local ones, any wider local route), read then, is made local in the namespace
+too (`guard`): a connection to it stays inside the namespace, where nothing listens. Local
+routes and not `unreachable` ones: a socket bound to the interface (`SO_BINDTODEVICE`) goes
+out on it when the lookup fails, while a local route on that interface matches. The
+command has no capability to change them. Where pasta is missing, a workspace run refuses
+unless `EVALPIPE_AGENT_NETWORK=host` lets its agent share the host's network
+(docs/sandbox.md).
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
+import fcntl
+import ipaddress
 import os
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -35,6 +52,20 @@ NETWORK_ENV = "EVALPIPE_AGENT_NETWORK"  # "own" (the default) or "host"
 _LOOPBACK_NAMES = ("localhost", "::1")
 _SETUP_TIMEOUT_S = 30.0
 _PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL(None, use_errno=True)
+
+# rtnetlink(7): the constants of <linux/netlink.h> and <linux/rtnetlink.h> used here.
+_RTM_NEWROUTE, _RTM_GETROUTE = 24, 26
+_NLMSG_ERROR, _NLMSG_DONE = 2, 3
+_NLM_F_REQUEST, _NLM_F_ACK, _NLM_F_DUMP, _NLM_F_EXCL, _NLM_F_CREATE = 0x1, 0x4, 0x300, 0x200, 0x400
+_RTN_LOCAL, _RTN_ANYCAST = 2, 4
+_RT_TABLE_LOCAL, _RTPROT_STATIC, _RT_SCOPE_HOST = 255, 4, 254
+_RTA_DST, _RTA_OIF = 1, 4
+_RTMSG = struct.Struct("=BBBBBBBBI")  # family, dst_len, src_len, tos, table, protocol, scope, type, flags
+_NLMSGHDR = struct.Struct("=IHHII")  # length, type, flags, sequence, port
+_CLONE_NEWUSER, _CLONE_NEWNET = 0x10000000, 0x40000000
+_CAP_SYS_ADMIN = 21
+_NS_GET_USERNS = 0xB701  # ioctl_ns(2): the user namespace owning a namespace
 
 
 @dataclass(frozen=True)
@@ -81,20 +112,53 @@ def loopback_ports(env: Mapping[str, str]) -> tuple[int, ...]:
 
 def connect(pid: int, network: OwnNetwork) -> subprocess.Popen:
     """Join the network namespace of process `pid` (bubblewrap's sandbox, waiting on its
-    block fd) to the outside; returns pasta, to be ended by `disconnect`. pasta runs in
-    the foreground as our child, killed with this thread if the harness dies (it would
-    outlive the namespace otherwise)."""
-    forwarded = ",".join(map(str, network.ports)) or "none"
+    block fd) to the outside, with this host's own addresses kept out of reach (`guard`);
+    returns pasta, to be ended by `disconnect`."""
+    net, user = _namespaces(pid)
+    try:
+        pasta = _start_pasta(net, user, network.ports)
+        try:
+            guard(net, user, host_destinations())
+        except BaseException:
+            disconnect(pasta)
+            raise
+        return pasta
+    finally:
+        os.close(net)
+        os.close(user)
+
+
+def _namespaces(pid: int) -> tuple[int, int]:
+    """Descriptors of the network namespace of process `pid` and of the user namespace
+    owning it: the one to join for it, which is not the process's own where bubblewrap
+    nests a second user namespace (as a non-root user it does, while the sandbox starts)."""
+    try:
+        net = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise SandboxError(f"cannot reach the sandbox's network namespace: {exc}") from None
+    try:
+        return net, fcntl.ioctl(net, _NS_GET_USERNS)
+    except OSError as exc:
+        os.close(net)
+        raise SandboxError(f"cannot reach the sandbox's network namespace: {exc}") from None
+
+
+def _start_pasta(net: int, user: int, ports: tuple[int, ...]) -> subprocess.Popen:
+    """pasta, configuring the namespace `net` (owned by `user`) and then serving it; it
+    runs in the foreground as our child, killed with this thread if the harness dies (it
+    would outlive the namespace otherwise)."""
+    forwarded = ",".join(map(str, ports)) or "none"
     with tempfile.TemporaryDirectory(prefix="evalpipe-pasta-") as scratch:
         pidfile, log = Path(scratch, "pid"), Path(scratch, "log")
         argv = [PASTA, "--foreground", "--quiet", "--config-net", "--no-map-gw", "-t", "none", "-u", "none",
-                "-T", forwarded, "-U", "none", "--userns", f"/proc/{pid}/ns/user", "--netns", f"/proc/{pid}/ns/net",
+                "-T", forwarded, "-U", "none", "--userns", f"/proc/self/fd/{user}", "--netns", f"/proc/self/fd/{net}",
                 "--pid", str(pidfile)]
         if os.geteuid() == 0:  # pasta would switch to nobody, who cannot enter the namespace
             argv[1:1] = ["--runas", f"{os.getuid()}:{os.getgid()}"]
         with log.open("wb") as err:
             try:
                 pasta = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                                         pass_fds=(net, user),
                                          preexec_fn=_die_with_parent)  # noqa: PLW1509 - the one way to set it
             except OSError as exc:
                 raise SandboxError(f"{PASTA} could not set up the sandbox's network: {exc}") from None
@@ -123,4 +187,162 @@ def _read(path: Path) -> str:
 
 
 def _die_with_parent() -> None:
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+Destinations = tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
+
+
+def host_destinations() -> Destinations:
+    """Every destination this host delivers to itself, but its loopback's: the local and
+    anycast routes of its routing tables (each address of each interface, and any wider
+    local route), as they are now."""
+    found = set()
+    request = _RTMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0, 0, 0, 0, 0)
+    try:
+        with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as nl:
+            answers = _exchange(nl, [(_RTM_GETROUTE, _NLM_F_REQUEST | _NLM_F_DUMP, request)])
+    except OSError as exc:
+        raise SandboxError(f"cannot read this host's addresses: {exc}") from None
+    for kind, body in answers:
+        if kind == _NLMSG_ERROR and (error := -struct.unpack_from("=i", body)[0]):
+            raise SandboxError(f"cannot read this host's addresses: {os.strerror(error)}")
+        if kind == _RTM_NEWROUTE:  # a dump's routes come as RTM_NEWROUTE
+            family, dst_len, *_, route_type, _ = _RTMSG.unpack_from(body)
+            dst = _attributes(body[_RTMSG.size:]).get(_RTA_DST)  # none: a default route (a TPROXY table's), no address
+            if route_type in (_RTN_LOCAL, _RTN_ANYCAST) and dst and family in (socket.AF_INET, socket.AF_INET6):
+                net = ipaddress.ip_network((ipaddress.ip_address(dst), dst_len), strict=False)
+                if not net.is_loopback:
+                    found.add(net)
+    return tuple(sorted(found, key=lambda n: (n.version, n)))
+
+
+def guard(net: int, user: int, destinations: Destinations) -> None:
+    """Make `destinations` local in the network namespace `net` (owned by the user
+    namespace `user`), on its interface to pasta, so that nothing sent to them leaves it;
+    `SandboxError` naming why when it cannot. Done from inside the namespace: by a thread
+    of ours where we hold CAP_SYS_ADMIN (root), else by a forked child, which joins the
+    owning user namespace first for its capabilities (only a single-threaded process may);
+    a fork of a big harness costs tens of ms, a thread next to nothing."""
+    try:
+        if _is_admin():
+            _in_thread(net, destinations)
+        else:
+            _in_child(net, user, destinations)
+    except OSError as exc:
+        raise SandboxError(f"cannot filter the sandbox's network: {exc}") from None
+
+
+def _in_thread(net: int, destinations: Destinations) -> None:
+    failed: list[OSError] = []
+
+    def work() -> None:  # the namespace joined is this thread's alone, and it ends here
+        try:
+            _join(net, _CLONE_NEWNET)
+            _add_local_routes(destinations)
+        except OSError as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=work, name="evalpipe-network-filter")
+    thread.start()
+    thread.join()
+    if failed:
+        raise failed[0]
+
+
+def _in_child(net: int, user: int, destinations: Destinations) -> None:
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - a forked child, reporting on its pipe
+        status = 1
+        try:
+            os.close(read)
+            if os.fstat(user).st_ino != os.stat("/proc/self/ns/user").st_ino:
+                _join(user, _CLONE_NEWUSER)
+            _join(net, _CLONE_NEWNET)
+            _add_local_routes(destinations)
+            status = 0
+        except BaseException as exc:  # noqa: BLE001 - whatever it is, the parent says it
+            os.write(write, str(exc).encode(errors="replace")[:300])
+        finally:
+            os._exit(status)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        reason = pipe.read().decode(errors="replace")
+    _, status = os.waitpid(child, 0)
+    if status != 0:
+        raise OSError(reason or f"the child's wait status {status}")
+
+
+def _join(fd: int, kind: int) -> None:
+    if _LIBC.setns(fd, kind) != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, f"setns: {os.strerror(error)}")
+
+
+@lru_cache(maxsize=1)
+def _is_admin() -> bool:
+    """Whether this process holds CAP_SYS_ADMIN, with which a thread may join a network
+    namespace without its user namespace."""
+    status = Path("/proc/self/status").read_text()
+    effective = next(line.split()[1] for line in status.splitlines() if line.startswith("CapEff:"))
+    return bool(int(effective, 16) >> _CAP_SYS_ADMIN & 1)
+
+
+def _add_local_routes(destinations: Destinations) -> None:
+    """In this process's network namespace: a local route to each destination through its
+    one interface other than the loopback (pasta's)."""
+    if not destinations:
+        return
+    links = [index for index, name in socket.if_nameindex() if name != "lo"]
+    if len(links) != 1:
+        raise OSError(f"expected one interface beside the loopback, found {len(links)}")
+    requests = []
+    for net in destinations:
+        family = socket.AF_INET if net.version == 4 else socket.AF_INET6
+        body = _RTMSG.pack(family, net.prefixlen, 0, 0, _RT_TABLE_LOCAL, _RTPROT_STATIC, _RT_SCOPE_HOST,
+                           _RTN_LOCAL, 0)
+        body += _attribute(_RTA_DST, net.network_address.packed) + _attribute(_RTA_OIF, struct.pack("=i", links[0]))
+        requests.append((_RTM_NEWROUTE, _NLM_F_REQUEST | _NLM_F_ACK | _NLM_F_CREATE | _NLM_F_EXCL, body))
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as nl:
+        for (_, body), net in zip(_exchange(nl, requests), destinations, strict=True):  # acknowledgements
+            error = -struct.unpack_from("=i", body)[0]
+            if error not in (0, errno.EEXIST):  # EEXIST: the namespace's own address already
+                raise OSError(error, f"a local route to {net}: {os.strerror(error)}")
+
+
+def _exchange(nl: socket.socket, requests: list[tuple[int, int, bytes]]) -> list[tuple[int, bytes]]:
+    """Send netlink `requests` (type, flags, body); the (type, body) of every message
+    answering them, up to each one's last: its acknowledgement (NLMSG_ERROR, 0 for
+    success), or a dump's messages and NLMSG_DONE (or an NLMSG_ERROR)."""
+    nl.sendall(b"".join(_NLMSGHDR.pack(_NLMSGHDR.size + len(body), kind, flags, seq, 0) + body
+                        for seq, (kind, flags, body) in enumerate(requests, 1)))
+    answers, pending = [], len(requests)
+    while pending:
+        data = nl.recv(1 << 16)
+        offset = 0
+        while offset < len(data):
+            length, kind, _, _, _ = _NLMSGHDR.unpack_from(data, offset)
+            body = data[offset + _NLMSGHDR.size:offset + length]
+            offset += (length + 3) & ~3
+            if kind != _NLMSG_DONE:
+                answers.append((kind, body))
+            if kind in (_NLMSG_DONE, _NLMSG_ERROR):
+                pending -= 1
+    return answers
+
+
+def _attribute(kind: int, value: bytes) -> bytes:
+    length = 4 + len(value)
+    return struct.pack("=HH", length, kind) + value + bytes(-length % 4)
+
+
+def _attributes(data: bytes) -> dict[int, bytes]:
+    found, offset = {}, 0
+    while offset + 4 <= len(data):
+        length, kind = struct.unpack_from("=HH", data, offset)
+        if length < 4:
+            break
+        found[kind] = data[offset + 4:offset + length]
+        offset += (length + 3) & ~3
+    return found
