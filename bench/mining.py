@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -27,13 +28,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def evalpipe(*args: str, env: dict[str, str]) -> tuple[dict, float, str]:
-    start = time.monotonic()
+def evalpipe(*args: str, env: dict[str, str]) -> tuple[dict, float, float]:
+    """The command's JSON, its wall seconds and its CPU seconds (its own and every process
+    below it that was waited for: the sandboxed test runs), which the load does not inflate."""
+    start, cpu = time.monotonic(), _children_cpu()
     done = subprocess.run([sys.executable, "-m", "flows.cli", *args, "--json"], cwd=ROOT, env=env,
                           capture_output=True, text=True)
     elapsed = time.monotonic() - start
     try:
-        return json.loads(done.stdout), elapsed, done.stderr
+        return json.loads(done.stdout), elapsed, _children_cpu() - cpu
     except ValueError:
         sys.exit(f"evalpipe {' '.join(args)} exited {done.returncode}: {done.stderr[-2000:]}")
 
@@ -44,9 +47,9 @@ def bench(repo: str, args: argparse.Namespace, home: Path) -> None:
     suite = home / f"{Path(repo.rstrip('/')).name.removesuffix('.git')}.yaml"
     mine_args = ["suite", "mine", repo, "--out", str(suite), "--max", str(args.max), "--reps", str(args.reps),
                  "--workers", str(args.workers)]
-    report, mine_s, _ = evalpipe(*mine_args, env=env)
+    report, mine_s, mine_cpu = evalpipe(*mine_args, env=env)
     print(f"\n== {repo}: {report['commits']} first-parent commits, {report['candidates']} candidates,"
-          f" {report['kept']} kept ({mine_s:.0f} s wall)")
+          f" {report['kept']} kept ({mine_s:.0f} s wall, {mine_cpu:.0f} CPU s)")
     for reason, count in sorted(report["skipped"].items(), key=lambda kv: -kv[1]):
         print(f"  not a candidate  {count:4d}  {reason}")
     dropped = Counter(_reason_kind(d["reason"]) for d in report["dropped"])
@@ -62,21 +65,29 @@ def bench(repo: str, args: argparse.Namespace, home: Path) -> None:
     print(f"  cost: {per_candidate if per_candidate is not None else float('nan'):.1f} s per candidate run"
           f" ({2 * args.reps} test runs each), {per_build if per_build is not None else float('nan'):.1f} s per"
           " environment build")
+    if report["candidates"]:
+        print(f"  per candidate, over the whole mine: {mine_s / report['candidates']:.1f} s wall,"
+              f" {mine_cpu / report['candidates']:.1f} CPU s (load {os.getloadavg()[0]:.1f} at the end)")
     again, again_s, _ = evalpipe(*mine_args, env=env)
     print(f"  resumed: the same mine again took {again_s:.1f} s, {again['reused']} of {again['candidates']}"
           " candidates reused")
     if not report["kept"]:
         return
-    checked, check_s, _ = evalpipe("suite", "validate", str(suite), "--reps", str(args.validate_reps),
+    checked, check_s, check_cpu = evalpipe("suite", "validate", str(suite), "--reps", str(args.validate_reps),
                                    "--workers", str(args.workers), env=env)
     cases = checked["cases"]
     resolved = cases - len(checked["broken"]) - len(checked["flaky"])
-    print(f"  re-grade ({check_s:.0f} s): reference resolved {resolved}/{cases} ="
+    print(f"  re-grade ({check_s:.0f} s wall, {check_cpu:.0f} CPU s): reference resolved {resolved}/{cases} ="
           f" {100 * resolved / cases:.0f} % ({args.validate_reps}x each); no change passes"
           f" {len(checked['vacuous'])}/{cases} = {100 * len(checked['vacuous']) / cases:.0f} %")
     for kind in ("broken", "flaky", "vacuous"):
         for c in checked[kind]:
             print(f"    {kind} {c['case_id']}: {c['detail'][:200]}")
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _reason_kind(reason: str) -> str:

@@ -10,6 +10,7 @@ become an ordinary suite file.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -29,6 +30,7 @@ from tasks.graders.repo_tests import is_test_file
 from tasks.params import Environment
 from tasks.repos.env_inference import Assigned, assign_environments, load_environment_rules
 from tasks.repos.environments import EnvironmentFailed, ensure_environment
+from tasks.repos.issues import DEFAULT_API, IssueSource, issue_source, linked_text
 from tasks.repos.mining import DEFAULT_CODE_PATHS, Candidate, mine_history
 from tasks.repos.worktrees import fetch, mirror, source_of
 from tasks.sandbox import allowing_unsafe
@@ -60,6 +62,12 @@ def build(environment: dict[str, Any], repo: str, fingerprint: str, home: Path) 
             "build_s": meta.get("build_s"), "seconds": round(time.monotonic() - start, 3)}
 
 
+@task(name="linked issue text", cache_policy=NO_CACHE, persist_result=False)
+def issue_texts(candidates: list[Candidate], source: IssueSource | None) -> dict[str, tuple[str, list[dict]]]:
+    """Each candidate's problem statement and what became of its linked issues."""
+    return {c.commit: linked_text(c.message, source) for c in candidates}
+
+
 @task(name="mine candidate", cache_policy=NO_CACHE, persist_result=False,
       task_run_name="mine {candidate.commit:.12}")
 def mine_candidate(candidate: Candidate, repo: str, environment: dict | None, reps: int, key: str,
@@ -81,11 +89,19 @@ def mine_suite(
     reps: Annotated[int, Field(ge=2, le=20, description="Runs of each side (before, with the fix).")] = 2,
     workers: Annotated[int, Field(ge=1, le=64)] = 2,
     unsafe_no_sandbox: Annotated[bool, Field(description="Without bubblewrap, run code unprotected.")] = False,
+    issues: Annotated[str | None, Field(
+        description="Linked issues' text from: github (the REST API) or a JSON-lines export.")] = None,
+    github_api: Annotated[str, Field(description="The GitHub REST API's base URL.")] = DEFAULT_API,
+    github_repo: Annotated[str | None, Field(
+        description="OWNER/NAME on GitHub (default: from the repository's remote URL).")] = None,
 ) -> dict[str, Any]:
     start = time.monotonic()
     store = Store.default()
     source = source_of(repo)
     rules = load_environment_rules(Path(environment)) if environment else None
+    # The token is read here, never a parameter: Prefect records a flow run's parameters.
+    linked = issue_source(issues, source, api=github_api, github_repo=github_repo,
+                          cache_dir=store.home / "mining" / "issues", token=os.environ.get("GITHUB_TOKEN") or None)
     mirror_path = mirror(source, store.home)
     fetch(mirror_path, source)  # the source may have moved on since the mirror was made
     candidates, skipped = walk(mirror_path, since, until, max_commits, paths or list(DEFAULT_CODE_PATHS))
@@ -106,12 +122,15 @@ def mine_suite(
     derived |= _derive_all(runnable, assigned, source, reps, keys, store, workers, unsafe_no_sandbox,
                            len(derived), len(candidates))
     name = Path(out).stem  # the suite's name names its cases and, for the agent, the repository
+    kept = [c for c in candidates if derived[c.commit].kept]
+    texts = issue_texts(kept, linked)
     cases = [(c.commit, mined_case(c, derived[c.commit], case_id=f"{name}-{c.commit[:12]}", repo=source,
                                    repo_name=name, environment=assigned[c.commit].environment,
-                                   environment_source=assigned[c.commit].source))
-             for c in candidates if derived[c.commit].kept]
+                                   environment_source=assigned[c.commit].source, linked=texts[c.commit]))
+             for c in kept]
     report = mining_report([derived[c.commit] for c in candidates], skipped, environments,
-                           seconds=round(time.monotonic() - start, 3), reused=len(done))
+                           seconds=round(time.monotonic() - start, 3), reused=len(done),
+                           issues=[r | {"commit": commit} for commit, (_, rs) in texts.items() for r in rs])
     if cases:
         suite = build_suite(Path(out).stem, cases, {}, source=out)
         write_suite_file(suite, Path(out))

@@ -33,12 +33,25 @@ def mine(
     workers: Annotated[int, typer.Option("--workers", min=1, max=64, help="Candidates run at once.")] = 2,
     unsafe_no_sandbox: Annotated[bool, typer.Option(
         "--unsafe-no-sandbox", help="Without bubblewrap, run the repository's code unprotected.")] = False,
+    issues: Annotated[str | None, typer.Option(
+        "--issues", metavar="github|FILE",
+        help="Add the text of the issues a commit message links (#N, fixes #N, an issue URL) to the problem"
+             " statement, from: github (the REST API; GITHUB_TOKEN if set; answers cached in EVALPIPE_HOME)"
+             " or FILE (JSON lines of {number, title, body}). An issue that cannot be had is named in the"
+             " case's metadata, never fails the mine. Default: the message alone.")] = None,
+    github_api: Annotated[str, typer.Option(
+        "--github-api", metavar="URL", help="The GitHub REST API's base URL (GitHub Enterprise:"
+                                            " https://HOST/api/v3).")] = "https://api.github.com",
+    github_repo: Annotated[str | None, typer.Option(
+        "--github-repo", metavar="OWNER/NAME",
+        help="The repository on GitHub whose issues #N are (default: from REPO's remote URL).")] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Mine REPO's first-parent history into a suite of SWE-style repo_tests cases: commits that
     change code and tests, whose tests fail before the fix and pass with it, every time.
     Exit 1 when no candidate was kept (nothing written)."""
     from tasks.repos.env_inference import load_environment_rules
+    from tasks.repos.issues import issue_source
     from tasks.repos.worktrees import source_of
     from tasks.sandbox import run_sandbox_mode
     from tasks.suites.dataset import SuiteError
@@ -49,6 +62,7 @@ def mine(
         raise SuiteError(f"{out}: unknown suite format {out.suffix!r} (expected .yaml, .yml or .jsonl)")
     if environment is not None:
         load_environment_rules(environment)
+    issue_source(issues, source_of(repo), api=github_api, github_repo=github_repo, cache_dir=Path())
     run_sandbox_mode(("repo_tests",), unsafe_no_sandbox)
     from flows.prefect_api import prefect_api
 
@@ -58,7 +72,7 @@ def mine(
         report = watch(mine_suite)(
             repo=repo, out=str(out), since=since, until=until, max_commits=max_commits, paths=paths,
             environment=str(environment) if environment else None, reps=reps, workers=workers,
-            unsafe_no_sandbox=unsafe_no_sandbox)
+            unsafe_no_sandbox=unsafe_no_sandbox, issues=issues, github_api=github_api, github_repo=github_repo)
     from tasks.report.mining_text import mining_text
 
     typer.echo(json_doc(report) if as_json else mining_text(report))

@@ -10,11 +10,14 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import git
@@ -28,6 +31,7 @@ from tasks.graders.repo_tests import is_test_file
 from tasks.graders.validation import check_case
 from tasks.models import InputError
 from tasks.repos.env_inference import assign_environments, infer_environment, load_environment_rules
+from tasks.repos.issues import GitHubIssues, github_repo_of, issue_refs, issue_source, linked_text
 from tasks.repos.mining import Candidate, mine_history
 from tasks.repos.worktrees import mirror
 from tasks.sandbox import bwrap_available
@@ -277,6 +281,11 @@ def test_bad_input_exits_2_with_one_line(history, tmp_path: Path, home: Path) ->
         (["suite", "mine", history["path"], "--out", str(tmp_path / "s.txt")], "unknown suite format"),
         (["suite", "mine", history["path"], "--out", str(tmp_path / "s.yaml"), "--environment", str(envs)], "install"),
         (["suite", "mine", history["path"], "--out", str(tmp_path / "s.yaml"), "--reps", "1"], "--reps"),
+        (["suite", "mine", history["path"], "--out", str(tmp_path / "s.yaml"), "--issues", "github"],
+         "give --github-repo"),
+        (["suite", "mine", history["path"], "--out", str(tmp_path / "s.yaml"), "--issues", str(envs)], "line 1"),
+        (["suite", "mine", history["path"], "--out", str(tmp_path / "s.yaml"), "--issues", "github",
+          "--github-repo", "acme/calc", "--github-api", "ftp://x"], "--github-api"),
     ):
         done = _cli(*args, env=env)
         assert done.returncode == 2 and done.stderr.count("\n") == 1 and where in done.stderr, done.stderr
@@ -321,3 +330,146 @@ def test_an_environment_that_does_not_build_drops_its_candidates_with_the_reason
     again = _cli("suite", "mine", history["path"], "--out", str(suite), "--environment", str(envs), "--json", env=env)
     retried = json.loads(again.stdout)
     assert retried["reused"] == 0 and "no-such-package" in retried["environments"][0]["failed"]
+
+
+class _FakeGitHub(ThreadingHTTPServer):
+    """A local stdlib HTTP server standing in for api.github.com: `issues` by path
+    (/repos/OWNER/NAME/issues/N -> {title, body}), 404 for the rest, 500 for `failing` paths;
+    every request's path and Authorization header is kept."""
+
+    def __init__(self, issues: dict[str, dict], failing: tuple[str, ...] = (), delay_s: float = 0.0) -> None:
+        self.issues, self.failing, self.delay_s = issues, failing, delay_s
+        self.seen: list[tuple[str, str | None]] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+                server.seen.append((self.path, self.headers.get("Authorization")))
+                time.sleep(server.delay_s)
+                code, doc = ((500, {"message": "boom"}) if self.path in server.failing else
+                             (200, server.issues[self.path]) if self.path in server.issues else
+                             (404, {"message": "Not Found"}))
+                body = json.dumps(doc).encode()
+                try:
+                    self.send_response(code)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # a client that stopped waiting (the timeout under test)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server_address[1]}"
+
+    def __enter__(self) -> _FakeGitHub:
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+        self.server_close()
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+SUB_ISSUE = {"/repos/acme/calc/issues/7": {"title": "sub(5, 3) returns 8", "body": "Expected 2.\n\n```\n>>> sub(5, 3)\n8\n```"}}
+
+
+def test_a_message_s_issue_references_and_a_remote_s_repository(tmp_path: Path) -> None:
+    refs = issue_refs("Fix x (#12), fixes #13; see pallets/click#14, https://github.com/o/r/issues/15,"
+                      " https://github.com/o/r/pull/16#issuecomment-3, #12 again; not &#39; nor a#5")
+    assert [r.label for r in refs] == ["#12", "#13", "pallets/click#14", "o/r#15", "o/r#16"]
+    for url, name in (("https://github.com/pallets/click.git", "pallets/click"),
+                      ("git@github.com:pallets/click.git", "pallets/click"),
+                      ("ssh://git@ghe.example.com/org/tool", "org/tool"), ("/srv/git/calc", None)):
+        assert github_repo_of(url) == name, url
+    clone = git.Repo.init(tmp_path / "clone")
+    clone.create_remote("origin", "https://github.com/acme/calc.git")
+    found = issue_source("github", str(tmp_path / "clone"), cache_dir=tmp_path / "cache")
+    assert isinstance(found, GitHubIssues) and found.repo == "acme/calc"
+    git.Repo.init(tmp_path / "lonely")
+    with pytest.raises(InputError, match="give --github-repo"):
+        issue_source("github", str(tmp_path / "lonely"), cache_dir=tmp_path / "cache")
+    for text, where in (("{not json", "line 1: not JSON"), ('{"number": "7", "title": "t"}', "line 1: expected"),
+                        ('\n{"number": 7}', "line 2: expected")):
+        (tmp_path / "issues.jsonl").write_text(text)
+        with pytest.raises(InputError, match=where):
+            issue_source(str(tmp_path / "issues.jsonl"), str(tmp_path / "clone"), cache_dir=tmp_path / "cache")
+
+
+def test_the_api_s_answers_are_cached_and_its_failures_named_not_raised(tmp_path: Path) -> None:
+    issues = {**SUB_ISSUE, "/repos/pallets/click/issues/3": {"title": "other repo", "body": None}}
+    with _FakeGitHub(issues, failing=("/repos/acme/calc/issues/9",)) as api:
+        source = GitHubIssues(api.url, "acme/calc", tmp_path / "cache", token="t0ken")
+        statement, record = linked_text("Fix sub (fixes #7, see #8, #9 and pallets/click#3)", source)
+        assert statement == ("Fix sub (fixes #7, see #8, #9 and pallets/click#3)\n\n"
+                             "Issue #7: sub(5, 3) returns 8\n\nExpected 2.\n\n```\n>>> sub(5, 3)\n8\n```\n\n"
+                             "Issue pallets/click#3: other repo")
+        assert record[0] == {"issue": "#7", "source": f"{api.url}/repos/acme/calc/issues/7",
+                             "title": "sub(5, 3) returns 8"}
+        assert "HTTP 404" in record[1]["not_fetched"] and "HTTP 500" in record[2]["not_fetched"]
+        assert {auth for _, auth in api.seen} == {"Bearer t0ken"} and len(api.seen) == 4
+        # Again, from a fresh source: answers (the issue, the 404) are not asked twice; the 500 is.
+        again = GitHubIssues(api.url, "acme/calc", tmp_path / "cache")
+        assert linked_text("Fix sub (fixes #7, see #8, #9 and pallets/click#3)", again) == (statement, record)
+        assert [path for path, _ in api.seen[4:]] == ["/repos/acme/calc/issues/9"]
+    # An API that does not answer in time, or not at all: named, and not waited on twice.
+    with _FakeGitHub(SUB_ISSUE, delay_s=2) as slow:
+        late = GitHubIssues(slow.url, "acme/calc", tmp_path / "other-cache", timeout_s=0.3)
+        _, record = linked_text("fixes #7 and #8", late)
+        assert "unreachable" in record[0]["not_fetched"] and "timed out" in record[0]["not_fetched"]
+        assert record[1]["not_fetched"] == record[0]["not_fetched"] and len(slow.seen) == 1
+    refused = GitHubIssues(f"http://127.0.0.1:{_closed_port()}", "acme/calc", tmp_path / "cache")
+    assert "refused" in linked_text("fixes #8", refused)[1][0]["not_fetched"]
+
+
+@pytest.mark.skipif(not bwrap_available(), reason="environments are built in bubblewrap")
+def test_mine_adds_the_linked_issue_s_text_or_says_why_not(
+        history, mine_home: Path, tmp_path: Path, prefect_harness) -> None:
+    envs = tmp_path / "env.yaml"
+    envs.write_text(yaml.safe_dump(OFFLINE))
+    suite = tmp_path / "issued.yaml"
+    env = {"PREFECT_API_URL": prefect_harness, "EVALPIPE_HOME": str(mine_home), "GITHUB_TOKEN": "s3cret"}
+    args = ["suite", "mine", history["path"], "--out", str(suite), "--environment", str(envs),
+            "--github-repo", "acme/calc", "--json"]
+    with _FakeGitHub(SUB_ISSUE) as api:
+        mined = _cli(*args, "--issues", "github", "--github-api", api.url, env=env)
+        assert mined.returncode == 0, mined.stderr
+        (case,) = load_suite(suite).cases
+        assert case.inputs["problem_statement"] == ("Fix sub: it added (fixes #7)\n\nIssue #7: sub(5, 3) returns 8"
+                                                    "\n\nExpected 2.\n\n```\n>>> sub(5, 3)\n8\n```")
+        assert case.metadata["issue_text"] == [{"issue": "#7", "source": f"{api.url}/repos/acme/calc/issues/7",
+                                                "title": "sub(5, 3) returns 8"}]
+        assert json.loads(mined.stdout)["issues"] == {"linked": 1, "fetched": 1, "not_fetched": []}
+        assert api.seen == [("/repos/acme/calc/issues/7", "Bearer s3cret")]
+        # The token is not a flow parameter: it is nowhere in what the mine wrote.
+        assert "s3cret" not in suite.read_text() and "s3cret" not in mined.stdout + mined.stderr
+        version = load_suite(suite).version
+        # A re-mine asks the API nothing: the same suite from the cache.
+        again = _cli(*args, "--issues", "github", "--github-api", api.url, env=env)
+        assert again.returncode == 0 and len(api.seen) == 1 and load_suite(suite).version == version
+    # The API unreachable: the mine goes on, the case keeps the message and says why.
+    gone = f"http://127.0.0.1:{_closed_port()}"
+    offline = _cli(*args[:-1], "--issues", "github", "--github-api", gone, env=env)  # text output, not --json
+    assert offline.returncode == 0, offline.stderr
+    (case,) = load_suite(suite).cases
+    assert case.inputs["problem_statement"] == "Fix sub: it added (fixes #7)"
+    (why,) = case.metadata["issue_text"]
+    assert why["issue"] == "#7" and why["not_fetched"].startswith(f"{gone} unreachable:")
+    assert f"not fetched {history['fix'][:12]} #7: {gone} unreachable" in offline.stdout
+    # From an export file instead.
+    export = tmp_path / "issues.jsonl"
+    export.write_text(json.dumps({"number": 7, "title": "sub adds", "body": "from the export"}) + "\n")
+    filed = _cli(*args, "--issues", str(export), env=env)
+    assert filed.returncode == 0, filed.stderr
+    (case,) = load_suite(suite).cases
+    assert case.inputs["problem_statement"].endswith("Issue #7: sub adds\n\nfrom the export")
+    assert case.metadata["issue_text"] == [{"issue": "#7", "source": str(export), "title": "sub adds"}]

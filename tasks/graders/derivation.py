@@ -20,6 +20,7 @@ resolved every graded test on every run. Every dropped candidate carries its rea
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -169,8 +170,12 @@ def _names(tests: list[str], shown: int = 3) -> str:
 
 
 def mined_case(candidate: Candidate, derivation: Derivation, *, case_id: str, repo: str, repo_name: str,
-               environment: dict | None, environment_source: str) -> dict[str, Any]:
-    """The suite case of a kept candidate: SWE-style, with its provenance in `metadata`."""
+               environment: dict | None, environment_source: str,
+               linked: tuple[str, list[dict]] | None = None) -> dict[str, Any]:
+    """The suite case of a kept candidate: SWE-style, with its provenance in `metadata`.
+    `linked`: the problem statement with the linked issues' text and what became of each
+    (`tasks.repos.issues.linked_text`); None: the message alone."""
+    statement, issue_text = linked if linked is not None else (candidate.message, [])
     grader: dict[str, Any] = {
         "kind": "repo_tests", "repo": repo, "base_commit": candidate.parent,
         "fail_to_pass": list(derivation.fail_to_pass), "pass_to_pass": list(derivation.pass_to_pass),
@@ -180,12 +185,13 @@ def mined_case(candidate: Candidate, derivation: Derivation, *, case_id: str, re
         grader["environment"] = environment
     return {
         "id": case_id,
-        "inputs": {"problem_statement": candidate.message, "repo": repo_name},
+        "inputs": {"problem_statement": statement, "repo": repo_name},
         "reference": candidate.patch,
         "grader": grader,
         "slices": [repo_name],
         "tags": ["mined"],
-        "metadata": {"provenance": candidate.provenance(), "environment": environment_source},
+        "metadata": {"provenance": candidate.provenance(), "environment": environment_source,
+                     **({"issue_text": issue_text} if issue_text else {})},
     }
 
 
@@ -197,9 +203,10 @@ def result_key(repo: str, commit: str, environment: str, reps: int) -> str:
 
 
 def mining_report(derived: list[Derivation], skipped: list[Skipped], environments: list[dict[str, Any]], *,
-                  seconds: float, reused: int) -> dict[str, Any]:
+                  seconds: float, reused: int, issues: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     """What a mine found: every walked commit counted, every dropped candidate with its reason,
-    the environments and what candidates and builds cost."""
+    the environments, what candidates and builds cost, and the issues the kept ones link
+    (`issues`: each `{commit, issue, source, title}` or `{commit, issue, not_fetched}`)."""
     reasons: dict[str, int] = {}
     for s in skipped:
         reason = s.reason.split(" (", 1)[0]  # "changes a binary file (x.png), ..." counts as one reason
@@ -219,4 +226,6 @@ def mining_report(derived: list[Derivation], skipped: list[Skipped], environment
         "seconds": seconds,
         "seconds_per_candidate": round(sum(timed) / len(timed), 3) if timed else None,
         "seconds_per_build": round(sum(builds) / len(builds), 3) if builds else None,
+        "issues": {"linked": len(issues), "fetched": sum("source" in i for i in issues),
+                   "not_fetched": [i for i in issues if "not_fetched" in i]},
     }

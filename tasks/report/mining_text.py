@@ -20,6 +20,11 @@ def mining_text(report: Mapping[str, Any]) -> str:
         what = f"failed: {env['failed'][:300]}" if "failed" in env else (
             f"built in {env['build_s']:.1f}s" if env.get("built") else "reused")
         lines.append(f"  environment {env.get('name', env['fingerprint'][:12])} ({env['candidates']} candidates): {what}")
+    issues = report["issues"]
+    if issues["linked"]:
+        lines.append(f"  linked issues of the kept: {issues['linked']}, text fetched for {issues['fetched']}")
+        lines.extend(f"    not fetched {i['commit'][:12]} {i['issue']}: {i['not_fetched'][:300]}"
+                     for i in issues["not_fetched"])
     per = report.get("seconds_per_candidate")
     lines.append(f"{report['seconds']:.1f}s in all; "
                  + (f"{per:.1f}s per candidate run" if per is not None else "no candidate run")

@@ -9,11 +9,11 @@ them (`tasks.graders.derivation`), never guessed from the diff.
 from __future__ import annotations
 
 import fnmatch
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tasks.repos.issues import issue_refs
 from tasks.repos.worktrees import RepoError, run_git
 
 # What a commit's code files are by default: Python sources (documentation, changelogs and
@@ -21,8 +21,6 @@ from tasks.repos.worktrees import RepoError, run_git
 DEFAULT_CODE_PATHS = ("*.py",)
 # Modes `repo_tests`' patches cannot carry: symbolic links and submodules.
 _SYMLINK, _GITLINK = "120000", "160000"
-# "fixes #12", "(#12)", "closes org/repo#12": the issue a message links (recorded, not fetched).
-_ISSUE = re.compile(r"(?<![\w/])(?:[\w.-]+/[\w.-]+)?#(\d+)\b")
 _DIFF_OPTIONS = ("--no-color", "--no-ext-diff", "--no-textconv", "--no-renames",
                  "--src-prefix=a/", "--dst-prefix=b/")
 
@@ -42,8 +40,8 @@ class Candidate:
 
     @property
     def issues(self) -> tuple[str, ...]:
-        """The issue numbers the message refers to (`#12`), in order of appearance."""
-        return tuple(dict.fromkeys(f"#{n}" for n in _ISSUE.findall(self.message)))
+        """The issues the message links (`#12`, `org/repo#12`), in order of appearance."""
+        return tuple(ref.label for ref in issue_refs(self.message))
 
     def provenance(self) -> dict:
         return {"commit": self.commit, "parent": self.parent, "date": self.date,
