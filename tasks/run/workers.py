@@ -13,8 +13,9 @@ The forkserver outlives a run (one per process), so each pool hands its workers 
 environment of the run that made it (EVALPIPE_HOME, the sandbox's settings), never the one
 the server was started with. A worker that dies (killed, out of memory) breaks the pool:
 the task's wait raises `BrokenProcessPool`, the run fails (exit 3) with every output it
-drew stored, and the pool's end kills any worker CPython started as it broke (a submit
-racing the breakage starts one that nothing would stop or join).
+drew stored, and the pool's end kills every worker left, one CPython started as it broke
+included (a submit racing the breakage starts one that nothing would stop, and the pool's
+own thread then waits on it forever: a run that lost a worker hung in about 1 of 15).
 """
 
 from __future__ import annotations
@@ -42,12 +43,14 @@ def worker_processes(workers: int) -> Iterator[Executor]:
         ended = True
     finally:
         # Stopped or failed, the run does not wait for its graders (a program may have 600 s
-        # left); a broken pool may hold a worker that nothing else would stop.
-        cut = not ended or getattr(pool, "_broken", False)
-        workers_left = list((getattr(pool, "_processes", None) or {}).values())
+        # left), and kills them. The dict is the pool's own: a worker started by a submit
+        # that raced the breakage joins it, and `shutdown` returns only once no submit is
+        # under way (it takes their lock), so none is missed.
+        workers_left = getattr(pool, "_processes", None) or {}
+        cut = not ended or bool(getattr(pool, "_broken", False))
         pool.shutdown(wait=not cut, cancel_futures=True)
         if cut:
-            for worker in workers_left:
+            for worker in list(workers_left.values()):
                 worker.kill()
                 worker.join()
 
