@@ -22,7 +22,7 @@ def _make(runner: Runner, workers: int, dask_address: str | None) -> TaskRunner:
     if runner == "threads":
         return ThreadPoolTaskRunner(max_workers=workers)
     if runner == "processes":
-        return ProcessPoolTaskRunner(max_workers=workers)
+        return _ProcessPool(max_workers=workers)
     from prefect_dask import DaskTaskRunner
 
     if dask_address:
@@ -33,6 +33,26 @@ def _make(runner: Runner, workers: int, dask_address: str | None) -> TaskRunner:
     return DaskTaskRunner(
         cluster_kwargs={"n_workers": workers, "threads_per_worker": 1, "dashboard_address": None, "security": True}
     )
+
+
+class _ProcessPool(ProcessPoolTaskRunner):
+    """Prefect's process pool, whose shutdown cannot hang once a worker died.
+
+    A dead worker breaks CPython's pool (3.11): its manager thread terminates the other
+    workers, then joins them. A task submitted at that moment (Prefect submits from threads of
+    its own) may pass the pool's check before it is marked broken and start a worker after the
+    terminations: that one is never terminated nor told to stop, and the join waits on it
+    forever (1 run in about 15 that lost a worker hung). So the shutdown of a broken pool
+    first lets the submissions in flight end, then kills every worker left."""
+
+    def __exit__(self, *exc_info: object) -> None:
+        pool, submitting = getattr(self, "_executor", None), getattr(self, "_resolver_executor", None)
+        if pool is not None and getattr(pool, "_broken", False):
+            if submitting is not None:
+                submitting.shutdown(wait=True, cancel_futures=True)
+            for worker in list((getattr(pool, "_processes", None) or {}).values()):
+                worker.kill()
+        super().__exit__(*exc_info)
 
 
 @contextmanager
