@@ -42,8 +42,9 @@ class _ProcessPool(ProcessPoolTaskRunner):
     workers, then joins them. A task submitted at that moment (Prefect submits from threads of
     its own) may pass the pool's check before it is marked broken and start a worker after the
     terminations: that one is never terminated nor told to stop, and the join waits on it
-    forever (1 run in about 15 that lost a worker hung). So the shutdown of a broken pool
-    first lets the submissions in flight end, then kills every worker left."""
+    forever (2 runs in 20 that lost a worker hung). So the shutdown of a broken pool first
+    lets the submissions in flight end, then kills every worker left. (The attributes read are
+    Prefect's and CPython's own: where a version lacks them, the shutdown is theirs as it was.)"""
 
     def __exit__(self, *exc_info: object) -> None:
         pool, submitting = getattr(self, "_executor", None), getattr(self, "_resolver_executor", None)
