@@ -2,7 +2,9 @@
 are 1 MB each, read back by the reduce step and `report`, and used again by a fully cached
 re-run, a regrade (the graders changed: every output graded anew from the store) and a
 rescore (`evalpipe rescore`: another suite graded on the run's outputs), each the whole run
-loop on thread pools; and a JUnit report of millions of nested elements. Each figure is the
+loop on thread pools, and by the judges' commands that read every output (`labels export`,
+`compare` of the run with itself, a python pairwise judge); and a JUnit report of millions
+of nested elements. Each figure is the
 peak RSS of a fresh process doing only that step, beside the peer: the same step reading
 whole rows / the whole XML tree (measured on fewer samples where the whole would not fit,
 and scaled).
@@ -110,6 +112,11 @@ STEPS = {
     # The stored run used again by the run loop: copied whole, graded anew, rescored.
     **{step: f"from bench.memory import loop; loop(HOME, RUN, SAMPLES, {step!r})"
        for step in ("cached re-run", "regrade", "rescore")},
+    # The readers of every output, whole: a label file of the run, the run compared with itself.
+    "labels export": "from flows.judging import export_labels; from storage.store import Store\n"
+                     "export_labels(RUN, HOME.parent / 'labels.jsonl', Store(HOME))",
+    "compare": "from flows.judging import compare_runs; from storage.store import Store\n"
+               f"compare_runs(RUN, RUN, '{ROOT}/tests/support/judges.py:prefers_reference', store=Store(HOME))",
     "whole rows": "from storage.store import Store; Store(HOME).run_samples(RUN)",
     "junit stream": "from tasks.graders.junit import parse_junit, JUnitError\n"
                     "try:\n    parse_junit(XML)\nexcept JUnitError:\n    pass",
@@ -137,7 +144,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=1000)
     parser.add_argument("--output-mb", type=float, default=1.0)
     parser.add_argument("--xml-depth", type=int, default=2_000_000)
-    parser.add_argument("--steps", default="reduce,report,cached re-run,regrade,rescore",
+    parser.add_argument("--steps", default="reduce,report,cached re-run,regrade,rescore,labels export,compare",
                         help="which uses of the big run to measure, in this order (each adds a run to its home)")
     args = parser.parse_args()
     out_bytes = int(args.output_mb * (1 << 20))

@@ -52,6 +52,15 @@ def _read_rubric(path: Path | None) -> str | None:
         raise InputError(f"--rubric {path}: cannot read: {exc}") from None
 
 
+def _samples(store: Store, run_id: str, columns: list[str]) -> list[dict[str, Any]]:
+    """The run's sample rows (`columns` and `output`), a long output as a `StoredOutput` read
+    when it is used: a command over every output holds the few it is using, not all of them."""
+    from tasks.run.stored import row_output
+
+    rows = store.run_samples(run_id, [*columns, "output", "output_sha"], whole_outputs=False).to_pylist()
+    return [{**row, "output": row_output(row, store)} for row in rows]
+
+
 # --- calibration -------------------------------------------------------------------------
 
 
@@ -134,7 +143,8 @@ def compare_runs(
     a, b = store.find_run(run_a), store.find_run(run_b)
     run_a, run_b = a["run_id"], b["run_id"]
     cases = {c.case_hash: c for c in _run_suite(a, store).cases}
-    pairs = pair_samples(store.run_samples(run_a), store.run_samples(run_b), cases)
+    pairs = pair_samples(_samples(store, run_a, ["case_hash", "sample_index"]),
+                         _samples(store, run_b, ["case_hash", "sample_index"]), cases)
     if not pairs:
         raise InputError(f"runs {run_a} and {run_b} share no (case, sample index) to compare")
     doc = compare(load_judge(judge, rubric), pairs, workers=workers, seed=a["seed"])
@@ -175,9 +185,7 @@ def export_labels(run_id: str, out: Path, store: Store) -> int:
     run = store.find_run(run_id)
     run_id = run["run_id"]
     cases = {c.id: c for c in _run_suite(run, store).cases}
-    rows = export_rows(store.run_samples(run_id), cases)
-    write_label_file(rows, out)
-    return len(rows)
+    return write_label_file(export_rows(_samples(store, run_id, ["case_id", "sample_index"]), cases), out)
 
 
 def import_labels(
@@ -187,8 +195,9 @@ def import_labels(
     aggregate it like any run. Returns its summary (the `run --json` keys and more)."""
     from tasks.metrics.labels import labelled_samples, read_labels
     from tasks.models import sha256_hex
-    from tasks.run import RunStatus, summarize
+    from tasks.run import RunStatus, summarize, summary_columns
     from tasks.run.labelled import labelled_spec, labelled_summary
+    from tasks.run.stored import output_text, row_output
 
     started = time.perf_counter()
     source = store.find_run(run_id)
@@ -198,16 +207,17 @@ def import_labels(
     spec = labelled_spec(source, labeller=labeller, labels_file=str(path),
                          labels_sha256=sha256_hex(path.read_bytes()))
     rows = labelled_samples(
-        store.run_samples(run_id),
+        store.run_samples(run_id, whole_outputs=False),
         labels,
         labeller=labeller,
         source_run=run_id,
         run_id=spec.run_id,
         where=str(path),
+        text_of=lambda sample: output_text(row_output(sample, store)) or "",
     )
     with store.recorded_run(spec):
         store.insert_samples(rows)
-        summary, aggregates = summarize(spec, suite, store.run_samples(spec.run_id))
+        summary, aggregates = summarize(spec, suite, store.run_samples(spec.run_id, summary_columns(spec)))
         store.write_aggregates(spec.run_id, aggregates)
         summary = labelled_summary(summary, source_run=run_id, labeller=labeller, labelled=rows.num_rows,
                                    labels=len(labels), duration_s=time.perf_counter() - started)

@@ -659,13 +659,15 @@ class Database:
         return row[0] if row else None
 
     def case_samples(self, run_id: str, case_id: str) -> list[dict[str, Any]]:
-        """Every stored sample of one case of a run, in index order (`runs show --case`)."""
+        """Every stored sample of one case of a run, in index order (`runs show --case`), a long
+        output as a `StoredOutput`, read when it is shown."""
         with self.connect(read_only=True) as con:
             cur = con.execute(
                 f"SELECT {', '.join(SAMPLE_COLUMNS)} FROM samples WHERE run_id = ? AND case_id = ? ORDER BY sample_index",
                 [run_id, case_id])
             names = [d[0] for d in cur.description]
-            return with_whole_outputs(con, [dict(zip(names, row, strict=True)) for row in cur.fetchall()])
+            rows = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+        return [{**row, "output": row_output(row, self)} for row in rows]
 
     def samples_of_cases(self, run_ids: Sequence[str], case_ids: Sequence[str]) -> list[dict[str, Any]]:
         """The samples of some cases in some runs (the diff report's expanded cases), in

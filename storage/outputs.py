@@ -61,6 +61,12 @@ class OutputLog:
         """Whether the run asked its draw tasks to start no new agent call."""
         return (self.path.parent / STOP).exists()
 
+    def logged(self) -> list[dict[str, Any]]:
+        """The records already in the log: those of an earlier attempt at the same task (a
+        Dask worker lost mid-task, whose task the scheduler runs again from its start).
+        Read while `appending`, which holds the lock: an earlier writer is gone by then."""
+        return read_log(self.path) if self.path.exists() else []
+
     @contextmanager
     def appending(self) -> Iterator[Callable[[Drawn], None]]:
         """An appender of drawn outputs, the log locked while it is open. Where the home
@@ -69,7 +75,7 @@ class OutputLog:
         written to again (a record cut short fails its checksum)."""
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
         except OSError:
             yield lambda drawn: None
             return
@@ -100,6 +106,10 @@ class OutputLog:
 
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
+            # An earlier attempt's record cut short by its kill is ended, so the next one is whole.
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                held.append(b"\n")
             yield append
         finally:
             write()

@@ -8,6 +8,7 @@ import pickle
 
 import duckdb
 import pytest
+from support.judges import ref
 
 from storage import db
 from storage.store import Store
@@ -96,9 +97,12 @@ def test_outputs_round_trip_byte_for_byte_and_only_long_ones_are_chunked(drawn, 
     assert summary.status_counts == GRADED
     want = CASES
     for rows in (store.run_samples(spec.run_id).to_pylist(),
-                 [r for c in want for r in store.case_samples(spec.run_id, c)],
                  store.samples_of_cases([spec.run_id], list(want))):
         assert {r["case_id"]: r["output"] for r in rows} == want
+    # Read when shown (`runs show --case`): a long one is a reference until then.
+    shown = {c: r["output"] for c in want for r in store.case_samples(spec.run_id, c)}
+    assert {c: isinstance(o, StoredOutput) for c, o in shown.items()} == {c: len(t) > C for c, t in want.items()}
+    assert {c: str(o) for c, o in shown.items()} == want
     with store.connect(read_only=True) as con:
         assert dict(con.execute("SELECT case_id, output FROM sample_outputs").fetchall()) == want
 
@@ -164,6 +168,37 @@ def test_a_drawn_long_output_is_stored_in_chunks_and_graded_by_the_next_run(tmp_
     (missing,) = reuse_cached(again, plan(suite, again), store)
     assert isinstance(missing.output, StoredOutput) and missing.output.text() == TEXTS["large"]
     assert missing.usage.input_tokens == 3
+
+
+def test_runs_show_case_and_the_judges_commands_read_long_outputs_whole_one_at_a_time(drawn, tmp_path):
+    """`runs show --case`, `labels export|import` and `compare` read each long output when
+    they use it (bench/memory.py measures what they hold) and still see it whole."""
+    import json
+
+    from flows.judging import compare_runs, export_labels, import_labels
+    from flows.output import json_doc
+    from tasks.report.case_view import case_doc, case_text
+
+    store, suite, agent, spec, _ = drawn
+    doc = case_doc(spec.run_id, "large", store.case_samples(spec.run_id, "large"))
+    assert json.loads(json_doc(doc))["samples"][0]["output"] == TEXTS["large"]
+    assert f"({len(TEXTS['large'])} chars; --json has all)" in case_text(doc)
+
+    out = tmp_path / "labels.jsonl"
+    assert export_labels(spec.run_id, out, store) == len(TEXTS)
+    rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert {r["case_id"]: r["output"] for r in rows} == CASES
+    out.write_text("".join(json.dumps({**r, "label": "pass"}, ensure_ascii=False) + "\n" for r in rows),
+                   encoding="utf-8")
+    labelled = import_labels(spec.run_id, out, "ann", store)
+    assert labelled["status_counts"] == {"passed": len(TEXTS)}
+    assert stored_rows(store, labelled["run_id"]) == stored_rows(store, spec.run_id)  # the same texts, referred to
+
+    # Run A's outputs are their cases' references, B's are not: a judge preferring the
+    # reference picks A in both orders only if it was shown A's outputs whole.
+    other, _ = run(store, suite, CallableAgent("callable:other", "other-agent", lambda inputs, ctx: "other"))
+    doc = compare_runs(spec.run_id, other.run_id, ref("prefers_reference"), store=store)
+    assert doc["wins_a"] == len(TEXTS) and doc["inconsistent"] == 0
 
 
 def test_a_stored_output_travels_to_another_process_as_its_text(drawn):

@@ -21,12 +21,13 @@ from pathlib import Path
 import duckdb
 import pytest
 from support.graders import IN_A_TASK
+from test_deployments import start_logged, stop
 
 from storage.outputs import SPOOL, read_log
 from storage.store import Store
 from tasks.models import EvalCase, EvalSuite, Usage
 from tasks.run import RunSpec
-from tasks.run.loop import reuse_cached
+from tasks.run.loop import DrawTask, reuse_cached
 from tasks.run.sampling import Drawn
 from tasks.run.steps import plan
 from tasks.trace import SampleTrace, Trajectory
@@ -217,6 +218,58 @@ def test_a_killed_grading_process_fails_the_run_and_the_resume_buys_nothing_that
     assert out["status_counts"] == {"passed": 120}
 
 
+@pytest.fixture
+def dask_workers(project, tmp_path: Path):
+    """A `dask scheduler` and two one-thread `dask worker` processes (no nanny: a killed worker
+    stays dead), with the agent's call log in their environment: (address, worker processes)."""
+    from distributed import Client
+
+    dask, scheduler_file, log = Path(sys.executable).parent / "dask", tmp_path / "scheduler.json", tmp_path / "dask.log"
+    env = {**project["env"], "EVALPIPE_TEST_SLEEP": "0.05"}
+    procs = [start_logged([str(dask), "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
+                           "--scheduler-file", str(scheduler_file)], log, cwd=tmp_path, env=env)]
+    try:
+        while not scheduler_file.exists():
+            assert procs[0].poll() is None, log.read_text()
+            time.sleep(0.1)
+        address = json.loads(scheduler_file.read_text())["address"]
+        procs += [start_logged([str(dask), "worker", address, "--nthreads", "1", "--no-nanny", "--no-dashboard"], log,
+                               cwd=tmp_path, env=env) for _ in range(2)]
+        with Client(address, timeout=60) as client:
+            client.wait_for_workers(2, timeout=120)
+        yield address, procs[1:]
+    finally:
+        for proc in reversed(procs):
+            stop(proc)
+
+
+def test_a_killed_dask_worker_s_task_run_again_buys_only_the_calls_in_flight(project, home, dask_workers) -> None:
+    """A Dask worker process killed (-9) at 40 % of the run: the scheduler runs its task again,
+    from its start, on the other worker, and the run completes; the new attempt takes what
+    the lost one had logged, so only the calls in flight at the kill are made again."""
+    address, workers = dask_workers
+    args = ["run", str(project["suite"]), "--agent", project["agent"] + ":logged", "-n", "3", "--runner", "dask",
+            "--dask-address", address, "--agent-concurrency", "4", "--json"]
+    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=project["env"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        while sum(kind == "S" for kind, _ in calls(project["calls"])) < 48:  # 40 % of 120
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.01)
+        os.kill(workers[0].pid, signal.SIGKILL)
+        out, stderr = proc.communicate(timeout=300)  # a hang guard
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, stderr
+    assert json.loads(out)["status_counts"] == {"passed": 120}
+    started = collections.Counter(key for kind, key in calls(project["calls"]) if kind == "S")
+    assert len(started) == 120
+    again = {key for key, count in started.items() if count > 1}
+    assert len(again) <= 4, again  # at most the calls in flight at the kill (the concurrency)
+    assert statuses(home) == ["completed"]
+
+
 # ---------------------------------------------------------------- the logs and the table
 
 
@@ -248,6 +301,40 @@ def test_a_logged_output_is_graded_by_the_next_run_with_its_trace_and_a_torn_rec
     assert not log.path.exists()  # folded into the table: its writer is gone
     assert [(p.case_id, p.output) for p in missing] == [("c0", "yes"), ("c1", "no"), ("c2", None)]
     assert missing[0].trace == trace and missing[0].usage.input_tokens == 10
+
+
+class _Counting:
+    """An agent that answers "yes" and counts its calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def generate(self, case, ctx) -> str:
+        self.calls.append(case.id)
+        return "yes"
+
+
+def test_a_draw_task_run_again_takes_what_its_earlier_attempt_logged(home) -> None:
+    """A Dask worker lost mid-task: the scheduler runs the task again from its start, with the
+    same log. The new attempt calls the agent only for what the lost one never returned."""
+    suite = EvalSuite(name="s", cases=[EvalCase(id=f"c{i}", reference="yes", grader={"kind": "exact"})
+                                       for i in range(3)])
+    spec = RunSpec(suite_version=suite.version, suite_name="s", agent="a", agent_fingerprint="a", n=1, ks=[1], seed=0)
+    store = Store(home)
+    planned = plan(suite, spec)
+    log = store.output_log(spec.run_id)
+    with log.appending() as append:  # the lost attempt's two returned calls
+        append(_drawn(planned[0], "yes", SampleTrace(trajectory=Trajectory(steps=1, entries=[]))))
+        append(_drawn(planned[1], "no"))
+    with open(log.path, "ab") as fh:  # and its third, cut short by the kill
+        fh.write(b"0123456789abcdef {\"run_id\": ")
+    agent = _Counting()
+    drew = DrawTask(agent, suite.cases, planned, 1, 1 << 20, None, log)()
+    assert agent.calls == ["c2"]
+    assert drew.count == 3 and [(d.planned.case_id, d.output) for d in drew.drawn] == [("c0", "yes"), ("c1", "no"),
+                                                                                        ("c2", "yes")]
+    assert drew.drawn[0].trace.trajectory.steps == 1 and drew.drawn[1].usage.input_tokens == 10
+    assert [r["case_id"] for r in read_log(log.path)] == ["c0", "c1", "c2"]  # the torn record ended, the new one whole
 
 
 def test_a_resumed_budgeted_run_counts_what_the_killed_run_bought(project, home) -> None:

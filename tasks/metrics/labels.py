@@ -19,12 +19,14 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
+from tasks.files import atomic_path
 from tasks.graders.human import label_verdict, parse_label
 from tasks.graders.judge import render
 from tasks.models import EvalCase, InputError, canonical_json, sha256_hex
@@ -45,27 +47,15 @@ class LabelRow:
     note: str = ""
 
 
-def export_rows(samples: pa.Table, cases: dict[str, EvalCase]) -> list[dict[str, Any]]:
-    """One blank-labelled row per sample, in (case id, index) order."""
-    rows = []
-    for cid, index, output in zip(
-        samples["case_id"].to_pylist(),
-        samples["sample_index"].to_pylist(),
-        samples["output"].to_pylist(),
-        strict=True,
-    ):
+def export_rows(samples: Iterable[dict[str, Any]], cases: dict[str, EvalCase]) -> Iterator[dict[str, Any]]:
+    """One blank-labelled row per sample row (`case_id`, `sample_index`, `output`: a `str`,
+    or a stored output whose `str` reads it), in their order, each output read as its row
+    is made."""
+    for sample in samples:
+        cid = sample["case_id"]
         prompt = render("{prompt}", cases[cid]) if cid in cases else ""
-        rows.append(
-            {
-                "case_id": cid,
-                "sample_index": index,
-                "prompt": prompt,
-                "output": output,
-                "label": "",
-                "note": "",
-            }
-        )
-    return rows
+        yield {"case_id": cid, "sample_index": sample["sample_index"], "prompt": prompt,
+               "output": str(sample["output"] or ""), "label": "", "note": ""}
 
 
 def _format(path: Path) -> str:
@@ -75,17 +65,22 @@ def _format(path: Path) -> str:
     return suffix
 
 
-def write_label_file(rows: list[dict[str, Any]], path: Path) -> None:
-    if _format(path) == ".jsonl":
-        text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
-    else:
-        buffer = io.StringIO()
-        writer = csv.DictWriter(buffer, fieldnames=COLUMNS, lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
-        text = buffer.getvalue()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
+def write_label_file(rows: Iterable[dict[str, Any]], path: Path) -> int:
+    """Write `rows` one at a time (a file of large outputs is never whole in memory),
+    replacing `path` whole; returns how many."""
+    fmt = _format(path)
+    count = 0
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=COLUMNS, lineterminator="\n")
+        if fmt == ".csv":
+            writer.writeheader()
+        for row in rows:
+            if fmt == ".jsonl":
+                fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+            else:
+                writer.writerow(row)
+            count += 1
+    return count
 
 
 def read_labels(path: Path, *, need_output: bool = False) -> list[LabelRow]:
@@ -175,9 +170,13 @@ def labelled_samples(
     source_run: str,
     run_id: str,
     where: str,
+    text_of: Callable[[dict[str, Any]], str] = lambda sample: sample["output"] or "",
 ) -> pa.Table:
     """The derived run's sample rows: one per labelled row, attached to the source sample
-    it names. Refuses labels for samples the run does not have or whose output differs."""
+    it names. Refuses labels for samples the run does not have or whose output differs.
+    `text_of`: a source sample's output, where `source` refers to a long one stored in the
+    home (null `output` beside its `output_sha`, which the derived row keeps) rather than
+    holding it: read when a label's output is checked against it."""
     if not labeller.strip():
         raise InputError("--labeller: give the name of who labelled")
     by_key = {(r["case_id"], r["sample_index"]): r for r in source.to_pylist()}
@@ -191,7 +190,7 @@ def labelled_samples(
                 f"{where}: line {row.line}: run {source_run} has no sample "
                 f"{row.case_id}#{row.sample_index}"
             )
-        if row.output is not None and not _same_text(row.output, sample["output"] or ""):
+        if row.output is not None and not _same_text(row.output, text_of(sample)):
             raise InputError(
                 f"{where}: line {row.line}: output differs from run {source_run}'s "
                 f"sample {row.case_id}#{row.sample_index}"

@@ -30,10 +30,13 @@ SCORE = {"a": 1.0, "tie": 0.5, "inconsistent": 0.5, "b": 0.0}
 
 @dataclass(frozen=True)
 class Pair:
+    """Two runs' outputs for one case and sample index: each a `str`, or an output kept in the
+    home whose `str` reads it (`tasks.run.stored.StoredOutput`), read when the pair is judged."""
+
     case: EvalCase
     sample_index: int
-    output_a: str
-    output_b: str
+    output_a: str | Any
+    output_b: str | Any
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,7 @@ class PairResult:
 
 def judge_pair(judge: Judge, pair: Pair) -> PairResult:
     """Ask in both orders, each with a seed derived from the shown content."""
-    case, a, b = pair.case, pair.output_a, pair.output_b
+    case, a, b = pair.case, str(pair.output_a), str(pair.output_b)
     try:
         ab = judge.prefer(case, a, b, content_seed("pairwise", case.case_hash, a, b))
         ba = judge.prefer(case, b, a, content_seed("pairwise", case.case_hash, b, a))
@@ -122,25 +125,15 @@ def compare(
     }
 
 
-def pair_samples(a: Any, b: Any, cases_by_hash: dict[str, EvalCase]) -> list[Pair]:
-    """Pairs of run A's and run B's samples of the same case (by case hash, so two suite
-    versions pair on the cases they share) and the same sample index, in case order."""
-    b_outputs = {
-        (h, i): o
-        for h, i, o in zip(
-            b["case_hash"].to_pylist(),
-            b["sample_index"].to_pylist(),
-            b["output"].to_pylist(),
-            strict=True,
-        )
-    }
+def pair_samples(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]],
+                 cases_by_hash: dict[str, EvalCase]) -> list[Pair]:
+    """Pairs of run A's and run B's sample rows (`case_hash`, `sample_index`, `output`) of
+    the same case (by case hash, so two suite versions pair on the cases they share) and the
+    same sample index, in case order."""
+    b_outputs = {(row["case_hash"], row["sample_index"]): row["output"] for row in b}
     pairs = []
-    for h, i, o in zip(
-        a["case_hash"].to_pylist(),
-        a["sample_index"].to_pylist(),
-        a["output"].to_pylist(),
-        strict=True,
-    ):
-        if (h, i) in b_outputs and h in cases_by_hash:
-            pairs.append(Pair(cases_by_hash[h], i, o, b_outputs[(h, i)]))
+    for row in a:
+        key = (row["case_hash"], row["sample_index"])
+        if key in b_outputs and key[0] in cases_by_hash:
+            pairs.append(Pair(cases_by_hash[key[0]], key[1], row["output"], b_outputs[key]))
     return sorted(pairs, key=lambda p: (p.case.id, p.sample_index))

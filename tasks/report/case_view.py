@@ -8,6 +8,7 @@ from typing import Any
 
 from tasks.models import InputError
 from tasks.report.trajectory import trajectory_lines
+from tasks.run.stored import output_text
 from tasks.trace import SampleTrace
 
 # The text form clips each output and detail; `--json` has them whole.
@@ -17,6 +18,8 @@ SAMPLE_KEYS = ("sample_index", "seed", "status", "passed", "score", "duration_s"
 
 
 def case_doc(run_id: str, case_id: str, samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """The samples' document; a long output stays a `StoredOutput`, read when it is printed
+    (the text clips it, `--json` takes its `str`), so one is held at a time."""
     if not samples:
         raise InputError(f"run {run_id}: no case {case_id!r} (no samples stored for it)")
     rows = []
@@ -40,7 +43,7 @@ def case_text(doc: dict[str, Any]) -> str:
             lines.append(f"  detail: {_clip(s['detail'])}")
         for violation in s["safety"] or []:
             lines.append(f"  SAFETY: {violation}")
-        lines.extend(_output_lines(_clip(s["output"])))
+        lines.extend(_output_lines(_clip(output_text(s["output"] or ""))))
         trajectory = SampleTrace.parse(s["trace"]).trajectory  # a coding agent's steps (--workspace)
         if steps := trajectory_lines(trajectory):
             lines += [f"  trajectory: {trajectory.steps} step(s)", *(f"  {step}" for step in steps)]

@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field, replace
+from itertools import takewhile
 from typing import Any, Protocol
 
 import pyarrow as pa
@@ -48,7 +49,7 @@ from tasks.redaction import secret_values
 from tasks.run.budget import Meter, budget_summary
 from tasks.run.config import RunConfig
 from tasks.run.rescore import RescorePlan
-from tasks.run.samples import row_usage, samples_table, stored_drawn
+from tasks.run.samples import logged_drawn, row_usage, samples_table, stored_drawn
 from tasks.run.sampling import (
     Drawn,
     PlannedSample,
@@ -91,6 +92,7 @@ class OutputLog(Protocol):
     (`storage.outputs.OutputLog`), and through which the run asks it to stop."""
 
     def stopped(self) -> bool: ...
+    def logged(self) -> list[Mapping[str, Any]]: ...
     def appending(self) -> AbstractContextManager[Callable[[Drawn], None]]: ...
 
 
@@ -155,7 +157,8 @@ class Drew:
 class DrawTask:
     """Draw a prefix of `planned` within `budget_s`, each output appended to `log` as the
     agent returns it (none started once the log says the run is stopping), and grade those
-    `inline` names."""
+    `inline` names. What an earlier attempt at the task logged (a Dask worker lost mid-task:
+    the scheduler runs the task again from its start) is taken from the log, not drawn again."""
 
     agent: Any
     cases: list[EvalCase]
@@ -177,23 +180,33 @@ class DrawTask:
         handed: list[Drawn] = []
         graded: list[tuple[Sample, PlannedSample]] = []
         with log.appending() if log is not None else nullcontext(None) as append:
-            def draw(p: PlannedSample) -> None:
-                drawn = draw_output(self.agent, by_id[p.case_id], p, self.n, self.cap, secrets)
-                if append is not None:
-                    append(drawn)
+            def take(drawn: Drawn) -> None:
+                p = drawn.planned
                 if inline is not None and p.case_id in inline.case_ids:
                     drawn = replace(drawn, usage=priced(drawn.usage, inline.prices))
                     graded.append((grade_drawn(by_id[p.case_id], drawn, inline.regrade, secrets), p))
                 else:
                     handed.append(drawn)
 
-            done = timed_prefix(self.planned, draw, self.budget_s,
+            def draw(p: PlannedSample) -> None:
+                drawn = draw_output(self.agent, by_id[p.case_id], p, self.n, self.cap, secrets)
+                if append is not None:
+                    append(drawn)
+                take(drawn)
+
+            # All of them, whatever the budget: the log is deleted once what the task returns is stored.
+            logged = {r["output_key"]: r for r in log.logged()} if log is not None else {}
+            earlier = [logged_drawn(p, logged[p.output_key])
+                       for p in takewhile(lambda p: p.output_key in logged, self.planned)]
+            for drawn in earlier:
+                take(drawn)
+            done = timed_prefix(self.planned[len(earlier):], draw, self.budget_s,
                                 _at_most_every(STOP_CHECK_S, log.stopped) if log is not None else None)
         rows = None
         if graded and inline is not None:
             samples, planned = zip(*graded, strict=True)
             rows = samples_table(inline.run_id, samples, planned)
-        return Drew(handed, rows, len(done))
+        return Drew(handed, rows, len(earlier) + len(done))
 
 
 @dataclass(frozen=True)

@@ -109,9 +109,16 @@ def stored_drawn(planned: PlannedSample, row: Mapping[str, Any], prices: PriceTa
     """`planned` with the output a stored row of `OUTPUT_SCHEMA` holds for it (its text or a
     `StoredOutput`: `tasks.run.stored.row_output`), its usage (priced, as a draw is) and the
     trace the agent wrote (a trajectory, a workspace change): graded, not drawn again."""
-    trace = SampleTrace.model_validate_json(row["trace"]) if row["trace"] else SampleTrace()
-    return replace(planned, output=row["output"], usage=priced(row_usage(row), prices), trace=trace,
-                   draw_s=row["draw_s"] or 0.0)
+    drawn = logged_drawn(planned, row)
+    return replace(planned, output=drawn.output, usage=priced(drawn.usage, prices), trace=drawn.trace,
+                   draw_s=drawn.draw_s)
+
+
+def logged_drawn(planned: PlannedSample, record: Mapping[str, Any]) -> Drawn:
+    """The draw of `planned` that a row of `OUTPUT_SCHEMA` (a log record) holds, as the draw
+    task returned it (unpriced)."""
+    trace = SampleTrace.model_validate_json(record["trace"]) if record["trace"] else SampleTrace()
+    return Drawn(planned, record["output"], row_usage(record), trace, record["draw_s"] or 0.0, record["error"])
 
 
 def row_usage(row: Mapping[str, Any]) -> Usage:

@@ -1,9 +1,10 @@
 """An output kept in the home, read only when it is graded (docs/storage.md, "Large outputs").
 
-A long output is stored once, in chunks, by the sha256 of its text; a regrade, a rescore or
-the grading of an output drawn before a kill refers to it by that hash instead of holding
-it, so that thousands of outputs at the cap are never in memory together: each is read when
-its grader takes it, and its graded row refers to the same stored text.
+A long output is stored once, in chunks, by the sha256 of its text; a regrade, a rescore,
+the grading of an output drawn before a kill, `runs show --case` and the judges' commands
+refer to it by that hash instead of holding it, so that thousands of outputs at the cap are
+never in memory together: each is read when its grader (judge, label file, printout) takes
+it, and a graded row refers to the same stored text.
 """
 
 from __future__ import annotations
@@ -28,6 +29,11 @@ class StoredOutput:
 
     def text(self) -> str:
         return self.reader.read_output(self.sha)
+
+    def __str__(self) -> str:
+        # What a reader below the run stage (a judge, a label file, `json.dumps(default=str)`)
+        # takes it as: read when it is used, one output at a time.
+        return self.text()
 
     def __reduce__(self) -> tuple[Any, ...]:
         # To another process (a process pool, a Dask worker, which may not reach the home)
