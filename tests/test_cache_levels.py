@@ -6,6 +6,7 @@ suite without calling its agent at all."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -204,6 +205,12 @@ def test_rescore_checks_its_inputs_once_and_the_flow_grades_what_was_checked(env
     write(suite, {"z": "{id: z, inputs: {}, reference: 'yes', grader: {kind: exact}}"})  # edited meanwhile
     with pytest.raises(InputError, match="snapshot of its suite"):
         prepare_rescore(source["run_id"], store, **options)
-    doc = rescore_flow(prepared, options, as_json=True)
+    environ = dict(os.environ)
+    try:
+        doc = rescore_flow(prepared, options, as_json=True)
+    finally:  # as a command ends: this process goes on with other tests' flow runs
+        os.environ.clear()
+        os.environ.update(environ)
+        logging.disable(logging.NOTSET)
     assert doc["source_run"] == source["run_id"] and doc["run_id"] == prepared.run.spec.run_id
     assert doc["cases"] == 3 and doc["samples"] == 6 and doc["unscored"] == []

@@ -167,9 +167,9 @@ def test_a_run_s_grading_task_gives_its_judges_the_run_s_settings_wherever_it_is
     import pickle
 
     from tasks.agents.settings import AgentSettings
+    from tasks.models import Usage
     from tasks.run.loop import GradeTask
     from tasks.run.sampling import Drawn, plan_samples
-    from tasks.models import Usage
 
     monkeypatch.setenv("EVALPIPE_OPENAI_MAX_ATTEMPTS", "4")
     case = judge_case("openai:m", rubric=RUBRIC)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import socket
 import sys
 import uuid
@@ -208,3 +209,47 @@ def test_an_interpreter_living_under_tmp_still_runs_in_the_sandbox(tmp_path: Pat
     assert out.returncode == 0, out.stderr
     # The program ran (command and fork server alike); the rest of /tmp stayed private.
     assert out.stdout.split() == ["bwrap", "0", str(venv), "False", "True", str(venv)]
+
+
+def test_a_loopback_resolver_is_swapped_for_the_one_it_forwards_to(tmp_path: Path, monkeypatch) -> None:
+    """systemd-resolved's 127.0.0.53 is out of reach of a network of its own: such a sandbox
+    reads the resolvers systemd-resolved forwards to, as Docker does; a host file naming a
+    resolver off the loopback is kept."""
+    from tasks.sandbox import namespace
+
+    host, upstream = tmp_path / "resolv.conf", tmp_path / "upstream.conf"
+    monkeypatch.setattr(namespace, "RESOLV_CONF", str(host))
+    monkeypatch.setattr(namespace, "RESOLVED_UPSTREAM", str(upstream))
+    upstream.write_text("# from systemd-resolved\nnameserver 192.0.2.53\n")
+    for text, expected in (("nameserver 127.0.0.53\noptions edns0\n", str(upstream)),
+                           ("", str(upstream)),  # none named: glibc asks 127.0.0.1
+                           ("nameserver 10.0.0.2\nnameserver 127.0.0.53\n", None)):
+        host.write_text(text)
+        assert namespace.upstream_resolvers() == expected, text
+    upstream.write_text("nameserver 127.0.0.1\n")  # nothing better than the loopback
+    host.write_text("nameserver 127.0.0.53\n")
+    assert namespace.upstream_resolvers() is None
+    argv = namespace.bwrap_argv(Limits(), tmp_path, False, sync_fds=(5, 6))
+    assert str(host) not in argv
+    upstream.write_text("nameserver 192.0.2.53\n")
+    argv = namespace.bwrap_argv(Limits(), tmp_path, False, sync_fds=(5, 6))
+    at = argv.index(str(upstream))
+    assert argv[at - 1:at + 2] == ["--ro-bind", str(upstream), str(host)]
+    assert str(upstream) not in namespace.bwrap_argv(Limits(), tmp_path, False)  # no network: no change
+
+
+@needs_bwrap
+@pytest.mark.skipif(shutil.which("pasta") is None, reason="needs pasta (passt)")
+def test_a_sandbox_with_its_own_network_reads_the_upstream_resolvers(tmp_path: Path, monkeypatch) -> None:
+    from tasks.sandbox import namespace
+    from tasks.sandbox.network import OwnNetwork
+
+    host, upstream, work = tmp_path / "etc" / "resolv.conf", tmp_path / "upstream.conf", tmp_path / "work"
+    host.parent.mkdir()
+    work.mkdir()
+    host.write_text("nameserver 127.0.0.53\n")
+    upstream.write_text("nameserver 192.0.2.53\n")
+    monkeypatch.setattr(namespace, "RESOLV_CONF", str(host))
+    monkeypatch.setattr(namespace, "RESOLVED_UPSTREAM", str(upstream))
+    res = run_command(["cat", str(host)], workdir=work, limits=Limits(), network=OwnNetwork())
+    assert (res.returncode, res.stdout) == (0, b"nameserver 192.0.2.53\n"), res.stderr

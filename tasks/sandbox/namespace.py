@@ -73,6 +73,8 @@ def bwrap_argv(
         argv += ["--info-fd", str(sync_fds[0]), "--block-fd", str(sync_fds[1])]
     size = str(limits.file_size_mb << 20)
     argv += [*_system_argv(), "--size", size, "--tmpfs", "/tmp"]
+    if sync_fds is not None and (upstream := upstream_resolvers()) is not None:
+        argv += ["--ro-bind", upstream, os.path.realpath(RESOLV_CONF)]
     for path in _outermost((*_runtime_dirs(), *visible)):
         argv += ["--ro-bind", path, path]
     mounts = mounts or Mounts()
@@ -106,6 +108,33 @@ def bwrap_argv(
     for path in hidden:
         argv += ["--remount-ro", path]
     return argv + ["--remount-ro", "/", "--"]
+
+
+# Name lookups in a namespace of its own: a resolver on the host's loopback (systemd-resolved's
+# 127.0.0.53) is out of its reach (tasks.sandbox.network), so, as Docker does, the sandbox
+# reads the resolvers systemd-resolved itself forwards to, where the host's file names
+# only loopback ones and that list exists.
+RESOLV_CONF = "/etc/resolv.conf"
+RESOLVED_UPSTREAM = "/run/systemd/resolve/resolv.conf"
+
+
+def upstream_resolvers() -> str | None:
+    """The file to show as /etc/resolv.conf in a sandbox with a network of its own: None to
+    keep the host's (it names a resolver off the loopback, or there is nothing better)."""
+    def nameservers(path: str) -> list[str]:
+        try:
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                return [line.split()[1] for line in fh if line.split()[:1] == ["nameserver"] and len(line.split()) > 1]
+        except OSError:
+            return []
+
+    def loopback(address: str) -> bool:
+        return address.startswith("127.") or address == "::1"
+
+    if not all(map(loopback, nameservers(RESOLV_CONF) or ["127.0.0.1"])):
+        return None
+    upstream = nameservers(RESOLVED_UPSTREAM)
+    return RESOLVED_UPSTREAM if upstream and not all(map(loopback, upstream)) else None
 
 
 # What of the host the sandbox shows besides the runtimes: the system's programs, libraries
