@@ -58,12 +58,7 @@ def evaluate(suite: SuiteLike, agent: AgentLike, *, name: str = "suite",
     config = RunConfig.build("evaluate", suite=ref, agent=agent if own is None else own.spec, **options)
     if own is not None and config.workspace:
         raise InputError("evaluate: workspace runs take a cmd: or python: agent spec, not a callable")
-    if config.runner != "threads" or config.dask_address:
-        # Accepted and ignored, a Dask address would look used: the API has no task runners.
-        raise InputError(f"evaluate: runner={config.runner!r}"
-                         + (f", dask_address={config.dask_address!r}" if config.dask_address else "")
-                         + ": the Python API grades on this process's threads; other runners are"
-                           " `evalpipe run --runner`'s")
+    _threads_only("evaluate", config)
     run = prepare_run(config, store, agent=own)
     if not store.has_snapshot(run.suite):  # as the flow's snapshot task: once per version
         store.snapshot(run.suite)
@@ -93,6 +88,7 @@ def rescore(run_id: str, suite: SuiteLike, *, name: str = "suite",
     store = _store(home)
     prepared = prepare_rescore(run_id, store, **{"suite": _suite_ref(suite, name, store), **options})
     config, run = prepared.config, prepared.run
+    _threads_only("rescore", config)
     if not store.has_snapshot(run.suite):
         store.snapshot(run.suite)
     if (origin := store.imported_from(prepared.plan.source_run)) is not None:
@@ -102,6 +98,18 @@ def rescore(run_id: str, suite: SuiteLike, *, name: str = "suite",
                            gate=run_gate(run, config, store), no_baseline=run.no_baseline, started=started,
                            rescoring=prepared.plan)
     return RunSummary.read(summary.to_json())
+
+
+def _threads_only(command: str, config: Any) -> None:
+    """`InputError` for a runner the API does not have (accepted and ignored, a Dask address
+    would look used): it grades on this process's threads."""
+    from tasks.models import InputError
+
+    if config.runner != "threads" or config.dask_address:
+        raise InputError(f"{command}: runner={config.runner!r}"
+                         + (f", dask_address={config.dask_address!r}" if config.dask_address else "")
+                         + ": the Python API grades on this process's threads; other runners are"
+                           " `evalpipe run --runner`'s")
 
 
 def _store(home: str | os.PathLike | None) -> Store:

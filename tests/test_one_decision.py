@@ -18,6 +18,7 @@ import pytest
 
 from evalpipe import evaluate, rescore
 from tasks.metrics.sequential import look_points
+from tasks.models import InputError
 from tasks.run.sequential import case_order
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -101,6 +102,15 @@ def test_every_rule_blocks_a_rescore_as_it_blocks_the_run(home, rule):
         ran.gate.decision, ran.gate.reasons, ran.gate.rules)
     assert again.gate.delta_ci == ran.gate.delta_ci
     assert again.gate.decision == ("pass" if head is None else "block")
+
+
+def test_a_rescore_refuses_the_options_it_would_ignore(home):
+    ran = evaluate(cases(), v1, name="rules", seed=3)
+    for options, named in (({"n": 3}, "n: not an option of a rescore"),
+                           ({"max_samples": 2, "seed": 1}, "max_samples, seed: not an option"),
+                           ({"runner": "processes"}, "runner='processes': the Python API grades")):
+        with pytest.raises(InputError, match=named):
+            rescore(ran.run_id, cases(), name="rules", **options)
 
 
 @pytest.mark.parametrize("rule", sorted(r for r in RULES if RULES[r][1]))

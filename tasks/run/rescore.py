@@ -59,10 +59,21 @@ class PreparedRescore:
     plan: RescorePlan
 
 
+# What a rescore takes of a run's options: it calls no agent, and its agent, n and seed are
+# the source run's, so none of drawing's options mean anything to it.
+RESCORE_OPTIONS = frozenset({"suite", "runner", "workers", "unsafe_no_sandbox", "baseline", "min_pass_at_1",
+                             "max_drop", "max_new_failures", "min_slice", "metric"})
+
+
 def prepare_rescore(source_ref: str, store: RescoreSources, **options: Any) -> PreparedRescore:
-    """The rescore of the stored run `source_ref` (id or prefix) that `options` (fields of a
-    `RunConfig`, its agent aside: the source's) describe, every input checked once, before
-    anything is graded: the suite, the sandbox, the source's snapshot, the rules and baseline."""
+    """The rescore of the stored run `source_ref` (id or prefix) that `options` (of
+    `RESCORE_OPTIONS`, fields of a `RunConfig`) describe, every input checked once, before
+    anything is graded: the suite, the sandbox, the source's snapshot, the rules and baseline.
+    Another option is `InputError`, not silently ignored."""
+    unknown = sorted(set(options) - RESCORE_OPTIONS)
+    if unknown:
+        raise InputError(f"rescore: {', '.join(unknown)}: not an option of a rescore (it calls no agent: its"
+                         " agent, n and seed are the source run's)")
     source = store.find_run(source_ref)
     suite, suite_source = store.resolve_suite(options["suite"])
     # Pinned, as a run's: the suite that was checked is the one graded, even if a branch moves.

@@ -124,7 +124,7 @@ def upstream_resolvers() -> str | None:
     def nameservers(path: str) -> list[str]:
         try:
             with open(path, encoding="utf-8", errors="replace") as fh:
-                return [line.split()[1] for line in fh if line.split()[:1] == ["nameserver"] and len(line.split()) > 1]
+                return [words[1] for words in map(str.split, fh) if words[:1] == ["nameserver"] and len(words) > 1]
         except OSError:
             return []
 
