@@ -46,6 +46,10 @@ HOLD_S = 0.01
 STOP = "STOP"
 
 
+# Made once: `json.dumps` with an option builds an encoder per call (every drawn output).
+_LOG_JSON = json.JSONEncoder(ensure_ascii=False)
+
+
 def _checksum(line: bytes) -> bytes:
     return hashlib.sha256(line).hexdigest()[:16].encode()
 
@@ -98,7 +102,7 @@ class OutputLog:
             # Written at once, unless it and those held back took under HOLD_S to draw: a
             # write costs more than such an output, and losing them to a kill costs less.
             nonlocal held_s
-            line = json.dumps(output_record(self.run_id, drawn), ensure_ascii=False).encode()
+            line = _LOG_JSON.encode(output_record(self.run_id, drawn)).encode()
             held.append(_checksum(line) + b" " + line + b"\n")
             held_s += drawn.draw_s
             if held_s >= HOLD_S:

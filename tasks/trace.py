@@ -25,6 +25,10 @@ from tasks.verdict import Status, Verdict
 M = TypeVar("M", bound=BaseModel)
 
 
+# Made once: `json.dumps` with an option builds an encoder per call (every sample's trace).
+_TRACE_JSON = json.JSONEncoder(default=str)
+
+
 class Section(BaseModel):
     # Keys this evalpipe does not know (an older or newer one's) are kept, not dropped.
     model_config = ConfigDict(extra="allow")
@@ -190,11 +194,13 @@ class SampleTrace(Section):
 
     def to_dict(self) -> dict[str, Any]:
         """The trace as stored: the sections set, in order, then any other keys."""
+        if not self.model_fields_set and not self.__pydantic_extra__:
+            return {}  # most drawn outputs' traces: no dump needed
         return self.model_dump(exclude_unset=True)
 
     def to_json(self) -> str:
         """The text of the `samples.trace` column (a value JSON cannot hold as its `str`)."""
-        return json.dumps(self.to_dict(), default=str)
+        return _TRACE_JSON.encode(self.to_dict())
 
     def record(self, kind: str, own: BaseModel | Mapping[str, Any]) -> None:
         """What a registered grader recorded (`tasks.registry`): a declared section under

@@ -39,7 +39,7 @@ class PythonAgent(Reloadable):
 
     def generate(self, case: EvalCase, ctx: AgentContext) -> Any:
         # A copy: the case is a frozen value shared by every sample.
-        return call_user_code(self.func, copy.deepcopy(case.inputs), ctx)
+        return call_user_code(self.func, inputs_copy(case.inputs), ctx)
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,24 @@ class CallableAgent:
         return cls(spec, spec_fingerprint(spec, _code_of(func)), func)
 
     def generate(self, case: EvalCase, ctx: AgentContext) -> Any:
-        return call_user_code(self.func, copy.deepcopy(case.inputs), ctx)
+        return call_user_code(self.func, inputs_copy(case.inputs), ctx)
+
+
+def inputs_copy(value: Any) -> Any:
+    """A deep copy of a case's inputs for the agent to own (the case is a frozen value
+    shared by every sample): JSON data copied directly, anything else (a YAML date) by
+    `copy.deepcopy`. A cheap sample's agent call costs less than `deepcopy` alone."""
+    kind = type(value)
+    if kind is dict:
+        return {k: inputs_copy(v) for k, v in value.items()}
+    if kind is list:
+        return [inputs_copy(v) for v in value]
+    if kind in _IMMUTABLE:
+        return value
+    return copy.deepcopy(value)
+
+
+_IMMUTABLE = frozenset({str, int, float, bool, type(None)})
 
 
 def _code_of(func: Callable[..., Any]) -> str:

@@ -183,7 +183,8 @@ class DrawTask:
             def take(drawn: Drawn) -> None:
                 p = drawn.planned
                 if inline is not None and p.case_id in inline.case_ids:
-                    drawn = replace(drawn, usage=priced(drawn.usage, inline.prices))
+                    if (usage := priced(drawn.usage, inline.prices)) is not drawn.usage:
+                        drawn = replace(drawn, usage=usage)
                     graded.append((grade_drawn(by_id[p.case_id], drawn, inline.regrade, secrets), p))
                 else:
                     handed.append(drawn)

@@ -53,22 +53,25 @@ def sample_ddl(table: str = "samples") -> str:
 def samples_table(run_id: str, samples: Sequence[Sample], planned: Sequence[PlannedSample]) -> pa.Table:
     """`Sample`s (with their `PlannedSample`s, for keys and case hashes) as sample rows. A
     sample graded from a `StoredOutput` refers to it (`output_sha`) instead of holding it."""
-    cols: dict[str, list] = {c: [] for c in SAMPLE_COLUMNS}
-    for s, p in zip(samples, planned, strict=True):
-        v = s.verdict
-        stored = p.output if isinstance(p.output, StoredOutput) else None
-        for col, value in (
-            ("run_id", run_id), ("case_id", s.case_id), ("sample_index", s.index), ("seed", s.seed),
-            ("output", None if stored else s.output), ("output_sha", stored and stored.sha),
-            ("status", v.status.value), ("passed", v.passed), ("score", v.score),
-            ("detail", v.detail), ("safety", list(v.safety)), ("trace", s.trace.to_json()),
-            ("duration_s", s.duration_s), ("cache_key", p.cache_key), ("cached", s.cached),
-            ("case_hash", p.case_hash), ("output_key", p.output_key or None),
-            ("latency_s", s.usage.latency_s), ("input_tokens", s.usage.input_tokens),
-            ("output_tokens", s.usage.output_tokens), ("usage_model", s.usage.model),
-            ("cost_usd", s.usage.cost_usd),
-        ):
-            cols[col].append(value)
+    stored = [p.output if isinstance(p.output, StoredOutput) else None for p in planned]
+    verdicts = [s.verdict for s in samples]
+    usages = [s.usage for s in samples]
+    n = len(samples)
+    # Column by column: a table of cheap samples is built for each chunk the run stores.
+    cols = {
+        "run_id": [run_id] * n, "case_id": [s.case_id for s in samples],
+        "sample_index": [s.index for s in samples], "seed": [s.seed for s in samples],
+        "output": [None if o else s.output for s, o in zip(samples, stored, strict=True)],
+        "status": [v.status.value for v in verdicts], "passed": [v.passed for v in verdicts],
+        "score": [v.score for v in verdicts], "detail": [v.detail for v in verdicts],
+        "safety": [list(v.safety) for v in verdicts], "trace": [s.trace.to_json() for s in samples],
+        "duration_s": [s.duration_s for s in samples], "cache_key": [p.cache_key for p in planned],
+        "cached": [s.cached for s in samples], "case_hash": [p.case_hash for p in planned],
+        "output_key": [p.output_key or None for p in planned],
+        "latency_s": [u.latency_s for u in usages], "input_tokens": [u.input_tokens for u in usages],
+        "output_tokens": [u.output_tokens for u in usages], "usage_model": [u.model for u in usages],
+        "cost_usd": [u.cost_usd for u in usages], "output_sha": [o and o.sha for o in stored],
+    }
     return pa.table(cols, schema=SAMPLE_SCHEMA)
 
 

@@ -225,8 +225,9 @@ def grade_drawn(case: EvalCase, drawn: Drawn, regrade: int = 0, secrets: Sequenc
             trace.env_flaky = any(s != verdict.status for s in again)
     # Graders and judges write text of their own (an exception, a judge's rationale).
     secrets = secret_values() if secrets is None else secrets
-    verdict = verdict.model_copy(update={"detail": storable(verdict.detail, secrets),
-                                         "safety": tuple(storable(v, secrets) for v in verdict.safety)})
+    detail, safety = storable(verdict.detail, secrets), tuple(storable(v, secrets) for v in verdict.safety)
+    if detail != verdict.detail or safety != verdict.safety:
+        verdict = verdict.model_copy(update={"detail": detail, "safety": safety})
     p = drawn.planned
     return Sample(
         case_id=case.id,
