@@ -25,6 +25,8 @@ FORGERIES = {
                          "class _Int(int):\n    def __eq__(self, other):\n        return True\n"
                          "    __hash__ = int.__hash__\n"),
     "nonce-at-call": ("    import os\n    os.write(3, os.read(4, 256))\n    os._exit(0)\n"),
+    # A builtin the tests use, shadowed by a top-level function: one process's tests call it.
+    "shadowed-builtin": "    return 6 if x == 3 else 0\n\n\ndef range(n):\n    return [3]\n",
 }
 
 
