@@ -315,10 +315,11 @@ def _run_oracle(split: Mapping) -> None:
         prelude = None
     if prelude is not None:
         exec(prelude, namespace)  # noqa: S102 - the suite's own text, as trusted as its tests
+    tests = compile(split["oracle"], "<tests>", "exec")  # while the candidate's code loads
     for name in _candidate_names(read_frame(replies_r), split["entry_point"]):
         if name == split["entry_point"] or name not in namespace:
             namespace[name] = proxy(name)
-    exec(compile(split["oracle"], "<tests>", "exec"), namespace)  # noqa: S102
+    exec(tests, namespace)  # noqa: S102
 
 
 def _candidate_names(first: object, entry_point: str) -> set[str]:
