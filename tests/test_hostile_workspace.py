@@ -218,6 +218,44 @@ print(sample.verdict.status.value, (after - before) // 1024, sample.verdict.deta
     assert int(grown_mb) < 100, proc.stdout  # the file is 300 MB; the patch would be more
 
 
+FILLER = '''
+import os, sys
+target = os.path.join(os.environ[sys.argv[1]], "fill")
+os.makedirs(target, exist_ok=True)
+block = b"x" * (1 << 20)
+n = 0
+while True:  # until it is stopped: 1 MB files, and as many empty ones
+    with open(os.path.join(target, f"{n}.bin"), "wb") as fh:
+        fh.write(block)
+    open(os.path.join(target, f"{n}.empty"), "w").close()
+    n += 1
+'''
+
+
+@pytest.mark.usefixtures("bwrap")
+@pytest.mark.parametrize("where", ["EVALPIPE_WORKSPACE", "HOME"])
+def test_an_agent_filling_the_disk_is_stopped_at_the_tree_cap_while_it_runs(home, calc_repo, tmp_path, where):
+    """Issue 33, item 7: the tree's total was counted only after the agent exited, so while
+    it ran only the 1 GB per file held, and an agent writing many files could fill the
+    disk. Now the workspace and its scratch directory (HOME, its git directory) are
+    measured as it runs: an agent writing without end, in either, is stopped at the cap
+    (not at its timeout, nor by the disk), the sample one line naming the cap and the option."""
+    repo, _ = calc_repo
+    filler = tmp_path / "agents" / "filler.py"
+    filler.parent.mkdir()
+    filler.write_text(FILLER)
+    agent = script_agent(tmp_path, f'"{sys.executable}" "{filler}" {where}\n', timeout=300.0,
+                         settings=AgentSettings(workspace_tree_mb=8))
+    sample = draw(agent, calc_case(repo))
+    detail = sample.verdict.detail
+    assert sample.verdict.status is Status.agent_error, (detail, sample.trace.agent_run)
+    assert detail.startswith("agent failed: stopped: the workspace and its scratch directory held "), detail
+    assert detail.endswith(" bytes, over the 8,388,608-byte cap (--workspace-tree-mb)"), detail
+    assert "\n" not in detail and sample.output == ""
+    assert sample.trace.agent_run.returncode == -9, sample.trace.agent_run  # killed, whole
+    assert not list((home / "workspaces").iterdir())  # its scratch removed with the sample
+
+
 WILDCARD_PROBE = '''
 import socket
 for what, host in (("loopback", "127.0.0.1"), ("host-address", {address!r})):

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from tasks.sandbox import network as own_network
 from tasks.sandbox import seccomp
+from tasks.sandbox.disk import DiskCap, DiskWatch
 from tasks.sandbox.forkserver import capture, set_limits
 from tasks.sandbox.limits import Limits, SandboxError, SandboxResult
 from tasks.sandbox.namespace import SCRATCH_SOURCE, Mounts, bwrap_argv, scrubbed_env
@@ -161,11 +162,14 @@ def run_command(
     pass_fds: Sequence[int] = (),
     mounts: Mounts | None = None,
     visible: Iterable[str] = (),
+    disk: DiskCap | None = None,
 ) -> SandboxResult:
     """Run `argv` in `workdir` (the only writable place besides a private /tmp and
     `mounts.rw`). `visible`: directories under /tmp to show read-only, bound before
     `mounts.hide` is (what is hidden stays hidden even inside them). `network`: none,
-    the host's (True), or an `OwnNetwork` (bubblewrap only).
+    the host's (True), or an `OwnNetwork` (bubblewrap only). `disk`: a cap on what the
+    directories it writes (`workdir`, `mounts.rw`) hold while it runs; over it, the whole
+    sandbox is killed and the result's `disk_over` says how much they held.
 
     With `scratch_mb` (bubblewrap only; check `isolation`), the program runs on a copy of
     `workdir` in a tmpfs holding at most that many MB: it cannot fill the disk, and
@@ -174,7 +178,7 @@ def run_command(
     started (e.g. `argv[0]` does not exist); everything the program does is a result.
     """
     options = {"workdir": workdir, "limits": limits, "env": env, "network": network, "scratch_mb": scratch_mb,
-               "pass_fds": pass_fds, "mounts": mounts, "visible": tuple(visible)}
+               "pass_fds": pass_fds, "mounts": mounts, "visible": tuple(visible), "disk": disk}
     result = _run_once(argv, **options)
     if isinstance(network, OwnNetwork) and result.returncode == 1 and result.stderr.startswith(_LOOPBACK_RACE):
         result = _run_once(argv, **options)
@@ -192,6 +196,7 @@ def _run_once(
     pass_fds: Sequence[int],
     mounts: Mounts | None,
     visible: Iterable[str],
+    disk: DiskCap | None,
 ) -> SandboxResult:
     workdir = Path(workdir).resolve()
     protection = isolation()
@@ -242,10 +247,19 @@ def _run_once(
                 proc.wait()
                 raise
 
+        reaping = threading.Lock()  # the watcher kills no pid once it is reaped (and reusable)
+
+        def stop_sandbox() -> None:
+            with reaping:
+                if proc.returncode is None:
+                    kill_group(proc.pid, cgroup)
+
         def on_exit() -> None:
-            proc.wait()
+            with reaping:
+                proc.wait()
             kill_group(proc.pid, cgroup)
 
+        watch = DiskWatch(disk, stop_sandbox).start() if disk is not None else None
         try:
             cap = limits.output_cap_bytes
             data, truncated, timed_out = capture(
@@ -255,6 +269,8 @@ def _run_once(
                 on_exit,
             )
         finally:
+            if watch is not None:
+                watch.stop()
             kill_group(proc.pid, cgroup)
             proc.wait()
             os.close(pidfd)
@@ -274,6 +290,7 @@ def _run_once(
         timed_out=timed_out,
         duration_s=time.monotonic() - start,
         isolation=protection,
+        disk_over=watch.over if watch is not None else None,
     )
 
 
