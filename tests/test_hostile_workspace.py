@@ -20,7 +20,7 @@ from test_workspaces import bwrap, calc_case, draw, script_agent  # noqa: F401 -
 
 from tasks.agents import AgentSettings, load_agent
 from tasks.models import InputError, Status
-from tasks.sandbox import network
+from tasks.sandbox import SandboxError, network
 
 pytestmark = pytest.mark.skipif(shutil.which("pasta") is None, reason="pasta (Debian package passt) is not installed")
 
@@ -461,6 +461,155 @@ def test_where_the_filter_cannot_be_set_the_agent_does_not_run(home, calc_repo, 
     assert "cannot filter the sandbox's network: no route may be added here" in sample.verdict.detail
     assert "\n" not in sample.verdict.detail.strip()
     assert not marker.exists()
+    assert subprocess.run(["pgrep", "-P", str(os.getpid()), "pasta"], capture_output=True).stdout == b""
+
+
+LATE_PROBE = '''
+import os, socket, time, urllib.parse
+# The host gains an address while this agent runs (the run's endpoint adds it, and a
+# service on it, when asked), after its sandbox was set up.
+endpoint = urllib.parse.urlsplit(os.environ["OPENAI_BASE_URL"])
+with socket.create_connection((endpoint.hostname, endpoint.port), timeout=30) as ask:
+    address, port = ask.makefile().readline().split()
+time.sleep(1)  # past the watcher's window (milliseconds; docs/sandbox.md)
+for how in ("plain", "bound"):
+    try:
+        s = socket.socket()
+        s.settimeout(3)
+        if how == "bound":
+            link = next(name for _, name in socket.if_nameindex() if name != "lo")
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, link.encode())
+        s.connect((address, int(port)))
+        print(how, s.recv(5).decode())
+    except OSError as exc:
+        print(how, "unreachable", type(exc).__name__)
+'''
+
+
+class LateAddresses:
+    """The run's endpoint on the host's loopback: each connection to it adds the next of
+    `addresses` to this host (on its loopback device) and a TCP service answering "hello"
+    on it, and answers with the address and port; `reached` counts the connections that
+    service got. `close` removes every address and ends every socket."""
+
+    def __init__(self, addresses: list[str]) -> None:
+        self.pending, self.added, self.sockets, self.reached = list(addresses), [], [], 0
+        self.endpoint = self._listen("127.0.0.1", self._add)
+        self.url = f"http://127.0.0.1:{self.endpoint.getsockname()[1]}/v1"
+
+    def _listen(self, address: str, answer) -> socket.socket:
+        server = socket.socket()
+        server.bind((address, 0))
+        server.listen()
+        self.sockets.append(server)
+
+        def serve() -> None:
+            while True:
+                try:
+                    conn, _ = server.accept()
+                except OSError:
+                    return
+                with conn:
+                    answer(conn)
+
+        threading.Thread(target=serve, daemon=True).start()
+        return server
+
+    def _add(self, conn: socket.socket) -> None:
+        address = self.pending.pop(0)
+        done = _ip("addr", "add", f"{address}/32", "dev", "lo")
+        if done.returncode == 0:
+            self.added.append(address)
+            service = self._listen(address, self._hello)
+            conn.sendall(f"{address} {service.getsockname()[1]}\n".encode())
+
+    def _hello(self, conn: socket.socket) -> None:
+        self.reached += 1
+        conn.sendall(b"hello")
+
+    def close(self) -> None:
+        for server in self.sockets:
+            try:
+                server.shutdown(socket.SHUT_RDWR)  # wakes its accept: a closed socket would go on listening
+            except OSError:
+                pass
+            server.close()
+        for address in self.added:
+            _ip("addr", "del", f"{address}/32", "dev", "lo")
+
+
+_LATE_TAGS = iter(range(1, 1 << 16))
+
+
+@pytest.mark.usefixtures("bwrap", "joined_by")
+def test_an_address_the_host_gains_while_the_agent_runs_is_out_of_reach(home, calc_repo, tmp_path, monkeypatch):
+    """The filter was read once, when the sandbox started: an address the host gained later
+    (a docker bridge coming up, a VPN) was reachable from an agent already running. Now the
+    host's route announcements are watched while it runs: the address the run's endpoint
+    adds mid-run, and the service on it, are out of reach, plainly or bound to pasta's
+    interface; the control without the watch reaches the service."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("adding an address to this host needs root and iproute2's ip")
+    tag = (os.getpid() % 250, next(_LATE_TAGS) % 60)
+    late = LateAddresses([f"198.18.{tag[1] * 2 + half}.{tag[0] + 1}" for half in (0, 1)])
+    try:
+        repo, _ = calc_repo
+        probe = tmp_path / "agents" / "late.py"
+        probe.parent.mkdir()
+        probe.write_text(LATE_PROBE)
+        monkeypatch.setenv("OPENAI_BASE_URL", late.url)
+        monkeypatch.delenv("EVALPIPE_AGENT_NETWORK", raising=False)
+        agent = script_agent(tmp_path, f'"{sys.executable}" "{probe}"\n')
+        sample = draw(agent, calc_case(repo))
+        lines = sample.trace.agent_run.stdout_tail.splitlines()
+        assert [line.split()[:2] for line in lines] == [["plain", "unreachable"], ["bound", "unreachable"]], (
+            lines, sample.verdict.detail, sample.trace.agent_run)
+        assert late.reached == 0 and len(late.added) == 1
+        # The control: with no watch, the filter of the start misses it and the service answers.
+        monkeypatch.setattr(network.AddressWatch, "start", lambda self: self)
+        control = draw(agent, calc_case(repo))
+        assert control.trace.agent_run.stdout_tail.splitlines()[:1] == ["plain hello"], (
+            control.verdict.detail, control.trace.agent_run)
+        assert late.reached >= 1
+    finally:
+        late.close()
+    assert subprocess.run(["pgrep", "-P", str(os.getpid()), "pasta"], capture_output=True).stdout == b""
+
+
+@pytest.mark.usefixtures("bwrap")
+def test_where_a_gained_address_cannot_be_filtered_the_agent_is_killed(home, calc_repo, tmp_path, monkeypatch):
+    """The watch's filter for an address gained mid-run fails (the start's succeeded): the
+    agent, which would wait a minute, is killed at once, and the sample says why in one
+    line; never an open network."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("adding an address to this host needs root and iproute2's ip")
+    calls = []
+    original = network.guard
+
+    def second_fails(net, user, destinations):
+        calls.append(destinations)
+        if len(calls) > 1:
+            raise SandboxError("cannot filter the sandbox's network: no route may be added here")
+        original(net, user, destinations)
+
+    monkeypatch.setattr(network, "guard", second_fails)
+    tag = (os.getpid() % 250, next(_LATE_TAGS) % 60)
+    late = LateAddresses([f"198.18.{tag[1] * 2}.{tag[0] + 1}"])
+    try:
+        repo, _ = calc_repo
+        probe = tmp_path / "agents" / "late.py"
+        probe.parent.mkdir()
+        probe.write_text(LATE_PROBE.replace("time.sleep(1)", "time.sleep(60)"))
+        monkeypatch.setenv("OPENAI_BASE_URL", late.url)
+        monkeypatch.delenv("EVALPIPE_AGENT_NETWORK", raising=False)
+        sample = draw(script_agent(tmp_path, f'"{sys.executable}" "{probe}"\n', timeout=300.0), calc_case(repo))
+        detail = sample.verdict.detail
+        assert sample.verdict.status is Status.agent_error, (detail, sample.trace.agent_run)
+        assert "cannot filter the sandbox's network: no route may be added here (while the sandbox ran: it was killed)" \
+            in detail and "\n" not in detail.strip(), detail
+        assert late.added and late.reached == 0
+    finally:
+        late.close()
     assert subprocess.run(["pgrep", "-P", str(os.getpid()), "pasta"], capture_output=True).stdout == b""
 
 

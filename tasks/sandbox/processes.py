@@ -21,7 +21,7 @@ from tasks.sandbox.disk import DiskCap, DiskWatch
 from tasks.sandbox.forkserver import capture, set_limits
 from tasks.sandbox.limits import Limits, SandboxError, SandboxResult
 from tasks.sandbox.namespace import SCRATCH_SOURCE, Mounts, bwrap_argv, scrubbed_env
-from tasks.sandbox.network import OwnNetwork
+from tasks.sandbox.network import Connection, OwnNetwork
 from tasks.sandbox.policy import isolation, log_once
 
 
@@ -123,10 +123,10 @@ def preexec(
     return setup
 
 
-def _own_network(proc: subprocess.Popen, info: int, block: int, own: OwnNetwork) -> subprocess.Popen | None:
+def _own_network(proc: subprocess.Popen, info: int, block: int, own: OwnNetwork) -> Connection | None:
     """Join the started sandbox's network namespace to the outside, then let it run its
-    command; pasta. None when bubblewrap failed before reporting its sandbox (its
-    result says why)."""
+    command; pasta and the watch of the host's addresses. None when bubblewrap failed
+    before reporting its sandbox (its result says why)."""
     try:
         report = b""
         with os.fdopen(info, "rb", buffering=0) as reader:
@@ -175,7 +175,8 @@ def run_command(
     `workdir` in a tmpfs holding at most that many MB: it cannot fill the disk, and
     nothing it writes reaches `workdir`. `pass_fds` stay open in the program.
     Never leaves a process behind. Raises `SandboxError` only when nothing could be
-    started (e.g. `argv[0]` does not exist); everything the program does is a result.
+    started (e.g. `argv[0]` does not exist), or when an own network's filter failed while
+    the program ran (it was killed); everything the program does is a result.
     """
     options = {"workdir": workdir, "limits": limits, "env": env, "network": network, "scratch_mb": scratch_mb,
                "pass_fds": pass_fds, "mounts": mounts, "visible": tuple(visible), "disk": disk}
@@ -217,7 +218,7 @@ def _run_once(
     )
     cgroup = PidsCgroup.create(limits.max_procs + 2)
     start = time.monotonic()
-    pasta = None
+    connection = None
     try:
         try:
             proc = subprocess.Popen(
@@ -241,7 +242,7 @@ def _run_once(
         pidfd = os.pidfd_open(proc.pid)
         if sync is not None:
             try:
-                pasta = _own_network(proc, sync[0][0], sync[1][1], own)
+                connection = _own_network(proc, sync[0][0], sync[1][1], own)
             except BaseException:
                 kill_group(proc.pid, cgroup)
                 proc.wait()
@@ -277,10 +278,12 @@ def _run_once(
             proc.stdout.close()
             proc.stderr.close()
     finally:
-        if pasta is not None:
-            own_network.disconnect(pasta)
-        if cgroup is not None:
-            cgroup.destroy()
+        try:
+            if connection is not None:
+                own_network.disconnect(connection)  # raises when its filter failed while the command ran
+        finally:
+            if cgroup is not None:
+                cgroup.destroy()
     return SandboxResult(
         returncode=None if timed_out else proc.returncode,
         stdout=data["stdout"],
