@@ -108,7 +108,9 @@ def _child(cap: int, files: list[str]) -> int:
     pa.set_cpu_count(1)
     pa.set_io_thread_count(1)
     _warm_up()  # its threads and first buffers are part of what it holds, not of the headroom
+    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
     limit = _address_space() + SLACK + HEADROOM * cap
+    limit = limit if hard == resource.RLIM_INFINITY else min(limit, hard)
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     print(json.dumps({"limit": limit}), flush=True)
     for name in files:

@@ -291,21 +291,23 @@ class AddressWatch:
                 os.close(fd)
 
     def _watch(self) -> None:
-        while self._stop not in select.select([self._socket, self._stop], [], [])[0]:
-            try:
-                data = self._socket.recv(1 << 16)
-                fresh = tuple({net for kind, body in _messages(data)
-                               if kind == _RTM_NEWROUTE and (net := _local_destination(body))})
-            except OSError as exc:
-                if exc.errno != errno.ENOBUFS:
-                    return self._fail(f"cannot watch this host's addresses: {exc}")
-                fresh = host_destinations()  # announcements were dropped: all of them again
-            try:
+        poll = select.poll()  # not select(): the harness may hold over FD_SETSIZE descriptors
+        poll.register(self._socket, select.POLLIN)
+        poll.register(self._stop, select.POLLIN)
+        try:
+            while self._stop not in (fd for fd, _ in poll.poll()):
+                try:
+                    data = self._socket.recv(1 << 16)
+                    fresh = tuple({net for kind, body in _messages(data)
+                                   if kind == _RTM_NEWROUTE and (net := _local_destination(body))})
+                except OSError as exc:
+                    if exc.errno != errno.ENOBUFS:
+                        raise SandboxError(f"cannot watch this host's addresses: {exc}") from None
+                    fresh = host_destinations()  # announcements were dropped: all of them again
                 if fresh:
                     guard(self._net, self._user, fresh)
-            except SandboxError as exc:
-                return self._fail(str(exc))
-        return None
+        except Exception as exc:  # noqa: BLE001 - whatever stops the watch, the sandbox must not run on unwatched
+            self._fail(str(exc) if isinstance(exc, SandboxError) else f"the address watch failed: {exc!r}")
 
     def _fail(self, reason: str) -> None:
         self.failure = f"{reason} (while the sandbox ran: it was killed)"
