@@ -465,12 +465,15 @@ def test_where_the_filter_cannot_be_set_the_agent_does_not_run(home, calc_repo, 
 
 
 LATE_PROBE = '''
-import os, socket, time, urllib.parse
-# The host gains an address while this agent runs (the run's endpoint adds it, and a
-# service on it, when asked), after its sandbox was set up.
-endpoint = urllib.parse.urlsplit(os.environ["OPENAI_BASE_URL"])
-with socket.create_connection((endpoint.hostname, endpoint.port), timeout=30) as ask:
-    address, port = ask.makefile().readline().split()
+import os, pathlib, socket, time
+# The host gains an address while this agent runs (the test adds it, and a service on it,
+# when asked through a file of the workspace), after its sandbox was set up.
+here = pathlib.Path(os.environ["EVALPIPE_WORKSPACE"])
+(here / "ask.late").touch()
+deadline = time.monotonic() + 60
+while not (here / "answer.late").exists() and time.monotonic() < deadline:
+    time.sleep(0.02)
+address, port = (here / "answer.late").read_text().split()
 time.sleep(1)  # past the watcher's window (milliseconds; docs/sandbox.md)
 for how in ("plain", "bound"):
     try:
@@ -483,57 +486,63 @@ for how in ("plain", "bound"):
         print(how, s.recv(5).decode())
     except OSError as exc:
         print(how, "unreachable", type(exc).__name__)
+(here / "answer.late").unlink()
 '''
 
 
 class LateAddresses:
-    """The run's endpoint on the host's loopback: each connection to it adds the next of
-    `addresses` to this host (on its loopback device) and a TCP service answering "hello"
-    on it, and answers with the address and port; `reached` counts the connections that
-    service got. `close` removes every address and ends every socket."""
+    """Each time an agent asks (its file `ask.late`, found under `home`), the next of
+    `addresses` is added to this host (on its loopback device) with a TCP service answering
+    "hello" on it, and the agent told where (`answer.late` beside the question); `reached`
+    counts the connections the services got. `close` removes every address and ends every
+    socket."""
 
-    def __init__(self, addresses: list[str]) -> None:
-        self.pending, self.added, self.sockets, self.reached = list(addresses), [], [], 0
-        self.endpoint = self._listen("127.0.0.1", self._add)
-        self.url = f"http://127.0.0.1:{self.endpoint.getsockname()[1]}/v1"
+    def __init__(self, home: Path, addresses: list[str]) -> None:
+        self.home, self.pending, self.added, self.sockets, self.reached = home, list(addresses), [], [], 0
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._answer_asks, daemon=True)
+        self.thread.start()
 
-    def _listen(self, address: str, answer) -> socket.socket:
-        server = socket.socket()
-        server.bind((address, 0))
-        server.listen()
-        self.sockets.append(server)
+    def _answer_asks(self) -> None:
+        while not self.stopping.wait(0.02):
+            try:
+                asks = list(self.home.rglob("ask.late"))
+            except OSError:  # a sample's scratch directory removed while walking
+                continue
+            for ask in asks:
+                ask.unlink()
+                address = self.pending.pop(0)
+                if _ip("addr", "add", f"{address}/32", "dev", "lo").returncode != 0:
+                    continue
+                self.added.append(address)
+                service = socket.socket()
+                service.bind((address, 0))
+                service.listen()
+                self.sockets.append(service)
+                threading.Thread(target=self._hello, args=(service,), daemon=True).start()
+                answer = ask.with_name("answer.tmp")
+                answer.write_text(f"{address} {service.getsockname()[1]}\n")
+                answer.replace(ask.with_name("answer.late"))
 
-        def serve() -> None:
-            while True:
-                try:
-                    conn, _ = server.accept()
-                except OSError:
-                    return
-                with conn:
-                    answer(conn)
-
-        threading.Thread(target=serve, daemon=True).start()
-        return server
-
-    def _add(self, conn: socket.socket) -> None:
-        address = self.pending.pop(0)
-        done = _ip("addr", "add", f"{address}/32", "dev", "lo")
-        if done.returncode == 0:
-            self.added.append(address)
-            service = self._listen(address, self._hello)
-            conn.sendall(f"{address} {service.getsockname()[1]}\n".encode())
-
-    def _hello(self, conn: socket.socket) -> None:
-        self.reached += 1
-        conn.sendall(b"hello")
+    def _hello(self, service: socket.socket) -> None:
+        while True:
+            try:
+                conn, _ = service.accept()
+            except OSError:
+                return
+            self.reached += 1
+            conn.sendall(b"hello")
+            conn.close()
 
     def close(self) -> None:
-        for server in self.sockets:
+        self.stopping.set()
+        self.thread.join()
+        for service in self.sockets:
             try:
-                server.shutdown(socket.SHUT_RDWR)  # wakes its accept: a closed socket would go on listening
+                service.shutdown(socket.SHUT_RDWR)  # wakes its accept: a closed socket would go on listening
             except OSError:
                 pass
-            server.close()
+            service.close()
         for address in self.added:
             _ip("addr", "del", f"{address}/32", "dev", "lo")
 
@@ -545,19 +554,18 @@ _LATE_TAGS = iter(range(1, 1 << 16))
 def test_an_address_the_host_gains_while_the_agent_runs_is_out_of_reach(home, calc_repo, tmp_path, monkeypatch):
     """The filter was read once, when the sandbox started: an address the host gained later
     (a docker bridge coming up, a VPN) was reachable from an agent already running. Now the
-    host's route announcements are watched while it runs: the address the run's endpoint
-    adds mid-run, and the service on it, are out of reach, plainly or bound to pasta's
+    host's route announcements are watched while it runs: the address the test adds when
+    the running agent asks, and the service on it, are out of reach, plainly or bound to pasta's
     interface; the control without the watch reaches the service."""
     if os.geteuid() != 0 or shutil.which("ip") is None:
         pytest.skip("adding an address to this host needs root and iproute2's ip")
     tag = (os.getpid() % 250, next(_LATE_TAGS) % 60)
-    late = LateAddresses([f"198.18.{tag[1] * 2 + half}.{tag[0] + 1}" for half in (0, 1)])
+    late = LateAddresses(home, [f"198.18.{tag[1] * 2 + half}.{tag[0] + 1}" for half in (0, 1)])
     try:
         repo, _ = calc_repo
         probe = tmp_path / "agents" / "late.py"
         probe.parent.mkdir()
         probe.write_text(LATE_PROBE)
-        monkeypatch.setenv("OPENAI_BASE_URL", late.url)
         monkeypatch.delenv("EVALPIPE_AGENT_NETWORK", raising=False)
         agent = script_agent(tmp_path, f'"{sys.executable}" "{probe}"\n')
         sample = draw(agent, calc_case(repo))
@@ -594,13 +602,12 @@ def test_where_a_gained_address_cannot_be_filtered_the_agent_is_killed(home, cal
 
     monkeypatch.setattr(network, "guard", second_fails)
     tag = (os.getpid() % 250, next(_LATE_TAGS) % 60)
-    late = LateAddresses([f"198.18.{tag[1] * 2}.{tag[0] + 1}"])
+    late = LateAddresses(home, [f"198.18.{tag[1] * 2}.{tag[0] + 1}"])
     try:
         repo, _ = calc_repo
         probe = tmp_path / "agents" / "late.py"
         probe.parent.mkdir()
         probe.write_text(LATE_PROBE.replace("time.sleep(1)", "time.sleep(60)"))
-        monkeypatch.setenv("OPENAI_BASE_URL", late.url)
         monkeypatch.delenv("EVALPIPE_AGENT_NETWORK", raising=False)
         sample = draw(script_agent(tmp_path, f'"{sys.executable}" "{probe}"\n', timeout=300.0), calc_case(repo))
         detail = sample.verdict.detail
