@@ -32,7 +32,7 @@ from typing import IO, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from storage import db
+from storage import db, foreign_parquet
 from storage.db import Database
 from storage.snapshots import Snapshots, read_snapshot_file
 from tasks.files import atomic_path
@@ -53,7 +53,7 @@ LOCAL_RUN_COLUMNS = ("pid", "host", "process_started")
 IMPORT_MAX_BYTES_ENV = "EVALPIPE_IMPORT_MAX_BYTES"
 DEFAULT_IMPORT_MAX_BYTES = 1 << 30
 _CHUNK = 1 << 20
-_BATCH_ROWS = 64  # samples decoded at a time, so that one batch stays small beside the cap
+_WRITE_ROWS = 64  # samples read from the database and written at a time
 
 
 def import_max_bytes() -> int:
@@ -148,30 +148,31 @@ def _manifest(path: Path, files: dict[str, Path]) -> dict[str, Any]:
     return manifest
 
 
-def _read_parquet(path: Path, name: str, file: Path, cap: int) -> pa.Table:
-    """A Parquet member, refused when it says it decompresses past the cap (its footer, read
-    first) or does (counted batch by batch as it is decoded)."""
-    parquet = pq.ParquetFile(file)
-    meta = parquet.metadata
-    declared = max(sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups)),
-                   sum(meta.row_group(i).column(j).total_uncompressed_size
-                       for i in range(meta.num_row_groups) for j in range(meta.num_columns)))
-    if declared > cap:
-        raise _over_cap(path, f"member {name!r} decompressed", declared, cap)
-    batches, decoded = [], 0
-    for batch in parquet.iter_batches(batch_size=_BATCH_ROWS):
-        decoded += batch.nbytes
-        if decoded > cap:
-            raise _over_cap(path, f"member {name!r} decompressed", decoded, cap)
-        batches.append(batch)
-    return pa.Table.from_batches(batches, schema=parquet.schema_arrow)
+def _decoded_samples(path: Path, files: dict[str, Path], cap: int) -> pa.Table:
+    """The samples, once both Parquet members are known to decode within the cap: their
+    footers say so (read first), and a child process under a memory limit sized from the
+    cap decoded them, counting (`storage.foreign_parquet`), before this one does."""
+    names = ("samples.parquet", "snapshot.parquet")
+    for name in names:
+        declared = foreign_parquet.declared_size(files[name])
+        if declared > cap:
+            raise _over_cap(path, f"member {name!r} decompressed", declared, cap)
+    for name, probe in zip(names, foreign_parquet.probe([files[n] for n in names], cap), strict=True):
+        if probe.memory:
+            raise InputError(f"{path}: member {name!r} needs over {probe.limit:,} bytes of memory to decode, more"
+                             f" than the {cap:,}-byte cap on an import allows ({IMPORT_MAX_BYTES_ENV})")
+        if probe.error:
+            raise InputError(f"{path}: damaged evalpipe export ({name}: {probe.error})")
+        if probe.decoded > cap:
+            raise _over_cap(path, f"member {name!r} decompressed", probe.decoded, cap)
+    return foreign_parquet.read(files["samples.parquet"])
 
 
 def _write_samples(con, run_id: str, target: Path) -> int:
     """Write the run's samples (EXPORTED_COLUMNS, each output whole) to a Parquet file, a
     batch of rows at a time: a run of outputs at the cap is never in memory whole."""
     rows = con.sql(f"SELECT {', '.join(SAMPLE_COLUMNS)} FROM samples WHERE run_id = ?"
-                   " ORDER BY case_id, sample_index", params=[run_id]).fetch_record_batch(_BATCH_ROWS)
+                   " ORDER BY case_id, sample_index", params=[run_id]).fetch_record_batch(_WRITE_ROWS)
     reader = con.cursor()  # the chunks are read beside the rows streaming from `con`
     schema = pa.schema([SAMPLE_SCHEMA.field(c) for c in EXPORTED_COLUMNS])
     written = 0
@@ -266,8 +267,9 @@ class Exports(Database, Snapshots):
             try:
                 doc = json.loads(files["run.json"].read_bytes())
                 run, version = doc["run"], manifest["suite_version"]
-                samples = _read_parquet(path, "samples.parquet", files["samples.parquet"], cap)
-                _read_parquet(path, "snapshot.parquet", files["snapshot.parquet"], cap)  # its size, before it is read
+                samples = _decoded_samples(path, files, cap)  # the snapshot's size too, before it is read
+            except InputError:
+                raise
             except (ValueError, KeyError, TypeError, pa.ArrowException) as exc:
                 raise InputError(f"{path}: damaged evalpipe export ({type(exc).__name__}: {exc})") from None
             if run.get("run_id") != manifest["run_id"] or run.get("suite_version") != version:

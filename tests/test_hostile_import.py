@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+from support.parquet_lies import understate_sizes
 
 from evalpipe import evaluate
 from storage.export import FORMAT, FORMAT_VERSION
@@ -173,6 +174,41 @@ def test_a_samples_file_that_inflates_past_the_cap_is_refused_before_reading(tmp
     proc = cli(["runs", "import", str(bomb)], tmp_path / "home", EVALPIPE_IMPORT_MAX_BYTES=str(8 << 20))
     assert proc.returncode == 2, proc.stderr
     assert "samples.parquet" in proc.stderr and "EVALPIPE_IMPORT_MAX_BYTES" in proc.stderr
+    assert not (tmp_path / "home" / "evalpipe.duckdb").exists()
+
+
+def test_a_samples_file_whose_footer_understates_its_size_never_inflates_in_the_importer(tmp_path, exported):
+    """A footer is the file's own word: here it says each column chunk is 1 byte while one
+    output inflates to 384 MB (a 40 KB archive). The decoder allocates a page whole before
+    it can be counted: this took `runs import` to 2.2 GB resident with an 8 MB cap. Now the
+    members are decoded first in a child whose memory is bounded from the cap: exit 2, one
+    line, nothing written, and neither the importer nor that child (their peak resident
+    size, read by a parent that waits on both) ever holds the output."""
+    members = members_of(exported)
+    samples = pq.read_table(pa.BufferReader(members["samples.parquet"]))
+    big = 384 << 20
+    outputs = pa.array([b"y" * big, *[b"n"] * (samples.num_rows - 1)], pa.string())
+    samples = samples.set_column(samples.schema.get_field_index("output"), "output", outputs)
+    buf = io.BytesIO()
+    pq.write_table(samples, buf, compression="zstd")
+    del samples, outputs
+    lying = understate_sizes(buf.getvalue(), to=1)
+    meta = pq.ParquetFile(pa.BufferReader(lying)).metadata
+    assert meta.row_group(0).total_byte_size == 1  # what the footer now says
+    liar = write_archive(tmp_path / "liar.tar", {**members, "samples.parquet": lying})
+    assert liar.stat().st_size < 1 << 20
+    measure = ("import resource, subprocess, sys; done = subprocess.run(sys.argv[1:]);"
+               " print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss << 10, file=sys.stderr);"
+               " sys.exit(done.returncode)")
+    proc = subprocess.run([sys.executable, "-c", measure, sys.executable, "-m", "flows.cli", "runs", "import",
+                           str(liar)], text=True, capture_output=True, timeout=300,
+                          env={**os.environ, "EVALPIPE_HOME": str(tmp_path / "home"), "PYTHONPATH": str(ROOT),
+                               "EVALPIPE_IMPORT_MAX_BYTES": str(8 << 20)})
+    line, peak = proc.stderr.strip().rsplit("\n", 1)
+    assert proc.returncode == 2, proc.stderr
+    assert "\n" not in line and str(liar) in line and "'samples.parquet'" in line, line
+    assert "memory" in line and "EVALPIPE_IMPORT_MAX_BYTES" in line, line
+    assert int(peak) < big, f"peak resident size {int(peak) >> 20} MB"
     assert not (tmp_path / "home" / "evalpipe.duckdb").exists()
 
 

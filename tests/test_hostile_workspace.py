@@ -20,7 +20,7 @@ from test_workspaces import bwrap, calc_case, draw, script_agent  # noqa: F401 -
 
 from tasks.agents import AgentSettings, load_agent
 from tasks.models import InputError, Status
-from tasks.sandbox import network
+from tasks.sandbox import SandboxError, network
 
 pytestmark = pytest.mark.skipif(shutil.which("pasta") is None, reason="pasta (Debian package passt) is not installed")
 
@@ -216,6 +216,44 @@ print(sample.verdict.status.value, (after - before) // 1024, sample.verdict.deta
     status, grown_mb, detail = proc.stdout.strip().split(" ", 2)
     assert status == "agent_error" and "the change is over the 4,194,304-byte cap" in detail, proc.stdout
     assert int(grown_mb) < 100, proc.stdout  # the file is 300 MB; the patch would be more
+
+
+FILLER = '''
+import os, sys
+target = os.path.join(os.environ[sys.argv[1]], "fill")
+os.makedirs(target, exist_ok=True)
+block = b"x" * (1 << 20)
+n = 0
+while True:  # until it is stopped: 1 MB files, and as many empty ones
+    with open(os.path.join(target, f"{n}.bin"), "wb") as fh:
+        fh.write(block)
+    open(os.path.join(target, f"{n}.empty"), "w").close()
+    n += 1
+'''
+
+
+@pytest.mark.usefixtures("bwrap")
+@pytest.mark.parametrize("where", ["EVALPIPE_WORKSPACE", "HOME"])
+def test_an_agent_filling_the_disk_is_stopped_at_the_tree_cap_while_it_runs(home, calc_repo, tmp_path, where):
+    """Issue 33, item 7: the tree's total was counted only after the agent exited, so while
+    it ran only the 1 GB per file held, and an agent writing many files could fill the
+    disk. Now the workspace and its scratch directory (HOME, its git directory) are
+    measured as it runs: an agent writing without end, in either, is stopped at the cap
+    (not at its timeout, nor by the disk), the sample one line naming the cap and the option."""
+    repo, _ = calc_repo
+    filler = tmp_path / "agents" / "filler.py"
+    filler.parent.mkdir()
+    filler.write_text(FILLER)
+    agent = script_agent(tmp_path, f'"{sys.executable}" "{filler}" {where}\n', timeout=300.0,
+                         settings=AgentSettings(workspace_tree_mb=8))
+    sample = draw(agent, calc_case(repo))
+    detail = sample.verdict.detail
+    assert sample.verdict.status is Status.agent_error, (detail, sample.trace.agent_run)
+    assert detail.startswith("agent failed: stopped: the workspace and its scratch directory held "), detail
+    assert detail.endswith(" bytes, over the 8,388,608-byte cap (--workspace-tree-mb)"), detail
+    assert "\n" not in detail and sample.output == ""
+    assert sample.trace.agent_run.returncode == -9, sample.trace.agent_run  # killed, whole
+    assert not list((home / "workspaces").iterdir())  # its scratch removed with the sample
 
 
 WILDCARD_PROBE = '''
@@ -423,6 +461,162 @@ def test_where_the_filter_cannot_be_set_the_agent_does_not_run(home, calc_repo, 
     assert "cannot filter the sandbox's network: no route may be added here" in sample.verdict.detail
     assert "\n" not in sample.verdict.detail.strip()
     assert not marker.exists()
+    assert subprocess.run(["pgrep", "-P", str(os.getpid()), "pasta"], capture_output=True).stdout == b""
+
+
+LATE_PROBE = '''
+import os, pathlib, socket, time
+# The host gains an address while this agent runs (the test adds it, and a service on it,
+# when asked through a file of the workspace), after its sandbox was set up.
+here = pathlib.Path(os.environ["EVALPIPE_WORKSPACE"])
+(here / "ask.late").touch()
+deadline = time.monotonic() + 60
+while not (here / "answer.late").exists() and time.monotonic() < deadline:
+    time.sleep(0.02)
+address, port = (here / "answer.late").read_text().split()
+time.sleep(1)  # past the watcher's window (milliseconds; docs/sandbox.md)
+for how in ("plain", "bound"):
+    try:
+        s = socket.socket()
+        s.settimeout(3)
+        if how == "bound":
+            link = next(name for _, name in socket.if_nameindex() if name != "lo")
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, link.encode())
+        s.connect((address, int(port)))
+        print(how, s.recv(5).decode())
+    except OSError as exc:
+        print(how, "unreachable", type(exc).__name__)
+(here / "answer.late").unlink()
+'''
+
+
+class LateAddresses:
+    """Each time an agent asks (its file `ask.late`, found under `home`), the next of
+    `addresses` is added to this host (on its loopback device) with a TCP service answering
+    "hello" on it, and the agent told where (`answer.late` beside the question); `reached`
+    counts the connections the services got. `close` removes every address and ends every
+    socket."""
+
+    def __init__(self, home: Path, addresses: list[str]) -> None:
+        self.home, self.pending, self.added, self.sockets, self.reached = home, list(addresses), [], [], 0
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._answer_asks, daemon=True)
+        self.thread.start()
+
+    def _answer_asks(self) -> None:
+        while not self.stopping.wait(0.02):
+            try:
+                asks = list(self.home.rglob("ask.late"))
+            except OSError:  # a sample's scratch directory removed while walking
+                continue
+            for ask in asks:
+                ask.unlink()
+                address = self.pending.pop(0)
+                if _ip("addr", "add", f"{address}/32", "dev", "lo").returncode != 0:
+                    continue
+                self.added.append(address)
+                service = socket.socket()
+                service.bind((address, 0))
+                service.listen()
+                self.sockets.append(service)
+                threading.Thread(target=self._hello, args=(service,), daemon=True).start()
+                answer = ask.with_name("answer.tmp")
+                answer.write_text(f"{address} {service.getsockname()[1]}\n")
+                answer.replace(ask.with_name("answer.late"))
+
+    def _hello(self, service: socket.socket) -> None:
+        while True:
+            try:
+                conn, _ = service.accept()
+            except OSError:
+                return
+            self.reached += 1
+            conn.sendall(b"hello")
+            conn.close()
+
+    def close(self) -> None:
+        self.stopping.set()
+        self.thread.join()
+        for service in self.sockets:
+            try:
+                service.shutdown(socket.SHUT_RDWR)  # wakes its accept: a closed socket would go on listening
+            except OSError:
+                pass
+            service.close()
+        for address in self.added:
+            _ip("addr", "del", f"{address}/32", "dev", "lo")
+
+
+_LATE_TAGS = iter(range(1, 1 << 16))
+
+
+@pytest.mark.usefixtures("bwrap", "joined_by")
+def test_an_address_the_host_gains_while_the_agent_runs_is_out_of_reach(home, calc_repo, tmp_path, monkeypatch):
+    """The filter was read once, when the sandbox started: an address the host gained later
+    (a docker bridge coming up, a VPN) was reachable from an agent already running. Now the
+    host's route announcements are watched while it runs: the address the test adds when
+    the running agent asks, and the service on it, are out of reach, plainly or bound to pasta's
+    interface; the control without the watch reaches the service."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("adding an address to this host needs root and iproute2's ip")
+    tag = (os.getpid() % 250, next(_LATE_TAGS) % 60)
+    late = LateAddresses(home, [f"198.18.{tag[1] * 2 + half}.{tag[0] + 1}" for half in (0, 1)])
+    try:
+        repo, _ = calc_repo
+        probe = tmp_path / "agents" / "late.py"
+        probe.parent.mkdir()
+        probe.write_text(LATE_PROBE)
+        monkeypatch.delenv("EVALPIPE_AGENT_NETWORK", raising=False)
+        agent = script_agent(tmp_path, f'"{sys.executable}" "{probe}"\n')
+        sample = draw(agent, calc_case(repo))
+        lines = sample.trace.agent_run.stdout_tail.splitlines()
+        assert [line.split()[:2] for line in lines] == [["plain", "unreachable"], ["bound", "unreachable"]], (
+            lines, sample.verdict.detail, sample.trace.agent_run)
+        assert late.reached == 0 and len(late.added) == 1
+        # The control: with no watch, the filter of the start misses it and the service answers.
+        monkeypatch.setattr(network.AddressWatch, "start", lambda self: self)
+        control = draw(agent, calc_case(repo))
+        assert control.trace.agent_run.stdout_tail.splitlines()[:1] == ["plain hello"], (
+            control.verdict.detail, control.trace.agent_run)
+        assert late.reached >= 1
+    finally:
+        late.close()
+    assert subprocess.run(["pgrep", "-P", str(os.getpid()), "pasta"], capture_output=True).stdout == b""
+
+
+@pytest.mark.usefixtures("bwrap")
+def test_where_a_gained_address_cannot_be_filtered_the_agent_is_killed(home, calc_repo, tmp_path, monkeypatch):
+    """The watch's filter for an address gained mid-run fails (the start's succeeded): the
+    agent, which would wait a minute, is killed at once, and the sample says why in one
+    line; never an open network."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("adding an address to this host needs root and iproute2's ip")
+    calls = []
+    original = network.guard
+
+    def second_fails(net, user, destinations):
+        calls.append(destinations)
+        if len(calls) > 1:
+            raise SandboxError("cannot filter the sandbox's network: no route may be added here")
+        original(net, user, destinations)
+
+    monkeypatch.setattr(network, "guard", second_fails)
+    tag = (os.getpid() % 250, next(_LATE_TAGS) % 60)
+    late = LateAddresses(home, [f"198.18.{tag[1] * 2}.{tag[0] + 1}"])
+    try:
+        repo, _ = calc_repo
+        probe = tmp_path / "agents" / "late.py"
+        probe.parent.mkdir()
+        probe.write_text(LATE_PROBE.replace("time.sleep(1)", "time.sleep(60)"))
+        monkeypatch.delenv("EVALPIPE_AGENT_NETWORK", raising=False)
+        sample = draw(script_agent(tmp_path, f'"{sys.executable}" "{probe}"\n', timeout=300.0), calc_case(repo))
+        detail = sample.verdict.detail
+        assert sample.verdict.status is Status.agent_error, (detail, sample.trace.agent_run)
+        assert "cannot filter the sandbox's network: no route may be added here (while the sandbox ran: it was killed)" \
+            in detail and "\n" not in detail.strip(), detail
+        assert late.added and late.reached == 0
+    finally:
+        late.close()
     assert subprocess.run(["pgrep", "-P", str(os.getpid()), "pasta"], capture_output=True).stdout == b""
 
 

@@ -12,8 +12,10 @@ import pytest
 from test_python_tests import _processes_with
 
 from tasks.sandbox import (
+    DiskCap,
     ForkServer,
     Limits,
+    Mounts,
     SandboxError,
     SandboxResult,
     policy,
@@ -70,6 +72,35 @@ def test_escapee_is_killed_when_the_command_ends(mode: str, tmp_path: Path) -> N
     res = _py(code, tmp_path)
     assert res.returncode == 0 and not res.timed_out
     assert _processes_with(marker) == []
+
+
+def test_a_disk_cap_stops_the_whole_sandbox_while_it_writes(mode: str, tmp_path: Path) -> None:
+    """`disk`: a `setsid` escapee writing files without end in a second writable directory
+    (its parent only waits) is killed, and the whole sandbox with it, once the directories
+    hold more than the cap; a command under it runs to its end untouched."""
+    marker = f"evalpipe-sbx-{uuid.uuid4().hex}"
+    work, other = tmp_path / "work", tmp_path / "other"
+    work.mkdir()
+    other.mkdir()
+    writer = f"import itertools\nfor n in itertools.count(): open(f'{other}/{{n}}.bin', 'wb').write(bytes(1 << 20))"
+    code = (
+        "import os, time\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        f"    os.execv({sys.executable!r}, ['{marker}', '-c', {writer!r}])\n"
+        "time.sleep(300)\n"
+    )
+    mounts = Mounts(rw=(str(other),)) if mode == "bwrap" else None
+    cap = DiskCap((str(work), str(other)), 16 << 20)
+    res = run_command([sys.executable, "-I", "-c", code], workdir=work, limits=Limits(timeout_s=120), disk=cap,
+                      mounts=mounts)
+    assert not res.timed_out and res.returncode == -9, res
+    assert res.disk_over is not None and res.disk_over > 16 << 20
+    assert len(list(other.iterdir())) >= 16
+    assert _processes_with(marker) == []
+    quiet = run_command(["/bin/sh", "-c", "head -c 1048576 /dev/zero > one.bin"], workdir=work,
+                        limits=Limits(timeout_s=60), disk=DiskCap((str(work),), 1 << 30))
+    assert (quiet.returncode, quiet.disk_over) == (0, None)
 
 
 def test_environment_is_scrubbed(mode: str, tmp_path: Path, monkeypatch) -> None:

@@ -11,8 +11,9 @@ Per sample (docs/agents.md, "Coding agents"):
   workspace and its scratch directory writable, `EVALPIPE_HOME` hidden (the database,
   mirrors, other samples' workspaces), so are the suite file and the case's repository
   source (`concealing`), HOME a scratch directory, a private /tmp, a
-  wall-clock timeout, memory and process caps (the run's `AgentSettings`); when it exits, everything it started is
-  killed. Only the variables of `PASSED_ENV` and `EVALPIPE_AGENT_ENV` reach it;
+  wall-clock timeout, memory and process caps (the run's `AgentSettings`), and the tree's cap
+  held on the workspace and its scratch directory while it writes (`DiskCap`); when it exits,
+  everything it started is killed. Only the variables of `PASSED_ENV` and `EVALPIPE_AGENT_ENV` reach it;
 - what it printed goes to the trace (its tails), its trajectory too; the output graded is
   the change against the base commit (`read_change`).
 
@@ -45,7 +46,7 @@ from tasks.redaction import redact
 from tasks.repos.environments import TESTBED, EnvironmentFailed, runtime_for
 from tasks.repos.workspaces import Change, Workspace, read_change, workspace
 from tasks.repos.worktrees import RepoError, case_repo, is_url, missing_repo
-from tasks.sandbox import Limits, Mounts, SandboxError, bwrap_available, run_command
+from tasks.sandbox import DiskCap, Limits, Mounts, SandboxError, bwrap_available, run_command
 from tasks.sandbox.namespace import runtime_dirs
 from tasks.sandbox.network import agent_network
 from tasks.trace import ProcessRun, WorkspaceChange
@@ -178,9 +179,11 @@ class WorkspaceAgent:
         # The case on stdin, as for a `cmd:` agent outside a workspace.
         argv = ["/bin/sh", "-c", 'case=$1; shift; exec "$@" < "$case"', "evalpipe-agent", str(case_file),
                 *self.argv]
+        # What it writes to the disk (the tree, its git directory and HOME) is capped as it runs.
+        cap = self.settings.workspace_caps.tree_bytes
         result = run_command(argv, workdir=ws.tree, limits=limits, env=env,
                              network=agent_network(env) if confined else True, mounts=mounts,
-                             visible=self._code(dirs=True))
+                             visible=self._code(dirs=True), disk=DiskCap((str(ws.tree), str(ws.agent_dir)), cap))
         ctx.trace.agent_run = ProcessRun(
             returncode=result.returncode, duration_s=round(result.duration_s, 3),
             isolation=result.isolation, stdout_tail=_tail(result.stdout, OUTPUT_TAIL),
@@ -189,6 +192,9 @@ class WorkspaceAgent:
         trajectory = read_trajectory(ws.trajectory, self.settings.max_trajectory_bytes)
         if trajectory is not None:
             ctx.trace.trajectory = trajectory
+        if result.disk_over is not None:
+            raise AgentError(f"stopped: the workspace and its scratch directory held {result.disk_over:,} bytes,"
+                             f" over the {cap:,}-byte cap (--workspace-tree-mb)")
         if result.timed_out:
             raise AgentError(f"timed out after {self.timeout_s:g} s")
         if result.returncode != 0:

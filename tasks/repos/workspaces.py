@@ -24,7 +24,8 @@ A scratch directory is removed when its sample ends, and, if the process died fi
 the next workspace made under the same home.
 
 Both are capped (`Caps`, the run's `workspace_tree_mb` and `workspace_change_bytes`): the tree
-the agent left at 4096 MB by default in all, counted before git reads it, and the change at
+the agent left at 4096 MB by default in all, counted before git reads it (the runner holds
+the same cap on the tree and the scratch directory while the agent writes), and the change at
 4 MB by default (the output cap's default: a longer patch would be cut, and a cut patch does
 not apply), read from git's output no further than that; over either, `ChangeTooLarge` says
 which and by how much.

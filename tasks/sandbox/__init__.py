@@ -7,6 +7,7 @@ bubblewrap. By concern, bottom-up:
 - `namespace`: what of the host it sees under bubblewrap, and its environment;
 - `policy`: whether code may run here, and what protects it;
 - `processes`: one command, its process group, cgroup and end (`run_command`);
+- `disk`: a cap on what a command's writable directories hold, held while it runs;
 - `servers`: the warm fork and call servers, pooled per process;
 - `forkserver` (the servers' own program and protocol) and `seccomp` (the filter).
 
@@ -25,6 +26,7 @@ Without bubblewrap, layer 2 alone (`isolation="rlimits"`) does not contain hosti
 the run allowed it (`--unsafe-no-sandbox`); otherwise `SandboxUnavailable` is raised.
 """
 
+from tasks.sandbox.disk import DiskCap
 from tasks.sandbox.limits import Limits, SandboxError, SandboxResult, SandboxUnavailable, ServerDied
 from tasks.sandbox.namespace import Mounts
 from tasks.sandbox.policy import (
@@ -43,7 +45,7 @@ from tasks.sandbox.servers import (
 )
 
 __all__ = [
-    "ForkServer", "Limits", "Mounts", "PidsCgroup", "SandboxError", "SandboxResult",
+    "DiskCap", "ForkServer", "Limits", "Mounts", "PidsCgroup", "SandboxError", "SandboxResult",
     "SandboxUnavailable", "ServerDied", "SplitProgram", "UNSAFE_NOTE", "allowing_unsafe", "bwrap_available",
     "call_in_sandbox", "kill_until_gone", "run_command", "run_python", "run_python_program", "run_sandbox_mode",
     "shutdown",

@@ -34,6 +34,7 @@ class SandboxResult:
     timed_out: bool
     duration_s: float
     isolation: str  # "bwrap" or "rlimits" (fallback): what protected this run
+    disk_over: int | None = None  # bytes its writable directories held when killed over `run_command`'s `disk`
 
 
 class SandboxError(RuntimeError):

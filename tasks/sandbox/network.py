@@ -18,7 +18,10 @@ IPv6, link-local ones, any wider local route), read then, is made local in the n
 too (`guard`): a connection to it stays inside the namespace, where nothing listens. Local
 routes and not `unreachable` ones: a socket bound to the interface (`SO_BINDTODEVICE`) goes
 out on it when the lookup fails, while a local route on that interface matches. The
-command has no capability to change them. Where pasta is missing, a workspace run refuses
+command has no capability to change them. While it runs, `AddressWatch` keeps them whole:
+subscribed to the host's route changes before they are read, it makes each destination the
+host gains later (an address added to it) local in the namespace as soon as the kernel
+announces it; where it cannot, the sandbox is killed. Where pasta is missing, a workspace run refuses
 unless `EVALPIPE_AGENT_NETWORK=host` lets its agent share the host's network
 (docs/sandbox.md).
 """
@@ -30,6 +33,7 @@ import errno
 import fcntl
 import ipaddress
 import os
+import select
 import shutil
 import signal
 import socket
@@ -38,7 +42,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -58,6 +62,7 @@ _LIBC = ctypes.CDLL(None, use_errno=True)
 _RTM_NEWROUTE, _RTM_GETROUTE = 24, 26
 _NLMSG_ERROR, _NLMSG_DONE = 2, 3
 _NLM_F_REQUEST, _NLM_F_ACK, _NLM_F_DUMP, _NLM_F_EXCL, _NLM_F_CREATE = 0x1, 0x4, 0x300, 0x200, 0x400
+_RTMGRP_IPV4_ROUTE, _RTMGRP_IPV6_ROUTE = 0x40, 0x400
 _RTN_LOCAL, _RTN_ANYCAST = 2, 4
 _RT_TABLE_LOCAL, _RTPROT_STATIC, _RT_SCOPE_HOST = 255, 4, 254
 _RTA_DST, _RTA_OIF = 1, 4
@@ -110,19 +115,23 @@ def loopback_ports(env: Mapping[str, str]) -> tuple[int, ...]:
     return tuple(sorted(ports))
 
 
-def connect(pid: int, network: OwnNetwork) -> subprocess.Popen:
+def connect(pid: int, network: OwnNetwork) -> Connection:
     """Join the network namespace of process `pid` (bubblewrap's sandbox, waiting on its
-    block fd) to the outside, with this host's own addresses kept out of reach (`guard`);
-    returns pasta, to be ended by `disconnect`."""
+    block fd) to the outside, with this host's own addresses kept out of reach (`guard`,
+    then `AddressWatch`); returns pasta and the watch, to be ended by `disconnect`."""
     net, user = _namespaces(pid)
+    pasta = watch = None
     try:
         pasta = _start_pasta(net, user, network.ports)
-        try:
-            guard(net, user, host_destinations())
-        except BaseException:
-            disconnect(pasta)
-            raise
-        return pasta
+        watch = AddressWatch(net, user, pid)  # subscribed before the routes are read: none is missed
+        guard(net, user, host_destinations())
+        return Connection(pasta, watch.start())
+    except BaseException:
+        if watch is not None:
+            watch.close()
+        if pasta is not None:
+            _end(pasta)
+        raise
     finally:
         os.close(net)
         os.close(user)
@@ -167,14 +176,30 @@ def _start_pasta(net: int, user: int, ports: tuple[int, ...]) -> subprocess.Pope
         while not _read(pidfile) and pasta.poll() is None and time.monotonic() < deadline:
             time.sleep(0.005)
         if not _read(pidfile):
-            disconnect(pasta)
+            _end(pasta)
             reason = " ".join(_read(log).split())[-300:] or f"no answer within {_SETUP_TIMEOUT_S:g} s"
             raise SandboxError(f"{PASTA} could not set up the sandbox's network: {reason}")
     return pasta
 
 
-def disconnect(pasta: subprocess.Popen) -> None:
-    """End pasta."""
+@dataclass(frozen=True)
+class Connection:
+    """A sandbox's network, as `connect` made it: pasta, and the watch of the host's addresses."""
+
+    pasta: subprocess.Popen
+    watch: AddressWatch
+
+
+def disconnect(connection: Connection) -> None:
+    """End the watch and pasta; `SandboxError` when the watch failed meanwhile (the sandbox
+    was killed then)."""
+    connection.watch.close()
+    _end(connection.pasta)
+    if connection.watch.failure:
+        raise SandboxError(connection.watch.failure)
+
+
+def _end(pasta: subprocess.Popen) -> None:
     pasta.kill()
     pasta.wait()
 
@@ -207,14 +232,89 @@ def host_destinations() -> Destinations:
     for kind, body in answers:
         if kind == _NLMSG_ERROR and (error := -struct.unpack_from("=i", body)[0]):
             raise SandboxError(f"cannot read this host's addresses: {os.strerror(error)}")
-        if kind == _RTM_NEWROUTE:  # a dump's routes come as RTM_NEWROUTE
-            family, dst_len, *_, route_type, _ = _RTMSG.unpack_from(body)
-            dst = _attributes(body[_RTMSG.size:]).get(_RTA_DST)  # none: a default route (a TPROXY table's), no address
-            if route_type in (_RTN_LOCAL, _RTN_ANYCAST) and dst and family in (socket.AF_INET, socket.AF_INET6):
-                net = ipaddress.ip_network((ipaddress.ip_address(dst), dst_len), strict=False)
-                if not net.is_loopback:
-                    found.add(net)
+        if kind == _RTM_NEWROUTE and (net := _local_destination(body)):  # a dump's routes come as RTM_NEWROUTE
+            found.add(net)
     return tuple(sorted(found, key=lambda n: (n.version, n)))
+
+
+def _local_destination(route: bytes) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
+    """The destination a route (an rtmsg and its attributes) makes local to the host, if it
+    is a local or anycast route to one, and not its loopback's."""
+    family, dst_len, *_, route_type, _ = _RTMSG.unpack_from(route)
+    dst = _attributes(route[_RTMSG.size:]).get(_RTA_DST)  # none: a default route (a TPROXY table's), no address
+    if route_type in (_RTN_LOCAL, _RTN_ANYCAST) and dst and family in (socket.AF_INET, socket.AF_INET6):
+        net = ipaddress.ip_network((ipaddress.ip_address(dst), dst_len), strict=False)
+        if not net.is_loopback:
+            return net
+    return None
+
+
+class AddressWatch:
+    """While a sandbox with its own network runs, each destination the host gains (an
+    address added to an interface, a local route) is made local in its namespace `net`
+    too, as `guard` did with those of its start: a thread reads the host's route
+    announcements (rtnetlink's IPv4 and IPv6 route groups, subscribed before the start's
+    routes are read) and adds each new one at once; if the kernel dropped announcements
+    (its socket's buffer full), all of the host's destinations are read again. Where a
+    route cannot be added, the sandbox (process `pid`, its first) is killed, and `failure`
+    says why."""
+
+    def __init__(self, net: int, user: int, pid: int):
+        self.failure = ""
+        self._sandbox = self._net = self._user = -1
+        self._socket = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+        try:
+            self._socket.bind((0, _RTMGRP_IPV4_ROUTE | _RTMGRP_IPV6_ROUTE))
+            self._sandbox = os.pidfd_open(pid)
+            self._net, self._user = os.dup(net), os.dup(user)
+        except OSError as exc:
+            self.close()
+            raise SandboxError(f"cannot watch this host's addresses: {exc}") from None
+        self._stop, self._stopping = os.pipe()
+        self._thread = threading.Thread(target=self._watch, name="evalpipe-address-watch", daemon=True)
+
+    def start(self) -> AddressWatch:
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        thread = getattr(self, "_thread", None)
+        if thread is not None:
+            os.write(self._stopping, b"x")
+            if thread.ident is not None:
+                thread.join()
+            os.close(self._stop)
+            os.close(self._stopping)
+        self._socket.close()
+        for fd in (self._sandbox, self._net, self._user):
+            if fd >= 0:
+                os.close(fd)
+
+    def _watch(self) -> None:
+        poll = select.poll()  # not select(): the harness may hold over FD_SETSIZE descriptors
+        poll.register(self._socket, select.POLLIN)
+        poll.register(self._stop, select.POLLIN)
+        try:
+            while self._stop not in (fd for fd, _ in poll.poll()):
+                try:
+                    data = self._socket.recv(1 << 16)
+                    fresh = tuple({net for kind, body in _messages(data)
+                                   if kind == _RTM_NEWROUTE and (net := _local_destination(body))})
+                except OSError as exc:
+                    if exc.errno != errno.ENOBUFS:
+                        raise SandboxError(f"cannot watch this host's addresses: {exc}") from None
+                    fresh = host_destinations()  # announcements were dropped: all of them again
+                if fresh:
+                    guard(self._net, self._user, fresh)
+        except Exception as exc:  # noqa: BLE001 - whatever stops the watch, the sandbox must not run on unwatched
+            self._fail(str(exc) if isinstance(exc, SandboxError) else f"the address watch failed: {exc!r}")
+
+    def _fail(self, reason: str) -> None:
+        self.failure = f"{reason} (while the sandbox ran: it was killed)"
+        try:
+            signal.pidfd_send_signal(self._sandbox, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # it had ended
 
 
 def guard(net: int, user: int, destinations: Destinations) -> None:
@@ -319,17 +419,23 @@ def _exchange(nl: socket.socket, requests: list[tuple[int, int, bytes]]) -> list
                         for seq, (kind, flags, body) in enumerate(requests, 1)))
     answers, pending = [], len(requests)
     while pending:
-        data = nl.recv(1 << 16)
-        offset = 0
-        while offset < len(data):
-            length, kind, _, _, _ = _NLMSGHDR.unpack_from(data, offset)
-            body = data[offset + _NLMSGHDR.size:offset + length]
-            offset += (length + 3) & ~3
+        for kind, body in _messages(nl.recv(1 << 16)):
             if kind != _NLMSG_DONE:
                 answers.append((kind, body))
             if kind in (_NLMSG_DONE, _NLMSG_ERROR):
                 pending -= 1
     return answers
+
+
+def _messages(data: bytes) -> Iterator[tuple[int, bytes]]:
+    """The (type, body) of each netlink message in `data`."""
+    offset = 0
+    while offset + _NLMSGHDR.size <= len(data):
+        length, kind, _, _, _ = _NLMSGHDR.unpack_from(data, offset)
+        if length < _NLMSGHDR.size:
+            return
+        yield kind, data[offset + _NLMSGHDR.size:offset + length]
+        offset += (length + 3) & ~3
 
 
 def _attribute(kind: int, value: bytes) -> bytes:

@@ -17,10 +17,11 @@ from pathlib import Path
 
 from tasks.sandbox import network as own_network
 from tasks.sandbox import seccomp
+from tasks.sandbox.disk import DiskCap, DiskWatch
 from tasks.sandbox.forkserver import capture, set_limits
 from tasks.sandbox.limits import Limits, SandboxError, SandboxResult
 from tasks.sandbox.namespace import SCRATCH_SOURCE, Mounts, bwrap_argv, scrubbed_env
-from tasks.sandbox.network import OwnNetwork
+from tasks.sandbox.network import Connection, OwnNetwork
 from tasks.sandbox.policy import isolation, log_once
 
 
@@ -122,10 +123,10 @@ def preexec(
     return setup
 
 
-def _own_network(proc: subprocess.Popen, info: int, block: int, own: OwnNetwork) -> subprocess.Popen | None:
+def _own_network(proc: subprocess.Popen, info: int, block: int, own: OwnNetwork) -> Connection | None:
     """Join the started sandbox's network namespace to the outside, then let it run its
-    command; pasta. None when bubblewrap failed before reporting its sandbox (its
-    result says why)."""
+    command; pasta and the watch of the host's addresses. None when bubblewrap failed
+    before reporting its sandbox (its result says why)."""
     try:
         report = b""
         with os.fdopen(info, "rb", buffering=0) as reader:
@@ -161,20 +162,24 @@ def run_command(
     pass_fds: Sequence[int] = (),
     mounts: Mounts | None = None,
     visible: Iterable[str] = (),
+    disk: DiskCap | None = None,
 ) -> SandboxResult:
     """Run `argv` in `workdir` (the only writable place besides a private /tmp and
     `mounts.rw`). `visible`: directories under /tmp to show read-only, bound before
     `mounts.hide` is (what is hidden stays hidden even inside them). `network`: none,
-    the host's (True), or an `OwnNetwork` (bubblewrap only).
+    the host's (True), or an `OwnNetwork` (bubblewrap only). `disk`: a cap on what the
+    directories it writes (`workdir`, `mounts.rw`) hold while it runs; over it, the whole
+    sandbox is killed and the result's `disk_over` says how much they held.
 
     With `scratch_mb` (bubblewrap only; check `isolation`), the program runs on a copy of
     `workdir` in a tmpfs holding at most that many MB: it cannot fill the disk, and
     nothing it writes reaches `workdir`. `pass_fds` stay open in the program.
     Never leaves a process behind. Raises `SandboxError` only when nothing could be
-    started (e.g. `argv[0]` does not exist); everything the program does is a result.
+    started (e.g. `argv[0]` does not exist), or when an own network's filter failed while
+    the program ran (it was killed); everything the program does is a result.
     """
     options = {"workdir": workdir, "limits": limits, "env": env, "network": network, "scratch_mb": scratch_mb,
-               "pass_fds": pass_fds, "mounts": mounts, "visible": tuple(visible)}
+               "pass_fds": pass_fds, "mounts": mounts, "visible": tuple(visible), "disk": disk}
     result = _run_once(argv, **options)
     if isinstance(network, OwnNetwork) and result.returncode == 1 and result.stderr.startswith(_LOOPBACK_RACE):
         result = _run_once(argv, **options)
@@ -192,6 +197,7 @@ def _run_once(
     pass_fds: Sequence[int],
     mounts: Mounts | None,
     visible: Iterable[str],
+    disk: DiskCap | None,
 ) -> SandboxResult:
     workdir = Path(workdir).resolve()
     protection = isolation()
@@ -212,7 +218,7 @@ def _run_once(
     )
     cgroup = PidsCgroup.create(limits.max_procs + 2)
     start = time.monotonic()
-    pasta = None
+    connection = None
     try:
         try:
             proc = subprocess.Popen(
@@ -236,16 +242,25 @@ def _run_once(
         pidfd = os.pidfd_open(proc.pid)
         if sync is not None:
             try:
-                pasta = _own_network(proc, sync[0][0], sync[1][1], own)
+                connection = _own_network(proc, sync[0][0], sync[1][1], own)
             except BaseException:
                 kill_group(proc.pid, cgroup)
                 proc.wait()
                 raise
 
+        reaping = threading.Lock()  # the watcher kills no pid once it is reaped (and reusable)
+
+        def stop_sandbox() -> None:
+            with reaping:
+                if proc.returncode is None:
+                    kill_group(proc.pid, cgroup)
+
         def on_exit() -> None:
-            proc.wait()
+            with reaping:
+                proc.wait()
             kill_group(proc.pid, cgroup)
 
+        watch = DiskWatch(disk, stop_sandbox).start() if disk is not None else None
         try:
             cap = limits.output_cap_bytes
             data, truncated, timed_out = capture(
@@ -255,16 +270,20 @@ def _run_once(
                 on_exit,
             )
         finally:
+            if watch is not None:
+                watch.stop()
             kill_group(proc.pid, cgroup)
             proc.wait()
             os.close(pidfd)
             proc.stdout.close()
             proc.stderr.close()
     finally:
-        if pasta is not None:
-            own_network.disconnect(pasta)
-        if cgroup is not None:
-            cgroup.destroy()
+        try:
+            if connection is not None:
+                own_network.disconnect(connection)  # raises when its filter failed while the command ran
+        finally:
+            if cgroup is not None:
+                cgroup.destroy()
     return SandboxResult(
         returncode=None if timed_out else proc.returncode,
         stdout=data["stdout"],
@@ -274,6 +293,7 @@ def _run_once(
         timed_out=timed_out,
         duration_s=time.monotonic() - start,
         isolation=protection,
+        disk_over=watch.over if watch is not None else None,
     )
 
 
