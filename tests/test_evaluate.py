@@ -348,3 +348,25 @@ def test_drawing_and_grading_are_tasks_of_their_own_in_the_flow_run(prefect_harn
                                                                                "snapshot"})
     assert all(r.state.is_completed() for r in runs)
     assert out["samples"] == 12 and sum(out["status_counts"].values()) == 12
+
+
+def test_on_a_dask_cluster_each_output_is_graded_by_the_task_that_drew_it(prefect_harness, home, tmp_path):
+    """Both stages run on the cluster's workers: a grading task of its own (here for
+    `python_tests`, which elsewhere has one) would only send the outputs through the run's
+    process and back, and leave a worker to draws and grades by turns (#32)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    from flows.evaluate import evaluate
+
+    suite = tmp_path / "code.jsonl"
+    suite.write_text("".join(json.dumps({
+        "id": f"add{i}", "inputs": {"prompt": "def add(a, b):\n"},
+        "reference": "    return a + b\n" if i < 2 else "    return a - b\n",
+        "grader": {"kind": "python_tests", "entry_point": "add", "test": "def check(f):\n    assert f(2, 3) == 5\n"},
+    }) + "\n" for i in range(3)))
+    out = evaluate(suite=str(suite), agent="reference", n=2, runner="dask", workers=2)
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[out["flow_run_id"]])))
+    assert {r.name.replace("-", " ").split(" ")[0] for r in runs} == {"sample", "aggregate", "snapshot"}
+    assert out["status_counts"] == {"passed": 4, "failed": 2}

@@ -117,6 +117,19 @@ class RunConfig(BaseModel):
         return self.agent_concurrency or DEFAULT_AGENT_CONCURRENCY
 
     @property
+    def grades_where_drawn(self) -> bool:
+        """Whether every output is graded by the task that drew it, not only the cheap graders'
+        (`GraderSpec.inline`): on a Dask cluster both stages run on the same workers, and a
+        grading task of its own sends the outputs through this process and back, and leaves a
+        worker's thread to draws and grades by turns (each waiting on the other)."""
+        return self.runner == "dask"
+
+    @property
+    def stage_slots(self) -> int:
+        """Draw tasks in flight: `draw_slots`, or where they grade too, the graders' as well."""
+        return max(self.draw_slots, self.grade_workers) if self.grades_where_drawn else self.draw_slots
+
+    @property
     def agent_settings(self) -> AgentSettings:
         """The settings the agent takes from the run (those not given: the built-in defaults)."""
         given = {name: getattr(self, name) for name in AgentSettings.model_fields}

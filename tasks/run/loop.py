@@ -17,7 +17,9 @@ about that much grading per worker, however cheap or dear a sample is; drawn out
 as the agent returns it (`SampleStore.output_log`, docs/storage.md). Tasks are cut from what is waiting when a slot
 frees (a share of it per slot, never fewer samples than fill CHUNK_FLOOR_S at the rate
 seen so far): cheap samples go many to a task, so the ~10 ms a Prefect task costs stays
-small, and the last tasks are small, so the slots finish together. Drawn outputs not yet
+small, and the last tasks are small, so the slots finish together. On a Dask cluster every
+output is graded by the task that drew it (`RunConfig.grades_where_drawn`), and a task is
+at least CLUSTER_CHUNK_FLOOR_S of work. Drawn outputs not yet
 graded are work at risk too: no new draw starts while the graders have more than
 BATCH_BUDGET_S of them waiting.
 """
@@ -78,6 +80,9 @@ BATCH_BUDGET_S = 2.0
 # then end in one wave, not two).
 DRAW_BUDGET_S = 2 * BATCH_BUDGET_S
 CHUNK_FLOOR_S = 0.5
+# A task on a Dask worker costs ~0.15 s more (the worker's own Prefect client reports it to the
+# API): cut smaller, a CPU-bound run there spent a third of its time on them.
+CLUSTER_CHUNK_FLOOR_S = 2.0
 # How long a stopped run waits for the agent calls and gradings in flight: what comes back
 # by then is stored; a call still out is made again by the run that resumes it.
 INTERRUPT_GRACE_S = 2.0
@@ -141,6 +146,7 @@ class InlineGrading:
     case_ids: frozenset[str]
     prices: PriceTable
     regrade: int = 0
+    settings: AgentSettings | None = None  # the run's, for its judges (`judging`), as `GradeTask`'s
 
 
 @dataclass(frozen=True)
@@ -174,6 +180,10 @@ class DrawTask:
         return batch_label(self.planned)
 
     def __call__(self) -> Drew:
+        with judging(self.inline.settings if self.inline is not None else None):
+            return self._drawn()
+
+    def _drawn(self) -> Drew:
         by_id = {c.id: c for c in self.cases}
         log, inline = self.log, self.inline
         secrets = secret_values()  # once a task: the environment is read per call otherwise
@@ -331,10 +341,11 @@ class _Pace:
     def per_sample(self) -> float | None:
         return self.seconds / self.samples if self.samples else None
 
-    def chunk(self, waiting: int, slots: int) -> int:
-        """How many of `waiting` samples the next task takes."""
+    def chunk(self, waiting: int, slots: int, floor_s: float = CHUNK_FLOOR_S) -> int:
+        """How many of `waiting` samples the next task takes: a share per slot, never fewer
+        than fill `floor_s` at the pace so far."""
         share = math.ceil(waiting / slots)
-        floor = int(CHUNK_FLOOR_S / self.per_sample) if self.per_sample else 1
+        floor = int(floor_s / self.per_sample) if self.per_sample else 1
         return max(1, min(waiting, max(share, floor)))
 
 
@@ -385,13 +396,14 @@ class _Scheduler:
         if self.config.batch_size:  # the user's size, in cases
             size = self.config.batch_size * self.spec.n
         else:
-            size = pace.chunk(len(waiting), slots)
+            size = pace.chunk(len(waiting), slots,
+                              CLUSTER_CHUNK_FLOOR_S if self.config.grades_where_drawn else CHUNK_FLOOR_S)
         return [waiting.popleft() for _ in range(min(size, len(waiting)))]
 
     def _draw_limit(self) -> int:
         """Draws in flight allowed now: a cost budget allows no more calls than it can still
         pay for at the dearest call seen (one while no call has been priced)."""
-        slots = self.config.draw_slots
+        slots = self.config.stage_slots
         limit = self.meter.budget.max_cost_usd
         if limit is None:
             return slots
@@ -417,7 +429,7 @@ class _Scheduler:
                and self._backlog_ok()):
             paced = self.meter.budget.max_cost_usd is not None
             planned = [self.to_draw.popleft()] if paced else self._take(self.to_draw, self.draw_pace,
-                                                                         self.config.draw_slots)
+                                                                         self.config.stage_slots)
             log = self.store.output_log(self.spec.run_id)
             task = DrawTask(self.agent, batch_cases(self.cases, planned), planned, self.spec.n,
                             self.config.output_cap, DRAW_BUDGET_S, log, self.inline)
@@ -559,11 +571,12 @@ def draw_and_grade(spec: RunSpec, config: RunConfig, suite: EvalSuite, agent: An
     if not stored and not to_draw:
         return Drawing(meter, len(cut))
     prices = prices or PriceTable()
-    inline = frozenset(c.id for c in suite.cases if graded_inline(c))
+    inline = frozenset(c.id for c in suite.cases if config.grades_where_drawn or graded_inline(c))
     scheduler = _Scheduler(spec, config, {c.id: c for c in suite.cases}, agent, stages, store,
                            prices, progress, total - len(missing), total, meter,
                            deque(to_draw), deque(stored),
-                           InlineGrading(spec.run_id, inline, prices, spec.regrade) if inline else None)
+                           InlineGrading(spec.run_id, inline, prices, spec.regrade, config.agent_settings)
+                           if inline else None)
     scheduler.run()
     return Drawing(meter, len(cut) + scheduler.undrawn)
 
