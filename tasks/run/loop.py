@@ -139,8 +139,9 @@ class Stages(Protocol):
 @dataclass(frozen=True)
 class InlineGrading:
     """How a draw task grades the outputs of `case_ids` itself (their graders are cheap,
-    `GraderSpec.inline`): a task less per chunk, and their outputs never pass through the
-    run's process on their way to a grader."""
+    `GraderSpec.inline`, or the run grades where it draws, `RunConfig.grades_where_drawn`):
+    a task less per chunk, and their outputs never pass through the run's process on their
+    way to a grader."""
 
     run_id: str
     case_ids: frozenset[str]
