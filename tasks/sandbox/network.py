@@ -261,32 +261,28 @@ class AddressWatch:
 
     def __init__(self, net: int, user: int, pid: int):
         self.failure = ""
-        self._sandbox = self._net = self._user = -1
+        self._sandbox = self._net = self._user = self._stop = self._stopping = -1
+        self._thread = threading.Thread(target=self._watch, name="evalpipe-address-watch", daemon=True)
         self._socket = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
         try:
             self._socket.bind((0, _RTMGRP_IPV4_ROUTE | _RTMGRP_IPV6_ROUTE))
             self._sandbox = os.pidfd_open(pid)
             self._net, self._user = os.dup(net), os.dup(user)
+            self._stop, self._stopping = os.pipe()
         except OSError as exc:
             self.close()
             raise SandboxError(f"cannot watch this host's addresses: {exc}") from None
-        self._stop, self._stopping = os.pipe()
-        self._thread = threading.Thread(target=self._watch, name="evalpipe-address-watch", daemon=True)
 
     def start(self) -> AddressWatch:
         self._thread.start()
         return self
 
     def close(self) -> None:
-        thread = getattr(self, "_thread", None)
-        if thread is not None:
+        if self._thread.ident is not None:  # started: told to stop, and waited for
             os.write(self._stopping, b"x")
-            if thread.ident is not None:
-                thread.join()
-            os.close(self._stop)
-            os.close(self._stopping)
+            self._thread.join()
         self._socket.close()
-        for fd in (self._sandbox, self._net, self._user):
+        for fd in (self._sandbox, self._net, self._user, self._stop, self._stopping):
             if fd >= 0:
                 os.close(fd)
 
