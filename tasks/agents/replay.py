@@ -8,7 +8,7 @@ import hashlib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, ClassVar
 
 from tasks.agents.base import AgentContext, AgentError, Reloadable, spec_fingerprint
 from tasks.models import EvalCase, InputError
@@ -27,6 +27,8 @@ REPLAY_FORMATS = (
 @dataclass(frozen=True)
 class ReplayAgent(Reloadable):
     """Sample i of a case is the i-th line recorded for that case, in file order."""
+
+    recorded: ClassVar[bool] = True  # `makes_calls`
 
     outputs: Mapping[str, tuple[str, ...]] = field(default_factory=dict, repr=False, compare=False)
 

@@ -40,6 +40,7 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
+from tasks.agents.base import makes_calls
 from tasks.agents.settings import AgentSettings
 from tasks.graders import graded_inline
 from tasks.graders.judge import judging
@@ -374,6 +375,9 @@ class _Scheduler:
     to_draw: deque[PlannedSample]
     to_grade: deque[Drawn]
     inline: InlineGrading | None = None  # the cases whose outputs their draw task grades
+    # Planned samples of an agent whose outputs are at hand (`makes_calls`): drawn here as
+    # the graders take them, as if they were waiting in `to_grade`.
+    at_hand: deque[PlannedSample] = field(default_factory=deque)
     undrawn: int = 0
     events: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
     running: dict[Any, tuple[str, list, float, OutputLog | None]] = field(default_factory=dict)
@@ -393,13 +397,27 @@ class _Scheduler:
         self.running[id(future)] = (kind, items, time.monotonic(), log)
         future.add_done_callback(lambda f, key=id(future): self.events.put((key, f)))
 
-    def _take(self, waiting: deque, pace: _Pace, slots: int) -> list:
+    def _size(self, waiting: int, pace: _Pace, slots: int) -> int:
         if self.config.batch_size:  # the user's size, in cases
-            size = self.config.batch_size * self.spec.n
-        else:
-            size = pace.chunk(len(waiting), slots,
-                              CLUSTER_CHUNK_FLOOR_S if self.config.grades_where_drawn else CHUNK_FLOOR_S)
+            return self.config.batch_size * self.spec.n
+        return pace.chunk(waiting, slots, CLUSTER_CHUNK_FLOOR_S if self.config.grades_where_drawn else CHUNK_FLOOR_S)
+
+    def _take(self, waiting: deque, pace: _Pace, slots: int) -> list:
+        size = self._size(len(waiting), pace, slots)
         return [waiting.popleft() for _ in range(min(size, len(waiting)))]
+
+    def _to_grade(self, slots: int) -> list[Drawn]:
+        """The next grading task's outputs: those waiting, then outputs at hand drawn here."""
+        size = self._size(len(self.to_grade) + len(self.at_hand), self.grade_pace, slots)
+        chunk = [self.to_grade.popleft() for _ in range(min(size, len(self.to_grade)))]
+        if len(chunk) < size and self.at_hand:
+            secrets = secret_values()
+            planned = [self.at_hand.popleft() for _ in range(min(size - len(chunk), len(self.at_hand)))]
+            drawn = [draw_output(self.agent, self.cases[p.case_id], p, self.spec.n, self.config.output_cap, secrets)
+                     for p in planned]
+            self.meter.add([d.usage.cost_usd for d in drawn])
+            chunk += drawn
+        return chunk
 
     def _draw_limit(self) -> int:
         """Draws in flight allowed now: a cost budget allows no more calls than it can still
@@ -421,8 +439,8 @@ class _Scheduler:
 
     def top_up(self) -> None:
         slots = self.config.grade_workers
-        while self.to_grade and self.in_flight("grade") < slots:
-            drawn = self._take(self.to_grade, self.grade_pace, slots)
+        while (self.to_grade or self.at_hand) and self.in_flight("grade") < slots:
+            drawn = self._to_grade(slots)
             task = GradeTask(self.spec.run_id, batch_cases(self.cases, [d.planned for d in drawn]), drawn,
                              self.spec.regrade, BATCH_BUDGET_S, self.config.agent_settings)
             self._start("grade", drawn, self.stages.grade(task))
@@ -530,7 +548,7 @@ class _Scheduler:
             self._wind_down()
             raise
         self.store.end_logs(self.spec.run_id)
-        self.undrawn += len(self.to_draw)
+        self.undrawn += len(self.to_draw) + len(self.at_hand)
 
     def _wind_down(self) -> None:
         """Stopped (an interrupt, a failed task): start no new agent call, give the tasks in
@@ -573,11 +591,17 @@ def draw_and_grade(spec: RunSpec, config: RunConfig, suite: EvalSuite, agent: An
         return Drawing(meter, len(cut))
     prices = prices or PriceTable()
     inline = frozenset(c.id for c in suite.cases if config.grades_where_drawn or graded_inline(c))
+    # Outputs at hand (the reference, a recording) are made here as the graders take them: a
+    # `sample` task for them would cost more (~10 ms here and ~35 ms of the server's CPU) than
+    # the draw. Not on a cluster, where the task that draws an output grades it, nor under a
+    # cost budget, which draws one sample at a time.
+    at_hand = (agent is not None and not makes_calls(agent) and not config.grades_where_drawn
+               and budget.max_cost_usd is None)
     scheduler = _Scheduler(spec, config, {c.id: c for c in suite.cases}, agent, stages, store,
                            prices, progress, total - len(missing), total, meter,
-                           deque(to_draw), deque(stored),
+                           deque() if at_hand else deque(to_draw), deque(stored),
                            InlineGrading(spec.run_id, inline, prices, spec.regrade, config.agent_settings)
-                           if inline else None)
+                           if inline else None, deque(to_draw) if at_hand else deque())
     scheduler.run()
     return Drawing(meter, len(cut) + scheduler.undrawn)
 
