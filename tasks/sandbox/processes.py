@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -41,8 +42,12 @@ class PidsCgroup:
         if root is None:
             return None
         with cls._lock:
+            if not cls._counter:
+                _sweep_stale(root)
             cls._counter += 1
-            path = root / f"evalpipe-{os.getpid()}-{cls._counter}"
+            # The token: a process that died without destroying its groups (killed) leaves
+            # them, and a later process given its pid would find the name taken.
+            path = root / f"evalpipe-{os.getpid()}-{cls._counter}-{secrets.token_hex(4)}"
         try:
             path.mkdir()
             (path / "pids.max").write_text(str(max_procs))
@@ -77,6 +82,18 @@ class PidsCgroup:
                     time.sleep(0.002)  # members still exiting
         except OSError:
             pass
+
+
+def _sweep_stale(root: Path) -> None:
+    """Remove the empty pids cgroups of evalpipe processes that are gone (killed before
+    they could remove their own). One with members is left alone: rmdir refuses it."""
+    for group in root.glob("evalpipe-*"):
+        owner = group.name.split("-")[1]
+        if owner.isdigit() and not os.path.exists(f"/proc/{owner}"):
+            try:
+                group.rmdir()
+            except OSError:
+                pass
 
 
 def kill_until_gone(members: Callable[[], list[int]], rounds: int = 1000) -> None:
