@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+from functools import lru_cache
 from pathlib import Path
 
 # The parent of tasks/, storage/ and flows/: bound into the sandbox where the fork server
@@ -20,8 +21,7 @@ def evalpipe_home() -> Path:
     subdirectory reads the project's runs); else `.evalpipe/` in the working directory."""
     if os.environ.get("EVALPIPE_HOME"):
         return Path(os.environ["EVALPIPE_HOME"]).absolute()
-    # With strings, not Paths: every sandboxed program asks (`tasks.sandbox.servers`), and
-    # pathlib's walk cost a HumanEval program ~0.1 ms of the grading process.
+    # With strings, not Paths: pathlib's walk cost ~0.1 ms a call.
     cwd = directory = os.getcwd()
     while True:
         if os.path.isdir(found := os.path.join(directory, HOME_DIR)):
@@ -43,4 +43,11 @@ def hide_home(path: Path) -> None:
 
 def hidden_homes() -> tuple[str, ...]:
     """EVALPIPE_HOME and every home `hide_home` named: what a sandbox must not show."""
-    return tuple(sorted({str(evalpipe_home()), *map(str, _NAMED_HOMES)}))
+    return _hidden(os.environ.get("EVALPIPE_HOME"), os.getcwd(), frozenset(_NAMED_HOMES))
+
+
+@lru_cache(maxsize=16)
+def _hidden(_home_env: str | None, _cwd: str, named: frozenset[Path]) -> tuple[str, ...]:
+    # Keyed on what `evalpipe_home` reads: every sandboxed program asks, and without
+    # EVALPIPE_HOME its walk up the directories cost a HumanEval program ~40 µs.
+    return tuple(sorted({str(evalpipe_home()), *map(str, named)}))
