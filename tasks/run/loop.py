@@ -9,7 +9,9 @@ or a coding agent (`RunConfig.draw_slots` of them in flight); tests take a core 
 (`RunConfig.grade_workers`). Grading starts as outputs arrive, and what finishes is stored
 together, one database write every STORE_EVERY_S (opening the file costs more than a
 cheap sample). Every draw slot is used from the start: a slow agent's calls fan out at
-once, a fast agent's samples are shared out among them.
+once, a fast agent's samples are shared out among them. An agent that makes no call (its
+outputs at hand: `reference`, `replay:`) has no draw tasks: its outputs are drawn here as
+the grading tasks take them.
 
 A stage's task is bounded by time, not by count: it starts no new sample after
 BATCH_BUDGET_S (a draw task: DRAW_BUDGET_S) and hands back the rest, so a kill loses at most
