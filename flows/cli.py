@@ -24,7 +24,7 @@ from typer._click.exceptions import (  # typer's own click: not exported by name
     UsageError,
 )
 
-from flows.interrupt import INTERRUPTED, INTERRUPTED_LINE, stop_on_signals
+from flows.interrupt import INTERRUPTED, INTERRUPTED_LINE, stop_on_signals, stop_requested
 from flows.output import json_doc
 from flows.prefect_api import loading_heap
 from tasks.metrics.percent import figure
@@ -811,13 +811,17 @@ class _DropReportedFailures(logging.Filter):
     Sibling task runs of a failed run are not logged at all: the mapping winds them down
     before the runner stops (`tasks.run.loop`, `_wind_down`). A filter remains because Prefect's task
     engine logs a failed task run at ERROR however the task ends (raising, or returning a
-    Failed state)."""
+    Failed state). Once a signal stopped the process, no error of a run passes: Prefect calls
+    the stop a crash ("Crash detected! Execution was aborted by an interrupt signal"), and
+    `main` reports it as the interrupted line."""
 
     def __init__(self) -> None:
         super().__init__()
         self.reported: set[str] = set()  # the runs whose failure `main` reports
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR and stop_requested():
+            return False
         run_id = str(getattr(record, "task_run_id", None) or getattr(record, "flow_run_id", None) or "")
         if record.exc_info and _platform_error(record.exc_info[1]) is not None:
             self.reported.add(run_id)
