@@ -156,19 +156,19 @@ def test_fork_storm_is_capped(tmp_path: Path) -> None:
     assert 0 < int(res.stdout) <= 20
 
 
-def test_the_pids_cgroups_a_killed_process_left_neither_pile_up_nor_take_a_later_name(tmp_path: Path) -> None:
+def test_the_pids_cgroups_a_killed_process_left_neither_pile_up_nor_take_a_later_name() -> None:
     """A process killed before it removed its pids cgroups leaves them; the next process
     that makes one removes them, and a name already taken (a dead process had this pid)
     does not leave a sandbox without its process cap."""
     root = sandbox._pids_root()
     if root is None:
         pytest.skip("no pids cgroup")
-    make = ("import os, sys; sys.path.insert(0, {root!r})\n"
+    code = (f"import os, sys; sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})\n"
             "from tasks.sandbox.processes import PidsCgroup\n"
             "group = PidsCgroup.create(10)\nprint(group.path if group else '')\n")
-    code = make.format(root=str(Path(__file__).resolve().parent.parent))
+    # Ended with no clean-up, as a killed process is.
     left = subprocess.run([sys.executable, "-c", code + "os._exit(0)\n"], capture_output=True, text=True, check=True)
-    assert Path(left.stdout.strip()).is_dir()  # killed: nothing removed it
+    assert Path(left.stdout.strip()).is_dir()
     later = subprocess.run([sys.executable, "-c", code + "group.destroy()\n"], capture_output=True, text=True,
                            check=True)
     assert later.stdout.strip() and not Path(left.stdout.strip()).exists()
