@@ -340,6 +340,16 @@ def stop_managed(home: Path | None = None) -> tuple[Managed | None, Managed | No
         return live, stale
 
 
+def _exited(pid: int) -> bool:
+    """Gone, or a zombie. Not `_is_prefect_process`: an exiting process's command line reads
+    empty before it has ended, so a stop that waited on that returned with it still there."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True
+    return state in ("Z", "X")
+
+
 def _stop_group(pid: int) -> None:
     # The server leads its own session (start_new_session), so its group is its pid.
     for sig, wait_s in ((signal.SIGTERM, STOP_TIMEOUT_S), (signal.SIGKILL, 5.0)):
@@ -348,9 +358,9 @@ def _stop_group(pid: int) -> None:
         except ProcessLookupError:
             return
         deadline = time.monotonic() + wait_s
-        while _is_prefect_process(pid) and time.monotonic() < deadline:
+        while not _exited(pid) and time.monotonic() < deadline:
             time.sleep(0.1)
-        if not _is_prefect_process(pid):
+        if _exited(pid):
             return
     raise PlatformError(f"the Prefect server (pid {pid}) did not stop, even on SIGKILL")
 
