@@ -28,8 +28,10 @@ method (a whole run minus the one-case run, divided by the programs).
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -158,6 +160,7 @@ def main() -> None:
     parser.add_argument("--tries", type=int, default=2, help="runs of each, the least disturbed kept (default 2)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="evalpipe-ceiling-"))
+    atexit.register(shutil.rmtree, work, ignore_errors=True)  # its homes, suites and samples
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "EVALPIPE_")) and k != "CI"}
     env |= {"PREFECT_HOME": str(work / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
             "EVALPIPE_HOME": str(work / "home"), "PYTHONPATH": str(ROOT)}

@@ -22,9 +22,11 @@ figures beside the machine's load).
 from __future__ import annotations
 
 import argparse
+import atexit
 import gzip
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -114,6 +116,7 @@ def main() -> None:
                         help="grade CPU-bound programs of about this many ms each instead of HumanEval's")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="evalpipe-dask-"))
+    atexit.register(shutil.rmtree, work, ignore_errors=True)  # its homes, suites and samples
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "EVALPIPE_")) and k != "CI"}
     env |= {"PREFECT_HOME": str(work / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
             "EVALPIPE_HOME": str(work / "home"), "PYTHONPATH": str(ROOT)}

@@ -23,9 +23,11 @@ say. The machine may be shared: read the figures beside their peers, not alone.
 from __future__ import annotations
 
 import argparse
+import atexit
 import gzip
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -79,6 +81,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5, help="samples per problem (default 5)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="evalpipe-local-loop-"))
+    atexit.register(shutil.rmtree, work, ignore_errors=True)  # its homes, suites and samples
     base = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "EVALPIPE_")) and k != "CI"}
     base |= {"PREFECT_HOME": str(work / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
              "XDG_CACHE_HOME": str(work / "cache")}
