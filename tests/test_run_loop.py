@@ -287,5 +287,7 @@ def test_outputs_at_hand_are_drawn_as_the_graders_take_them_with_no_sampling_tas
     assert rows(home, "SELECT status, count(*), count(DISTINCT (case_id, sample_index)) FROM samples"
                       " GROUP BY status") == [("passed", 28, 28)]
     # A recording is at hand too; an agent that runs the user's code is not.
-    assert not makes_calls(load_agent("reference"))
+    recording = tmp_path / "outputs.jsonl"
+    recording.write_text('{"case_id": "q000", "output": "yes"}\n')
+    assert not makes_calls(load_agent(f"replay:{recording}"))
     assert makes_calls(CallableAgent.of(answer))
