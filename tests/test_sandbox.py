@@ -312,3 +312,40 @@ def test_a_sandbox_with_its_own_network_reads_the_upstream_resolvers(tmp_path: P
     monkeypatch.setattr(namespace, "RESOLVED_UPSTREAM", str(upstream))
     res = run_command(["cat", str(host)], workdir=work, limits=Limits(), network=OwnNetwork())
     assert (res.returncode, res.stdout) == (0, b"nameserver 192.0.2.53\n"), res.stderr
+
+
+@needs_bwrap
+@pytest.mark.skipif(shutil.which("pasta") is None, reason="needs pasta (passt)")
+def test_a_start_that_loses_bubblewraps_loopback_race_while_its_network_is_joined_is_made_again(
+        tmp_path: Path, monkeypatch) -> None:
+    """bubblewrap reports its sandbox before it brings up the loopback; where that fails
+    (pasta joining at the same moment), the sandbox is gone while its network is being
+    joined. That start is made again, as one that failed after the join is. Seen as
+    "cannot watch this host's addresses: No such process" in a test under load. The race
+    cannot be made to happen on demand: the join fails here instead, and bubblewrap's
+    message is what its stderr begins with."""
+    from tasks.sandbox import network
+    from tasks.sandbox.network import OwnNetwork
+
+    joins, real = [], network.connect
+
+    def lose_first(pid: int, own: OwnNetwork):
+        joins.append(pid)
+        if len(joins) == 1:
+            os.kill(pid, 9)
+            raise SandboxError("cannot watch this host's addresses: [Errno 3] No such process")
+        return real(pid, own)
+
+    monkeypatch.setattr(network, "connect", lose_first)
+    monkeypatch.setattr(sandbox, "_LOOPBACK_RACE", b"")  # what bubblewrap printed: nothing, its child was killed
+    marker = tmp_path / "ran"
+    res = run_command(["touch", str(marker)], workdir=tmp_path, limits=Limits(), network=OwnNetwork())
+    assert (res.returncode, len(joins), marker.exists()) == (0, 2, True), res.stderr
+
+    # Any other failure of the join is the start's: not made again, and the command never ran.
+    monkeypatch.setattr(sandbox, "_LOOPBACK_RACE", b"bwrap: loopback: Failed RTM_NEWADDR")
+    joins.clear()
+    marker.unlink()
+    with pytest.raises(SandboxError, match="No such process"):
+        run_command(["touch", str(marker)], workdir=tmp_path, limits=Limits(), network=OwnNetwork())
+    assert (len(joins), marker.exists()) == (1, False)

@@ -164,8 +164,14 @@ def _own_network(proc: subprocess.Popen, info: int, block: int, own: OwnNetwork)
 
 # bubblewrap sometimes fails to bring up the loopback of a namespace that pasta is joining
 # (about 3 starts in 100 under load, seen with and without the address filter): it exits
-# before running anything, so that start is made again, once.
+# before running anything, so that start is made again, once. It reports its sandbox
+# before it sets up the loopback, so the exit may come while pasta is still joining: the
+# join then fails for want of a sandbox (`_LoopbackRace`), and that start is made again too.
 _LOOPBACK_RACE = b"bwrap: loopback: Failed RTM_NEWADDR"
+
+
+class _LoopbackRace(SandboxError):
+    """bubblewrap lost the loopback race while its network was being joined."""
 
 
 def run_command(
@@ -197,7 +203,10 @@ def run_command(
     """
     options = {"workdir": workdir, "limits": limits, "env": env, "network": network, "scratch_mb": scratch_mb,
                "pass_fds": pass_fds, "mounts": mounts, "visible": tuple(visible), "disk": disk}
-    result = _run_once(argv, **options)
+    try:
+        result = _run_once(argv, **options)
+    except _LoopbackRace:
+        return _run_once(argv, **options)
     if isinstance(network, OwnNetwork) and result.returncode == 1 and result.stderr.startswith(_LOOPBACK_RACE):
         result = _run_once(argv, **options)
     return result
@@ -260,9 +269,11 @@ def _run_once(
         if sync is not None:
             try:
                 connection = _own_network(proc, sync[0][0], sync[1][1], own)
-            except BaseException:
+            except BaseException as exc:
                 kill_group(proc.pid, cgroup)
                 proc.wait()
+                if isinstance(exc, SandboxError) and proc.stderr.read(len(_LOOPBACK_RACE)) == _LOOPBACK_RACE:
+                    raise _LoopbackRace(f"the sandbox lost its loopback as its network was joined: {exc}") from None
                 raise
 
         reaping = threading.Lock()  # the watcher kills no pid once it is reaped (and reusable)
