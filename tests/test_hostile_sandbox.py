@@ -43,22 +43,28 @@ def host_socket(request: pytest.FixtureRequest):
     listener = socket.socket(socket.AF_UNIX)
     listener.bind(address)
     listener.listen()
+    listener.settimeout(0.05)  # closing a socket does not wake a thread blocked in accept()
     accepted: list[bool] = []
+    done = threading.Event()
 
     def serve() -> None:
-        try:
-            conn, _ = listener.accept()
-        except OSError:
-            return
-        accepted.append(True)
-        conn.sendall(b"1")
-        conn.close()
+        while not done.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            accepted.append(True)
+            conn.sendall(b"1")
+            conn.close()
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
     yield address, accepted
-    listener.close()
+    done.set()
     thread.join(5)
+    listener.close()
     for path in folder.iterdir():
         path.unlink()
     folder.rmdir()
