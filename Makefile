@@ -25,13 +25,19 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	@$(PY) -m flows.demo
 
+# Two workers (TEST_WORKERS=N for another count), each taking whole files: a file's tests
+# share its fixtures and some run in order (tests/test_warm.py). Most of a test is spent
+# waiting on a server, a subprocess's imports or a timeout, so two workers on two cores
+# take ~0.6x the time of one.
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
-	@$(PY) -m pytest
+	@$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 # Everything but the tests marked slow (Prefect servers, deployments, environment builds,
 # PyPI, the browser): a few minutes.
 test-fast: $(STAMP)
-	@$(PY) -m pytest -m "not slow"
+	@$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow"
 
 lint: $(STAMP)
 	@$(VENV)/bin/ruff check .
