@@ -10,8 +10,10 @@ run + 1 s. The server is stopped at the end.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -40,6 +42,7 @@ def main() -> None:
     parser.add_argument("-n", type=int, default=10, help="samples per case")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="evalpipe-bench-"))
+    atexit.register(shutil.rmtree, work, ignore_errors=True)  # its homes, suites and samples
     env = {**os.environ, "EVALPIPE_HOME": str(work / "home"), "PREFECT_LOGGING_LEVEL": "WARNING",
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     env.pop("PREFECT_API_URL", None)

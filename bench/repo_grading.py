@@ -14,8 +14,10 @@ Usage: python bench/repo_grading.py [--samples 50]
 from __future__ import annotations
 
 import argparse
+import atexit
 import importlib.util
 import os
+import shutil
 import statistics
 import subprocess
 import tempfile
@@ -48,6 +50,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=50)
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="evalpipe-bench-"))
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)  # its homes, suites and samples
     os.environ["EVALPIPE_HOME"] = str(tmp / "home")
     sha = build_calc(tmp / "calc")
 

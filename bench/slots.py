@@ -13,8 +13,10 @@ Targets: mean in flight >= 17 of 20; wall <= the fixed cost + 1.2 x the floor.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -84,6 +86,7 @@ def main() -> None:
         return 200, "yes"
 
     work = Path(tempfile.mkdtemp(prefix="evalpipe-slots-"))
+    atexit.register(shutil.rmtree, work, ignore_errors=True)  # its homes, suites and samples
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "EVALPIPE_", "OPENAI_"))}
     env |= {"PREFECT_HOME": str(work / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
             "EVALPIPE_HOME": str(work / "home"), "OPENAI_API_KEY": "sk-bench"}

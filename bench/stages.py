@@ -15,8 +15,10 @@ Usage: python bench/stages.py [--samples 40] [--wait 1.0] [--compute 0.2] [--no-
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -103,6 +105,7 @@ def main() -> None:
     parser.add_argument("--no-cli", action="store_true", help="leave out the run through the Prefect flow")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="evalpipe-bench-stages-"))
+    atexit.register(shutil.rmtree, work, ignore_errors=True)  # its homes, suites and samples
     (work / "agent.py").write_text(AGENT.format(wait=args.wait))
     agent = f"python:{work / 'agent.py'}:answer"
     suite = write_suite(work / "suite.jsonl", args.samples, args.compute)
