@@ -171,12 +171,12 @@ def _decoded_samples(path: Path, files: dict[str, Path], cap: int) -> pa.Table:
 def _write_samples(con, run_id: str, target: Path) -> int:
     """Write the run's samples (EXPORTED_COLUMNS, each output whole) to a Parquet file, a
     batch of rows at a time: a run of outputs at the cap is never in memory whole."""
-    rows = con.sql(f"SELECT {', '.join(SAMPLE_COLUMNS)} FROM samples WHERE run_id = ?"
-                   " ORDER BY case_id, sample_index", params=[run_id]).fetch_record_batch(_WRITE_ROWS)
-    reader = con.cursor()  # the chunks are read beside the rows streaming from `con`
     schema = pa.schema([SAMPLE_SCHEMA.field(c) for c in EXPORTED_COLUMNS])
     written = 0
-    with pq.ParquetWriter(target, schema) as writer:
+    # The chunks are read beside the rows streaming from `con`.
+    with db.beside(con) as reader, pq.ParquetWriter(target, schema) as writer:
+        rows = con.sql(f"SELECT {', '.join(SAMPLE_COLUMNS)} FROM samples WHERE run_id = ?"
+                       " ORDER BY case_id, sample_index", params=[run_id]).fetch_record_batch(_WRITE_ROWS)
         for batch in rows:
             whole = db.with_whole_outputs(reader, batch.to_pylist())
             writer.write_table(pa.Table.from_pylist(whole, schema=schema))

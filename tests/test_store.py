@@ -100,3 +100,50 @@ def test_an_error_a_stop_surfaced_as_records_the_run_interrupted(tmp_path: Path,
     with pytest.raises(RuntimeError), store.recorded_run(spec, lambda: stopping):
         raise RuntimeError("Query interrupted")
     assert store.get_run(spec.run_id)["status"] == status
+
+
+def test_a_homes_file_is_shared_by_threads_and_released_to_other_processes_after_each_use(tmp_path: Path):
+    """A process keeps one DuckDB instance and attaches a home's file to it per use
+    (`storage.db`): threads share the file, a writer waits for the process's readers, two
+    homes are apart, and between uses another process can open the file."""
+    import subprocess
+    import sys
+    import threading
+
+    a, b = Store(tmp_path / "a"), Store(tmp_path / "b")
+    for store, value in ((a, 1), (b, 2)):
+        with store.connect() as con:
+            con.execute("CREATE TABLE t (x INTEGER)")
+            con.execute("INSERT INTO t VALUES (?)", [value])
+    reading, release, wrote = threading.Event(), threading.Event(), threading.Event()
+
+    def read() -> None:
+        with a.connect(read_only=True) as con:
+            reading.set()
+            release.wait(10)
+            assert con.execute("SELECT x FROM t").fetchall() == [(1,)]
+
+    def write() -> None:
+        with a.connect() as con:
+            con.execute("INSERT INTO t VALUES (3)")
+        wrote.set()
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    assert reading.wait(10)
+    with a.connect(read_only=True) as con:  # a second reader shares the attachment
+        assert con.execute("SELECT count(*) FROM t").fetchone() == (1,)
+    writer = threading.Thread(target=write)
+    writer.start()
+    assert not wrote.wait(0.5), "a writer went in beside a read-only attachment"
+    with b.connect() as con:  # the other home is its own file
+        assert con.execute("SELECT x FROM t").fetchall() == [(2,)]
+    release.set()
+    reader.join()
+    writer.join()
+    assert wrote.is_set()
+    read_elsewhere = subprocess.run(
+        [sys.executable, "-c", "import duckdb, sys; print(duckdb.connect(sys.argv[1], read_only=True)"
+         ".execute('SELECT sum(x) FROM t').fetchone()[0])", str(a.db_path)],
+        capture_output=True, text=True, timeout=60)
+    assert read_elsewhere.stdout.strip() == "4", read_elsewhere.stderr
