@@ -332,7 +332,8 @@ def _platform_errors(path: Path) -> Iterator[None]:
     except duckdb.Error as exc:
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         lowered = detail.lower()
-        if "no space left on device" in lowered or "disk is full" in lowered:
+        # The cause may be on a later line: a DETACH whose checkpoint failed says so first.
+        if any(words in str(exc).lower() for words in ("no space left on device", "disk is full")):
             raise disk_full(path) from None
         if any(word in lowered for word in _DAMAGED) or isinstance(
             exc, duckdb.SerializationException | duckdb.InternalException

@@ -4,6 +4,7 @@ Runs whose process is gone read as `interrupted`."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
@@ -18,6 +19,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from storage import PlatformError
 from storage.outputs import read_log
 from storage.store import Store
 from tasks.run import RunSpec
@@ -274,6 +276,24 @@ def test_disk_full_keeps_what_was_stored(prefect_harness, tmp_path, small_disk):
     proc = cli(args, env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout)["cached_samples"] == len(kept)
+
+
+def test_a_checkpoint_that_finds_the_disk_full_reads_disk_full_and_loses_nothing(small_disk):
+    """Rows committed to the write-ahead log, then no room for the checkpoint that giving the
+    file back makes: DuckDB names the cause on its message's second line."""
+    home = small_disk / "home"
+    store = Store(home)
+    filler = small_disk / "filler"
+    with pytest.raises(PlatformError, match=r"^disk full writing .*what was stored before is kept"):
+        with store.connect() as con:
+            con.execute("CREATE TABLE kept AS SELECT range AS n FROM range(50000)")
+            with filler.open("wb") as out, contextlib.suppress(OSError):
+                while True:
+                    out.write(b"\0" * 65536)
+                    out.flush()
+    filler.unlink()
+    with store.connect(read_only=True) as con:
+        assert con.execute("SELECT count(*), sum(n) FROM kept").fetchall() == [(50000, sum(range(50000)))]
 
 
 def test_disk_full_snapshot_is_one_line_and_leaves_no_part(tmp_path, small_disk):
