@@ -285,6 +285,13 @@ def test_the_idle_stop_never_stops_a_server_under_a_command(tmp_path: Path) -> N
     # caught between two execs finds no prefect in the command line.
     stand_in = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "prefect"], start_new_session=True)
     try:
+        # Popen returns once the exec is past its point of no return, before the kernel has set
+        # the new command line: under load /proc reads it empty for a while (298 of 400 starts
+        # with three busy loops beside them on 2 cores).
+        cmdline = Path(f"/proc/{stand_in.pid}/cmdline")
+        deadline = time.monotonic() + 10
+        while b"prefect" not in cmdline.read_bytes() and time.monotonic() < deadline:
+            time.sleep(0.01)
         (directory / "server.json").write_text(json.dumps({"pid": stand_in.pid, "port": 1}))
         asked: list[bool] = []
 
