@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -26,6 +29,7 @@ from tasks.sandbox import (
 )
 from tasks.sandbox import processes as sandbox
 
+ROOT = Path(__file__).resolve().parent.parent
 needs_bwrap = pytest.mark.skipif(not policy.bwrap_available(), reason="needs bubblewrap")
 
 
@@ -349,3 +353,62 @@ def test_a_start_that_loses_bubblewraps_loopback_race_while_its_network_is_joine
     with pytest.raises(SandboxError, match="No such process"):
         run_command(["touch", str(marker)], workdir=tmp_path, limits=Limits(), network=OwnNetwork())
     assert (len(joins), marker.exists()) == (1, False)
+
+
+# A harness that forks a sandbox's process: that process arms its parent-death signal in
+# `preexec`, says so, and execs a sleep. "late": the harness is gone before the child arms it.
+FORKING_HARNESS = """
+import os, sys, time
+from tasks.sandbox.processes import preexec
+
+setup = preexec(None, None, die_with_parent=True)  # built in the parent, as Popen's caller does
+mode, flag = sys.argv[1], sys.argv[2]
+harness = os.getpid()
+child = os.fork()
+if child == 0:
+    while mode == "late" and os.getppid() == harness:
+        time.sleep(0.01)
+    setup()
+    open(flag, "w").write("armed")
+    os.execv("/bin/sleep", ["sleep", "60"])
+print(child, flush=True)
+if mode == "late":
+    os._exit(0)
+time.sleep(60)
+"""
+
+
+def _ended(pid: int, within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return True
+        if state in ("Z", "X"):
+            return True
+        time.sleep(0.01)
+    return False
+
+
+@pytest.mark.parametrize("mode", ["late", "armed"])
+def test_a_sandboxs_process_never_outlives_a_killed_harness(tmp_path: Path, mode: str) -> None:
+    """bubblewrap's --die-with-parent takes hold after its exec: a harness killed between its
+    fork and then left the sandbox running, orphaned, for as long as its agent ran."""
+    flag = tmp_path / "flag"
+    harness = subprocess.Popen([sys.executable, "-c", FORKING_HARNESS, mode, str(flag)], stdout=subprocess.PIPE,
+                               text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    child = int(harness.stdout.readline())
+    try:
+        if mode == "armed":
+            deadline = time.monotonic() + 30
+            while not flag.exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert flag.exists()
+            harness.kill()
+        harness.wait(30)
+        assert _ended(child, 10)
+        assert flag.exists() == (mode == "armed")  # "late": it never got to run
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)

@@ -48,8 +48,12 @@ from collections.abc import Callable, Mapping
 
 NONCE_FD = 4  # the child reads the nonce here after the program returned ...
 RESULT_FD = 3  # ... and writes it back here
+_PR_SET_PDEATHSIG = 1
 _PR_SET_DUMPABLE = 4
 _PR_SET_CHILD_SUBREAPER = 36
+# Looked up on import: a child forked from a process with threads must not take the dynamic
+# loader's lock, which another thread may have held at the fork.
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl
 # Imported once in the server so that forked programs find them warm.
 _PRELOAD = (
     "math", "re", "collections", "itertools", "functools", "typing", "string", "hashlib",
@@ -109,7 +113,16 @@ def capture(
 
 
 def _prctl(option: int, value: int) -> None:
-    ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
+    _PRCTL(option, value, 0, 0, 0)
+
+
+def die_with(parent: int) -> None:
+    """In a child, between its fork and its exec: killed when the thread that forked it
+    ends, and gone at once if process `parent` already has (a SIGKILL to it can land
+    before this runs; bubblewrap's own --die-with-parent only takes hold after its exec)."""
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 def _children() -> list[int]:

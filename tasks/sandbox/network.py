@@ -44,18 +44,18 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from tasks.errors import InputError
+from tasks.sandbox.forkserver import die_with
 from tasks.sandbox.limits import SandboxError
 
 PASTA = "pasta"
 NETWORK_ENV = "EVALPIPE_AGENT_NETWORK"  # "own" (the default) or "host"
 _LOOPBACK_NAMES = ("localhost", "::1")
 _SETUP_TIMEOUT_S = 30.0
-_PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL(None, use_errno=True)
 
 # rtnetlink(7): the constants of <linux/netlink.h> and <linux/rtnetlink.h> used here.
@@ -168,7 +168,7 @@ def _start_pasta(net: int, user: int, ports: tuple[int, ...]) -> subprocess.Pope
             try:
                 pasta = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
                                          pass_fds=(net, user),
-                                         preexec_fn=_die_with_parent)  # noqa: PLW1509 - the one way to set it
+                                         preexec_fn=partial(die_with, os.getpid()))  # noqa: PLW1509 - the one way
             except OSError as exc:
                 raise SandboxError(f"{PASTA} could not set up the sandbox's network: {exc}") from None
         # It writes its pid once the namespace is configured, before it starts serving.
@@ -209,10 +209,6 @@ def _read(path: Path) -> str:
         return path.read_text(errors="replace").strip()
     except OSError:
         return ""
-
-
-def _die_with_parent() -> None:
-    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 Destinations = tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]

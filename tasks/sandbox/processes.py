@@ -19,7 +19,7 @@ from pathlib import Path
 from tasks.sandbox import network as own_network
 from tasks.sandbox import seccomp
 from tasks.sandbox.disk import DiskCap, DiskWatch
-from tasks.sandbox.forkserver import capture, set_limits
+from tasks.sandbox.forkserver import capture, die_with, set_limits
 from tasks.sandbox.limits import Limits, SandboxError, SandboxResult
 from tasks.sandbox.namespace import SCRATCH_SOURCE, Mounts, bwrap_argv, scrubbed_env
 from tasks.sandbox.network import Connection, OwnNetwork
@@ -124,11 +124,14 @@ def _pids_root() -> Path | None:
 
 
 def preexec(
-    limits: Limits | None, cgroup: PidsCgroup | None, cpu: bool = True
+    limits: Limits | None, cgroup: PidsCgroup | None, cpu: bool = True, die_with_parent: bool = False
 ) -> Callable[[], None]:
     install = seccomp.installer()
+    parent = os.getpid()
 
     def setup() -> None:
+        if die_with_parent:
+            die_with(parent)
         if cgroup is not None:
             cgroup.join_self()
         if limits is not None:
@@ -256,7 +259,8 @@ def _run_once(
                 stderr=subprocess.PIPE,
                 start_new_session=True,
                 pass_fds=(*pass_fds, *(sync_fds or ())),
-                preexec_fn=preexec(limits, cgroup),  # noqa: PLW1509 - rlimits need it
+                # bubblewrap's --die-with-parent, from the fork on.
+                preexec_fn=preexec(limits, cgroup, die_with_parent=protection == "bwrap"),  # noqa: PLW1509
             )
         except (OSError, subprocess.SubprocessError) as exc:
             for fd in (sync[0][0], sync[1][1]) if sync else ():

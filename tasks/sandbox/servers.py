@@ -80,7 +80,8 @@ class _Server:
                 stderr=subprocess.DEVNULL,
                 start_new_session=True,
                 # A server's CPU rlimit would add up over all the programs it runs.
-                preexec_fn=preexec(own_limits, self.cgroup, cpu=False),  # noqa: PLW1509
+                preexec_fn=preexec(own_limits, self.cgroup, cpu=False,  # noqa: PLW1509
+                                   die_with_parent=self.isolation == "bwrap"),
             )
             hello = self._read(30.0)
         except (OSError, subprocess.SubprocessError) as exc:
