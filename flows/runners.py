@@ -28,9 +28,12 @@ def _make(runner: Runner, workers: int, dask_address: str | None) -> TaskRunner:
     # TLS with credentials made for this cluster alone (`security=True`: a CA and a
     # certificate, in memory): the scheduler listens on 127.0.0.1, where any local process,
     # a sandboxed agent's included, could otherwise connect and run code on the workers.
-    return DaskTaskRunner(
-        cluster_kwargs={"n_workers": workers, "threads_per_worker": 1, "dashboard_address": None, "security": True}
-    )
+    # Its scheduler serves HTTP (health, metrics) even with no dashboard: on a free port, not
+    # Dask's 8787, which a second run at once found taken (a warning on its output).
+    return DaskTaskRunner(cluster_kwargs={
+        "n_workers": workers, "threads_per_worker": 1, "security": True,
+        "dashboard_address": "127.0.0.1:0", "scheduler_kwargs": {"dashboard": False},
+    })
 
 
 @contextmanager

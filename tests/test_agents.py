@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gzip
 import json
@@ -23,6 +24,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.cli import wait_gone
 
 from tasks.agents import (
     AgentContext,
@@ -216,6 +218,36 @@ def test_cmd_timeout_kills_the_whole_process_group(
         agent.generate(case(), ctx())
     status = Path(f"/proc/{(cwd / 'child.pid').read_text()}/status")
     assert not status.exists() or "\nState:\tZ" in status.read_text()
+
+
+CMD_HARNESS = """
+import sys
+from tasks.agents import AgentContext, load_agent
+from tasks.models import EvalCase
+
+load_agent(f"cmd:{sys.executable} hang.py").generate(EvalCase(id="c", grader={"kind": "exact"}),
+                                                     AgentContext("c", 0, 0, 1))
+"""
+
+
+def test_a_cmd_agent_does_not_outlive_a_harness_killed_with_kill_9(cwd: Path) -> None:
+    """Its own session keeps it from a Ctrl-C meant for the harness, and from a kill of the
+    harness's group: only the harness, gone, could kill it."""
+    (cwd / "hang.py").write_text("import os, pathlib, time\n"
+                                 "pathlib.Path('agent.pid.part').write_text(str(os.getpid()))\n"
+                                 "os.rename('agent.pid.part', 'agent.pid')\ntime.sleep(60)\n")
+    harness = subprocess.Popen([sys.executable, "-c", CMD_HARNESS], cwd=cwd, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    deadline = time.monotonic() + 60
+    while not (cwd / "agent.pid").exists() and harness.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    agent = int((cwd / "agent.pid").read_text())
+    try:
+        harness.kill()
+        harness.wait()
+        assert wait_gone([agent], 10)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(agent, signal.SIGKILL)
 
 
 # --- replay: ---------------------------------------------------------------------------

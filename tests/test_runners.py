@@ -82,3 +82,18 @@ def test_the_local_dask_cluster_takes_no_client_without_its_credentials(prefect_
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout)["status_counts"] == {"passed": 1}, proc.stdout
     assert not marker.exists()
+
+
+def test_two_local_dask_clusters_at_once_warn_nothing_and_serve_http_on_loopback_only(recwarn):
+    """Each cluster's scheduler serves HTTP (health, metrics) even without a dashboard: on
+    Dask's fixed 8787 the second of two runs at once warned 'Port 8787 is already in use'."""
+    from distributed import LocalCluster
+
+    from flows.runners import _make
+
+    kwargs = {**_make("dask", 1, None).cluster_kwargs, "processes": False}
+    with LocalCluster(**kwargs) as first, LocalCluster(**kwargs) as second:
+        for cluster in (first, second):
+            hosts = {sock.getsockname()[0] for sock in cluster.scheduler.http_server._sockets.values()}
+            assert hosts == {"127.0.0.1"}
+    assert [str(w.message) for w in recwarn if "in use" in str(w.message)] == []

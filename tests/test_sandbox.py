@@ -14,6 +14,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from support.cli import wait_gone
 from test_python_tests import _processes_with
 
 from tasks.sandbox import (
@@ -378,19 +379,6 @@ time.sleep(60)
 """
 
 
-def _ended(pid: int, within_s: float) -> bool:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            return True
-        if state in ("Z", "X"):
-            return True
-        time.sleep(0.01)
-    return False
-
-
 @pytest.mark.parametrize("mode", ["late", "armed"])
 def test_a_sandboxs_process_never_outlives_a_killed_harness(tmp_path: Path, mode: str) -> None:
     """bubblewrap's --die-with-parent takes hold after its exec: a harness killed between its
@@ -407,7 +395,7 @@ def test_a_sandboxs_process_never_outlives_a_killed_harness(tmp_path: Path, mode
             assert flag.exists()
             harness.kill()
         harness.wait(30)
-        assert _ended(child, 10)
+        assert wait_gone([child], 10)
         assert flag.exists() == (mode == "armed")  # "late": it never got to run
     finally:
         with contextlib.suppress(ProcessLookupError):

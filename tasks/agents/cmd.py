@@ -20,7 +20,7 @@ from tasks.models import EvalCase, InputError, sha256_hex
 from tasks.redaction import redact
 from tasks.registry import agent_kind
 from tasks.sandbox import PidsCgroup, kill_until_gone
-from tasks.sandbox.forkserver import capture
+from tasks.sandbox.forkserver import capture, die_with
 
 STDERR_TAIL = 2000  # characters of a failed command's stderr kept in the error
 # The pids cgroup of a `cmd:` agent is there to find every process it leaves, not to
@@ -150,12 +150,15 @@ class _Descendants:
     def __init__(self) -> None:
         self.cgroup = PidsCgroup.create(CMD_MAX_PROCS)
         self.mark = secrets.token_hex(8)
+        self.harness = os.getpid()
 
     def env(self) -> dict[str, str]:
         return {**os.environ, self.MARK: self.mark}
 
     def join(self) -> None:
-        """In the new process, before it runs the agent."""
+        """In the new process, before it runs the agent. It dies with the harness (`kill -9`
+        leaves no one to kill its group): its own children do not, unless they exit on it."""
+        die_with(self.harness)
         if self.cgroup is not None:
             self.cgroup.join_self()
 
