@@ -25,13 +25,10 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	@$(PY) -m flows.demo
 
-# One process by default. TEST_WORKERS=2 runs two workers, each taking whole files (a
-# file's tests share its fixtures and some run in order, tests/test_warm.py): most of a test
-# waits on a server, a subprocess's imports or a timeout, so two workers on two cores take
-# ~0.55x the time of one. Not the default yet: with two workers,
-# test_the_idle_stop_never_stops_a_server_under_a_command failed in 2 of 8 full runs (its
-# stand-in server gone within milliseconds of its start), which it never did in one.
-TEST_WORKERS ?= 0
+# Two workers, each taking whole files (a file's tests share its fixtures and some run in
+# order, tests/test_warm.py): most of a test waits on a server, a subprocess's imports or a
+# timeout, so on two cores they take ~0.56x the time of one process (TEST_WORKERS=0).
+TEST_WORKERS ?= 2
 
 test: $(STAMP)
 	@$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
