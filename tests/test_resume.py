@@ -200,16 +200,18 @@ def test_a_killed_grading_process_fails_the_run_and_the_resume_buys_nothing_that
         while not killed:
             assert proc.poll() is None, proc.communicate()
             graders = _workers(proc.pid)
-            if graders and sum(kind == "R" for kind, _ in calls(project["calls"])) >= 30:
+            returned = sum(kind == "R" for kind, _ in calls(project["calls"]))
+            if graders and returned >= 30:
                 with contextlib.suppress(ProcessLookupError):  # gone since it was listed: the next
                     os.kill(graders[0], signal.SIGKILL)
                     killed = True
             time.sleep(0.02)
-        _, stderr = proc.communicate(timeout=60)  # a hang guard
+        stdout, stderr = proc.communicate(timeout=60)  # a hang guard
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 3 and "a worker process of the run died" in stderr, stderr
+    assert proc.returncode == 3 and "a worker process of the run died" in stderr, \
+        (f"killed {graders[0]} of {graders} at {returned} of 120 calls returned", stdout[-2000:], stderr)
     assert statuses(home) == ["failed"]
     before = calls(project["calls"])
     out = resume(project, args)
