@@ -20,7 +20,8 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from support.graders import IN_A_TASK
+from support.cli import alive
+from support.graders import GRADED_IN_ENV, IN_A_TASK
 from test_deployments import start_logged, stop
 
 from storage.outputs import SPOOL, read_log
@@ -162,27 +163,6 @@ def test_a_stop_that_lands_in_a_database_query_is_recorded_interrupted(home) -> 
     assert statuses(home) == ["interrupted"]
 
 
-def _children(pid: int) -> list[int]:
-    """The child processes of `pid` (every thread's)."""
-    kids = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(OSError):
-            kids += [int(k) for k in (task / "children").read_text().split()]
-    return kids
-
-
-def _workers(pid: int) -> list[int]:
-    """The processes runner's workers under the run process `pid`: forked by its forkserver
-    (tasks.run.workers), so with the forkserver's command line, unlike what either execs."""
-    found = []
-    for server in _children(pid):
-        with contextlib.suppress(OSError):
-            command = Path(f"/proc/{server}/cmdline").read_bytes()
-            if b"forkserver" in command:
-                found += [k for k in _children(server) if Path(f"/proc/{k}/cmdline").read_bytes() == command]
-    return found
-
-
 def test_a_killed_grading_process_fails_the_run_and_the_resume_buys_nothing_that_returned(project, home) -> None:
     """Issue 31: a grading worker process killed mid-run (`--runner processes`, SIGKILL) ends
     the run `failed`, a platform failure (exit 3, one line); the same command grades every
@@ -192,14 +172,19 @@ def test_a_killed_grading_process_fails_the_run_and_the_resume_buys_nothing_that
     project["env"]["EVALPIPE_PLUGINS"] = str(ROOT / "tests/support/graders.py")
     args = ["run", str(project["suite"]), "--agent", project["agent"] + ":logged", "-n", "3", "--runner", "processes",
             "--agent-concurrency", "4", "--workers", "2", "--json"]
-    env = {**project["env"], "EVALPIPE_TEST_SLEEP": "0.2"}  # drawing (6 s) outlasts the graders' start
+    graded_in = project["calls"].with_name("graded-in")
+    # Drawing (6 s) outlasts the graders' start. The grader names the processes it grades in:
+    # guessed from /proc, a "worker" was once the forkserver's own child between its fork and
+    # its exec of `git version` (GitPython's import), whose death stops nothing.
+    env = {**project["env"], "EVALPIPE_TEST_SLEEP": "0.2", GRADED_IN_ENV: str(graded_in)}
     proc = subprocess.Popen([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         killed = False
         while not killed:
             assert proc.poll() is None, proc.communicate()
-            graders = _workers(proc.pid)
+            graders = [pid for pid in sorted({int(p) for p in graded_in.read_text().split()}) if alive(pid)] \
+                if graded_in.exists() else []
             returned = sum(kind == "R" for kind, _ in calls(project["calls"]))
             if graders and returned >= 30:
                 with contextlib.suppress(ProcessLookupError):  # gone since it was listed: the next
