@@ -236,7 +236,8 @@ def test_a_cmd_agent_does_not_outlive_a_harness_killed_with_kill_9(cwd: Path) ->
     (cwd / "hang.py").write_text("import os, pathlib, time\n"
                                  "pathlib.Path('agent.pid.part').write_text(str(os.getpid()))\n"
                                  "os.rename('agent.pid.part', 'agent.pid')\ntime.sleep(60)\n")
-    harness = subprocess.Popen([sys.executable, "-c", CMD_HARNESS], cwd=cwd, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    harness = subprocess.Popen([sys.executable, "-c", CMD_HARNESS], cwd=cwd,  # its scratch directory stays in cwd
+                               env={**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(cwd)})
     deadline = time.monotonic() + 60
     while not (cwd / "agent.pid").exists() and harness.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
