@@ -333,7 +333,8 @@ def _platform_errors(path: Path) -> Iterator[None]:
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         lowered = detail.lower()
         # The cause may be on a later line: a DETACH whose checkpoint failed says so first.
-        if any(words in str(exc).lower() for words in ("no space left on device", "disk is full")):
+        whole = str(exc).lower()
+        if "no space left on device" in whole or "disk is full" in whole:
             raise disk_full(path) from None
         if any(word in lowered for word in _DAMAGED) or isinstance(
             exc, duckdb.SerializationException | duckdb.InternalException

@@ -555,8 +555,8 @@ def test_killed_workspace_run_resumes(prefect_harness, home, tmp_path, bwrap):
     assert proc.poll() is None, proc.communicate()
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    # bwrap --die-with-parent: the agent goes with the harness, well before its own 1.5 s are
-    # up (under the load of a parallel suite, its exit took over 0.5 s once).
+    # The sandbox dies with the harness (armed from its fork on: tasks/sandbox/processes.py),
+    # well before the agent's own 1.5 s are up; the kernel takes a moment to end it.
     gone_by = time.monotonic() + 1.2
     while (left := [p for p in os.listdir("/proc") if p.isdigit() and str(script) in _cmdline(p)]) \
             and time.monotonic() < gone_by:
