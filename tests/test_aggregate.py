@@ -176,9 +176,6 @@ def test_row_order_and_chunking_do_not_matter() -> None:
     )
 
 
-# Hypothesis flags any change of the global `random` state while it draws: threads that
-# earlier tests in this process left running (Prefect's clients, which jitter with it) make one.
-@pytest.mark.filterwarnings("ignore:Do not use the `random` module inside strategies")
 @settings(max_examples=40, deadline=None)
 @given(
     st.dictionaries(
