@@ -67,6 +67,25 @@ def test_exceptions_cross_as_their_builtin_kind() -> None:
     assert grade("    if x < 0:\n        raise KeyError('negative')\n    return x\n", case(test)).status is Status.failed
 
 
+@pytest.mark.parametrize("kind", ["StopIteration", "StopAsyncIteration"])
+def test_an_exception_that_ends_a_loop_fails_the_test_not_the_loop(kind) -> None:
+    # (#45 item 6) `map` takes a StopIteration from its function as the end of its input, so
+    # `all(map(...))` over a candidate that raises it on the first call is true.
+    maps = "def check(candidate):\n    assert all(map(lambda x: candidate(x) == 2 * x, [1, 2, 3]))\n"
+    anext = ("import asyncio\n\nclass Calls:\n    def __init__(self):\n        self.i = 0\n"
+             "    def __aiter__(self):\n        return self\n"
+             "    async def __anext__(self):\n        self.i += 1\n"
+             "        if self.i > 3:\n            raise StopAsyncIteration\n"
+             "        return candidate_(self.i) == 2 * self.i\n\n"
+             "async def results():\n    return [ok async for ok in Calls()]\n\n"
+             "def check(candidate):\n    global candidate_\n    candidate_ = candidate\n"
+             "    assert all(asyncio.run(results()))\n")
+    test = maps if kind == "StopIteration" else anext
+    assert grade("    return 2 * x\n", case(test)).passed
+    verdict = grade(f"    raise {kind}\n", case(test))
+    assert verdict.status is Status.failed and f"RuntimeError: {kind}" in verdict.detail
+
+
 def test_helpers_the_candidate_defines_are_callable_from_the_tests() -> None:
     test = "def check(candidate):\n    assert candidate(2) == 4 and helper(5) == 6\n"
     assert grade("    return helper(x) + 1\n\n\ndef helper(y):\n    return y + 1\n", case(test)).passed

@@ -280,13 +280,19 @@ def decode_plain(doc: object) -> object:
     return {"t": tuple, "s": set, "f": frozenset}[tag](decode_plain(v) for v in body)
 
 
+_ENDS_ITERATION = (StopIteration, StopAsyncIteration)
+
+
 def _raised(kind: str, message: str) -> BaseException:
     """The candidate's exception as the oracle raises it: a built-in exception of the same
-    name (tests may expect a `ValueError`), else a RuntimeError naming it."""
+    name (tests may expect a `ValueError`), else a RuntimeError naming it. The ones the
+    interpreter itself catches to end a loop (`StopIteration` ends the `map` or generator that
+    called the candidate, so `all(...)` over it is true) become RuntimeError, as PEP 479 does
+    for generators."""
     import builtins
 
     cls = getattr(builtins, kind, None)
-    if isinstance(cls, type) and issubclass(cls, Exception):
+    if isinstance(cls, type) and issubclass(cls, Exception) and not issubclass(cls, _ENDS_ITERATION):
         try:
             return cls(message)
         except Exception:  # noqa: S110 - an exception class with other arguments
