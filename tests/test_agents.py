@@ -35,7 +35,7 @@ from tasks.agents import (
     reference_text,
 )
 from tasks.agents.openai_client import OpenAIClient
-from tasks.models import EvalCase, InputError, Sample, Status, Usage
+from tasks.models import EvalCase, InputError, Sample, Status, Usage, canonical_json, sha256_hex
 from tasks.run import RunConfig
 from tasks.run.sampling import PlannedSample, bounded_output, draw_sample, truncation_marker
 from tasks.suites.dataset import load_suite
@@ -196,6 +196,64 @@ def test_cmd_fingerprint_hashes_scripts_in_the_tree(cwd: Path) -> None:
     assert load_agent(spec).fingerprint == first
     (cwd / "echo.py").write_text(ECHO_PY + "\n# edited\n")
     assert load_agent(spec).fingerprint != first
+
+
+def test_declared_files_folders_and_variables_enter_the_fingerprint(cwd: Path, monkeypatch) -> None:
+    """What `evalpipe-agent.toml` beside the agent declares changes its fingerprint when its
+    content does, for `python:` and `cmd:`; what it does not declare cannot (issue 47)."""
+    agents = cwd / "agents"
+    (agents / "prompts").mkdir(parents=True)
+    (agents / "agent.py").write_text(AGENT_PY)
+    (agents / "echo.py").write_text(ECHO_PY)
+    (agents / "config.yaml").write_text("temperature: 0\n")
+    (agents / "prompts" / "system.txt").write_text("be brief")
+    (agents / "undeclared.txt").write_text("x")
+    monkeypatch.setenv("PROMPT_VARIANT", "a")
+    specs = ["python:agents/agent.py:answer", f"cmd:{sys.executable} agents/echo.py"]
+    undeclared = {spec: load_agent(spec).fingerprint for spec in specs}
+    # Declaring nothing keeps the fingerprint every stored output was keyed by.
+    code = sha256_hex((agents / "agent.py").read_bytes())
+    assert undeclared[specs[0]] == sha256_hex(canonical_json({"spec": specs[0], "code": code}))
+    (agents / "evalpipe-agent.toml").write_text(
+        '# what the agent reads besides its own file\nfiles = ["config.yaml", "prompts"]\nenv = ["PROMPT_VARIANT"]\n')
+    declared = {spec: load_agent(spec).fingerprint for spec in specs}
+    assert all(declared[s] != undeclared[s] for s in specs)
+
+    def changed(edit) -> list[bool]:
+        edit()
+        now = {spec: load_agent(spec).fingerprint for spec in specs}
+        moved = [now[s] != declared[s] for s in specs]
+        declared.update(now)
+        return moved
+
+    assert changed(lambda: (agents / "undeclared.txt").write_text("y")) == [False, False]
+    assert changed(lambda: (agents / "config.yaml").write_text("temperature: 1\n")) == [True, True]
+    assert changed(lambda: (agents / "prompts" / "system.txt").write_text("be long")) == [True, True]
+    assert changed(lambda: (agents / "prompts" / "new.txt").write_text("")) == [True, True]
+    assert changed(lambda: monkeypatch.setenv("PROMPT_VARIANT", "b")) == [True, True]
+    assert changed(lambda: monkeypatch.delenv("PROMPT_VARIANT")) == [True, True]
+    assert changed(lambda: (agents / "prompts" / "__pycache__").mkdir()) == [False, False]
+    # A re-created agent (a worker process) that sees another value refuses to draw.
+    monkeypatch.setenv("PROMPT_VARIANT", "a")
+    blob = pickle.dumps(load_agent(specs[0]))
+    monkeypatch.setenv("PROMPT_VARIANT", "c")
+    with pytest.raises(AgentError, match="changed since the run started"):
+        pickle.loads(blob).generate(case(), ctx())
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('files = ["missing.yaml"]', r"evalpipe-agent.toml declares 'missing.yaml', which is not there"),
+    ('file = ["config.yaml"]', r"unknown key 'file' \(expected files, env\)"),
+    ('env = "PROMPT"', r"env must be a list of non-empty strings"),
+    ("files = [", r"evalpipe-agent.toml: "),
+])
+def test_a_bad_declaration_is_refused_in_one_line(cwd: Path, text: str, message: str) -> None:
+    (cwd / "agent.py").write_text(AGENT_PY)
+    (cwd / "config.yaml").write_text("")
+    (cwd / "evalpipe-agent.toml").write_text(text + "\n")
+    with pytest.raises(InputError, match=message) as raised:
+        load_agent("python:agent.py:answer")
+    assert "\n" not in str(raised.value)
 
 
 def test_cmd_non_zero_exit_is_an_agent_error_with_stderr(cwd: Path) -> None:
@@ -728,6 +786,30 @@ def test_a_real_signal_still_stops_the_process_running_an_agent(hostile: Path, s
         assert proc.returncode != 0 and b"KeyboardInterrupt" in err
     else:
         assert proc.returncode == -signal.SIGTERM
+
+
+def test_a_signal_the_process_ignores_stays_ignored_while_an_agent_runs() -> None:
+    """A process started by a shell in the background (`make test &`, a CI script's `cmd &`)
+    has SIGINT ignored. While an agent runs, that SIGINT is still ignored and received by
+    no one, so it cannot turn the agent's own exception into a stop of the run."""
+    from tasks.agents.python import call_user_code
+
+    seen: list[Any] = []
+
+    def agent() -> str:
+        seen.append(signal.getsignal(signal.SIGINT))
+        os.kill(os.getpid(), signal.SIGINT)
+        seen.append(signal.getsignal(signal.SIGINT))  # a call: a handler would have run by now
+        raise ValueError("the agent's own failure")
+
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with pytest.raises(AgentError, match="ValueError: the agent's own failure"):
+            call_user_code(agent)
+        assert seen == [signal.SIG_IGN, signal.SIG_IGN]
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 # cmd: agents

@@ -214,3 +214,39 @@ def test_rescore_checks_its_inputs_once_and_the_flow_grades_what_was_checked(env
         logging.disable(logging.NOTSET)
     assert doc["source_run"] == source["run_id"] and doc["run_id"] == prepared.run.spec.run_id
     assert doc["cases"] == 3 and doc["samples"] == 6 and doc["unscored"] == []
+
+
+def test_a_changed_declared_config_draws_afresh_and_a_fully_cached_run_says_so(env, tmp_path):
+    """Issue 47: an agent answering from a config file beside it. Declared, the changed file
+    draws anew; a run that drew nothing says so first, with the fingerprint and a new seed."""
+    agent = tmp_path / "agent"
+    agent.mkdir()
+    (agent / "agent.py").write_text("from pathlib import Path\n\n"
+                                    "def answer(inputs, ctx):\n"
+                                    "    return (Path(__file__).parent / 'config.txt').read_text().strip()\n")
+    (agent / "config.txt").write_text("no")
+    (agent / "evalpipe-agent.toml").write_text('files = ["config.txt"]\n')
+    suite = write(tmp_path / "toy.yaml", {"a": CASES["a"], "b": CASES["b"]})
+    args = ["run", str(suite), "--agent", f"python:{agent}/agent.py:answer", "-n", "2"]
+
+    first = json.loads(cli([*args, "--json"], env).stdout)
+    assert first["cached_samples"] == 0 and "all_cached" not in first
+
+    again = cli(args, env)  # the text summary: what the user reads first
+    assert again.returncode == 0, again.stderr
+    fingerprint = cli([*args, "--json"], env)
+    doc = json.loads(fingerprint.stdout)
+    assert doc["cached_samples"] == 4 and len(doc["all_cached"]["agent_fingerprint"]) == 64
+    lines = again.stdout.splitlines()
+    assert lines[2].startswith("ALL FROM CACHE: every output came from the cache"), lines[:3]
+    assert doc["all_cached"]["agent_fingerprint"][:12] in lines[2] and "--seed 1" in lines[2]
+    assert doc["all_cached"]["message"] in lines[2]
+
+    (agent / "config.txt").write_text("yes")
+    changed = json.loads(cli([*args, "--json"], env).stdout)
+    assert changed["cached_samples"] == 0 and "all_cached" not in changed
+    assert changed["pass_at_k"]["1"] == 1.0 and first["pass_at_k"]["1"] == 0.0
+
+    # A new seed, as the message says, draws afresh too.
+    reseeded = json.loads(cli([*args, "--json", "--seed", "1"], env).stdout)
+    assert reseeded["cached_samples"] == 0

@@ -4,6 +4,8 @@ pickling as a spec with the run's settings (`Reloadable`), and the fingerprint."
 from __future__ import annotations
 
 import json
+import os
+import tomllib
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -76,10 +78,67 @@ def makes_calls(agent: Agent) -> bool:
     return not getattr(agent, "recorded", False)
 
 
-def spec_fingerprint(spec: str, code: Any) -> str:
+def spec_fingerprint(spec: str, code: Any, depends: dict[str, Any] | None = None) -> str:
     """A fingerprint of the spec and what it reads (code, files, a recording): every kind
-    but `openai:`, whose identity is its endpoint and settings."""
-    return sha256_hex(canonical_json({"spec": spec, "code": code}))
+    but `openai:`, whose identity is its endpoint and settings. `depends`: what the agent
+    declared besides (`declared_dependencies`); None leaves the fingerprint as it was
+    before declarations existed, so an agent that declares nothing keeps its cache."""
+    doc = {"spec": spec, "code": code} if depends is None else {"spec": spec, "code": code, "depends": depends}
+    return sha256_hex(canonical_json(doc))
+
+
+# What an agent reads besides its own file (a config, prompts, an environment variable),
+# declared in this file beside it, enters its fingerprint (docs/agents.md).
+DEPENDS_FILE = "evalpipe-agent.toml"
+# Folders of generated files that change when nothing the agent reads did.
+_SKIPPED_DIRS = frozenset({"__pycache__", ".git"})
+
+
+def declared_dependencies(spec: str, folder: Path | None) -> dict[str, Any] | None:
+    """The content of what `folder/evalpipe-agent.toml` declares (`files`: files or folders,
+    relative to it; `env`: variable names): each file's sha256, each variable's value's
+    (None when unset); None without the file. A bad file, or a declared path that is not
+    there, is an `InputError` naming it."""
+    if folder is None or not (folder / DEPENDS_FILE).is_file():
+        return None
+    declared = folder / DEPENDS_FILE
+    try:
+        doc = tomllib.loads(declared.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise InputError(f"agent {spec!r}: {declared}: {exc}") from None
+    unknown = sorted(set(doc) - {"files", "env"})
+    if unknown:
+        raise InputError(f"agent {spec!r}: {declared}: unknown key {unknown[0]!r} (expected files, env)")
+    for key in ("files", "env"):
+        if not isinstance(doc.get(key, []), list) or not all(isinstance(v, str) and v for v in doc.get(key, [])):
+            raise InputError(f"agent {spec!r}: {declared}: {key} must be a list of non-empty strings")
+    files = {}
+    for name in doc.get("files", []):
+        path = folder / name
+        if not path.exists():
+            raise InputError(f"agent {spec!r}: {declared} declares {name!r}, which is not there")
+        try:
+            files[name] = _content(path)
+        except OSError as exc:
+            raise InputError(f"agent {spec!r}: {declared} declares {name!r}: {exc.strerror or exc}") from None
+    # A value's hash, not the value: a declared variable may hold a secret.
+    env = {name: None if os.environ.get(name) is None else sha256_hex(os.environ[name].encode())
+           for name in doc.get("env", [])}
+    return {"files": files, "env": env}
+
+
+def _content(path: Path) -> str | dict[str, str]:
+    """A file's sha256, or a folder's files' by relative path (generated folders left out)."""
+    if not path.is_dir():
+        return sha256_hex(path.read_bytes())
+    hashes = {}
+    for root, dirs, names in os.walk(path):
+        dirs[:] = sorted(d for d in dirs if d not in _SKIPPED_DIRS)
+        for name in sorted(names):
+            file = Path(root) / name
+            if file.is_file():
+                hashes[file.relative_to(path).as_posix()] = sha256_hex(file.read_bytes())
+    return hashes
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.agents.base import AgentContext, AgentError, Reloadable, spec_fingerprint
+from tasks.agents.base import (
+    AgentContext,
+    AgentError,
+    Reloadable,
+    declared_dependencies,
+    spec_fingerprint,
+)
 from tasks.models import EvalCase, InputError, sha256_hex
 from tasks.redaction import redact
 from tasks.registry import agent_kind
@@ -60,7 +66,10 @@ class CmdAgent(Reloadable):
                 raise InputError(f"agent {spec!r}: {program} is not an executable file")
         elif shutil.which(program) is None:
             raise InputError(f"agent {spec!r}: command {program!r} not found on PATH")
-        fingerprint = spec_fingerprint(spec, _tree_files(argv, base))
+        files = _tree_files(argv, base)
+        # Declared beside the script (the first word naming a file of the tree), else here.
+        beside = (base / next(iter(files))).resolve().parent if files else base
+        fingerprint = spec_fingerprint(spec, files, declared_dependencies(spec, beside))
         return cls(spec, fingerprint, base, argv)
 
     def generate(self, case: EvalCase, ctx: AgentContext) -> str:

@@ -14,7 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tasks.agents.base import AgentContext, AgentError, Reloadable, spec_fingerprint
+from tasks.agents.base import (
+    AgentContext,
+    AgentError,
+    Reloadable,
+    declared_dependencies,
+    spec_fingerprint,
+)
 from tasks.callables import load_callable
 from tasks.models import EvalCase, InputError
 from tasks.registry import agent_kind
@@ -35,7 +41,8 @@ class PythonAgent(Reloadable):
             loaded = load_callable(rest, base)
         except InputError as exc:
             raise InputError(f"agent {spec!r}: {exc}") from None
-        return cls(spec, spec_fingerprint(spec, loaded.code_sha256), base, loaded.func)
+        depends = declared_dependencies(spec, loaded.source.parent if loaded.source else None)
+        return cls(spec, spec_fingerprint(spec, loaded.code_sha256, depends), base, loaded.func)
 
     def generate(self, case: EvalCase, ctx: AgentContext) -> Any:
         # A copy: the case is a frozen value shared by every sample.
@@ -128,7 +135,11 @@ def _real_signals() -> Iterator[list[int]]:
 
     for signum in _RELAYED:
         handler = signal.getsignal(signum)
-        if handler is not None:  # None: installed outside Python, cannot be put back
+        # None: installed outside Python, cannot be put back. SIG_IGN: the process ignores
+        # it (started by a shell in the background, which hands its children SIGINT
+        # ignored): relaying would stop ignoring it, and one received would make the
+        # agent's own exception stop the run.
+        if handler is not None and handler != signal.SIG_IGN:
             previous[signum] = handler
             signal.signal(signum, relay)
     try:

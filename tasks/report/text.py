@@ -25,6 +25,8 @@ def summary_text(s: Mapping[str, Any], judges: Sequence[Mapping[str, Any]] = ())
         f"pass@1 {figure(s['pass_at_k'].get('1'))}  {headline_ci(s['pass_at_1_ci'], s['cases'], s['ci_level'])}"
         + (f"  SE {figure(s['pass_at_1_se'])}" if s["cases"] > 1 else ""),
     ]
+    if s.get("all_cached"):
+        lines.insert(2, f"ALL FROM CACHE: {s['all_cached']['message']}")
     others = [f"pass@{k} {figure(v)}" for k, v in s["pass_at_k"].items() if k != "1"]
     if others:
         lines.append("  ".join(others))

@@ -136,6 +136,8 @@ class RunSummary(_Doc):
     sequential: dict[str, Any] | None = None  # `run --sequential`: the stop and the looks (tasks.run.sequential)
     # Every registered metric by name; absent from summaries stored before metrics were registered.
     metrics: dict[str, MetricSummary] | None = None
+    # Every output came from the cache (the agent was not called): the fingerprint matched, how to draw afresh.
+    all_cached: dict[str, str] | None = None
 
     @classmethod
     def read(cls, doc: RunSummary | Mapping[str, Any]) -> RunSummary:
@@ -171,7 +173,7 @@ class RunSummary(_Doc):
 # Absent from the document when they do not apply (`flow_run_id` and `duration_s` are always there).
 _OPTIONAL_KEYS = ("env_flaky_samples", "gate", "no_baseline", "source_run", "labeller", "labelled", "unlabelled", "sandbox",
                   "agent_steps", "usage", "partial", "undrawn_samples", "budget", "unscored",
-                  "sequential", "metrics")
+                  "sequential", "metrics", "all_cached")
 
 
 def summary_columns(spec: RunSpec) -> tuple[str, ...]:
@@ -256,7 +258,21 @@ class Measured:
             budget=outcome.budget,
             unscored=outcome.unscored,
             sequential=outcome.sequential,
+            # A rescore calls no agent by design: it says so itself.
+            all_cached=all_cached(spec) if self.samples and self.cached_samples == self.samples
+            and outcome.source_run is None else None,
         )
+
+
+def all_cached(spec: RunSpec) -> dict[str, str]:
+    """What a run none of whose outputs was drawn says: a changed agent whose fingerprint
+    did not change (a file or variable it did not declare) would be served its old outputs."""
+    fingerprint = spec.agent_fingerprint
+    return {"agent_fingerprint": fingerprint, "message": (
+        f"every output came from the cache: the agent was not called (its fingerprint {fingerprint[:12]}"
+        " matched stored outputs). A change its fingerprint cannot see, in a file or environment variable"
+        " the agent reads but does not declare in evalpipe-agent.toml (docs/agents.md), is not measured;"
+        f" draw afresh with a new seed: --seed {spec.seed + 1}")}
 
 
 def measure(spec: RunSpec, suite: EvalSuite, samples: pa.Table) -> Measured:
