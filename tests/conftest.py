@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,14 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 # test leaves one behind. Tests of the managed server ask for it in their commands' env and
 # stop what they start (tests/test_server.py, tests/test_warm.py).
 os.environ["EVALPIPE_SERVER"] = "temporary"
+
+# A shell without job control starts a command in the background (`make test &` in a script,
+# a launcher's `nohup ... &`) with SIGINT ignored, and every process a test starts inherits
+# that: a test's SIGINT to the process running an agent was ignored, and it slept on
+# (test_agents.py::test_a_real_signal_still_stops_the_process_running_an_agent[2] failed in
+# full runs started so, never in a terminal). The tests run as from a terminal, however started.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 # Tests using these carry the `slow` marker (pyproject.toml; `make test-fast` leaves them
