@@ -670,20 +670,24 @@ class Database:
             return _run_dict(cur.description, row)
 
     def find_run(self, ref: str) -> dict[str, Any]:
-        """The run whose id is `ref` or, failing that, the one run whose id starts with it.
+        """The run whose id is `ref`, else the one whose id starts with it, else the one whose
+        id contains it (its random suffix, say): a prefix found before keeps being found.
         Unknown or ambiguous is bad input, naming the candidates."""
         rows: list[dict[str, Any]] = []
         if ref and self.db_path.exists():
             with self.connect(read_only=True) as con:
                 cur = con.execute(
-                    "SELECT * FROM runs WHERE starts_with(run_id, ?) ORDER BY run_id = ? DESC, run_id LIMIT 11",
-                    [ref, ref])
+                    "SELECT * FROM runs WHERE contains(run_id, ?)"
+                    " ORDER BY run_id = ? DESC, starts_with(run_id, ?) DESC, run_id LIMIT 11",
+                    [ref, ref, ref])
                 rows = [_run_dict(cur.description, row) for row in cur.fetchall()]
-        if rows and (len(rows) == 1 or rows[0]["run_id"] == ref):
-            return rows[0]
+        prefixed = [r for r in rows if r["run_id"].startswith(ref)]
+        candidates = prefixed or rows
+        if candidates and (len(candidates) == 1 or candidates[0]["run_id"] == ref):
+            return candidates[0]
         if not rows:
             raise InputError(f"run {ref!r}: no such run in {self.db_path}")
-        ids = ", ".join(r["run_id"] for r in rows[:10]) + (", ..." if len(rows) > 10 else "")
+        ids = ", ".join(r["run_id"] for r in candidates[:10]) + (", ..." if len(candidates) > 10 else "")
         raise InputError(f"run {ref!r} is ambiguous, it could be {ids}: give more of the id")
 
     def list_runs(self, limit: int = 50) -> list[dict[str, Any]]:

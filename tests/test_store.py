@@ -89,6 +89,35 @@ def test_a_store_on_a_home_with_nothing_yet_reads_as_empty(tmp_path: Path):
     assert store.find_snapshot("abcdef12") is None
 
 
+def test_a_run_is_found_by_any_unique_part_of_its_id(tmp_path: Path, capsys, monkeypatch):
+    """Issue 47: the random suffix a terminal shows (`889c34`) finds its run as a prefix does;
+    a part two runs share is exit 2, one line naming both."""
+    from tasks.run import RunSpec
+
+    store = Store(tmp_path / "home")
+    ids = ["20261206-071512-889c34", "20261206-071530-1a2b3c", "20261207-090000-c34d12"]
+    for run_id in ids:
+        with store.recorded_run(RunSpec(run_id=run_id, suite_version="v", suite_name="s", agent="reference",
+                                        agent_fingerprint="f", n=1, ks=[1], seed=0)):
+            pass
+    assert store.find_run("889c34")["run_id"] == ids[0]
+    assert store.find_run("071530")["run_id"] == ids[1]
+    assert store.find_run("20261207")["run_id"] == ids[2]
+    assert store.find_run(ids[1])["run_id"] == ids[1]
+    with pytest.raises(InputError, match=f"'c34' is ambiguous, it could be {ids[0]}, {ids[2]}: give more"):
+        store.find_run("c34")
+    with pytest.raises(InputError, match=f"it could be {ids[0]}, {ids[1]}:"):
+        store.find_run("20261206-0715")
+    with pytest.raises(InputError, match="no such run"):
+        store.find_run("ffffff")
+    monkeypatch.setenv("EVALPIPE_HOME", str(store.home))
+    assert main(["runs", "show", "1a2b3c", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["run_id"] == ids[1]
+    assert main(["runs", "show", "c34", "--json"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "ambiguous" in err and ids[0] in err and ids[2] in err
+
+
 @pytest.mark.parametrize(("stopping", "status"), [(False, "failed"), (True, "interrupted")])
 def test_an_error_a_stop_surfaced_as_records_the_run_interrupted(tmp_path: Path, stopping: bool, status: str):
     """A signal that reaches a library first (DuckDB, Dask) can come out as an ordinary error:
