@@ -10,8 +10,11 @@ The file is an uncompressed tar (Parquet members are compressed already) holding
 - `snapshot.parquet`: the suite's snapshot, byte for byte.
 
 Import checks the whole file before it writes anything: a file that is not such an archive
-(foreign), or whose members do not match their checksums, whose snapshot does not hash to
-its version, or whose samples do not belong to the run (damaged), is refused as bad input.
+(foreign), or whose members do not match their checksums, whose JSON is nested deeper than
+any user's JSON may be or has a field of another type or shape (the run's summary a
+`RunSummary`), whose snapshot does not hash to its version, or whose samples do not belong
+to the run (damaged), is refused as bad input; a value its column cannot take rolls the
+import back whole.
 Rows go in with `ON CONFLICT DO NOTHING`, so importing twice changes nothing; columns one
 side has and the other lacks (a newer or older schema) are left to their defaults.
 """
@@ -29,8 +32,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
+import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
 
 from storage import db, foreign_parquet
 from storage.db import Database
@@ -38,6 +43,8 @@ from storage.snapshots import Snapshots, read_snapshot_file
 from tasks.files import atomic_path
 from tasks.models import InputError
 from tasks.run.samples import SAMPLE_COLUMNS, SAMPLE_SCHEMA
+from tasks.run.summary import RunSummary
+from tasks.suites.input_limits import parse_json
 
 # A file holds each output whole: how this home stores it (`output_sha`, chunks) is its own.
 EXPORTED_COLUMNS = tuple(c for c in SAMPLE_COLUMNS if c != "output_sha")
@@ -73,9 +80,9 @@ def _over_cap(path: Path, what: str, size: int, cap: int) -> InputError:
 
 
 @contextmanager
-def _members(path: Path, cap: int) -> Iterator[dict[str, Path]]:
+def _members(path: Path, cap: int) -> Iterator[tuple[dict[str, Path], dict[str, Any]]]:
     """The archive's members, each streamed to a file of a scratch directory and checked
-    against the manifest's sha256. Each header is checked before its member is read: only
+    against the manifest's sha256, and the manifest. Each header is checked before its member is read: only
     the known members, once each, regular files (not sparse), within the cap together."""
     try:
         size = path.stat().st_size
@@ -99,9 +106,9 @@ def _members(path: Path, cap: int) -> Iterator[dict[str, Path]]:
         for name in MEMBERS:
             if name not in files:
                 raise InputError(f"{path}: damaged evalpipe export ({name} is missing)")
-            if digests[name] != manifest.get("files", {}).get(name):
+            if digests[name] != manifest["files"].get(name):
                 raise InputError(f"{path}: damaged evalpipe export ({name} does not match its checksum)")
-        yield files
+        yield files, manifest
 
 
 def _check_member(path: Path, member: tarfile.TarInfo, seen: dict[str, Path], total: int, cap: int) -> int:
@@ -135,17 +142,69 @@ def _copy(source: IO[bytes] | None, target: Path, size: int) -> str:
     return digest.hexdigest()
 
 
-def _manifest(path: Path, files: dict[str, Path]) -> dict[str, Any]:
+def _json_member(path: Path, files: dict[str, Path], name: str) -> Any:
+    """A JSON member parsed within the depth and integer limits of every user's JSON."""
     try:
-        manifest = json.loads(files["manifest.json"].read_bytes())
-        if manifest.get("format") != FORMAT:
-            raise ValueError("another format")
-    except (KeyError, ValueError, AttributeError):
-        raise InputError(f"{path}: not an evalpipe run export (no evalpipe manifest)") from None
-    if manifest.get("format_version") != FORMAT_VERSION:
-        raise InputError(f"{path}: export format version {manifest.get('format_version')!r}; this evalpipe reads"
-                         f" {FORMAT_VERSION}")
+        return parse_json(files[name].read_text(encoding="utf-8"))
+    except ValueError as exc:  # malformed, not UTF-8, too deep, an integer too long
+        raise InputError(f"{path}: damaged evalpipe export ({name}: {exc})") from None
+
+
+def _manifest(path: Path, files: dict[str, Path]) -> dict[str, Any]:
+    if "manifest.json" not in files:
+        raise InputError(f"{path}: not an evalpipe run export (no evalpipe manifest)")
+    manifest = _json_member(path, files, "manifest.json")
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise InputError(f"{path}: not an evalpipe run export (no evalpipe manifest)")
+    version = manifest.get("format_version")
+    if type(version) is not int or version != FORMAT_VERSION:
+        raise InputError(f"{path}: export format version {version!r}; this evalpipe reads {FORMAT_VERSION}")
+    listed = manifest.get("files")
+    for key, value in (("run_id", manifest.get("run_id")), ("suite_version", manifest.get("suite_version"))):
+        if not isinstance(value, str):
+            raise InputError(f"{path}: damaged evalpipe export (manifest.json: {key} is not a string)")
+    if not isinstance(listed, dict) or not all(isinstance(v, str) for v in listed.values()):
+        raise InputError(f"{path}: damaged evalpipe export (manifest.json: files is not a mapping of checksums)")
     return manifest
+
+
+# run.json's rows: a column's value is a scalar or a list of them (`ks`, `slices`); the
+# run's `config` and `summary` are objects, the summary a `RunSummary`. A row of another
+# shape would fail in DuckDB half way through the import, or later in whatever reads it.
+_Scalar = StrictStr | StrictInt | StrictFloat | StrictBool | None
+_Cell = _Scalar | list[_Scalar]
+
+
+class _RunRow(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    __pydantic_extra__: dict[str, _Cell]
+    run_id: StrictStr
+    suite_version: StrictStr
+    config: dict[str, Any] | None = None
+    summary: dict[str, Any]
+
+
+class _RunDoc(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    run: _RunRow
+    suite: list[dict[str, _Cell]]
+    cases: list[dict[str, _Cell]]
+    aggregates: list[dict[str, _Cell]]
+
+
+def _run_doc(path: Path, files: dict[str, Path]) -> dict[str, Any]:
+    """run.json, each field of the type its column takes; bad input naming the first that is not."""
+    try:
+        doc = _RunDoc.model_validate(_json_member(path, files, "run.json")).model_dump()
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(map(str, first["loc"]))
+        raise InputError(f"{path}: damaged evalpipe export (run.json: {where}: {first['msg']})") from None
+    try:
+        RunSummary.read(doc["run"]["summary"])
+    except InputError as exc:  # naming the first bad key
+        raise InputError(f"{path}: damaged evalpipe export (run.json: {exc})") from None
+    return doc
 
 
 def _decoded_samples(path: Path, files: dict[str, Path], cap: int) -> pa.Table:
@@ -262,11 +321,10 @@ class Exports(Database, Snapshots):
         (then nothing is written: a run id of this home is never added to by a file). The
         run is recorded in `imported_runs`, whose samples the cache never serves."""
         cap = import_max_bytes()
-        with _members(path, cap) as files:
-            manifest = json.loads(files["manifest.json"].read_bytes())
+        with _members(path, cap) as (files, manifest):
+            doc = _run_doc(path, files)
+            run, version = doc["run"], manifest["suite_version"]
             try:
-                doc = json.loads(files["run.json"].read_bytes())
-                run, version = doc["run"], manifest["suite_version"]
                 samples = _decoded_samples(path, files, cap)  # the snapshot's size too, before it is read
             except InputError:
                 raise
@@ -280,23 +338,31 @@ class Exports(Database, Snapshots):
                 if con.execute("SELECT 1 FROM runs WHERE run_id = ?", [run["run_id"]]).fetchone():
                     return {"run_id": run["run_id"], "imported": False, "samples": samples.num_rows,
                             "suite_version": version}
-            self._import_snapshot(path, version, files["snapshot.parquet"])
             origin = {"run_id": run["run_id"], "file": str(path.resolve()), "imported_at": db.now(),
                       "manifest_sha256": hashlib.sha256(files["manifest.json"].read_bytes()).hexdigest()}
-        with self.connect() as con:
-            con.execute("BEGIN")
-            new = not con.execute("SELECT 1 FROM runs WHERE run_id = ?", [run["run_id"]]).fetchone()
-            if new:  # else another import won the race: it wrote the same rows
-                suites = [{**row, "snapshot_path": str(self.snapshot_path(version))} for row in doc["suite"]]  # here
-                for table, rows in (("suites", suites), ("cases", doc["cases"]), ("runs", [_run_row(run)]),
-                                    ("imported_runs", [origin])):
-                    _insert(con, table, rows)
-                _insert(con, "aggregates", doc["aggregates"], keyed=False)  # no key: written with the run, once
-                columns = [c for c in _columns(con, "samples") if c in samples.column_names
-                           and c in EXPORTED_COLUMNS]
-                db.insert_rows(con, samples.select(columns))
-            con.execute("COMMIT")
+            with self.connect() as con:
+                con.execute("BEGIN")
+                new = not con.execute("SELECT 1 FROM runs WHERE run_id = ?", [run["run_id"]]).fetchone()
+                if new:  # else another import won the race: it wrote the same rows
+                    try:
+                        self._insert_run(con, doc, samples, origin, version)
+                    except duckdb.Error as exc:  # a value its column cannot take ("n": "many")
+                        con.execute("ROLLBACK")
+                        problem = str(exc).splitlines()[0]
+                        raise InputError(f"{path}: damaged evalpipe export (run.json: {problem})") from None
+                    # Last, so that a refused row leaves no snapshot behind.
+                    self._import_snapshot(path, version, files["snapshot.parquet"])
+                con.execute("COMMIT")
         return {"run_id": run["run_id"], "imported": new, "samples": samples.num_rows, "suite_version": version}
+
+    def _insert_run(self, con, doc: dict[str, Any], samples: pa.Table, origin: dict[str, str], version: str) -> None:
+        suites = [{**row, "snapshot_path": str(self.snapshot_path(version))} for row in doc["suite"]]  # here
+        for table, rows in (("suites", suites), ("cases", doc["cases"]), ("runs", [_run_row(doc["run"])]),
+                            ("imported_runs", [origin])):
+            _insert(con, table, rows)
+        _insert(con, "aggregates", doc["aggregates"], keyed=False)  # no key: written with the run, once
+        columns = [c for c in _columns(con, "samples") if c in samples.column_names and c in EXPORTED_COLUMNS]
+        db.insert_rows(con, samples.select(columns))
 
     def imported_from(self, run_id: str) -> dict[str, str] | None:
         """Where an imported run's outputs came from (`file`, `manifest_sha256`); None for a

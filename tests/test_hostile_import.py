@@ -246,3 +246,65 @@ def test_a_rescore_of_an_import_serves_no_cache_and_a_gate_against_it_says_where
     local = evaluate(CASES, wrong, name="arith", n=1, home=mine)
     assert "baseline_import" not in json.loads(cli(["gate", local.run_id, "--baseline", run.run_id, "--json"], mine,
                                                    **env).stdout)
+
+
+def nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+DEEP = "(100,000 levels)"
+
+
+def tampered(exported: Path, out: Path, change) -> Path:
+    """The exported run with `change(manifest, run_doc)` applied (a `DEEP` string becomes
+    brackets nested 100,000 deep), its checksums made to agree."""
+    members = members_of(exported)
+    manifest, doc = json.loads(members.pop("manifest.json")), json.loads(members["run.json"])
+    change(manifest, doc)
+    text = json.dumps(doc).replace(json.dumps(DEEP), nested(100_000))
+    return write_archive(out, {**members, "run.json": text.encode()}, manifest=manifest)
+
+
+def _set(obj: dict, key: str, value) -> None:
+    obj[key] = value
+
+
+CRAFTED = {  # (#45 item 7) each was a traceback and exit 1, or a row DuckDB refused half way
+    "manifest nested 100,000 deep": lambda exported, out: write_raw(out, {**members_of(exported),
+                                                                         "manifest.json": nested(100_000).encode()}),
+    "manifest files a list": lambda exported, out: write_raw(out, {**members_of(exported), "manifest.json": json.dumps(
+        {"format": FORMAT, "format_version": FORMAT_VERSION, "run_id": "r", "suite_version": "v", "files": []}
+    ).encode()}),
+    "run a list": lambda exported, out: tampered(exported, out, lambda m, d: _set(d, "run", [d["run"]])),
+    "run.json nested 100,000 deep": lambda exported, out: tampered(
+        exported, out, lambda m, d: _set(d["run"], "config", {"x": DEEP})),
+    "a case's slices objects": lambda exported, out: tampered(
+        exported, out, lambda m, d: _set(d["cases"][0], "slices", [{"a": 1}])),
+    "n a word": lambda exported, out: tampered(exported, out, lambda m, d: _set(d["run"], "n", "many")),
+    "summary of another shape": lambda exported, out: tampered(
+        exported, out, lambda m, d: _set(d["run"]["summary"], "cases", [1])),
+}
+
+
+def write_raw(path: Path, members: dict[str, bytes]) -> Path:
+    with tarfile.open(path, "w") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+@pytest.mark.parametrize("name", sorted(CRAFTED))
+def test_a_crafted_field_is_one_line_exit_2_and_nothing_written(tmp_path, exported, name):
+    archive = CRAFTED[name](exported, tmp_path / "crafted.tar")
+    home = tmp_path / "home"
+    proc = cli(["runs", "import", str(archive)], home)
+    line = proc.stderr.strip()
+    assert proc.returncode == 2, proc.stderr
+    assert "\n" not in line and str(archive) in line, line
+    if (home / "evalpipe.duckdb").exists():
+        with Store(home).connect(read_only=True) as con:
+            for table in ("runs", "suites", "cases", "aggregates", "samples", "imported_runs"):
+                assert con.execute(f"SELECT count(*) FROM {table}").fetchone() == (0,), table
+    assert not list(home.glob("snapshots/*")), "a snapshot of a refused import"

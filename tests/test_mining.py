@@ -266,7 +266,7 @@ def test_mine_keeps_the_fix_says_why_the_rest_is_dropped_and_resumes(
     (instance,) = [json.loads(line) for line in instances.read_text().splitlines()]
     assert instance["FAIL_TO_PASS"] == case.grader["fail_to_pass"] and instance["patch"] == case.reference
     assert instance["environment_setup_commit"] == case.grader["environment"]["setup_commit"]
-    (back,) = swebench_suite(instances).cases
+    (back,) = swebench_suite(instances, repo_root=Path(history["path"]).parent).cases
     assert {k: back.grader[k] for k in ("repo", "base_commit", "test_patch", "fail_to_pass", "pass_to_pass")} == {
         k: case.grader[k] for k in ("repo", "base_commit", "test_patch", "fail_to_pass", "pass_to_pass")}
     assert (back.id, back.reference) == (case.id, case.reference) and case.id == f"mined-{history['fix'][:12]}"

@@ -12,7 +12,7 @@ import pytest
 
 from storage.snapshots import read_snapshot_file
 from storage.store import Store
-from tasks.suites.dataset import load_suite
+from tasks.suites.dataset import SuiteError, load_suite
 from tasks.suites.importers import humaneval_suite, swebench_suite
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,6 +89,46 @@ def test_swebench_import_maps_fields(tmp_path: Path, encoded: bool):
     assert (g["kind"], g["base_commit"], g["fail_to_pass"], g["pass_to_pass"]) == ("repo_tests", "abc123", f2p, p2p)
     assert g["repo"] == str(tmp_path / "repos" / "acme__widgets") and g["test_patch"] == inst["test_patch"]
     assert case.inputs["problem_statement"] == "It breaks." and case.slices == ("acme/widgets",)
+
+
+SWE_INSTANCE = {"instance_id": "acme__widgets-1", "repo": "acme/widgets", "base_commit": "abc123",
+                "patch": "diff --git a/x b/x", "FAIL_TO_PASS": ["t.py::test_a"], "PASS_TO_PASS": []}
+
+
+@pytest.mark.parametrize(("field", "value", "says"), [
+    ("repo", 5, "repo must be a string, not int"),
+    ("base_commit", ["abc"], "base_commit must be a string, not list"),
+    ("problem_statement", {"x": 1}, "problem_statement must be a string, not dict"),
+    ("repo", "/", "outside"),
+    ("repo", "../../..", "outside"),
+    ("repo", "file:///", "outside"),
+])
+def test_swebench_import_refuses_a_field_of_another_type_or_a_repository_outside_its_folders(
+        tmp_path: Path, home: Path, field, value, says):
+    # (#45 item 7) a `repo` that is not a string was a traceback and exit 1; a local path
+    # anywhere on the machine was taken as given.
+    folder = tmp_path / "from-elsewhere"
+    folder.mkdir()
+    (folder / "instances.jsonl").write_text(json.dumps({**SWE_INSTANCE, field: value}) + "\n")
+    out = tmp_path / "suite.yaml"
+    proc = evalpipe("suite", "import", "swebench", str(folder / "instances.jsonl"), "--out", str(out),
+                    "--repo-root", str(tmp_path / "repos"), home=home)
+    assert proc.returncode == 2, proc.stderr
+    line = proc.stderr.strip()
+    assert "\n" not in line and "instances.jsonl: line 1" in line and says in line, line
+    assert not out.exists()
+
+
+def test_swebench_import_takes_a_local_repository_inside_its_folders(tmp_path: Path):
+    (tmp_path / "repos" / "mine").mkdir(parents=True)
+    (tmp_path / "here" / "repo").mkdir(parents=True)
+    instances = tmp_path / "here" / "instances.jsonl"
+    for repo in (str(tmp_path / "here" / "repo"), str(tmp_path / "repos" / "mine"), "https://example.org/r.git"):
+        instances.write_text(json.dumps({**SWE_INSTANCE, "repo": repo}) + "\n")
+        assert swebench_suite(instances, repo_root=tmp_path / "repos").cases[0].grader["repo"] == repo
+    instances.write_text(json.dumps({**SWE_INSTANCE, "repo": str(tmp_path / "repos" / "mine")}) + "\n")
+    with pytest.raises(SuiteError, match="outside"):
+        swebench_suite(instances)  # without --repo-root, its folder is not one of the instances file's
 
 
 def test_cli_hash_snapshot_diff(tmp_path: Path, home: Path):

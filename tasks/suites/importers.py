@@ -56,13 +56,36 @@ def _test_list(value: Any, where: str, field: str) -> list[str]:
     return value
 
 
-def resolve_repo(repo: str, repo_root: Path | None) -> str:
-    """`owner/name` → `DIR/owner__name` under `--repo-root`; otherwise a path or URL as given."""
+# A remote repository: what else an instance names is a path of this machine.
+_REMOTE = re.compile(r"(https?|ssh|git)://|[\w.-]+@[\w.-]+:")
+_TEXT_FIELDS = ("instance_id", "repo", "base_commit", "patch", "test_patch", "problem_statement", "hints_text",
+                "environment_setup_commit")
+
+
+def resolve_repo(repo: str, repo_root: Path | None, instances: Path, where: str) -> str:
+    """`owner/name` → `DIR/owner__name` under `--repo-root`; otherwise a git URL as given, or
+    a local path inside the instances file's folder or `--repo-root`: an instances file from
+    elsewhere names no other repository of this machine (`/home/me/private`, `../..`)."""
     if repo_root is not None and re.fullmatch(r"[\w.-]+/[\w.-]+", repo):
         return str((repo_root / repo.replace("/", "__")).absolute())
     if re.fullmatch(r"[\w.-]+/[\w.-]+", repo) and not Path(repo).exists():
         return f"https://github.com/{repo}.git"
+    if _REMOTE.match(repo):
+        return repo
+    local = Path(repo).resolve()
+    allowed = [instances.parent, *([repo_root] if repo_root is not None else [])]
+    if not any(local.is_relative_to(folder.resolve()) for folder in allowed):
+        raise SuiteError(f"{where}: repo {repo!r} is a local path outside {' and '.join(map(str, allowed))}: pass the folder"
+                         " that holds it as --repo-root")
     return repo
+
+
+def _check_types(inst: dict[str, Any], where: str) -> None:
+    for field in _TEXT_FIELDS:
+        if inst.get(field) is not None and not isinstance(inst[field], str):
+            raise SuiteError(f"{where}: {field} must be a string, not {type(inst[field]).__name__}")
+    if inst.get("version") is not None and not isinstance(inst["version"], str | int | float):
+        raise SuiteError(f"{where}: version must be a string or a number, not {type(inst['version']).__name__}")
 
 
 def swebench_suite(
@@ -77,12 +100,13 @@ def swebench_suite(
     text = instances.read_text(encoding="utf-8")
     for lineno, inst in object_lines(text, str(instances), SuiteError):
         where = f"{instances}: line {lineno}"
+        _check_types(inst, where)
         missing = [k for k in ("instance_id", "repo", "base_commit") if not inst.get(k)]
         if missing:
             raise SuiteError(f"{where}: missing {', '.join(missing)}")
         grader = {
             "kind": "repo_tests",
-            "repo": resolve_repo(inst["repo"], repo_root),
+            "repo": resolve_repo(inst["repo"], repo_root, instances, where),
             "base_commit": inst["base_commit"],
             "fail_to_pass": _test_list(inst.get("FAIL_TO_PASS", []), where, "FAIL_TO_PASS"),
             "pass_to_pass": _test_list(inst.get("PASS_TO_PASS", []), where, "PASS_TO_PASS"),
