@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import gc
 import logging
+import shlex
 import sys
 import time
 from concurrent.futures import BrokenExecutor
@@ -663,6 +664,19 @@ def server_status(as_json: JsonFlag = False) -> None:
     human = (f"running: Prefect UI {doc['ui_url']} (pid {doc['pid']}, {'healthy' if doc['healthy'] else 'not answering'})"
              f"; log {doc['log']}" if doc["running"] else _not_running(doc.get("stale_pid")))
     emit(doc, as_json, human)
+
+
+@server_app.command("env")
+def server_env(as_json: JsonFlag = False) -> None:
+    """The exports that point a worker, `prefect deploy` or a script at the managed server:
+    its API URL and the credentials it requires (`eval "$(evalpipe server env)"`)."""
+    from server.managed import running
+
+    server = running()
+    if server is None:  # exports of a server that is not up would point nowhere
+        raise PlatformError("no evalpipe server running for this EVALPIPE_HOME: start it with `evalpipe server start`")
+    doc = {"PREFECT_API_URL": server.api_url, "PREFECT_API_AUTH_STRING": server.auth}
+    emit(doc, as_json, "\n".join(f"export {name}={shlex.quote(value)}" for name, value in doc.items()))
 
 
 def _not_running(stale_pid: int | None) -> str:

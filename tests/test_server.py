@@ -130,6 +130,33 @@ def test_second_start_says_so_and_exits_0(managed: tuple[dict, dict[str, str]]) 
 
 
 @pytest.mark.slow
+def test_server_env_prints_the_exports_a_deploying_user_needs(managed: tuple[dict, dict[str, str]]) -> None:
+    """Issue 47: `export PREFECT_API_URL=...:4200/api` from the docs met a 401. The exports
+    `server env` prints, evaluated by a shell, let Prefect's own client in."""
+    doc, env = managed
+    proc = evalpipe("server", "env", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0] == f"export PREFECT_API_URL={doc['api_url']}"
+    check = ("import asyncio; from prefect.client.orchestration import get_client\n"
+             "async def main():\n    async with get_client() as c: print(len(await c.read_work_pools()))\n"
+             "asyncio.run(main())")
+    clean = {k: v for k, v in env.items() if not k.startswith("PREFECT_API")}
+    shell = subprocess.run(["bash", "-c", f'eval "$({EVALPIPE} server env)" && {sys.executable} -c "$CHECK"'],
+                           env={**clean, "CHECK": check}, capture_output=True, text=True, timeout=120)
+    assert shell.returncode == 0 and shell.stdout.strip().isdigit(), shell.stderr[-2000:]
+    as_json = json.loads(evalpipe("server", "env", "--json", env=env).stdout)
+    assert as_json == {"PREFECT_API_URL": doc["api_url"],
+                       "PREFECT_API_AUTH_STRING": Path(doc["credentials"]).read_text().strip()}
+
+
+def test_server_env_without_a_server_is_one_line_and_exit_3(work: Path) -> None:
+    proc = evalpipe("server", "env", env=client_env(work, work / "home-none"))
+    assert proc.returncode == 3 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == [
+        "evalpipe: no evalpipe server running for this EVALPIPE_HOME: start it with `evalpipe server start`"]
+
+
+@pytest.mark.slow
 def test_a_run_reports_to_the_managed_server(managed: tuple[dict, dict[str, str]], work: Path) -> None:
     doc, env = managed
     proc = evalpipe(*run_args(work), env=env)
