@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import unicodedata
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,11 @@ MAX_REGRADE = 100
 MAX_ROUNDS = 1000  # looks of a sequential run (tasks.metrics.sequential)
 
 
+# Unicode categories a case id may not hold: controls, format characters (bidi overrides),
+# line and paragraph separators.
+_CONTROL = frozenset({"Cc", "Cf", "Zl", "Zp"})
+
+
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=False)
 
@@ -121,6 +127,18 @@ class EvalCase(_Frozen):
         measured = {k: v for k, v in self.content().items() if k != "must_pass"}
         self._case_hash = sha256_hex(canonical_json(measured))
         self._inputs_hash = sha256_hex(canonical_json(self.inputs))
+
+    @field_validator("id")
+    @classmethod
+    def _inert_id(cls, value: str) -> str:
+        # An id reaches the agent's environment, file names and messages: a URL in it was
+        # forwarded to the sandboxed agent as a host port, a control character rewrites a line.
+        if "://" in value:
+            raise ValueError("an id may not contain '://' (it is a name, not a URL)")
+        bad = next((ch for ch in value if unicodedata.category(ch) in _CONTROL), None)
+        if bad is not None:
+            raise ValueError(f"an id may not contain a control character (U+{ord(bad):04X})")
+        return value
 
     @field_validator("slices", "tags", mode="before")
     @classmethod

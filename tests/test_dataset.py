@@ -146,6 +146,11 @@ BAD = {
     "recursive.yaml": ("name: s\ncases: [{id: a, grader: {kind: exact}, reference: &r [*r]}]\n",
                        "an alias refers to a node that contains it"),
     "suite.txt": ("whatever", "unknown suite format"),
+    # (#45 item 2) a URL id was forwarded to the sandboxed agent as a host port
+    "urlid.yaml": ("name: s\ncases:\n  - {id: 'http://127.0.0.1:18944/', grader: {kind: exact}}\n", "'://'"),
+    "escapeid.jsonl": ('{"id": "a\\u001b[2Jb", "grader": {"kind": "exact"}}\n', "control character (U+001B)"),
+    "bidiid.jsonl": ('{"id": "a\\u202eb", "grader": {"kind": "exact"}}\n', "control character (U+202E)"),
+    "newlineid.yaml": ('name: s\ncases:\n  - {id: "a\\nb", grader: {kind: exact}}\n', "control character (U+000A)"),
 }
 
 

@@ -102,6 +102,7 @@ SWE_INSTANCE = {"instance_id": "acme__widgets-1", "repo": "acme/widgets", "base_
     ("repo", "/", "outside"),
     ("repo", "../../..", "outside"),
     ("repo", "file:///", "outside"),
+    ("instance_id", "http://127.0.0.1:18944/", "'://'"),
 ])
 def test_swebench_import_refuses_a_field_of_another_type_or_a_repository_outside_its_folders(
         tmp_path: Path, home: Path, field, value, says):
