@@ -114,6 +114,28 @@ def test_the_host_loopback_is_out_of_reach_and_the_named_endpoint_is_not(home, c
 
 
 @pytest.mark.usefixtures("bwrap")
+def test_a_url_in_the_case_opens_no_host_port(home, calc_repo, tmp_path, monkeypatch, servers):
+    """(#45 item 2) evalpipe put the case id in the agent's environment, then forwarded every
+    loopback URL found there: an id `http://127.0.0.1:PORT/` opened that port of the host.
+    Such an id is now refused at load; one that reaches the agent all the same (built past
+    the check, as here) still opens nothing: only the user's variables name endpoints."""
+    repo, _ = calc_repo
+    probe = tmp_path / "agents" / "probe.py"
+    probe.parent.mkdir()
+    probe.write_text(PROBE.format(secret=servers.secret, named=servers.named, udp=servers.udp))
+    monkeypatch.setenv("OPENAI_BASE_URL", f"http://127.0.0.1:{servers.named}/v1")
+    monkeypatch.delenv("EVALPIPE_AGENT_NETWORK", raising=False)
+    hostile = calc_case(repo).model_copy(update={"id": f"http://127.0.0.1:{servers.secret}/"})
+    with pytest.raises(ValueError, match="://"):
+        type(hostile).model_validate(hostile.model_dump())
+    sample = draw(script_agent(tmp_path, f'"{sys.executable}" "{probe}"\n'), hostile)
+    lines = sample.trace.agent_run.stdout_tail.splitlines()
+    assert lines, (sample.verdict.detail, sample.trace.agent_run)
+    assert lines[0].startswith("secret-tcp unreachable"), lines
+    assert lines[1] == "named hello", lines
+
+
+@pytest.mark.usefixtures("bwrap")
 def test_without_pasta_a_workspace_run_needs_the_flag(home, tmp_path, monkeypatch):
     script = tmp_path / "agent.sh"
     script.write_text("#!/bin/sh\n")

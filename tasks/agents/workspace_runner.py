@@ -154,9 +154,9 @@ class WorkspaceAgent:
         case_file = ws.agent_dir / "case.json"
         case_file.write_text(json.dumps(
             {"id": case.id, "inputs": case.inputs, "index": ctx.index, "seed": ctx.seed, "n": ctx.n}))
-        env = {name: os.environ[name] for name in passed_env_names() if name in os.environ}
-        env.update(
-            EVALPIPE_WORKSPACE=inside, EVALPIPE_CASE=str(case_file), EVALPIPE_PYTHON=python,
+        passed = {name: os.environ[name] for name in passed_env_names() if name in os.environ}
+        env = dict(
+            passed, EVALPIPE_WORKSPACE=inside, EVALPIPE_CASE=str(case_file), EVALPIPE_PYTHON=python,
             HOME=str(ws.home), **{TRAJECTORY_ENV: str(ws.trajectory)},
             EVALPIPE_CASE_ID=case.id, EVALPIPE_SAMPLE_INDEX=str(ctx.index), EVALPIPE_SEED=str(ctx.seed),
         )
@@ -182,7 +182,8 @@ class WorkspaceAgent:
         # What it writes to the disk (the tree, its git directory and HOME) is capped as it runs.
         cap = self.settings.workspace_caps.tree_bytes
         result = run_command(argv, workdir=ws.tree, limits=limits, env=env,
-                             network=agent_network(env) if confined else True, mounts=mounts,
+                             # Only the user's variables name endpoints: evalpipe's own carry case data.
+                             network=agent_network(passed) if confined else True, mounts=mounts,
                              visible=self._code(dirs=True), disk=DiskCap((str(ws.tree), str(ws.agent_dir)), cap))
         ctx.trace.agent_run = ProcessRun(
             returncode=result.returncode, duration_s=round(result.duration_s, 3),

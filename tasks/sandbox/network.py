@@ -83,7 +83,8 @@ class OwnNetwork:
 
 def agent_network(env: Mapping[str, str]) -> OwnNetwork | bool:
     """What network a workspace agent gets: its own (reaching the loopback endpoints named
-    in `env`, its environment), or True, the host's, where `EVALPIPE_AGENT_NETWORK=host`
+    in `env`, the user's variables passed to it: never evalpipe's own, which carry the
+    case's id and paths), or True, the host's, where `EVALPIPE_AGENT_NETWORK=host`
     asks for it. `InputError` for another value, or for its own without pasta."""
     mode = os.environ.get(NETWORK_ENV) or "own"
     if mode == "host":
