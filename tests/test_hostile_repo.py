@@ -256,6 +256,24 @@ def test_a_trapped_pooled_tree_is_rebuilt_without_blocking(
     assert not (tree.parent / "pwned").exists()
 
 
+@pytest.mark.parametrize("attributes", [".gitattributes", "pkg/.gitattributes"])
+def test_attributes_a_sample_left_never_shape_the_next_checkout(
+    nested: tuple[Path, str], home: Path, attributes: str
+) -> None:
+    """(#45 item 2) The slot was checked out (`--force`) before it was cleaned: a candidate's
+    untracked `.gitattributes` still applied, and the next sample got calc.py in UTF-16."""
+    root, sha = nested
+    with checkout(str(root), sha, home) as tree:
+        (tree / attributes).write_text("*.py working-tree-encoding=UTF-16LE\n")
+        for name in ("calc.py", TEST_FILE):  # what the sample changed: rewritten at the reset
+            (tree / name).write_text("# changed\n")
+    with checkout(str(root), sha, home) as again:
+        assert again == tree
+        assert (tree / "calc.py").read_bytes() == CALC.encode()
+        assert (tree / TEST_FILE).read_bytes() == TESTS.encode()
+        assert not (tree / attributes).exists()
+
+
 def test_git_on_a_tree_is_bounded_in_time(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "fifo")
     with pytest.raises(RepoError, match="did not complete in 1 secs"):

@@ -233,10 +233,13 @@ def _reset(mirror_path: Path, tree: Path, sha: str) -> None:
             fd = os.open(tree / ".git", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             with os.fdopen(fd, "wb") as fh:
                 fh.write(gitfile.read_bytes())
+            # Cleaned first: git reads a path's attributes from the index, then from the
+            # tree, so an untracked `.gitattributes` a sample left would shape the checkout
+            # (`working-tree-encoding=UTF-16LE`: the next sample's calc.py in UTF-16).
+            run_git(tree, "clean", "-ffdxq", timeout=TREE_GIT_TIMEOUT_S)
             run_git(
                 tree, "checkout", "--force", "--detach", "--quiet", sha, timeout=TREE_GIT_TIMEOUT_S
             )
-            run_git(tree, "clean", "-ffdxq", timeout=TREE_GIT_TIMEOUT_S)
             return
     except (OSError, RepoError):
         pass
