@@ -11,11 +11,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import duckdb
 import pytest
+from support.waiting import wait_until
 from test_evaluate import agent, write_suite
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -111,14 +111,13 @@ def test_unicode_names_and_the_home_found_from_a_subdirectory(prefect_harness, t
 
 def test_ctrl_c_leaves_the_run_interrupted_and_rerunning_resumes(env, home, tmp_path) -> None:
     suite = write_suite(tmp_path / "toy.yaml", 40)
-    env = {**env, "EVALPIPE_TEST_SLEEP": "0.2"}
+    calls = tmp_path / "calls"
+    env = {**env, "EVALPIPE_TEST_SLEEP": "0.2", "EVALPIPE_TEST_CALLS": str(calls)}
     args = ["run", str(suite), "--agent", agent("slow"), "--workers", "1", "--agent-concurrency", "1", "--json"]
     proc = subprocess.Popen([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not (home / "evalpipe.duckdb").exists():
-        time.sleep(0.2)
-    time.sleep(4)  # some samples stored
+    # A few calls returned (counted as each returns): the stop stores what returned.
+    wait_until(lambda: calls.exists() and len(calls.read_text().split()) >= 3, "three agent calls", proc=proc)
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr

@@ -22,6 +22,7 @@ import duckdb
 import pytest
 from support.cli import alive
 from support.graders import GRADED_IN_ENV, IN_A_TASK
+from support.waiting import wait_until
 from test_deployments import start_logged, stop
 
 from storage.outputs import SPOOL, read_log
@@ -123,10 +124,10 @@ def test_sigterm_ends_a_dask_run_waiting_on_a_hung_agent(project, home) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=project["env"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        while not Path(f"{project['calls']}.hung").exists():
-            assert proc.poll() is None, proc.communicate()
-            time.sleep(0.05)
-        time.sleep(1)  # the other worker goes on to a few more calls
+        wait_until(Path(f"{project['calls']}.hung").exists, "an agent call hung", proc=proc)
+        returned = sum(kind == "R" for kind, _ in calls(project["calls"]))
+        wait_until(lambda: sum(kind == "R" for kind, _ in calls(project["calls"])) >= returned + 3,
+                   "the other worker going on to a few more calls", proc=proc)
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=60)  # a hang guard: bench/resume.py prints the time
     finally:

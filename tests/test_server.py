@@ -32,6 +32,7 @@ from support.cli import (
     wait_gone,
     write_work,
 )
+from support.waiting import wait_until
 
 from server.local import free_port, healthy, start_timeout, wait_healthy
 from server.managed import stop_managed
@@ -309,7 +310,7 @@ def test_the_reaper_kills_a_child_whose_parent_was_killed(tmp_path: Path) -> Non
               "time.sleep(600)\n")
     parent = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     child = int(parent.stdout.readline())
-    time.sleep(0.5)  # the reaper is watching
+    wait_until(lambda: watching(parent.pid), "the reaper watching parent and child", proc=parent)
     assert alive(child)
     parent.send_signal(signal.SIGKILL)
     parent.wait()
@@ -321,6 +322,18 @@ def children(pid: int) -> list[int]:
     for task in Path(f"/proc/{pid}/task").iterdir():
         kids += [int(p) for p in (task / "children").read_text().split()]
     return kids
+
+
+def watching(parent: int) -> bool:
+    """Whether `parent`'s reaper holds its two pidfds (parent's and child's): it waits on them."""
+    for kid in children(parent):
+        try:
+            if b"reaper.py" in Path(f"/proc/{kid}/cmdline").read_bytes():
+                fds = Path(f"/proc/{kid}/fd").iterdir()
+                return sum(os.readlink(fd) == "anon_inode:[pidfd]" for fd in fds) == 2
+        except OSError:  # gone, or a fd closed while listed
+            continue
+    return False
 
 
 @pytest.mark.slow
