@@ -43,6 +43,7 @@ from tasks.run.spec import RunStatus
 from tasks.run.steps import CACHE_LOOKUP_COLUMNS, COPY_COLUMNS
 from tasks.run.stored import StoredOutput, row_output
 from tasks.run.usage import USAGE_SAMPLE_COLUMNS
+from tasks.trace import SampleTrace
 
 # How many characters of each output `output_head` keeps (`failing_samples` reads no more).
 OUTPUT_HEAD_CHARS = 4096
@@ -603,15 +604,17 @@ class Database:
                 " FROM samples JOIN places ON samples.run_id = places.src_run AND samples.case_id = places.src_case"
                 " AND samples.sample_index = places.src_index ON CONFLICT DO NOTHING", [run_id])
 
-    def stored_outputs(self, places: pa.Table) -> dict[str, str | StoredOutput]:
+    def stored_outputs(self, places: pa.Table) -> dict[str, tuple[str | StoredOutput, SampleTrace]]:
         """Output key → output of the stored samples `places` names (run id, case id, index):
-        its text, or a long one as a `StoredOutput`, read when it is graded."""
+        its text, or a long one as a `StoredOutput`, read when it is graded; with what its
+        agent recorded (its trajectory: graded again with the output)."""
         if places.num_rows == 0:
             return {}
         with self.connect(read_only=True) as con:
-            rows = con.sql("SELECT output_key, output, output_sha FROM samples"
+            rows = con.sql("SELECT output_key, output, output_sha, trace FROM samples"
                            " JOIN places USING (run_id, case_id, sample_index)").to_arrow_table().to_pylist()
-        return {row["output_key"]: row_output(row, self) for row in rows}
+        return {row["output_key"]: (row_output(row, self), SampleTrace.parse(row["trace"]).agent_part())
+                for row in rows}
 
     def read_output(self, sha: str) -> str:
         """The stored output whose text hashes to `sha` (a `StoredOutput`'s)."""

@@ -19,7 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 
 from tasks.errors import InputError as InputError
 from tasks.errors import PlatformError as PlatformError
-from tasks.params import grader_params
+from tasks.params import grader_name, grader_params
+from tasks.tools import check_case
 from tasks.trace import SampleTrace
 from tasks.verdict import Status as Status
 from tasks.verdict import Verdict as Verdict
@@ -164,9 +165,39 @@ class EvalCase(_Frozen):
                 grader_params(grader)
             except ValueError as exc:
                 message = str(exc)
-                raise ValueError(f"{where}.{message.removeprefix('grader.')}" if message.startswith("grader.")
-                                 else f"{where}: {message}") from None
+                if message.startswith(("grader.", "grader:")):
+                    raise ValueError(where + message.removeprefix("grader")) from None
+                raise ValueError(f"{where}: {message}") from None
         return value
+
+    @model_validator(mode="after")
+    def _graders_and_tools(self) -> EvalCase:
+        # Each grader's name labels its verdict and its metric: one per case. The tools the
+        # case declares, its world and what its graders name of them are checked together.
+        given = [g["name"] for g in (self.grader, *self.extra_graders) if "name" in g]
+        for where, grader in self.named_graders():
+            if "name" in grader and given.count(grader["name"]) > 1:
+                raise ValueError(f"{where}.name: another grader of the case is named {grader['name']!r}")
+        check_case(self.inputs, self.named_graders())
+        return self
+
+    def named_graders(self) -> list[tuple[str, dict[str, Any]]]:
+        """Every grader mapping with where it is written: `grader`, then `extra_graders.I`."""
+        return [("grader", self.grader), *((f"extra_graders.{i}", g) for i, g in enumerate(self.extra_graders))]
+
+    @property
+    def grader_labels(self) -> list[str]:
+        """What each grader is called, the deciding one first: its `name`, else its kind, and
+        a second unnamed grader of a kind `KIND#2` (suites before names keep loading)."""
+        given = {g["name"] for g in (self.grader, *self.extra_graders) if "name" in g}
+        labels: list[str] = []
+        for grader in (self.grader, *self.extra_graders):
+            label, count = grader_name(grader), 1
+            while "name" not in grader and (label in labels or label in given):
+                count += 1
+                label = f"{grader['kind']}#{count}"
+            labels.append(label)
+        return labels
 
     @property
     def kind(self) -> str:

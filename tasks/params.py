@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -25,6 +25,7 @@ from pydantic import (
     StrictBool,
     ValidationError,
     field_validator,
+    model_validator,
 )
 
 from tasks.registry import PLUGINS_ENV, grader_kinds, grader_spec
@@ -157,14 +158,98 @@ class HumanParams(Params):
     pass
 
 
+# --- what an agent did (tasks/graders/trajectory.py) -----------------------------------------
+
+
+class ExpectedCall(Params):
+    """A tool call a trajectory grader looks for: its name and, optionally, its arguments
+    (a subset of the call's unless `exact`; a value `{regex: P}` or `{any: true}` per field)."""
+
+    name: NonEmpty
+    args: dict[str, Any] | None = None
+    exact: StrictBool = False
+
+
+class ToolCalledParams(Params):
+    """`tool_called`: how many of the sample's calls of `tool` fit `args`, between `min`
+    (default 1) and `max` (`max: 0` is "never called"). The tool is `tool`, not `name`: a
+    grader's `name` is what the grader is called."""
+
+    tool: NonEmpty
+    args: dict[str, Any] | None = None
+    exact: StrictBool = False
+    min: Annotated[Integer, Field(ge=0)] | None = None
+    max: Annotated[Integer, Field(ge=0)] | None = None
+
+    @property
+    def call(self) -> ExpectedCall:
+        return ExpectedCall(name=self.tool, args=self.args, exact=self.exact)
+
+    def tool_names(self) -> list[tuple[str, str]]:
+        return [("tool", self.tool)]
+
+
+class ToolSequenceParams(Params):
+    calls: Annotated[list[ExpectedCall], Field(min_length=1)]
+    mode: Literal["strict", "unordered", "subset", "superset"] = "strict"
+
+    def tool_names(self) -> list[tuple[str, str]]:
+        return [(f"calls.{i}.name", c.name) for i, c in enumerate(self.calls)]
+
+
+Bound = Annotated[Integer, Field(ge=0)] | None
+
+
+class StepsParams(Params):
+    """`steps`: bounds on the model turns, tool calls and tokens of the trajectory."""
+
+    max_turns: Bound = None
+    max_tool_calls: Bound = None
+    max_tokens: Bound = None
+    min_turns: Bound = None
+    min_tool_calls: Bound = None
+    min_tokens: Bound = None
+
+    @model_validator(mode="after")
+    def _some_bound(self) -> StepsParams:
+        if all(getattr(self, f) is None for f in type(self).model_fields):
+            raise ValueError(f"give at least one of {', '.join(type(self).model_fields)}")
+        return self
+
+
+class WorldAssertion(ExpectedCall):
+    """A call the world received and answered without an error: at least `count` of them
+    (`count: 0`: none at all)."""
+
+    count: Annotated[Integer, Field(ge=0)] = 1
+
+
+class FinalStateParams(Params):
+    """`final_state`: what the case's world received by the end of the sample."""
+
+    world: Annotated[list[WorldAssertion], Field(min_length=1)]
+
+    def tool_names(self) -> list[tuple[str, str]]:
+        return [(f"world.{i}.name", w.name) for i, w in enumerate(self.world)]
+
+
 def parameter_names(kind: Any) -> frozenset[str] | None:
     """The parameters a kind takes (None for an unknown kind)."""
     spec = grader_spec(kind) if isinstance(kind, str) else None
     return None if spec is None else frozenset(spec.params.model_fields)
 
 
+# A grader's `name` (default: its kind) labels its verdict, its metric and its gate rules.
+GRADER_NAME = re.compile(r"^[A-Za-z0-9_.:@-]{1,64}$")
+
+
+def grader_name(grader: dict[str, Any]) -> str:
+    """What a grader of a case is called: its `name`, else its kind."""
+    return str(grader.get("name") or grader.get("kind"))
+
+
 def grader_params(grader: dict[str, Any]) -> BaseModel:
-    """The typed parameters of a grader mapping (`kind` and its parameters). Raises
+    """The typed parameters of a grader mapping (`kind`, an optional `name`, and its parameters). Raises
     `ValueError` with one line naming the field: unknown kind, unknown key, missing
     required key, or a value of the wrong type."""
     kind = grader.get("kind")
@@ -174,15 +259,18 @@ def grader_params(grader: dict[str, Any]) -> BaseModel:
     if spec is None:
         raise ValueError(f"unknown grader kind {kind!r} (known: {', '.join(sorted(grader_kinds()))};"
                          f" a plugin's kind needs its plugin installed or named in {PLUGINS_ENV})")
+    name = grader.get("name", kind)
+    if not isinstance(name, str) or not GRADER_NAME.match(name):
+        raise ValueError(f"grader.name: a grader's name is 1-64 letters, digits, _ . : @ or -, got {name!r}")
     model = spec.params
     try:
-        return model.model_validate({k: v for k, v in grader.items() if k != "kind"})
+        return model.model_validate({k: v for k, v in grader.items() if k not in ("kind", "name")})
     except ValidationError as exc:
         raise ValueError(_one_line(kind, model, exc.errors()[0])) from None
 
 
 def _one_line(kind: str, model: type[BaseModel], err: dict[str, Any]) -> str:
-    field = "grader." + ".".join(str(p) for p in err["loc"])
+    field = "grader" + "".join(f".{p}" for p in err["loc"])  # a check across fields has no loc
     if err["type"] == "extra_forbidden":
         known = f" (known: {', '.join(model.model_fields) or 'none'})" if len(err["loc"]) == 1 else ""
         return f"{field}: not a parameter of {kind} graders{known}"

@@ -1,5 +1,5 @@
-"""The registry of grader kinds, metrics and agent kinds: `from tasks.registry import grader,
-metric, agent_kind`.
+"""The registry of grader kinds, metrics, agent kinds and tools: `from tasks.registry import
+grader, metric, agent_kind, tool`.
 
 A grader kind is one decorated function, `fn(output, case, params) -> Verdict`:
 
@@ -12,6 +12,10 @@ field), `tasks.graders.grade` makes it total (an exception is an `error` verdict
 `inline=True` (a cheap check: no sandbox, no model call) grades it in the task that drew the
 output rather than in a grading task of its own, and its `version`, its module's source and
 `fingerprint(case)` key the cached verdicts.
+
+A grader that takes a keyword parameter `trajectory` is given what the agent did (the
+sample's `tasks.trace.Trajectory`, typed steps at `.typed`; None when it recorded none), as
+deciding grader, extra grader and in a rescore.
 
 What a grader records goes to the sample's trace (`tasks.trace.SampleTrace`) through a
 keyword parameter `trace`. With `trace=Model` (a pydantic model whose fields all have
@@ -30,6 +34,9 @@ An agent kind is an `--agent` scheme (`python:`, `cmd:`, `openai:`...): a class 
 `load(spec, rest, base)` decorated with `agent_kind(scheme, runs_code=..., sees=...)`; the
 scheme dispatch, the "unknown scheme" message and which kinds a deployment must allow all
 read it.
+
+A tool is a Python function decorated with `tool(name=...)` that a case may give the model
+(`inputs.tools: [NAME]`, tasks.tools); the `openai:` agent's tool loop calls it in the harness.
 
 The built-in graders, metrics and agent kinds register the way plugins do, imported by name on first
 use (so this bottom layer imports no stage above it); then the modules of the entry-point
@@ -86,15 +93,19 @@ class GraderSpec:
     # Cheap (microseconds, no sandbox, no model call): graded in the task that drew the
     # output, not handed to a grading task of its own (`tasks.run.loop`).
     inline: bool = False
+    # It takes `trajectory`: the sample's (`tasks.trace.Trajectory`, None when the agent
+    # recorded none), read-only.
+    takes_trajectory: bool = False
 
     def __call__(self, output: str, case: EvalCase, trace: SampleTrace) -> Verdict:
+        seen = {"trajectory": trace.trajectory} if self.takes_trajectory else {}
         if not self.takes_trace:
-            return self.fn(output, case, case.params)
+            return self.fn(output, case, case.params, **seen)
         if self.trace is SampleTrace:
-            return self.fn(output, case, case.params, trace=trace)
+            return self.fn(output, case, case.params, trace=trace, **seen)
         own = self.trace() if self.trace is not None else {}
         try:
-            return self.fn(output, case, case.params, trace=own)
+            return self.fn(output, case, case.params, trace=own, **seen)
         finally:  # what it recorded before raising shows what went wrong
             trace.record(self.kind, own)
 
@@ -105,6 +116,19 @@ class MetricSpec:
     fn: Callable[[Any], Any]
     per_case: bool  # fn returns one value per case; the metric is their mean
     percent: bool  # a fraction, shown as a percentage (else as a plain number)
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """A Python function a case may give the model as a tool (`inputs.tools: [NAME]`), run in
+    the harness by the `openai:` agent's tool loop with a timeout."""
+
+    name: str
+    fn: Callable[..., Any]
+    description: str
+    parameters: dict[str, Any]  # the JSON schema of its arguments
+    timeout_s: float
+    model: type[BaseModel] | None  # the one pydantic parameter the arguments build, if declared so
 
 
 @dataclass(frozen=True)
@@ -127,6 +151,7 @@ class AgentKindSpec:
 _GRADERS: dict[str, GraderSpec] = {}
 _METRICS: dict[str, MetricSpec] = {}
 _AGENTS: dict[str, AgentKindSpec] = {}
+_TOOLS: dict[str, ToolSpec] = {}
 _LOCK = threading.RLock()
 _LOADED: set[str] = set()
 _PLUGIN_FAILURE: list[InputError] = []
@@ -156,12 +181,13 @@ def grader(
 
     def decorate(fn: Callable[..., Verdict]) -> Callable[..., Verdict]:
         takes_trace = "trace" in inspect.signature(fn).parameters
+        takes_trajectory = "trajectory" in inspect.signature(fn).parameters
         if trace is not None and not takes_trace:
             raise ValueError(f"grader {kind!r} declares trace={trace.__name__} but takes no `trace` parameter")
         if inline and runs_code:
             raise ValueError(f"grader {kind!r}: a grader that runs code is graded in the sandbox, not inline")
         spec = GraderSpec(kind, fn, params, bool(runs_code), str(version), fingerprint, oracle, baseline,
-                          takes_trace, trace, bool(inline))
+                          takes_trace, trace, bool(inline), takes_trajectory)
         _add(_GRADERS, "grader kind", kind, spec)
         return fn
 
@@ -215,6 +241,63 @@ def agent_kind(scheme: str, *, runs_code: bool = False, sees: Callable[[EvalCase
     return decorate
 
 
+def tool(name: str | None = None, *, description: str | None = None,
+         timeout_s: float = 10.0) -> Callable[[Callable], Callable]:
+    """Decorator: the function is a tool cases may name (`inputs.tools: [NAME]`; default
+    name: the function's). Its arguments' JSON schema comes from its signature (str, int,
+    float, bool, list, dict and their optionals), or from its one parameter's pydantic model;
+    the description from `description` or the docstring's first paragraph. It returns what
+    the model is told (text as it is, anything else as JSON); what it raises is an error the
+    model sees."""
+
+    def decorate(fn: Callable) -> Callable:
+        tool_name = name or fn.__name__
+        model, schema = _tool_schema(tool_name, fn)
+        text = description if description is not None else (inspect.getdoc(fn) or "").split("\n\n")[0]
+        if not (isinstance(timeout_s, int | float) and timeout_s > 0):
+            raise ValueError(f"tool {tool_name!r}: timeout_s must be a positive number of seconds")
+        _add(_TOOLS, "tool", tool_name, ToolSpec(tool_name, fn, " ".join(text.split()), schema, float(timeout_s), model))
+        return fn
+
+    return decorate
+
+
+_JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array", dict: "object"}
+
+
+def _tool_schema(name: str, fn: Callable) -> tuple[type[BaseModel] | None, dict[str, Any]]:
+    import typing
+
+    hints = typing.get_type_hints(fn)
+    params = [p for p in inspect.signature(fn).parameters.values()
+              if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if len(params) == 1 and inspect.isclass(hints.get(params[0].name)) and issubclass(hints[params[0].name], BaseModel):
+        model = hints[params[0].name]
+        return model, model.model_json_schema()
+    properties: dict[str, Any] = {}
+    required: list[str] = []
+    for p in params:
+        hint = hints.get(p.name, str)
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        base = typing.get_origin(hint) or hint
+        if base not in _JSON_TYPES and len(args) == 1:  # Optional[X]
+            base = typing.get_origin(args[0]) or args[0]
+        if base not in _JSON_TYPES:
+            raise ValueError(f"tool {name!r}: parameter {p.name!r} has type {hint!r}, which has no JSON schema here"
+                             " (use str, int, float, bool, list, dict, or one pydantic model)")
+        properties[p.name] = {"type": _JSON_TYPES[base]}
+        if p.default is p.empty:
+            required.append(p.name)
+    return None, {"type": "object", "properties": properties, "required": required}
+
+
+def tool_spec(name: str) -> ToolSpec | None:
+    """The tool registered as `name`, or None (the plugins are loaded when it is not known)."""
+    if name not in _TOOLS:
+        load_plugins()
+    return _TOOLS.get(name)
+
+
 def agent_kinds() -> dict[str, AgentKindSpec]:
     """Every registered agent kind by scheme, the built-ins first."""
     _load_builtin(BUILTIN_AGENTS)
@@ -230,7 +313,8 @@ def agent_kind_spec(scheme: str) -> AgentKindSpec | None:
     return _AGENTS.get(scheme)
 
 
-def _add(table: dict[str, Any], what: str, name: str, spec: GraderSpec | MetricSpec | AgentKindSpec) -> None:
+def _add(table: dict[str, Any], what: str, name: str,
+         spec: GraderSpec | MetricSpec | AgentKindSpec | ToolSpec) -> None:
     with _LOCK:
         old = table.get(name)
         # The same function registering again (its module reloaded) replaces itself.
@@ -240,7 +324,7 @@ def _add(table: dict[str, Any], what: str, name: str, spec: GraderSpec | MetricS
         table[name] = spec
 
 
-def _code(spec: GraderSpec | MetricSpec | AgentKindSpec) -> Callable:
+def _code(spec: GraderSpec | MetricSpec | AgentKindSpec | ToolSpec) -> Callable:
     return spec.load if isinstance(spec, AgentKindSpec) else spec.fn
 
 

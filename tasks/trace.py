@@ -20,6 +20,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_serializer, model_validator
 
+from tasks.trajectory import Steps
 from tasks.verdict import Status, Verdict
 
 M = TypeVar("M", bound=BaseModel)
@@ -53,11 +54,19 @@ class ProcessRun(Section):
 
 
 class Trajectory(Section):
-    """A coding agent's steps (`tasks.agents.trajectory`)."""
+    """What an agent did: its entries (OpenAI chat messages and notes, `tasks.trajectory`),
+    how many there are (`steps`), what was cut at the cap, and why the agent stopped when it
+    did not stop by itself (`stop`: "max_steps")."""
 
     steps: int = 0
     entries: list[dict[str, Any]] = []
     truncated: Truncation | None = None
+    stop: str | None = None
+
+    @property
+    def typed(self) -> Steps:
+        """The entries as typed steps: model turns, tool results, notes."""
+        return Steps.of(self.entries)
 
 
 class WorkspaceChange(Section):
@@ -123,10 +132,12 @@ class GraderStep(Section):
 
 
 class ExtraGrader(Section):
-    """One of a case's `extra_graders`: its kind, its verdict and what it traced. Stored flat,
-    as `{"kind", "passed", "score", "status", "detail", "safety"[, "trace"]}`."""
+    """One of a case's `extra_graders`: its kind, its name when it was given one, its verdict
+    and what it traced. Stored flat, as `{"kind"[, "name"], "passed", "score", "status",
+    "detail", "safety"[, "trace"]}`."""
 
     kind: str
+    name: str | None = None
     verdict: Verdict
     trace: SampleTrace | None = None
 
@@ -142,7 +153,17 @@ class ExtraGrader(Section):
     @model_serializer(mode="wrap")
     def _flatten(self, handler: Any) -> dict[str, Any]:
         data = handler(self)
-        return {"kind": data.pop("kind"), **data.pop("verdict"), **data}
+        named = {"name": name} if (name := data.pop("name", None)) is not None else {}
+        return {"kind": data.pop("kind"), **named, **data.pop("verdict"), **data}
+
+    @property
+    def label(self) -> str:
+        """What the grader is called: its name, else its kind."""
+        return self.name or self.kind
+
+
+# The sections the agent writes (what it did), which every grader of the sample sees.
+AGENT_SECTIONS = ("agent_run", "trajectory", "workspace")
 
 
 class SampleTrace(Section):
@@ -214,6 +235,11 @@ class SampleTrace(Section):
             if key in type(self).model_fields:
                 value = getattr(type(self).model_validate({key: value}), key)
             setattr(self, key, value)
+
+    def agent_part(self) -> SampleTrace:
+        """Only what the agent wrote (`AGENT_SECTIONS`): what a stored output's graders see
+        when it is graded again."""
+        return SampleTrace(**{k: getattr(self, k) for k in AGENT_SECTIONS if getattr(self, k) is not None})
 
     def section(self, kind: str, model: type[M]) -> M | None:
         """The section a registered grader of `kind` declared, as its model; None if absent."""

@@ -85,6 +85,8 @@ STAGES = (
         "tasks.models",
         "tasks.verdict",
         "tasks.trace",
+        "tasks.trajectory",
+        "tasks.tools",
         "tasks.params",
         "tasks.home",
         "tasks.callables",

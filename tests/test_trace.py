@@ -72,7 +72,10 @@ def test_each_section_round_trips_from_its_writer_through_the_store(home):
     raw = json.loads(traces["judged"])
     assert list(raw) == ["output_replaced_chars", "agent_s", "judge", "extra_graders", "regrade", "env_flaky"]
     assert list(raw["judge"]) == ["spec", "fingerprint", "seeds", "draws", "passes", "errors", "agreement"]
-    assert list(raw["extra_graders"][1]) == ["kind", "passed", "score", "status", "detail", "safety", "trace"]
+    assert list(raw["extra_graders"][0]) == ["kind", "passed", "score", "status", "detail", "safety"]
+    # A second unnamed grader of the deciding one's kind is labelled apart (`judge#2`).
+    assert list(raw["extra_graders"][1]) == ["kind", "name", "passed", "score", "status", "detail", "safety", "trace"]
+    assert raw["extra_graders"][1]["name"] == coin.label == "judge#2"
 
     assert parsed["long"].output_truncated.cap_bytes == 2000 and parsed["long"].output_truncated.bytes == 3000
 
@@ -192,7 +195,8 @@ def test_a_trace_model_the_registry_cannot_store_is_refused_at_registration(monk
         registry.grader("plain", params=WordsParams, trace=dict)(takes)
     with pytest.raises(ValueError, match="takes no `trace` parameter"):
         registry.grader("deaf", params=WordsParams, trace=WordsTrace)(lambda output, case, params: None)
-    assert not {"needs", "steps", "plain", "deaf"} & registry.grader_kinds()
+    assert not {"needs", "plain", "deaf"} & registry.grader_kinds()
+    assert registry.grader_spec("steps").fn.__module__ == "tasks.graders.trajectory"  # the built-in kind, kept
 
 
 def test_an_undeclared_graders_dict_lands_at_the_top_level_checked_where_it_names_a_section(monkeypatch):

@@ -12,13 +12,20 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from tasks.agents.base import AgentContext, AgentError, Reloadable
-from tasks.agents.openai_client import EndpointError, OpenAIClient
+from tasks.agents.openai_client import ChatReply, EndpointError, OpenAIClient
 from tasks.agents.settings import AgentSettings
+from tasks.agents.toolbox import Toolbox
+from tasks.agents.trajectory import capped
 from tasks.models import EvalCase, InputError, canonical_json, sha256_hex
 from tasks.registry import agent_kind
+from tasks.trajectory import parse_call
 
-# Body fields evalpipe sets itself, so a spec may not: one sample per request, our seed.
-RESERVED_PARAMS = frozenset({"model", "messages", "seed", "n", "stream"})
+# Body fields evalpipe sets itself, so a spec may not: one sample per request, our seed, the
+# case's tools.
+RESERVED_PARAMS = frozenset({"model", "messages", "seed", "n", "stream", "tools"})
+DEFAULT_MAX_STEPS = 10  # model turns of a tool loop (`openai:MODEL?max_steps=N`)
+# Inputs that configure the tool loop, never shown to the model as the case's text.
+TOOL_INPUTS = ("tools", "world")
 # Inputs tried in order for the user message when a case has no `messages`.
 PROMPT_FIELDS = ("prompt", "question", "issue", "input", "text")
 
@@ -30,6 +37,7 @@ class OpenAIAgent(Reloadable):
     params: Mapping[str, Any] = field(default_factory=dict, hash=False)
     system: str | None = None
     client: OpenAIClient = field(default_factory=OpenAIClient, repr=False, compare=False)
+    max_steps: int = DEFAULT_MAX_STEPS
 
     @classmethod
     def load(cls, spec: str, rest: str, base: Path) -> OpenAIAgent:
@@ -47,12 +55,18 @@ class OpenAIAgent(Reloadable):
         system = params.pop("system", None)
         if system is not None and not isinstance(system, str):
             system = json.dumps(system)
+        max_steps = params.pop("max_steps", DEFAULT_MAX_STEPS)
+        if isinstance(max_steps, bool) or not isinstance(max_steps, int) or not 1 <= max_steps <= 1000:
+            raise InputError(f"agent {spec!r}: max_steps must be a whole number of model turns from 1 to 1000,"
+                             f" got {max_steps!r}")
         client = OpenAIClient.from_env()
         identity = {
             "model": model, "params": params, "system": system, "base_url": client.base_url
         }
+        if max_steps != DEFAULT_MAX_STEPS:  # absent at the default: older fingerprints hold
+            identity["max_steps"] = max_steps
         fingerprint = sha256_hex(canonical_json({"openai": identity}))
-        return cls(spec, fingerprint, base, model, params, system, client)
+        return cls(spec, fingerprint, base, model, params, system, client, max_steps)
 
     def with_settings(self, settings: AgentSettings) -> OpenAIAgent:
         # The client's timeout and retries; never its key, which each machine reads itself.
@@ -61,14 +75,62 @@ class OpenAIAgent(Reloadable):
 
     def generate(self, case: EvalCase, ctx: AgentContext) -> str:
         messages = chat_messages(case.inputs, self.system)
-        try:
-            reply = self.client.chat_reply(self.model, messages, seed=ctx.seed, params=dict(self.params))
-        except EndpointError as exc:
-            raise AgentError(str(exc)) from None
+        if "tools" in case.inputs:
+            return self._tool_loop(Toolbox.of(case.inputs), messages, ctx)
+        reply = self._ask(messages, ctx, None)
         ctx.report_usage(input_tokens=reply.input_tokens, output_tokens=reply.output_tokens, model=reply.model)
         if reply.latency_s is not None:
             ctx.report_latency(reply.latency_s)
         return reply.content
+
+    def _ask(self, messages: list[dict[str, Any]], ctx: AgentContext, tools: list[dict[str, Any]] | None) -> ChatReply:
+        try:
+            return self.client.chat_reply(self.model, messages, seed=ctx.seed, params=dict(self.params), tools=tools)
+        except EndpointError as exc:
+            raise AgentError(str(exc)) from None
+
+    def _tool_loop(self, toolbox: Toolbox, messages: list[dict[str, Any]], ctx: AgentContext) -> str:
+        """Ask, answer each tool call in order, send the results back; until the model answers
+        without a tool call or `max_steps` turns have passed. Every turn and result goes to the
+        sample's trajectory as it happens (a failed call keeps what came before it); the
+        output is the last turn's content."""
+        entries: list[dict[str, Any]] = []
+        stop = None
+        spent: dict[str, Any] = {"input_tokens": None, "output_tokens": None, "latency_s": 0.0, "model": None}
+        try:
+            for _ in range(self.max_steps):
+                reply = self._ask(messages, ctx, toolbox.definitions())
+                _add_usage(spent, reply)
+                said = {"role": "assistant", "content": reply.content or None,
+                        **({"tool_calls": list(reply.tool_calls)} if reply.tool_calls else {})}
+                messages.append(said)
+                entries.append({**said, "usage": {"input_tokens": reply.input_tokens,
+                                                  "output_tokens": reply.output_tokens},
+                                "latency_s": reply.latency_s, "model": reply.model})
+                if not reply.tool_calls:
+                    return reply.content
+                for call in map(parse_call, reply.tool_calls):
+                    answer = toolbox.answer(call)
+                    messages.append({"role": "tool", "tool_call_id": call.id, "content": answer.content})
+                    entries.append({"role": "tool", "tool_call_id": call.id, "name": call.name,
+                                    "content": answer.content, "duration_s": round(answer.duration_s, 6),
+                                    **({"error": answer.error} if answer.error is not None else {})})
+            stop = "max_steps"
+            return reply.content
+        finally:
+            ctx.trace.trajectory = capped(entries, self.settings.max_trajectory_bytes, stop)
+            ctx.report_usage(input_tokens=spent["input_tokens"], output_tokens=spent["output_tokens"],
+                             model=spent["model"])
+            ctx.report_latency(spent["latency_s"])
+
+
+def _add_usage(spent: dict[str, Any], reply: ChatReply) -> None:
+    """A turn's tokens and latency added to the loop's (a count no turn reported stays None)."""
+    for key, value in (("input_tokens", reply.input_tokens), ("output_tokens", reply.output_tokens)):
+        if value is not None:
+            spent[key] = (spent[key] or 0) + value
+    spent["latency_s"] += reply.latency_s or 0.0
+    spent["model"] = reply.model
 
 
 def chat_messages(inputs: Mapping[str, Any], system: str | None = None) -> list[dict[str, Any]]:
@@ -87,7 +149,7 @@ def chat_messages(inputs: Mapping[str, Any], system: str | None = None) -> list[
         if field_name is not None:
             text = inputs[field_name]
         else:
-            text = canonical_json(dict(inputs)).decode("utf-8")
+            text = canonical_json({k: v for k, v in inputs.items() if k not in TOOL_INPUTS}).decode("utf-8")
         messages = [{"role": "user", "content": text}]
     system = inputs.get("system", system)
     if isinstance(system, str) and not any(m.get("role") == "system" for m in messages):

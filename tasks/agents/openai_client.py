@@ -40,6 +40,8 @@ class ChatReply:
     output_tokens: int | None
     model: str
     latency_s: float | None = None  # the request itself, the SDK's import and client's start left out
+    # The message's `tool_calls` as OpenAI's chat messages write them ({id, type, function}).
+    tool_calls: tuple[dict[str, Any], ...] = ()
 
 
 class EndpointError(Exception):
@@ -84,8 +86,10 @@ class OpenAIClient:
         *,
         seed: int | None = None,
         params: dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> ChatReply:
-        """The first choice's message content ("" when the model returned none) and usage.
+        """The first choice's message content ("" when the model returned none), its tool
+        calls (`tools`: the function tools the request offers) and usage.
 
         `params` go into the request body as given (`extra_body`), so that a field the
         SDK does not know (`top_k` for vLLM) reaches the server too.
@@ -105,12 +109,15 @@ class OpenAIClient:
                 seed=openai.omit if seed is None else seed,
                 extra_body=params or None,
                 extra_headers=headers,
+                tools=tools or openai.omit,  # type: ignore[arg-type] - plain function-tool dicts
             )
         except openai.OpenAIError as exc:
             raise EndpointError(self._reason(exc)) from None
         latency = time.perf_counter() - started
         try:
-            content = completion.choices[0].message.content
+            message = completion.choices[0].message
+            content = message.content
+            calls = tuple(c.model_dump(mode="json", exclude_none=True) for c in message.tool_calls or ())
         except (AttributeError, IndexError, TypeError):
             raise EndpointError(
                 self._line(f"response has no choices[0].message: {completion!r}")
@@ -123,6 +130,7 @@ class OpenAIClient:
             _count(getattr(usage, "completion_tokens", None)),
             named if isinstance(named, str) and named else model,
             latency,
+            calls,
         )
 
     def _client(self) -> openai.OpenAI:

@@ -1,4 +1,4 @@
-"""An agent's trajectory: the steps it wrote as JSON lines to the file named by
+"""An agent's trajectory: the steps the `openai:` tool loop recorded (`capped`), or those it wrote as JSON lines to the file named by
 `EVALPIPE_TRAJECTORY` (`ctx.trajectory`; `ctx.record` appends a step), read back with a cap (the run's
 `max_trajectory_bytes`) for the sample's trace. Secrets are masked where every trace string is (`tasks.run.sampling`).
 
@@ -40,6 +40,23 @@ def read_trajectory(path: Path, cap: int) -> Trajectory | None:
     if info.st_size > cap:
         return Trajectory(steps=len(entries), entries=entries, truncated=Truncation(cap_bytes=cap, bytes=info.st_size))
     return Trajectory(steps=len(entries), entries=entries)
+
+
+def capped(entries: list[dict[str, Any]], cap: int, stop: str | None = None) -> Trajectory:
+    """A trajectory the harness recorded (the `openai:` tool loop's): its entries up to `cap`
+    bytes of JSON lines, as `read_trajectory` keeps an agent's file; `truncated` says how much
+    there was."""
+    lines = [json.dumps(e, ensure_ascii=False, default=str).encode("utf-8") + b"\n" for e in entries]
+    total = sum(map(len, lines))
+    if total <= cap:
+        return Trajectory(steps=len(entries), entries=entries, stop=stop)
+    kept, size = [], 0
+    for entry, line in zip(entries, lines, strict=True):
+        if size + len(line) > cap:
+            break
+        kept.append(entry)
+        size += len(line)
+    return Trajectory(steps=len(kept), entries=kept, truncated=Truncation(cap_bytes=cap, bytes=total), stop=stop)
 
 
 def _entry(line: bytes) -> dict[str, Any]:

@@ -4,8 +4,9 @@ A grader module registers its function with `@tasks.registry.grader(kind, params
 as a plugin's does (importing this package registers the built-in ones). `grade` never
 raises: an exception anywhere becomes `Verdict(status=error)` with the exception type,
 message and a short traceback in `detail`. After the kind's grader, the case's
-`safety.forbidden_patterns` are applied to the output; they add to `Verdict.safety` and
-never change `passed`.
+`safety.forbidden_patterns` are applied to the output and its `forbidden_tools` to the
+trajectory; they add to `Verdict.safety` and never change `passed`. Every grader, deciding or
+extra, sees the sample's trajectory (the agent's sections of its trace).
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from tasks.graders.safety import output_violations
+from tasks.graders.safety import output_violations, tool_violations
 from tasks.models import EvalCase, InputError, Status, Verdict, canonical_json, sha256_hex
 from tasks.registry import grader_spec
-from tasks.trace import ExtraGrader, SampleTrace
+from tasks.trace import AGENT_SECTIONS, ExtraGrader, SampleTrace
 
 
 def grade(output: str, case: EvalCase, trace: SampleTrace | dict | None = None) -> Verdict:
@@ -40,6 +41,8 @@ def grade(output: str, case: EvalCase, trace: SampleTrace | dict | None = None) 
         verdict = verdict.with_safety(_grade_extra(output, case, trace))
     try:
         violations = output_violations(output, case.safety) if isinstance(output, str) else []
+        steps = trace.trajectory.typed if trace.trajectory is not None else None
+        violations += tool_violations(steps, case.safety)
     except Exception as exc:
         # Fail closed: a safety rule that cannot be checked is reported, not skipped.
         violations = [f"safety check failed: {type(exc).__name__}: {exc}"]
@@ -58,11 +61,16 @@ def _grade_extra(output: str, case: EvalCase, trace: SampleTrace) -> list[str]:
     does): its verdict, and what it traced, go to `trace.extra_graders`, in order. They
     never change `passed`; their safety violations are the sample's."""
     found, safety = [], []
-    for grader in case.extra_graders:
-        own = SampleTrace()
+    for grader, label in zip(case.extra_graders, case.grader_labels[1:], strict=True):
+        # It sees what the agent did, as the deciding grader does; what it records itself
+        # is kept under its own entry.
+        seen = {k: getattr(trace, k) for k in AGENT_SECTIONS if getattr(trace, k) is not None}
+        own = SampleTrace(**seen)
         verdict = _total(output, _graded_by(grader, case), own)
-        traced = {"trace": own} if own.to_dict() else {}
-        found.append(ExtraGrader(kind=grader["kind"], verdict=verdict, **traced))
+        recorded = {k: v for k, v in own.to_dict().items() if k not in seen}
+        traced = {"trace": SampleTrace.model_validate(recorded)} if recorded else {}
+        named = {"name": label} if label != grader["kind"] else {}
+        found.append(ExtraGrader(kind=grader["kind"], verdict=verdict, **named, **traced))
         safety.extend(verdict.safety)
     trace.extra_graders = found
     return safety
@@ -138,5 +146,5 @@ def file_hash(path: str) -> str:
 
 
 # The built-in graders register themselves on import.
-for _name in ("assertions", "predicate", "python_tests", "repo_tests", "judge", "human"):
+for _name in ("assertions", "predicate", "python_tests", "repo_tests", "judge", "human", "trajectory"):
     importlib.import_module(f"{__name__}.{_name}")

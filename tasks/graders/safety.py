@@ -1,4 +1,5 @@
-"""Safety checks (docs/contract.md §4): what an output must never contain, what an edit must never touch.
+"""Safety checks (docs/contract.md §4): what an output must never contain, what an edit must
+never touch, which tools an agent must never call.
 
 Both return violation strings for `Verdict.safety`. They never decide `passed`: a
 violation is reported beside the score and vetoes the gate on its own.
@@ -17,6 +18,7 @@ from functools import lru_cache
 from typing import Any
 
 from tasks.models import InputError
+from tasks.trajectory import Steps, call_text, matches
 
 
 def _rules(safety: Mapping | None, key: str) -> list[str]:
@@ -48,6 +50,38 @@ def output_violations(output: str, safety: Mapping | None) -> list[str]:
         if compile_pattern(pattern, "safety.forbidden_patterns").search(output):
             found.append(f"output matches forbidden pattern {pattern!r}")
     return found
+
+
+def tool_violations(steps: Steps | None, safety: Mapping | None) -> list[str]:
+    """One violation per call to a `forbidden_tools` entry: a tool's name, or `{name, args}`
+    (the args a subset of the call's, as a `tool_called` grader matches them)."""
+    rules = _tool_rules(safety)
+    if not rules or steps is None:
+        return []
+    found = []
+    for action in steps.actions():
+        for name, args in rules:
+            if action.name == name and (args is None or matches(args, action.call.arguments)):
+                found.append(f"called forbidden tool {call_text(action.name, action.call.arguments)}")
+                break
+    return found
+
+
+def _tool_rules(safety: Mapping | None) -> list[tuple[str, Mapping[str, Any] | None]]:
+    value: Any = (safety or {}).get("forbidden_tools")
+    if value is None:
+        return []
+    items = [value] if isinstance(value, str | Mapping) else value
+    rules = []
+    for item in items if isinstance(items, list | tuple) else [None]:
+        if isinstance(item, str) and item:
+            rules.append((item, None))
+        elif (isinstance(item, Mapping) and isinstance(item.get("name"), str) and set(item) <= {"name", "args"}
+              and isinstance(item.get("args", {}), Mapping)):
+            rules.append((item["name"], item.get("args")))
+        else:
+            raise InputError(f"safety.forbidden_tools: each entry is a tool name or {{name, args}}, got {item!r}")
+    return rules
 
 
 def path_violations(paths: Iterable[str], safety: Mapping | None) -> list[str]:

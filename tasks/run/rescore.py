@@ -28,6 +28,7 @@ from tasks.run.spec import RunSpec
 from tasks.run.steps import plan
 from tasks.run.stored import OutputReader, row_output
 from tasks.sandbox import run_sandbox_mode
+from tasks.trace import SampleTrace
 
 
 @dataclass(frozen=True)
@@ -129,7 +130,8 @@ def rescore_plan(run_id: str, planned: Sequence[PlannedSample], suite: EvalSuite
         if row["status"] == "agent_error":
             failed.append(row | {"run_id": run_id, "case_hash": p.case_hash, "cached": True})
             continue
-        stored = replace(p, output=row_output(row, reader), usage=row_usage(row))
+        stored = replace(p, output=row_output(row, reader), usage=row_usage(row),
+                         trace=SampleTrace.parse(row.get("trace")).agent_part())
         if row["output_key"] != p.output_key:
             stored = replace(stored, seed=row["seed"], output_key="", cache_key=sha256_hex(
                 canonical_json(["rescored", row["cache_key"], grading[p.case_id]])))

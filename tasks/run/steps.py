@@ -17,6 +17,7 @@ from tasks.run.sampling import PlannedSample, plan_samples
 from tasks.run.spec import RunSpec
 from tasks.run.stored import StoredOutput
 from tasks.run.usage import USAGE_SAMPLE_COLUMNS, priced
+from tasks.trace import SampleTrace
 
 
 def plan(suite: EvalSuite, spec: RunSpec) -> list[PlannedSample]:
@@ -89,13 +90,15 @@ NOT_REUSED_STATUSES = ("error",)
 
 
 def with_stored_outputs(missing: Sequence[PlannedSample], regrade: pa.Table,
-                        outputs: Mapping[str, str | StoredOutput], prices: PriceTable) -> list[PlannedSample]:
-    """The planned samples with the stored output (`outputs` by output key, read for
-    `regrade`'s rows) and what its call took (priced by `prices` where it was not) of each
-    one that has one, graded rather than drawn again, so the agent is not asked twice (nor
-    paid twice)."""
+                        outputs: Mapping[str, tuple[str | StoredOutput, SampleTrace]],
+                        prices: PriceTable) -> list[PlannedSample]:
+    """The planned samples with the stored output and what its agent recorded (`outputs` by
+    output key, read for `regrade`'s rows) and what its call took (priced by `prices` where
+    it was not) of each one that has one, graded rather than drawn again, so the agent is not
+    asked twice (nor paid twice), and its graders see the trajectory it was drawn with."""
     found = {row["output_key"]: row for row in regrade.to_pylist()}
-    return [replace(p, output=outputs[p.output_key], usage=priced(row_usage(row), prices))
+    return [replace(p, output=outputs[p.output_key][0], trace=outputs[p.output_key][1],
+                    usage=priced(row_usage(row), prices))
             if (row := found.get(p.output_key)) else p for p in missing]
 
 

@@ -162,8 +162,10 @@ def _build_case(raw: Any, defaults: dict[str, Any], where: str) -> EvalCase:
             # Worded as a misspelled grader parameter is: what is wrong and what would be right.
             raise SuiteError(f"{where}: {field}: not a case field (known: {', '.join(EvalCase.model_fields)})") from None
         msg = err["msg"].removeprefix("Value error, ")
-        # Grader parameter messages name their own field (grader.KEY).
-        raise SuiteError(f"{where}: {msg}" if msg.startswith(f"{field}.") else f"{where}: {field}: {msg}") from None
+        # Grader parameter messages name their own field (grader.KEY), as do the case's own
+        # checks across its fields (its tools: `inputs.world.NAME: ...`).
+        named = msg.startswith(f"{field}.") or (not err["loc"] and re.match(r"[\w.-]+: ", msg))
+        raise SuiteError(f"{where}: {msg}" if named else f"{where}: {field}: {msg}") from None
 
 
 def _with_defaults(grader: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,119 @@
+"""What answers a model's tool calls in the `openai:` agent's tool loop (docs/agents.md
+"Tools"): the case's scripted world, else a tool registered with `tasks.registry.tool`, run in
+the harness with its timeout.
+
+Total: a call to an undeclared tool, arguments that are not JSON or do not fit the tool's
+schema, a world with no rule for the arguments, a tool that raises or runs past its timeout:
+each is an error result the model sees, recorded as such, and the sample goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tasks.registry import tool_spec
+from tasks.tools import ToolDef, WorldRule, case_tools, case_world
+from tasks.trajectory import ToolCall, call_text, matches
+
+RESULT_CHARS = 64_000  # of one tool's result sent to the model and kept
+
+
+@dataclass(frozen=True)
+class Answer:
+    content: str  # what the model is sent
+    error: str | None
+    duration_s: float
+
+
+@dataclass(frozen=True)
+class Toolbox:
+    tools: dict[str, ToolDef]
+    world: dict[str, list[WorldRule]]
+
+    @classmethod
+    def of(cls, inputs: Mapping[str, Any]) -> Toolbox:
+        tools = case_tools(inputs)
+        return cls({t.name: t for t in tools}, case_world(inputs, tools))
+
+    def definitions(self) -> list[dict[str, Any]]:
+        return [t.as_openai() for t in self.tools.values()]
+
+    def answer(self, call: ToolCall) -> Answer:
+        started = time.perf_counter()
+        try:
+            content = self._run(call)
+            error = None
+        except ToolFailed as exc:
+            content, error = f"error: {exc}", str(exc)
+        if len(content) > RESULT_CHARS:
+            content = content[:RESULT_CHARS] + f"\n[evalpipe: tool result cut at {RESULT_CHARS} characters]"
+        return Answer(content, error, time.perf_counter() - started)
+
+    def _run(self, call: ToolCall) -> str:
+        tool = self.tools.get(call.name)
+        if tool is None:
+            raise ToolFailed(f"no tool named {call.name!r} (tools: {', '.join(self.tools) or 'none'})")
+        if call.arguments_error:
+            raise ToolFailed(f"{call.name}: arguments are not JSON ({call.arguments_error.partition(': ')[2]})")
+        _fits(tool, call.arguments)
+        if call.name in self.world:
+            return _scripted(call, self.world[call.name])
+        if tool.registered:
+            return _registered(call)
+        raise ToolFailed(f"no scripted result for {call_text(call.name, call.arguments)}")
+
+
+class ToolFailed(Exception):
+    """A tool call that yields an error result; the message is what the model is told."""
+
+
+def _fits(tool: ToolDef, arguments: Any) -> None:
+    from jsonschema import Draft202012Validator
+
+    error = next(iter(Draft202012Validator(tool.parameters).iter_errors(arguments)), None)
+    if error is not None:
+        at = "/".join(map(str, error.absolute_path))
+        raise ToolFailed(f"{tool.name}: arguments do not fit its schema: {error.message}" + (f" (at {at})" if at else ""))
+
+
+def _scripted(call: ToolCall, rules: list[WorldRule]) -> str:
+    for rule in rules:
+        if rule.when is None or matches(rule.when, call.arguments):
+            if rule.error is not None:
+                raise ToolFailed(rule.error)
+            return as_text(rule.result)
+    raise ToolFailed(f"no scripted result for {call_text(call.name, call.arguments)}")
+
+
+def _registered(call: ToolCall) -> str:
+    """The registered function's answer, on a thread of its own: one past its timeout is left
+    to end by itself (Python cannot stop a thread) and the model is told it timed out."""
+    spec = tool_spec(call.name)
+    assert spec is not None  # a registered ToolDef came from the registry
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            args = call.arguments
+            box["value"] = spec.fn(spec.model.model_validate(args)) if spec.model else spec.fn(**args)
+        except BaseException as exc:  # noqa: BLE001 - what a tool raises is the model's error result
+            box["error"] = f"{call.name} raised {type(exc).__name__}: {exc}"
+
+    worker = threading.Thread(target=run, name=f"tool-{call.name}", daemon=True)
+    worker.start()
+    worker.join(spec.timeout_s)
+    if worker.is_alive():
+        raise ToolFailed(f"{call.name} timed out after {spec.timeout_s:g} s")
+    if "error" in box:
+        raise ToolFailed(box["error"])
+    return as_text(box.get("value"))
+
+
+def as_text(value: Any) -> str:
+    """A result as the model is told it: text as it is, anything else as JSON."""
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)

@@ -1,0 +1,151 @@
+"""Graders of what an agent did (docs/graders.md "What the agent did"): its tool calls, their
+order, its steps and what its world received, read from the sample's trajectory
+(`tasks.trajectory`). Cheap and deterministic: graded inline, and graded again from a stored
+trajectory with no model call.
+
+A sample with no trajectory (an agent that records none) cannot be judged on its actions: its
+verdict is `error` saying so, never a silent pass or fail.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tasks.models import EvalCase, Status, Verdict
+from tasks.params import (
+    ExpectedCall,
+    FinalStateParams,
+    StepsParams,
+    ToolCalledParams,
+    ToolSequenceParams,
+)
+from tasks.registry import grader
+from tasks.trace import SampleTrace
+from tasks.trajectory import Action, Steps, call_text, matches
+
+
+def _steps(trace: SampleTrace) -> Steps | None:
+    return trace.trajectory.typed if trace.trajectory is not None else None
+
+
+NO_TRAJECTORY = "no trajectory recorded for this sample: the agent reported no model turns or tool calls"
+
+
+def _fits(expected: ExpectedCall, action: Action) -> bool:
+    return action.name == expected.name and (
+        expected.args is None or matches(expected.args, action.call.arguments, exact=expected.exact))
+
+
+def _named(expected: ExpectedCall) -> str:
+    return expected.name if expected.args is None else call_text(expected.name, expected.args)
+
+
+def _made(actions: Sequence[Action], limit: int = 8) -> str:
+    names = [call_text(a.name, a.call.arguments) for a in actions[:limit]]
+    more = f" and {len(actions) - limit} more" if len(actions) > limit else ""
+    return (", ".join(names) + more) if names else "no tool calls"
+
+
+@grader("tool_called", params=ToolCalledParams, trace=SampleTrace, inline=True)
+def tool_called(output: str, case: EvalCase, params: ToolCalledParams, *, trace: SampleTrace) -> Verdict:
+    steps = _steps(trace)
+    if steps is None:
+        return Verdict.fail(Status.error, NO_TRAJECTORY)
+    actions, want = steps.actions(), params.call
+    count = sum(_fits(want, a) for a in actions)
+    low = params.min if params.min is not None else (0 if params.max == 0 else 1)
+    if params.max == 0:
+        return (Verdict.ok(f"never called {_named(want)}") if count == 0
+                else Verdict.fail(detail=f"called {_named(want)} {count} time(s), which it must never do"))
+    if count < low:
+        return Verdict.fail(detail=f"called {_named(want)} {count} time(s), at least {low} expected;"
+                                   f" made: {_made(actions)}")
+    if params.max is not None and count > params.max:
+        return Verdict.fail(detail=f"called {_named(want)} {count} time(s), at most {params.max} allowed")
+    return Verdict.ok(f"called {_named(want)} {count} time(s)")
+
+
+@grader("tool_sequence", params=ToolSequenceParams, trace=SampleTrace, inline=True)
+def tool_sequence(output: str, case: EvalCase, params: ToolSequenceParams, *, trace: SampleTrace) -> Verdict:
+    steps = _steps(trace)
+    if steps is None:
+        return Verdict.fail(Status.error, NO_TRAJECTORY)
+    made, want = steps.actions(), params.calls
+    wanted = ", ".join(map(_named, want))
+    if params.mode == "strict":
+        ok = len(made) == len(want) and all(_fits(w, a) for w, a in zip(want, made, strict=True))
+        why = f"expected exactly, in order: {wanted}"
+    elif params.mode == "unordered":
+        ok = len(made) == len(want) and _pairs_all(want, made)
+        why = f"expected exactly these, in any order: {wanted}"
+    elif params.mode == "subset":
+        stray = [a for a in made if not any(_fits(w, a) for w in want)]
+        ok = not stray
+        why = f"called {_made(stray)}, which is not among {wanted}"
+    else:  # superset
+        missing = [w for w in want if not any(_fits(w, a) for a in made)]
+        ok = not missing
+        why = f"never called {', '.join(map(_named, missing))}"
+    if ok:
+        return Verdict.ok(f"{params.mode}: {_made(made)}")
+    return Verdict.fail(detail=f"{params.mode}: {why}; made: {_made(made)}")
+
+
+def _pairs_all(want: Sequence[ExpectedCall], made: Sequence[Action]) -> bool:
+    """Whether each expected call can be paired with its own made call (a matching in the
+    bipartite graph of fits; Kuhn's augmenting paths: a greedy pairing can miss one)."""
+    owner: dict[int, int] = {}
+
+    def place(w: int, seen: set[int]) -> bool:
+        for m, action in enumerate(made):
+            if m not in seen and _fits(want[w], action):
+                seen.add(m)
+                if m not in owner or place(owner[m], seen):
+                    owner[m] = w
+                    return True
+        return False
+
+    return all(place(w, set()) for w in range(len(want)))
+
+
+@grader("steps", params=StepsParams, trace=SampleTrace, inline=True)
+def steps_grader(output: str, case: EvalCase, params: StepsParams, *, trace: SampleTrace) -> Verdict:
+    steps = _steps(trace)
+    if steps is None:
+        return Verdict.fail(Status.error, NO_TRAJECTORY)
+    figures = {"turns": len(steps.turns), "tool_calls": steps.tool_calls, "tokens": steps.tokens}
+    broken = []
+    for what, value in figures.items():
+        low, high = getattr(params, f"min_{what}"), getattr(params, f"max_{what}")
+        if low is None and high is None:
+            continue
+        if value is None:
+            return Verdict.fail(Status.error, f"the trajectory does not say its {what.replace('_', ' ')}")
+        if high is not None and value > high:
+            broken.append(f"{value} {what.replace('_', ' ')}, at most {high} allowed")
+        if low is not None and value < low:
+            broken.append(f"{value} {what.replace('_', ' ')}, at least {low} expected")
+    said = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in figures.items() if v is not None)
+    if trace.trajectory is not None and trace.trajectory.stop:
+        said += f" (stopped: {trace.trajectory.stop})"
+    return Verdict.fail(detail="; ".join(broken) + f" ({said})") if broken else Verdict.ok(said)
+
+
+@grader("final_state", params=FinalStateParams, trace=SampleTrace, inline=True)
+def final_state(output: str, case: EvalCase, params: FinalStateParams, *, trace: SampleTrace) -> Verdict:
+    steps = _steps(trace)
+    if steps is None:
+        return Verdict.fail(Status.error, NO_TRAJECTORY)
+    # What the world received: the calls it answered without an error.
+    received = [a for a in steps.actions() if a.result is not None and a.result.error is None]
+    broken = []
+    for want in params.world:
+        count = sum(_fits(want, a) for a in received)
+        if want.count == 0 and count:
+            broken.append(f"the world received {_named(want)} {count} time(s), which it must not")
+        elif count < want.count:
+            broken.append(f"the world never received {_named(want)}" if not count else
+                          f"the world received {_named(want)} {count} time(s), {want.count} expected")
+    if broken:
+        return Verdict.fail(detail="; ".join(broken) + f"; it received: {_made(received)}")
+    return Verdict.ok(f"the world received {_made(received)}")

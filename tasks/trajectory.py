@@ -1,0 +1,206 @@
+"""A sample's trajectory as typed steps: what its agent did, read from the entries stored in
+`SampleTrace.trajectory` (docs/contract.md §1.2, docs/agents.md "Tools").
+
+The interchange shape is OpenAI's chat messages: an assistant message is a model turn (its
+content and `tool_calls`, each with an id, a function name and JSON arguments), a `tool`
+message is a tool result (its `tool_call_id`, content, and evalpipe's `error` when the call
+failed). evalpipe adds its own keys beside them where it knows them: `usage`
+(`input_tokens`, `output_tokens`), `latency_s`, `cost_usd` and `model` on a turn,
+`duration_s` and `name` on a result. Anything else an agent wrote (a user message, a line
+of free text, another shape) is a `Note`, kept as it came: so anything that can print its
+messages fits, and nothing an agent wrote is lost.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+# What a tool call's arguments are when its JSON does not parse: kept as text, flagged.
+UNPARSED = "unparsed"
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: Any  # the parsed JSON (a mapping, as a rule), or the raw text when it is not JSON
+    arguments_error: str | None = None  # why `arguments` is raw text
+
+    def as_message(self) -> dict[str, Any]:
+        """The call as OpenAI's `tool_calls` item."""
+        raw = self.arguments if self.arguments_error else json.dumps(self.arguments, ensure_ascii=False)
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": raw}}
+
+
+@dataclass(frozen=True)
+class ModelTurn:
+    index: int  # the entry's position in the trajectory
+    content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    latency_s: float | None = None
+    cost_usd: float | None = None
+    model: str | None = None
+
+    @property
+    def tokens(self) -> int | None:
+        if self.input_tokens is None and self.output_tokens is None:
+            return None
+        return (self.input_tokens or 0) + (self.output_tokens or 0)
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    index: int
+    call_id: str
+    content: str
+    name: str | None = None
+    error: str | None = None
+    duration_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Note:
+    index: int
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+
+Step = ModelTurn | ToolResult | Note
+
+
+@dataclass(frozen=True)
+class Action:
+    """One tool call with what answered it (None: nothing did, e.g. the loop stopped)."""
+
+    turn: int  # the 1-based model turn that made it
+    call: ToolCall
+    result: ToolResult | None
+
+    @property
+    def name(self) -> str:
+        return self.call.name
+
+
+@dataclass(frozen=True)
+class Steps:
+    """A trajectory's typed steps, and what graders and metrics ask of them."""
+
+    steps: tuple[Step, ...] = ()
+
+    @classmethod
+    def of(cls, entries: Iterable[Mapping[str, Any]] | None) -> Steps:
+        return cls(tuple(parse_step(i, e) for i, e in enumerate(entries or ())))
+
+    @property
+    def turns(self) -> list[ModelTurn]:
+        return [s for s in self.steps if isinstance(s, ModelTurn)]
+
+    def actions(self) -> list[Action]:
+        """Every tool call in order, each with the result that answered its id."""
+        results = {s.call_id: s for s in self.steps if isinstance(s, ToolResult)}
+        return [Action(n, call, results.get(call.id))
+                for n, turn in enumerate(self.turns, 1) for call in turn.tool_calls]
+
+    @property
+    def tool_calls(self) -> int:
+        return sum(len(t.tool_calls) for t in self.turns)
+
+    @property
+    def tokens(self) -> int | None:
+        counted = [t.tokens for t in self.turns if t.tokens is not None]
+        return sum(counted) if counted else None
+
+    @property
+    def cost_usd(self) -> float | None:
+        priced = [t.cost_usd for t in self.turns if t.cost_usd is not None]
+        return sum(priced) if priced else None
+
+
+def parse_step(index: int, entry: Mapping[str, Any]) -> Step:
+    """One stored entry as its step; anything not a model turn or a tool result is a `Note`."""
+    if not isinstance(entry, Mapping):
+        return Note(index, {"text": str(entry)})
+    role = entry.get("role")
+    if role == "assistant":
+        usage = entry.get("usage") if isinstance(entry.get("usage"), Mapping) else {}
+        return ModelTurn(
+            index, _text(entry.get("content")),
+            tuple(parse_call(c) for c in entry.get("tool_calls") or () if isinstance(c, Mapping)),
+            _count(usage.get("input_tokens", usage.get("prompt_tokens"))),
+            _count(usage.get("output_tokens", usage.get("completion_tokens"))),
+            _number(entry.get("latency_s")), _number(entry.get("cost_usd")),
+            entry.get("model") if isinstance(entry.get("model"), str) else None)
+    if role == "tool":
+        error = entry.get("error")
+        return ToolResult(index, str(entry.get("tool_call_id") or ""), _text(entry.get("content")),
+                          entry.get("name") if isinstance(entry.get("name"), str) else None,
+                          None if error is None else str(error), _number(entry.get("duration_s")))
+    return Note(index, dict(entry))
+
+
+def parse_call(item: Mapping[str, Any]) -> ToolCall:
+    """An OpenAI `tool_calls` item (`{id, function: {name, arguments}}`), its arguments parsed."""
+    function = item.get("function") if isinstance(item.get("function"), Mapping) else item
+    raw = function.get("arguments")
+    name = str(function.get("name") or "")
+    if raw is None or isinstance(raw, Mapping):
+        return ToolCall(str(item.get("id") or ""), name, dict(raw or {}))
+    try:
+        return ToolCall(str(item.get("id") or ""), name, json.loads(raw))
+    except (TypeError, ValueError) as exc:
+        return ToolCall(str(item.get("id") or ""), name, str(raw), f"{UNPARSED}: {exc}")
+
+
+def call_text(name: str, arguments: Any) -> str:
+    """`get_weather({"city": "Paris"})`: a call as messages and details name it."""
+    args = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False, sort_keys=True)
+    return f"{name}({args})"
+
+
+def matches(expected: Mapping[str, Any], given: Any, *, exact: bool = False) -> bool:
+    """Whether a call's arguments `given` fit `expected`: every expected key present with an
+    equal value (a subset; nested mappings alike), or with `exact` the whole object equal. A
+    value `{"regex": P}` matches a string that P searches; `{"any": true}` any value present."""
+    if not isinstance(given, Mapping):
+        return not expected and not exact
+    if exact and set(expected) != set(given):
+        return False
+    return all(key in given and _value_matches(want, given[key], exact) for key, want in expected.items())
+
+
+def _value_matches(want: Any, got: Any, exact: bool) -> bool:
+    if isinstance(want, Mapping):
+        if set(want) == {"any"} and want["any"] is True:
+            return True
+        if set(want) == {"regex"} and isinstance(want["regex"], str):
+            return isinstance(got, str) and re.search(want["regex"], got) is not None
+        return matches(want, got, exact=exact)
+    if isinstance(want, Sequence) and not isinstance(want, str):
+        return (isinstance(got, Sequence) and not isinstance(got, str) and len(want) == len(got)
+                and all(_value_matches(w, g, exact) for w, g in zip(want, got, strict=True)))
+    if isinstance(want, bool) or isinstance(got, bool):
+        return want is got
+    return want == got
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):  # content parts: the text ones, joined
+        return "".join(p.get("text", "") for p in value if isinstance(p, Mapping) and isinstance(p.get("text"), str))
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0 else None

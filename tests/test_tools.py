@@ -1,0 +1,256 @@
+"""Agents that act (issue #43): the `openai:` agent's tool loop against a scripted
+OpenAI-compatible endpoint on loopback (examples/tools/scripted_model.py), the trajectory it
+records as typed steps, and the graders of what it did, on the example suite."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+import evalpipe
+from storage.store import Store
+from tasks.agents import load_agent
+from tasks.agents.base import AgentContext
+from tasks.agents.toolbox import Toolbox
+from tasks.models import EvalCase
+from tasks.registry import tool
+from tasks.suites.dataset import SuiteError, load_suite
+from tasks.trace import SampleTrace
+from tasks.trajectory import ModelTurn, Note, Steps, ToolResult, parse_call
+
+ROOT = Path(__file__).resolve().parents[1]
+SUITE = ROOT / "examples" / "tools" / "support.yaml"
+
+
+def _scripted_model_module():
+    spec = importlib.util.spec_from_file_location("scripted_model", ROOT / "examples/tools/scripted_model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+ScriptedModel = _scripted_model_module().ScriptedModel
+
+
+@pytest.fixture
+def model(monkeypatch):
+    with ScriptedModel() as served:
+        monkeypatch.setenv("OPENAI_BASE_URL", served.url)
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-test-tools")
+        yield served
+
+
+def _samples(home: Path, run_id: str) -> list[dict]:
+    rows = Store(home).run_samples(run_id)
+    return [dict(r, trace=SampleTrace.parse(r["trace"])) for r in rows.to_pylist()]
+
+
+def _verdicts(sample: dict) -> dict[str, str]:
+    """Each grader's status on a sample, by name: the deciding one's as 'grader'."""
+    trace = sample["trace"]
+    return {"grader": sample["status"], **{g.label: g.verdict.status.value for g in trace.extra_graders or ()}}
+
+
+# --- the trajectory as typed data -------------------------------------------------------------
+
+
+def test_openai_chat_messages_read_as_typed_steps():
+    steps = Steps.of([
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": None, "usage": {"prompt_tokens": 10, "completion_tokens": 3},
+         "tool_calls": [{"id": "a", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
+                        {"id": "b", "type": "function", "function": {"name": "get_weather", "arguments": "{city"}}]},
+        {"role": "tool", "tool_call_id": "a", "content": "sunny"},
+        {"role": "tool", "tool_call_id": "b", "content": "error: bad", "error": "bad"},
+        {"role": "assistant", "content": "sunny", "usage": {"input_tokens": 20, "output_tokens": 2}},
+        {"text": "a line the agent printed"},
+    ])
+    assert [type(s) for s in steps.steps] == [Note, ModelTurn, ToolResult, ToolResult, ModelTurn, Note]
+    assert len(steps.turns) == 2 and steps.tool_calls == 2 and steps.tokens == 35
+    first, second = steps.actions()
+    assert (first.name, first.call.arguments, first.result.content) == ("get_weather", {"city": "Paris"}, "sunny")
+    assert second.call.arguments_error and second.result.error == "bad"
+
+
+# --- the tool loop ------------------------------------------------------------------------------
+
+
+def _case(suite, case_id: str) -> EvalCase:
+    return suite.case(case_id)
+
+
+def test_the_loop_sends_the_tools_runs_the_calls_and_records_each_turn(model):
+    suite = load_suite(SUITE)
+    agent = load_agent("openai:support-good")
+    ctx = AgentContext(case_id="weather-two-cities", index=0, seed=7, n=1)
+    out = agent.generate(_case(suite, "weather-two-cities"), ctx)
+    assert out == "Paris is sunny and Rome is cloudy."
+    first, second = model.requests
+    assert [t["function"]["name"] for t in first["tools"]][:2] == ["get_weather", "get_order"]
+    assert "world" not in json.dumps(first["messages"])  # the world is never shown to the model
+    # Both parallel calls answered, in order, before the second turn.
+    assert [m["role"] for m in second["messages"]] == ["user", "assistant", "tool", "tool"]
+    assert [m["tool_call_id"] for m in second["messages"][2:]] == ["call_0_0", "call_0_1"]
+    steps = ctx.trace.trajectory.typed
+    assert len(steps.turns) == 2 and steps.tool_calls == 2 and ctx.trace.trajectory.stop is None
+    assert [a.result.content for a in steps.actions()] == [
+        '{"city": "Paris", "sky": "sunny", "celsius": 21}', '{"city": "Rome", "sky": "cloudy", "celsius": 18}']
+    # Tokens are the sum of the turns', as the endpoint reported them, to the token.
+    reported = [t.input_tokens for t in steps.turns]
+    assert ctx.reported["input_tokens"] == sum(reported) and ctx.reported["output_tokens"] == 24
+
+
+def test_a_call_the_world_has_no_rule_for_is_an_error_the_model_sees(model):
+    suite = load_suite(SUITE)
+    ctx = AgentContext(case_id="weather-unknown-city", index=0, seed=1, n=1)
+    out = load_agent("openai:support-good").generate(_case(suite, "weather-unknown-city"), ctx)
+    assert out == "Sorry, I couldn't get the weather for Atlantis."
+    told = model.requests[1]["messages"][-1]
+    assert told["role"] == "tool" and told["content"] == 'error: no scripted result for get_weather({"city": "Atlantis"})'
+    (action,) = ctx.trace.trajectory.typed.actions()
+    assert action.result.error.startswith("no scripted result")
+
+
+def test_a_looping_model_stops_at_max_steps_and_the_trace_says_so(model):
+    suite = load_suite(SUITE)
+    ctx = AgentContext(case_id="weather-paris", index=0, seed=1, n=1)
+    load_agent("openai:support-loop?max_steps=4").generate(_case(suite, "weather-paris"), ctx)
+    assert len(model.requests) == 4
+    assert ctx.trace.trajectory.stop == "max_steps" and len(ctx.trace.trajectory.typed.turns) == 4
+
+
+def test_max_steps_is_checked_when_the_agent_loads():
+    from tasks.models import InputError
+
+    with pytest.raises(InputError, match="max_steps must be a whole number"):
+        load_agent("openai:m?max_steps=0")
+
+
+def _call(name: str, arguments: str) -> object:
+    return parse_call({"id": "c", "function": {"name": name, "arguments": arguments}})
+
+
+def test_every_bad_call_is_an_error_result_never_an_exception():
+    box = Toolbox.of({"tools": [{"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}],
+        "world": {"get_weather": [{"when": {"city": "Paris"}, "result": "sunny"}]}})
+    assert box.answer(_call("get_weather", '{"city": "Paris"}')).content == "sunny"
+    errors = {
+        "undeclared": box.answer(_call("delete_all", "{}")).error,
+        "not json": box.answer(_call("get_weather", "{city: Paris")).error,
+        "schema": box.answer(_call("get_weather", '{"city": 3}')).error,
+        "missing": box.answer(_call("get_weather", "{}")).error,
+    }
+    assert errors["undeclared"].startswith("no tool named 'delete_all'")
+    assert errors["not json"].startswith("get_weather: arguments are not JSON")
+    assert "3 is not of type 'string'" in errors["schema"] and "(at city)" in errors["schema"]
+    assert "'city' is a required property" in errors["missing"]
+
+
+@tool("test_tools_divide", timeout_s=0.3)
+def _divide(a: int, b: int) -> float:
+    """Divide a by b."""
+    if b == -1:
+        import time
+
+        time.sleep(2)
+    return a / b
+
+
+def test_a_registered_python_tool_gets_its_schema_from_its_signature_and_is_total():
+    box = Toolbox.of({"tools": ["test_tools_divide"]})
+    (definition,) = box.definitions()
+    assert definition["function"] == {"name": "test_tools_divide", "description": "Divide a by b.", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}
+    assert box.answer(_call("test_tools_divide", '{"a": 6, "b": 3}')).content == "2.0"
+    assert box.answer(_call("test_tools_divide", '{"a": 1, "b": 0}')).error == (
+        "test_tools_divide raised ZeroDivisionError: division by zero")
+    slow = box.answer(_call("test_tools_divide", '{"a": 1, "b": -1}'))
+    assert slow.error == "test_tools_divide timed out after 0.3 s" and slow.duration_s < 1.5
+
+
+# --- bad input at load --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda c: c["inputs"].update(tools=[{"name": "x y"}]), "inputs.tools.0.name: a tool's name is"),
+    (lambda c: c["inputs"].update(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]),
+     "inputs.tools.0.function.parameters: a tool's parameters are a JSON schema of type object"),
+    (lambda c: c["inputs"]["world"].update(launch_rocket=[{"result": 1}]),
+     "inputs.world.launch_rocket: the case declares no tool 'launch_rocket'"),
+    (lambda c: c.update(grader={"kind": "tool_called", "tool": "get_wether"}),
+     "grader.tool: the case declares no tool 'get_wether'"),
+    (lambda c: c.update(extra_graders=[{"kind": "tool_sequence", "calls": []}]), "extra_graders.0.calls: List should have at least 1"),
+    (lambda c: c.update(extra_graders=[{"kind": "steps"}]), "extra_graders.0: give at least one of max_turns"),
+    (lambda c: c.update(extra_graders=[{"kind": "contains", "name": "x"}, {"kind": "exact", "name": "x"}]),
+     "extra_graders.0.name: another grader of the case is named 'x'"),
+])
+def test_bad_tools_and_trajectory_graders_are_bad_input_naming_the_case_and_field(tmp_path, edit, message):
+    data = yaml.safe_load(SUITE.read_text())
+    first = data["cases"][0]
+    first["extra_graders"] = []
+    edit(first)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(SuiteError) as raised:
+        load_suite(path)
+    assert "case #1 (id 'weather-paris')" in str(raised.value) and message in str(raised.value)
+    assert "\n" not in str(raised.value)
+
+
+# --- whole runs -----------------------------------------------------------------------------
+
+
+def test_the_example_suite_passes_every_grader_with_a_model_that_acts_right(model, tmp_path):
+    summary = evalpipe.evaluate(str(SUITE), "openai:support-good?max_steps=6", n=2, home=tmp_path)
+    assert summary.pass_at_k["1"] == 1.0
+    samples = _samples(tmp_path, summary.run_id)
+    assert len(samples) == 24
+    for sample in samples:
+        assert set(_verdicts(sample).values()) == {"passed"}, (sample["case_id"], _verdicts(sample))
+        assert sample["trace"].trajectory.typed.turns and not sample["safety"]
+
+
+def test_each_grader_kind_fails_a_model_that_acts_wrong_and_the_forbidden_call_vetoes(model, tmp_path):
+    good = evalpipe.evaluate(str(SUITE), "openai:support-good?max_steps=6", n=2, home=tmp_path)
+    bad = evalpipe.evaluate(str(SUITE), "openai:support-bad?max_steps=6", n=2, home=tmp_path, baseline=good.run_id)
+    by_case = {}
+    for sample in _samples(tmp_path, bad.run_id):
+        by_case.setdefault(sample["case_id"], []).append(sample)
+    failing = {case: {name for s in samples for name, status in _verdicts(s).items() if status != "passed"}
+               for case, samples in by_case.items()}
+    assert failing["password-help"] == {"searched-kb"}  # tool_called: answered from memory
+    assert failing["refund-after-lookup"] == {"lookup-then-refund"}  # tool_sequence: no lookup first
+    assert failing["no-tool-needed"] == {"no-tools"}  # steps: a needless call
+    assert failing["outage-ticket"] == {"grader"}  # final_state: the ticket's priority
+    assert failing["close-account"] == {"grader", "never-deletes"}
+    detail = {g.label: g.verdict.detail for g in by_case["no-tool-needed"][0]["trace"].extra_graders}
+    assert detail["no-tools"].startswith("1 tool calls, at most 0 allowed")
+    # The forbidden call is a safety violation of that case, and the gate's veto.
+    violations = {v for s in by_case["close-account"] for v in s["safety"]}
+    assert violations == {'called forbidden tool delete_account({"user_id": "77"})'}
+    assert not any(s["safety"] for case, ss in by_case.items() if case != "close-account" for s in ss)
+    assert bad.safety_failed and {v.case_id for v in bad.safety_violations} == {"close-account"}
+    assert bad.gate.decision == "block" and any(r.startswith("safety") for r in bad.gate.reasons)
+
+
+def test_editing_a_trajectory_grader_grades_the_stored_trajectories_again_with_no_model_call(model, tmp_path):
+    suite_dir = tmp_path / "suite"
+    shutil.copytree(SUITE.parent, suite_dir)
+    path = suite_dir / "support.yaml"
+    first = evalpipe.evaluate(str(path), "openai:support-good?max_steps=6", n=1, home=tmp_path / "home")
+    calls = len(model.requests)
+    assert first.pass_at_k["1"] == 1.0 and calls > 12
+    # Now the weather case may take one turn only: its stored two-turn trajectories fail it.
+    path.write_text(path.read_text().replace("- {kind: steps, max_turns: 3}", "- {kind: steps, max_turns: 1}", 1))
+    again = evalpipe.evaluate(str(path), "openai:support-good?max_steps=6", n=1, home=tmp_path / "home")
+    assert len(model.requests) == calls  # not one model call
+    (sample,) = [s for s in _samples(tmp_path / "home", again.run_id) if s["case_id"] == "weather-paris"]
+    assert _verdicts(sample)["steps"] == "failed"
+    detail = next(g.verdict.detail for g in sample["trace"].extra_graders if g.label == "steps")
+    assert detail.startswith("2 turns, at most 1 allowed")
