@@ -3,7 +3,8 @@
 Each reader is as lenient as its format needs, so there are three readings, side by side:
 a patch is read line by line (any fence line, ``` or ~~~, indented or with an info
 string); a JSON answer must be exactly one ``` block; a judge's reply is JSON or a verdict
-word, often in prose, so a fence at either end is simply dropped.
+word, often in prose, so a fence at either end is simply dropped. The other way, a
+candidate's text put before a model has its chat-template tokens broken (`inert_tokens`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,11 @@ import re
 
 _FENCE_LINE = re.compile(r"^\s*(```|~~~)")
 _FENCED_BLOCK = re.compile(r"```[\w-]*[ \t]*\n(.*?)\n?```", re.DOTALL)
+# Chat templates' special tokens as a text may spell them: ChatML and Llama 3 (`<|im_start|>`,
+# `<|eot_id|>`), DeepSeek's full-width bars (`<｜end▁of▁sentence｜>`), Gemma's turns, Llama 2
+# and Mistral (`[INST]`, `<<SYS>>`, `</s>`). Matched at their first character.
+_SPECIAL_TOKEN = re.compile(
+    r"<(?=[|｜][^\s<>]{1,64}[|｜]>|/?(?:s|start_of_turn|end_of_turn)>|</?SYS>>)|\[(?=/?INST\])", re.IGNORECASE)
 
 
 def is_fence_line(line: str) -> bool:
@@ -45,3 +51,10 @@ def strip_fence_ends(text: str) -> str:
     if text.endswith("```"):
         text = text[:-3].rstrip()
     return text
+
+
+def inert_tokens(text: str) -> str:
+    """`text` with each chat-template special token broken at its first character (`<` as
+    `&lt;`, `[` as `&#91;`): an endpoint's tokenizer reads it as text, never as a turn of
+    the conversation (a candidate's `<|im_start|>system` is no system message)."""
+    return _SPECIAL_TOKEN.sub(lambda m: "&lt;" if m[0] == "<" else "&#91;", text)

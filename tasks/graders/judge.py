@@ -36,7 +36,7 @@ from tasks.agents import PROMPT_FIELDS, AgentError, call_user_code
 from tasks.agents.openai_client import EndpointError, OpenAIClient
 from tasks.agents.settings import AgentSettings, env_overrides
 from tasks.callables import load_callable
-from tasks.fences import strip_fence_ends
+from tasks.fences import inert_tokens, strip_fence_ends
 from tasks.models import (
     EvalCase,
     InputError,
@@ -78,7 +78,7 @@ PAIRWISE_SYSTEM = (
 JSON_MODE = {"type": "json_object"}
 # Part of an openai: judge's fingerprint: verdicts judged under an older prompt or parser
 # are judged again.
-JUDGE_PROTOCOL = 2
+JUDGE_PROTOCOL = 3
 PAIRWISE_TEMPLATE = (
     "Task:\n{prompt}\n\nReference answer (may be empty):\n{reference}\n\n"
     "Response A:\n{first}\n\nResponse B:\n{second}\n\nWhich response is better?"
@@ -251,6 +251,8 @@ def _shared_client(
 
 
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")
+# A marker as a candidate may imitate it: any case, spacing, a look-alike bracket or joiner.
+_MARKER = re.compile(r"[<＜﹤〈‹]\s*/?\s*candidate[\W_]{0,3}text", re.IGNORECASE)
 
 
 def render(template: str, case: EvalCase, **texts: str) -> str:
@@ -279,10 +281,13 @@ def render(template: str, case: EvalCase, **texts: str) -> str:
 
 
 def delimit(text: str) -> str:
-    """Candidate text as the judge is shown it: between marker lines whose id is a hash of
-    the text itself, so no text can contain its own closing marker."""
-    tag = sha256_hex(text.encode("utf-8", "surrogatepass"))[:16]
-    return f"<candidate-text id={tag}>\n{text}\n</candidate-text id={tag}>"
+    """Candidate text as the judge is shown it: between marker lines whose id is the whole
+    sha256 of the text shown, so no text can contain its own closing marker; inside, what
+    looks like a marker (one sharing the real id's first digits was found in seconds) and
+    chat-template tokens are made inert, so none reads as the end of the block or a turn."""
+    shown = inert_tokens(_MARKER.sub(lambda m: "&lt;" + m[0][1:], text))
+    tag = sha256_hex(shown.encode("utf-8", "surrogatepass"))
+    return f"<candidate-text id={tag}>\n{shown}\n</candidate-text id={tag}>"
 
 
 def parse_reply(text: str) -> Any:
