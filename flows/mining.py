@@ -94,6 +94,8 @@ def mine_suite(
     github_api: Annotated[str, Field(description="The GitHub REST API's base URL.")] = DEFAULT_API,
     github_repo: Annotated[str | None, Field(
         description="OWNER/NAME on GitHub (default: from the repository's remote URL).")] = None,
+    issues_from_other_repos: Annotated[bool, Field(
+        description="Also fetch other repositories' issues a message names (org/repo#N).")] = False,
 ) -> dict[str, Any]:
     start = time.monotonic()
     store = Store.default()
@@ -101,7 +103,8 @@ def mine_suite(
     rules = load_environment_rules(Path(environment)) if environment else None
     # The token is read here, never a parameter: Prefect records a flow run's parameters.
     linked = issue_source(issues, source, api=github_api, github_repo=github_repo,
-                          cache_dir=store.home / "mining" / "issues", token=os.environ.get("GITHUB_TOKEN") or None)
+                          cache_dir=store.home / "mining" / "issues", token=os.environ.get("GITHUB_TOKEN") or None,
+                          other_repos=issues_from_other_repos)
     mirror_path = mirror(source, store.home)
     fetch(mirror_path, source)  # the source may have moved on since the mirror was made
     candidates, skipped = walk(mirror_path, since, until, max_commits, paths or list(DEFAULT_CODE_PATHS))

@@ -45,6 +45,10 @@ def mine(
     github_repo: Annotated[str | None, typer.Option(
         "--github-repo", metavar="OWNER/NAME",
         help="The repository on GitHub whose issues #N are (default: from REPO's remote URL).")] = None,
+    issues_from_other_repos: Annotated[bool, typer.Option(
+        "--issues-from-other-repos",
+        help="Also fetch the issues of other repositories a message names (org/repo#N): a token may see"
+             " private ones, copied into a suite that may be shared. Default: the mined repository's only.")] = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Mine REPO's first-parent history into a suite of SWE-style repo_tests cases: commits that
@@ -72,7 +76,8 @@ def mine(
         report = watch(mine_suite)(
             repo=repo, out=str(out), since=since, until=until, max_commits=max_commits, paths=paths,
             environment=str(environment) if environment else None, reps=reps, workers=workers,
-            unsafe_no_sandbox=unsafe_no_sandbox, issues=issues, github_api=github_api, github_repo=github_repo)
+            unsafe_no_sandbox=unsafe_no_sandbox, issues=issues, github_api=github_api, github_repo=github_repo,
+            issues_from_other_repos=issues_from_other_repos)
     from tasks.report.mining_text import mining_text
 
     typer.echo(json_doc(report) if as_json else mining_text(report))

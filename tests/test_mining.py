@@ -334,11 +334,13 @@ def test_an_environment_that_does_not_build_drops_its_candidates_with_the_reason
 
 class _FakeGitHub(ThreadingHTTPServer):
     """A local stdlib HTTP server standing in for api.github.com: `issues` by path
-    (/repos/OWNER/NAME/issues/N -> {title, body}), 404 for the rest, 500 for `failing` paths;
-    every request's path and Authorization header is kept."""
+    (/repos/OWNER/NAME/issues/N -> {title, body}, or bytes sent as they are), 404 for the
+    rest, 500 for `failing` paths, a 302 to the URL `redirects` gives; every request's path
+    and Authorization header is kept."""
 
-    def __init__(self, issues: dict[str, dict], failing: tuple[str, ...] = (), delay_s: float = 0.0) -> None:
-        self.issues, self.failing, self.delay_s = issues, failing, delay_s
+    def __init__(self, issues: dict[str, dict | bytes], failing: tuple[str, ...] = (), delay_s: float = 0.0,
+                 redirects: dict[str, str] | None = None) -> None:
+        self.issues, self.failing, self.delay_s, self.redirects = issues, failing, delay_s, redirects or {}
         self.seen: list[tuple[str, str | None]] = []
         server = self
 
@@ -347,11 +349,14 @@ class _FakeGitHub(ThreadingHTTPServer):
                 server.seen.append((self.path, self.headers.get("Authorization")))
                 time.sleep(server.delay_s)
                 code, doc = ((500, {"message": "boom"}) if self.path in server.failing else
+                             (302, {}) if self.path in server.redirects else
                              (200, server.issues[self.path]) if self.path in server.issues else
                              (404, {"message": "Not Found"}))
-                body = json.dumps(doc).encode()
+                body = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
                 try:
                     self.send_response(code)
+                    if code == 302:
+                        self.send_header("Location", server.redirects[self.path])
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Content-Length", str(len(body)))
                     self.end_headers()
@@ -408,7 +413,7 @@ def test_a_message_s_issue_references_and_a_remote_s_repository(tmp_path: Path) 
 def test_the_api_s_answers_are_cached_and_its_failures_named_not_raised(tmp_path: Path) -> None:
     issues = {**SUB_ISSUE, "/repos/pallets/click/issues/3": {"title": "other repo", "body": None}}
     with _FakeGitHub(issues, failing=("/repos/acme/calc/issues/9",)) as api:
-        source = GitHubIssues(api.url, "acme/calc", tmp_path / "cache", token="t0ken")
+        source = GitHubIssues(api.url, "acme/calc", tmp_path / "cache", token="t0ken", other_repos=True)
         statement, record = linked_text("Fix sub (fixes #7, see #8, #9 and pallets/click#3)", source)
         assert statement == ("Fix sub (fixes #7, see #8, #9 and pallets/click#3)\n\n"
                              "Issue #7: sub(5, 3) returns 8\n\nExpected 2.\n\n```\n>>> sub(5, 3)\n8\n```\n\n"
@@ -418,7 +423,7 @@ def test_the_api_s_answers_are_cached_and_its_failures_named_not_raised(tmp_path
         assert "HTTP 404" in record[1]["not_fetched"] and "HTTP 500" in record[2]["not_fetched"]
         assert {auth for _, auth in api.seen} == {"Bearer t0ken"} and len(api.seen) == 4
         # Again, from a fresh source: answers (the issue, the 404) are not asked twice; the 500 is.
-        again = GitHubIssues(api.url, "acme/calc", tmp_path / "cache")
+        again = GitHubIssues(api.url, "acme/calc", tmp_path / "cache", other_repos=True)
         assert linked_text("Fix sub (fixes #7, see #8, #9 and pallets/click#3)", again) == (statement, record)
         assert [path for path, _ in api.seen[4:]] == ["/repos/acme/calc/issues/9"]
     # An API that does not answer in time, or not at all: named, and not waited on twice.
@@ -429,6 +434,79 @@ def test_the_api_s_answers_are_cached_and_its_failures_named_not_raised(tmp_path
         assert record[1]["not_fetched"] == record[0]["not_fetched"] and len(slow.seen) == 1
     refused = GitHubIssues(f"http://127.0.0.1:{_closed_port()}", "acme/calc", tmp_path / "cache")
     assert "refused" in linked_text("fixes #8", refused)[1][0]["not_fetched"]
+
+
+def test_a_hostile_history_or_issue_server_never_fails_a_lookup_nor_poisons_the_cache(tmp_path: Path) -> None:
+    """(#45 items 3 and 4) A 300-character reference crashed every mine (a cache file name too
+    long); a body that is not text was cached, then crashed building the statement; 100,000
+    nested brackets raised RecursionError. Each is now a lookup not fetched, with the reason."""
+    long_ref = f"{'a' * 300}/b#4"
+    hostile = {"/repos/acme/calc/issues/5": {"title": "t", "body": 5},
+               "/repos/acme/calc/issues/6": b"[" * 100_000 + b"]" * 100_000}
+    with _FakeGitHub(hostile) as api:
+        source = GitHubIssues(api.url, "acme/calc", tmp_path / "cache", other_repos=True)
+        _, record = linked_text(f"fix (see {long_ref}, #5 and #6)", source)
+        assert [r["issue"] for r in record] == [long_ref, "#5", "#6"]
+        assert "HTTP 404" in record[0]["not_fetched"]
+        assert "body is a int, not text" in record[1]["not_fetched"]
+        assert "nested too deeply" in record[2]["not_fetched"]
+        assert all(len(p.name) < 100 for p in (tmp_path / "cache").iterdir())
+        # The server fixed: #5 is asked again (nothing was cached), and read.
+        api.issues["/repos/acme/calc/issues/5"] = {"title": "t", "body": "text"}
+        statement, record = linked_text("fix #5", GitHubIssues(api.url, "acme/calc", tmp_path / "cache"))
+        assert statement == "fix #5\n\nIssue #5: t\n\ntext" and "source" in record[0]
+        # A cache file of another shape (an older evalpipe cached such a body) is asked again.
+        for cached in (tmp_path / "cache").iterdir():
+            cached.write_text(json.dumps({"title": "t", "body": 5}))
+        asked = len(api.seen)
+        assert linked_text("fix #5", GitHubIssues(api.url, "acme/calc", tmp_path / "cache"))[0] == statement
+        assert len(api.seen) == asked + 1
+
+
+def test_the_token_goes_to_the_api_s_origin_only(tmp_path: Path) -> None:
+    """(#45 item 4) urllib followed a 302 to another host or port with the token."""
+    with _FakeGitHub({}) as elsewhere, _FakeGitHub(SUB_ISSUE) as api:
+        api.redirects = {"/repos/acme/calc/issues/8": f"{elsewhere.url}/repos/acme/calc/issues/8",
+                         "/repos/acme/calc/issues/9": f"{api.url}/repos/acme/calc/issues/7"}  # same origin: followed
+        source = GitHubIssues(api.url, "acme/calc", tmp_path / "cache", token="t0ken")
+        _, record = linked_text("fixes #8 and #9", source)
+        assert elsewhere.seen == []
+        assert "HTTP 302" in record[0]["not_fetched"] and "another origin" in record[0]["not_fetched"]
+        assert record[1]["title"] == "sub(5, 3) returns 8"
+        assert api.seen[-1] == ("/repos/acme/calc/issues/7", "Bearer t0ken")
+    for api_url in ("http://api.example.com", "http://10.0.0.1:8080/api/v3"):
+        with pytest.raises(InputError, match="plain http only to this machine's loopback"):
+            issue_source("github", "/nowhere", api=api_url, github_repo="acme/calc", cache_dir=tmp_path)
+    for api_url in ("https://ghe.example.com/api/v3", "http://127.0.0.1:9", "http://[::1]:9", "http://localhost:9"):
+        assert isinstance(issue_source("github", "/nowhere", api=api_url, github_repo="acme/calc",
+                                       cache_dir=tmp_path), GitHubIssues)
+    for name in ("../etc", "acme/.."):
+        with pytest.raises(InputError, match="expected OWNER/NAME"):
+            issue_source("github", "/nowhere", github_repo=name, cache_dir=tmp_path)
+
+
+def test_only_the_mined_repository_s_issues_and_at_most_20_a_message(tmp_path: Path) -> None:
+    """(#45 item 4) A history's `org/private-repo#12` copied a private issue into a suite a token
+    holder's mine wrote; nothing bounded how many references a message made it fetch."""
+    with _FakeGitHub({"/repos/org/private-repo/issues/12": {"title": "secret", "body": "private"}}) as api:
+        _, (record,) = linked_text("see org/private-repo#12",
+                                   GitHubIssues(api.url, "acme/calc", tmp_path / "a", token="t"))
+        assert "another repository's issue" in record["not_fetched"] and api.seen == []
+        _, (record,) = linked_text("see org/private-repo#12",
+                                   GitHubIssues(api.url, "acme/calc", tmp_path / "b", token="t", other_repos=True))
+        assert record["title"] == "secret"
+        # The mined repository's own, however a reference spells it, is fetched.
+        _, record = linked_text("Acme/Calc#3 https://github.com/acme/calc/issues/4",
+                                GitHubIssues(api.url, "acme/calc", tmp_path / "c"))
+        assert all("HTTP 404" in r["not_fetched"] for r in record)
+        asked = len(api.seen)
+        message = " ".join(f"#{n}" for n in range(1, 51))
+        _, record = linked_text(message, GitHubIssues(api.url, "acme/calc", tmp_path / "d"))
+        assert len(api.seen) - asked == 20 and record[-1] == {
+            "issue": "30 more", "not_fetched": "over the 20 issues a message may link: not looked up"}
+        capped = GitHubIssues(api.url, "acme/calc", tmp_path / "e", max_lookups=25)
+        records = [r for m in (message, message.replace("#", "#10")) for r in linked_text(m, capped)[1]]
+        assert capped.asked == 25 and sum("over the 25 issues a mine may ask" in r["not_fetched"] for r in records) == 15
 
 
 @pytest.mark.skipif(not bwrap_available(), reason="environments are built in bubblewrap")
