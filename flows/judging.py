@@ -217,7 +217,7 @@ def import_labels(
     )
     with store.recorded_run(spec):
         store.insert_samples(rows)
-        summary, aggregates = summarize(spec, suite, store.run_samples(spec.run_id, summary_columns(spec)))
+        summary, aggregates = summarize(spec, suite, store.run_samples(spec.run_id, summary_columns(spec, suite)))
         store.write_aggregates(spec.run_id, aggregates)
         summary = labelled_summary(summary, source_run=run_id, labeller=labeller, labelled=rows.num_rows,
                                    labels=len(labels), duration_s=time.perf_counter() - started)

@@ -34,7 +34,8 @@ def _scripted_model_module():
     return module
 
 
-ScriptedModel = _scripted_model_module().ScriptedModel
+scripted = _scripted_model_module()
+ScriptedModel = scripted.ScriptedModel
 
 
 @pytest.fixture
@@ -214,6 +215,16 @@ def test_the_example_suite_passes_every_grader_with_a_model_that_acts_right(mode
     for sample in samples:
         assert set(_verdicts(sample).values()) == {"passed"}, (sample["case_id"], _verdicts(sample))
         assert sample["trace"].trajectory.typed.turns and not sample["safety"]
+    # What the agent did, as registered metrics: 24 model turns and 13 tool calls over 12 cases.
+    metrics = summary.metrics
+    assert metrics["turns"].value == pytest.approx(2.0) and metrics["tool_calls"].value == pytest.approx(13 / 12)
+    assert metrics["turns"].percent is False and metrics["turns"].ci is not None
+    # Tokens are what the endpoint reported, to the token.
+    told = [scripted.reply(body)["usage"] for body in model.requests]
+    assert sum(s["input_tokens"] for s in samples) == sum(u["prompt_tokens"] for u in told)
+    assert sum(s["output_tokens"] for s in samples) == sum(u["completion_tokens"] for u in told)
+    assert metrics["tokens_per_pass"].value == pytest.approx(
+        sum(s["input_tokens"] + s["output_tokens"] for s in samples) / 24)
 
 
 def test_each_grader_kind_fails_a_model_that_acts_wrong_and_the_forbidden_call_vetoes(model, tmp_path):

@@ -25,7 +25,7 @@ from tasks.metrics.stats import (
     pass_hat_k,
     standard_error,
 )
-from tasks.metrics.tallies import Tallies, metric_values
+from tasks.metrics.tallies import SampleRecord, Tallies, metric_values
 from tasks.models import InputError
 
 ALL_SLICE = "__all__"  # the overall slice's name in the `aggregates` table
@@ -176,7 +176,7 @@ def aggregate(
     boot = {"seed": seed, "n_boot": n_boot, "level": level}
     per_case = {k: pass_at_k(n, c, k) if k <= n.min() else None for k in ks}
     hat = {k: pass_hat_k(n, c, k) if k <= n.min() else None for k in ks}
-    tallies = Tallies.of_samples(case_ids, case_index, n, c, _sample_scores(samples))
+    tallies = Tallies.of_samples(case_ids, case_index, n, c, _sample_scores(samples), lambda: _records(samples))
     scores = tallies.mean_scores
     overall = _metrics(per_case, hat, scores, np.arange(len(case_ids)), **boot)
     slices = {
@@ -238,6 +238,25 @@ def _slice_members(
         name: np.unique(position[codes == code])
         for code, name in sorted(enumerate(names.dictionary.to_pylist()), key=lambda item: item[1])
     }
+
+
+def _records(samples: pa.Table) -> list[SampleRecord]:
+    """Each sample's record, in the table's order, from the columns it has (a metric reads
+    what it needs: usage columns and the trace are there when the run's reduce read them)."""
+    have = set(samples.column_names)
+    columns = {name: samples[name].to_pylist() for name in RECORD_COLUMNS if name in have}
+    rows = samples.num_rows
+    passed = [bool(p) for p in columns["passed"]]
+    scores = columns.get("score", [0.0] * rows)
+    none = [None] * rows
+    return [SampleRecord(index, ok, status, score or 0.0, *more) for index, ok, status, score, *more in zip(
+        columns["sample_index"], passed, columns["status"], scores,
+        *(columns.get(name, none) for name in RECORD_COLUMNS[4:]), strict=True)]
+
+
+# The columns a `SampleRecord` is read from, in its fields' order.
+RECORD_COLUMNS = ("sample_index", "passed", "status", "score",
+                  "input_tokens", "output_tokens", "cost_usd", "latency_s", "trace")
 
 
 def _sample_scores(samples: pa.Table) -> NDArray[np.float64] | None:

@@ -1,7 +1,10 @@
 """Registered metrics (`tasks.registry.metric`) over a run's per-case tallies, each with a CI
 clustered by case (docs/contract.md §7, `metrics`).
 
-A metric sees one `Tally` per case: `n` samples, `passes` of them passed, and their `scores`.
+A metric sees one `Tally` per case: `n` samples, `passes` of them passed, their `scores`, and
+each sample's record (`samples`: its verdict, score, tokens, cost, latency and trace, with the
+trajectory's typed steps), so that pass@k and the count of an agent's tool calls are metrics of
+one kind.
 `Tallies` is that sequence and also the same figures as arrays over the cases (`n`,
 `passes`, `mean_scores`), for metrics written with numpy. The case is the unit of
 resampling, as for pass@1: a per-case metric's CI is `bootstrap_mean_ci` of its per-case
@@ -16,7 +19,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, overload
 
 import numpy as np
@@ -24,16 +28,55 @@ from numpy.typing import NDArray
 
 from tasks.metrics.stats import DEFAULT_LEVEL, DEFAULT_N_BOOT, bootstrap_mean_ci
 from tasks.registry import MetricSpec, metrics
+from tasks.trace import SampleTrace
+from tasks.trajectory import Steps
+
+
+@dataclass(frozen=True)
+class SampleRecord:
+    """One sample as a metric sees it: its verdict, score, what its call took, and its trace
+    (parsed when first read: most metrics never read it; None when the run's figures were
+    reduced without traces)."""
+
+    index: int
+    passed: bool
+    status: str
+    score: float
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cost_usd: float | None = None
+    latency_s: float | None = None
+    trace_json: str | None = field(default=None, repr=False)
+
+    @cached_property
+    def trace(self) -> SampleTrace | None:
+        return None if self.trace_json is None else SampleTrace.parse(self.trace_json)
+
+    @property
+    def steps(self) -> Steps | None:
+        """What the agent did, typed; None when it recorded no trajectory."""
+        if self.trace_json is None or '"trajectory"' not in self.trace_json:  # most traces: no parse
+            return None
+        trace = self.trace
+        return trace.trajectory.typed if trace is not None and trace.trajectory is not None else None
+
+    @property
+    def tokens(self) -> int | None:
+        if self.input_tokens is None and self.output_tokens is None:
+            return None
+        return (self.input_tokens or 0) + (self.output_tokens or 0)
 
 
 @dataclass(frozen=True)
 class Tally:
-    """One case's samples: how many, how many passed, each one's score (0 when a grader gave none)."""
+    """One case's samples: how many, how many passed, each one's score (0 when a grader gave
+    none), and each sample's record (`SampleRecord`: verdict, usage, trace), in index order."""
 
     case_id: str
     n: int
     passes: int
     scores: tuple[float, ...]
+    samples: tuple[SampleRecord, ...] = ()
 
 
 class Tallies(Sequence[Tally]):
@@ -49,10 +92,25 @@ class Tallies(Sequence[Tally]):
         passes: NDArray[np.int64],
         mean_scores: NDArray[np.float64] | None,
         items: Callable[[], list[Tally]],
+        source: tuple[Tallies, NDArray[np.int64]] | None = None,
     ) -> None:
         self.case_ids, self.n, self.passes, self.mean_scores = case_ids, n, passes, mean_scores
         self._make_items = items
         self._items: list[Tally] | None = None
+        # A resample's: the tallies it was drawn from, and which of their cases it holds.
+        self._source = source
+        self._columns: dict[Callable[[Tally], float], NDArray[np.float64]] = {}
+
+    def column(self, fn: Callable[[Tally], float]) -> NDArray[np.float64]:
+        """`fn` of each case, as an array: computed once on the tallies a resample was drawn
+        from and indexed for each resample, so a metric written on it costs the bootstrap a
+        numpy gather per resample, not a walk over every sample."""
+        if self._source is not None:
+            base, indices = self._source
+            return base.column(fn)[indices]
+        if fn not in self._columns:
+            self._columns[fn] = np.array([fn(t) for t in self], dtype=np.float64)
+        return self._columns[fn]
 
     @classmethod
     def of_samples(
@@ -62,26 +120,36 @@ class Tallies(Sequence[Tally]):
         n: NDArray[np.int64],
         passes: NDArray[np.int64],
         scores: NDArray[np.float64] | None,
+        records: Callable[[], Sequence[SampleRecord]] | None = None,
     ) -> Tallies:
-        """From per-sample arrays: each sample's case (an index into `case_ids`) and score."""
+        """From per-sample arrays: each sample's case (an index into `case_ids`) and score;
+        `records`, each sample's record in the same order, made when a metric first asks."""
         ids = np.asarray(case_ids, dtype=object)
         means = None if scores is None else np.bincount(case_index, weights=scores, minlength=n.size) / n
 
         def items() -> list[Tally]:
+            order = np.argsort(case_index, kind="stable")
+            cuts = np.cumsum(n)[:-1]
             if scores is None:
                 per_case = [()] * n.size
             else:
-                order = np.argsort(case_index, kind="stable")
-                per_case = [tuple(s.tolist()) for s in np.split(scores[order], np.cumsum(n)[:-1])]
-            return [Tally(*t) for t in zip(ids.tolist(), n.tolist(), passes.tolist(), per_case, strict=True)]
+                per_case = [tuple(s.tolist()) for s in np.split(scores[order], cuts)]
+            if records is None:
+                kept = [()] * n.size
+            else:
+                made = records()
+                kept = [tuple(sorted((made[i] for i in part.tolist()), key=lambda r: r.index))
+                        for part in np.split(order, cuts)]
+            return [Tally(*t) for t in zip(ids.tolist(), n.tolist(), passes.tolist(), per_case, kept, strict=True)]
 
         return cls(ids, n, passes, means, items)
 
     def take(self, indices: NDArray[np.int64]) -> Tallies:
         """The cases at `indices` (repeats allowed): one bootstrap resample."""
         means = None if self.mean_scores is None else self.mean_scores[indices]
+        base, at = (self, indices) if self._source is None else (self._source[0], self._source[1][indices])
         return Tallies(self.case_ids[indices], self.n[indices], self.passes[indices], means,
-                       lambda: [self._all()[i] for i in indices.tolist()])
+                       lambda: [self._all()[i] for i in indices.tolist()], (base, at))
 
     def _all(self) -> list[Tally]:
         if self._items is None:

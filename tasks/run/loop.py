@@ -611,7 +611,7 @@ def draw_and_grade(spec: RunSpec, config: RunConfig, suite: EvalSuite, agent: An
 
 def reduce_run(spec: RunSpec, suite: EvalSuite, store: SampleStore) -> Measured:
     """The one reduction: read the run's samples back, measure, store the aggregates."""
-    measured = measure(spec, suite, store.run_samples(spec.run_id, summary_columns(spec)))
+    measured = measure(spec, suite, store.run_samples(spec.run_id, summary_columns(spec, suite)))
     store.write_aggregates(spec.run_id, measured.rows())
     return measured
 

@@ -176,10 +176,11 @@ _OPTIONAL_KEYS = ("env_flaky_samples", "gate", "no_baseline", "source_run", "lab
                   "sequential", "metrics", "all_cached")
 
 
-def summary_columns(spec: RunSpec) -> tuple[str, ...]:
+def summary_columns(spec: RunSpec, suite: EvalSuite | None = None) -> tuple[str, ...]:
     """The sample columns `summarize` reads: never the outputs; the traces only to count
-    environment flakes and a coding agent's steps."""
-    traces = spec.regrade or spec.config.get("workspace")
+    environment flakes and what an agent did (a coding agent's, or one given tools)."""
+    traces = (spec.regrade or spec.config.get("workspace")
+              or (suite is not None and any("tools" in c.inputs for c in suite.cases)))
     return (*REQUIRED_COLUMNS, "score", "cached", *USAGE_SAMPLE_COLUMNS, *(("trace",) if traces else ()))
 
 
@@ -303,10 +304,12 @@ def _env_flakes(samples: pa.Table) -> int:
 
 
 def _agent_steps(samples: pa.Table) -> dict[str, float] | None:
-    """Steps per sample of the samples that kept a trajectory; None when none did."""
-    if "trace" not in samples.column_names:  # not a --workspace run: no trajectories
+    """Steps per sample of the samples that kept a trajectory (its model turns where it
+    recorded them, else its entries); None when none did."""
+    if "trace" not in samples.column_names:  # no trajectories were read
         return None
-    steps = [t.trajectory.steps for t in map(SampleTrace.parse, samples["trace"].to_pylist()) if t.trajectory]
+    steps = [len(t.trajectory.typed.turns) or t.trajectory.steps
+             for t in map(SampleTrace.parse, samples["trace"].to_pylist()) if t.trajectory]
     if not steps:
         return None
     return {"samples": len(steps), "total": sum(steps), "mean": round(sum(steps) / len(steps), 3),
