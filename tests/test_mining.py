@@ -125,6 +125,48 @@ def test_the_history_splits_into_candidates(history, mine_home: Path) -> None:
     assert none == [] and {s.reason for s in why} >= {"changes no code file matching src/*"}
 
 
+def test_a_history_of_huge_files_and_messages_is_mined_in_bounded_memory(tmp_path: Path, home: Path) -> None:
+    """(#45 item 5) A fix adding a 200 MB text file took the mine to 1.5 GB: its diff and
+    message were read whole. Now a file over the patch cap is not diffed, a diff or a message
+    is read no further than its cap, and each such commit is skipped with the reason; the
+    walk stays within 400 MB, measured on the process that mines and the git it runs."""
+    from tasks.repos.mining import MAX_MESSAGE_BYTES, MAX_PATCH_BYTES
+
+    path = tmp_path / "huge"
+    repo = git.Repo.init(path, initial_branch="main")
+    shas = {"root": commit(repo, {"calc.py": CALC, "tests/test_calc.py": TESTS}, "calc")}
+    with (path / "data.py").open("w") as fh:
+        for _ in range(200):
+            fh.write("x = 1\n" * 174_762 + "###\n")  # 1 MiB
+    repo.git.add("data.py")
+    shas["big"] = commit(repo, {"tests/test_calc.py": TESTS + "\n"}, "add 200 MB of data")
+    wide = {f"wide{i}.py": f"# {i}\n" + "y = 2\n" * (MAX_PATCH_BYTES // 6 // 3 + 1000) for i in range(3)}
+    shas["wide"] = commit(repo, {**wide, "tests/test_calc.py": TESTS + "\n\n"}, "three files, each under the cap")
+    shas["long"] = commit(repo, {"calc.py": CALC + "\n", "tests/test_calc.py": TESTS}, "m" * (MAX_MESSAGE_BYTES + 1))
+    shas["fix"] = commit(repo, {"calc.py": CALC_FIXED, "tests/test_calc.py": TESTS_SUB}, "Fix sub")
+    assert (path / "data.py").stat().st_size == 200 << 20
+    mirror_path = mirror(str(path), home)
+    walk = ("import json, sys; from pathlib import Path; from tasks.graders.repo_tests import is_test_file;"
+            " from tasks.repos.mining import mine_history;"
+            " kept, skipped = mine_history(Path(sys.argv[1]), is_test=is_test_file);"
+            " print(json.dumps([[c.commit for c in kept], {s.commit: s.reason for s in skipped}]))")
+    measure = ("import resource, subprocess, sys; done = subprocess.run(sys.argv[1:]);"
+               " print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss << 10, file=sys.stderr);"
+               " sys.exit(done.returncode)")
+    proc = subprocess.run([sys.executable, "-c", measure, sys.executable, "-c", walk, str(mirror_path)],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr
+    kept, skipped = json.loads(proc.stdout)
+    peak = int(proc.stderr.strip().splitlines()[-1])
+    assert kept == [shas["fix"]]
+    assert skipped[shas["big"]] == (f"changes data.py (209,715,200 bytes), over the {MAX_PATCH_BYTES:,}-byte cap on a"
+                                    " mined patch: not read")
+    assert skipped[shas["wide"]] == f"its patch is over the {MAX_PATCH_BYTES:,}-byte cap on a mined patch"
+    assert skipped[shas["long"]] == f"its message is over the {MAX_MESSAGE_BYTES:,}-byte cap"
+    assert peak < 400 << 20, f"peak resident size {peak >> 20} MB"
+
+
 def _report(outcomes: dict[str, str]) -> Report:
     return Report(outcomes=outcomes)
 

@@ -4,6 +4,10 @@ each split into the fix (`patch`, the non-test files) and its tests (`test_patch
 Pure git on the repository's mirror. Which test files are tests is the caller's rule (the
 grader's `test_files`, passed in); which of their tests a case grades is derived by running
 them (`tasks.graders.derivation`), never guessed from the diff.
+
+A history is not trusted to be small: a commit's message and its diffs are read streamed,
+no further than their caps, and a commit that changes a file over the patch cap is not
+diffed at all (git would hold the file whole); either is skipped with the reason.
 """
 
 from __future__ import annotations
@@ -14,13 +18,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tasks.repos.issues import issue_refs
-from tasks.repos.worktrees import RepoError, run_git
+from tasks.repos.workspaces import DEFAULT_CHANGE_BYTES
+from tasks.repos.worktrees import RepoError, git_capped, run_git
 
 # What a commit's code files are by default: Python sources (documentation, changelogs and
 # data change alongside fixes, and go into the patch, but do not make a commit a fix).
 DEFAULT_CODE_PATHS = ("*.py",)
 # Modes `repo_tests`' patches cannot carry: symbolic links and submodules.
 _SYMLINK, _GITLINK = "120000", "160000"
+# A mined patch (and test patch) is at most what a workspace agent's change may be; a message
+# is a problem statement, not a file.
+MAX_PATCH_BYTES = DEFAULT_CHANGE_BYTES
+MAX_MESSAGE_BYTES = 1 << 20
 _DIFF_OPTIONS = ("--no-color", "--no-ext-diff", "--no-textconv", "--no-renames",
                  "--src-prefix=a/", "--dst-prefix=b/")
 
@@ -83,6 +92,19 @@ def _changes(mirror_path: Path, parent: str, commit: str) -> list[tuple[str, str
     return changes
 
 
+def _largest_blob(mirror_path: Path, revs: Sequence[str], paths: Sequence[str]) -> tuple[int, str]:
+    """The largest of `paths`' blobs in `revs` (size, path), from git's object headers only."""
+    largest = (0, "")
+    for rev in revs:
+        out = run_git(mirror_path, "--literal-pathspecs", "ls-tree", "-r", "-l", "-z", rev, "--", *paths)
+        for entry in filter(None, out.split("\0")):
+            meta, path = entry.split("\t", 1)
+            size = meta.split()[-1]
+            if size.isdigit():
+                largest = max(largest, (int(size), path))
+    return largest
+
+
 def _binary(mirror_path: Path, parent: str, commit: str) -> set[str]:
     out = run_git(mirror_path, "diff", "--numstat", "-z", "--no-renames", parent, commit)
     return {line.split("\t", 2)[2] for line in out.split("\0") if line.startswith("-\t-\t")}
@@ -91,8 +113,10 @@ def _binary(mirror_path: Path, parent: str, commit: str) -> set[str]:
 def split_commit(mirror_path: Path, commit: str, *, is_test: Callable[[str], bool],
                  code_paths: Sequence[str] = DEFAULT_CODE_PATHS) -> Candidate | Skipped:
     """The commit as a candidate, or why it is not one."""
-    info = run_git(mirror_path, "show", "-s", "--format=%P%x00%cI%x00%B", commit)
-    parents, date, message = info.split("\0", 2)
+    info = git_capped(["show", "-s", "--format=%P%x00%cI%x00%B", commit], mirror_path, MAX_MESSAGE_BYTES)
+    if info is None:
+        return Skipped(commit, f"its message is over the {MAX_MESSAGE_BYTES:,}-byte cap")
+    parents, date, message = info.decode("utf-8", "surrogateescape").split("\0", 2)
     if not parents.split():
         return Skipped(commit, "the root commit (no parent to start from)")
     parent = parents.split()[0]
@@ -107,22 +131,29 @@ def split_commit(mirror_path: Path, commit: str, *, is_test: Callable[[str], boo
     special = [path for old, new, _s, path in changes if {old, new} & {_SYMLINK, _GITLINK}]
     if special:
         return Skipped(commit, f"changes a symbolic link or submodule ({special[0]}), which a patch cannot carry")
+    size, big = _largest_blob(mirror_path, (parent, commit), paths)
+    if size > MAX_PATCH_BYTES:
+        return Skipped(commit, f"changes {big} ({size:,} bytes), over the {MAX_PATCH_BYTES:,}-byte cap on a"
+                               " mined patch: not read")
     binary = sorted(_binary(mirror_path, parent, commit))
     if binary:
         return Skipped(commit, f"changes a binary file ({binary[0]}), which a patch cannot carry")
+    patch, test_patch = _diff(mirror_path, parent, commit, rest), _diff(mirror_path, parent, commit, tests)
+    if patch is None or test_patch is None:
+        return Skipped(commit, f"its {'patch' if patch is None else 'test patch'} is over the"
+                               f" {MAX_PATCH_BYTES:,}-byte cap on a mined patch")
     return Candidate(
         commit=commit, parent=parent, date=date, message=message.strip(),
-        code_files=rest, test_files=tests,
-        patch=_diff(mirror_path, parent, commit, rest),
-        test_patch=_diff(mirror_path, parent, commit, tests),
+        code_files=rest, test_files=tests, patch=patch, test_patch=test_patch,
     )
 
 
-def _diff(mirror_path: Path, parent: str, commit: str, paths: Sequence[str]) -> str:
-    # Literal pathspecs: a file named `*.py` or `:x` is that file, not a pattern. run_git strips
-    # the output's last newline, which the patch format needs.
-    text = run_git(mirror_path, "--literal-pathspecs", "diff", *_DIFF_OPTIONS, parent, commit, "--", *paths)
-    return text + "\n"
+def _diff(mirror_path: Path, parent: str, commit: str, paths: Sequence[str]) -> str | None:
+    """The diff of `paths`, None over `MAX_PATCH_BYTES`. Literal pathspecs: a file named
+    `*.py` or `:x` is that file, not a pattern."""
+    raw = git_capped(["--literal-pathspecs", "diff", *_DIFF_OPTIONS, parent, commit, "--", *paths], mirror_path,
+                     MAX_PATCH_BYTES)
+    return None if raw is None else raw.decode("utf-8", "surrogateescape").removesuffix("\n") + "\n"
 
 
 def mine_history(mirror_path: Path, *, is_test: Callable[[str], bool], since: str | None = None,

@@ -40,8 +40,6 @@ import shutil
 import socket
 import stat
 import subprocess
-import tempfile
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -54,12 +52,12 @@ from tasks.repos.worktrees import (
     RepoError,
     checkout,
     ensure_commit,
+    git_capped,
     mirror,
 )
 
 DEFAULT_TREE_MB = 4096
 DEFAULT_CHANGE_BYTES = 4 << 20
-_CHUNK = 1 << 16
 
 AGENT_NAME = "evalpipe agent"
 AGENT_EMAIL = "agent@evalpipe.invalid"
@@ -255,37 +253,10 @@ def read_change(ws: Workspace, caps: Caps = DEFAULT_CAPS) -> Change:
         files.append(path)
         if added == deleted == "-":
             binary.append(path)
-    patch = _git_capped([*diff, "--full-index", ws.sha], env, ws.tree, caps.change_bytes).decode("utf-8", "replace")
-    return Change(patch, tuple(files), tuple(binary), removed)
-
-
-def _git_capped(args: list[str], env: dict[str, str], cwd: Path, cap: int) -> bytes:
-    """`_git`'s output, streamed and read no further than `cap` bytes: `ChangeTooLarge` past
-    it (git is killed then), so a huge change never sits in this process's memory."""
-    with tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(["git", *args], cwd=cwd, env=_git_env(env), stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=err)
-        timer = threading.Timer(TREE_GIT_TIMEOUT_S, proc.kill)
-        timer.start()
-        chunks, size = [], 0
-        try:
-            while size <= cap and (chunk := proc.stdout.read(min(_CHUNK, cap + 1 - size))):
-                chunks.append(chunk)
-                size += len(chunk)
-        finally:
-            timer.cancel()
-            if size > cap:
-                proc.kill()
-            proc.stdout.close()
-            returncode = proc.wait()
-        if size > cap:
-            raise ChangeTooLarge(f"the change is over the {cap:,}-byte cap (--workspace-change-bytes)")
-        if returncode != 0:
-            err.seek(0)
-            lines = err.read(4096).decode("utf-8", "replace").strip().splitlines()
-            reason = "timed out" if returncode < 0 else (lines or [f"exit {returncode}"])[0]
-            raise RepoError(f"git {args[0]}: {reason}")
-    return b"".join(chunks)
+    patch = git_capped([*diff, "--full-index", ws.sha], ws.tree, caps.change_bytes, _git_env(env))
+    if patch is None:
+        raise ChangeTooLarge(f"the change is over the {caps.change_bytes:,}-byte cap (--workspace-change-bytes)")
+    return Change(patch.decode("utf-8", "replace"), tuple(files), tuple(binary), removed)
 
 
 def _remove_unreadable(tree: Path) -> tuple[tuple[str, ...], int]:

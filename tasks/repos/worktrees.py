@@ -20,6 +20,9 @@ import os
 import re
 import shutil
 import stat
+import subprocess
+import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -41,6 +44,7 @@ _known: dict[tuple[Path, str], str] = {}
 # touched must never hang the harness; over this, the slot is rebuilt instead.
 TREE_GIT_TIMEOUT_S = 120.0
 _PAGE = 4096
+_CHUNK = 1 << 16
 
 
 class RepoError(InputError):
@@ -58,6 +62,37 @@ def run_git(cwd: Path | None, *args: str, timeout: float | None = None) -> str:
         # git's first fatal line names the problem; what follows is advice.
         fatal = [ln for ln in lines if ln.startswith(("fatal:", "error:"))]
         raise RepoError(f"git {args[0]}: {(fatal or lines or [exc])[0]}") from None
+
+
+def git_capped(args: list[str], cwd: Path, cap: int, env: dict[str, str] | None = None) -> bytes | None:
+    """git's output, streamed and read no further than `cap` bytes: None past it (git is
+    killed then), so a huge diff never sits in this process's memory. `RepoError` when git
+    fails or runs past `TREE_GIT_TIMEOUT_S`; `env` is its whole environment (default: ours,
+    without prompts)."""
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(["git", *args], cwd=cwd, env=env or {**os.environ, **_GIT_ENV},
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err)
+        timer = threading.Timer(TREE_GIT_TIMEOUT_S, proc.kill)
+        timer.start()
+        chunks, size = [], 0
+        try:
+            while size <= cap and (chunk := proc.stdout.read(min(_CHUNK, cap + 1 - size))):
+                chunks.append(chunk)
+                size += len(chunk)
+        finally:
+            timer.cancel()
+            if size > cap:
+                proc.kill()
+            proc.stdout.close()
+            returncode = proc.wait()
+        if size > cap:
+            return None
+        if returncode != 0:
+            err.seek(0)
+            lines = err.read(4096).decode("utf-8", "replace").strip().splitlines()
+            reason = "timed out" if returncode < 0 else (lines or [f"exit {returncode}"])[0]
+            raise RepoError(f"git {args[0]}: {reason}")
+    return b"".join(chunks)
 
 
 def is_url(text: str) -> bool:
