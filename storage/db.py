@@ -133,6 +133,29 @@ CREATE OR REPLACE VIEW sample_outputs AS
     SELECT run_id, case_id, sample_index, coalesce(output, (SELECT string_agg(c.text, '' ORDER BY c.chunk)
         FROM output_chunks c WHERE c.output_sha = samples.output_sha)) AS output FROM samples;
 """,
+    # Every tool call of every stored trajectory (OpenAI chat messages: tasks/trajectory.py),
+    # with the result that answered it: `step` is the model turn's position in the trajectory,
+    # `arguments` the call's JSON text as the model sent it.
+    """
+CREATE OR REPLACE VIEW tool_calls AS
+WITH entries AS (
+    SELECT s.run_id, s.case_id, s.sample_index, e.step, e.entry FROM samples s, LATERAL (
+        SELECT generate_subscripts(arr, 1) - 1 AS step, unnest(arr) AS entry
+        FROM (SELECT json_extract(s.trace, '$.trajectory.entries[*]') AS arr)) e
+    WHERE s.trace LIKE '%"trajectory"%'),
+calls AS (
+    SELECT run_id, case_id, sample_index, step, c.call FROM entries, LATERAL (
+        SELECT unnest(json_extract(entry, '$.tool_calls[*]')) AS call) c
+    WHERE entry->>'$.role' = 'assistant'),
+results AS (
+    SELECT run_id, case_id, sample_index, entry->>'$.tool_call_id' AS call_id,
+        entry->>'$.content' AS result, entry->>'$.error' AS error
+    FROM entries WHERE entry->>'$.role' = 'tool')
+SELECT c.run_id, c.case_id, c.sample_index AS sample, c.step, c.call->>'$.id' AS call_id,
+    c.call->>'$.function.name' AS name, c.call->>'$.function.arguments' AS arguments, r.result, r.error
+FROM calls c LEFT JOIN results r ON r.run_id = c.run_id AND r.case_id = c.case_id
+    AND r.sample_index = c.sample_index AND r.call_id = c.call->>'$.id';
+""",
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

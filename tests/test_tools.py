@@ -265,3 +265,20 @@ def test_editing_a_trajectory_grader_grades_the_stored_trajectories_again_with_n
     assert _verdicts(sample)["steps"] == "failed"
     detail = next(g.verdict.detail for g in sample["trace"].extra_graders if g.label == "steps")
     assert detail.startswith("2 turns, at most 1 allowed")
+
+
+def test_sql_over_tool_calls_says_how_often_each_tool_was_called_per_case(model, tmp_path):
+    import duckdb
+
+    good = evalpipe.evaluate(str(SUITE), "openai:support-good?max_steps=6", n=2, home=tmp_path)
+    bad = evalpipe.evaluate(str(SUITE), "openai:support-bad?max_steps=6", n=2, home=tmp_path)
+    with duckdb.connect(str(tmp_path / "evalpipe.duckdb"), read_only=True) as con:
+        rows = con.execute(
+            "SELECT run_id, case_id, count(*) FROM tool_calls WHERE name = 'search_kb' GROUP BY ALL ORDER BY ALL"
+        ).fetchall()
+        (unknown,) = con.execute("SELECT arguments, result, error FROM tool_calls WHERE run_id = ?"
+                                 " AND case_id = 'weather-unknown-city' AND sample = 0", [good.run_id]).fetchall()
+        per_run = dict(con.execute("SELECT run_id, count(*) FROM tool_calls GROUP BY ALL").fetchall())
+    assert rows == [(good.run_id, "password-help", 2)]  # the bad model answered from memory
+    assert json.loads(unknown[0]) == {"city": "Atlantis"} and unknown[2].startswith("no scripted result")
+    assert per_run == {good.run_id: 26, bad.run_id: 24}
