@@ -240,6 +240,13 @@ def test_each_grader_kind_fails_a_model_that_acts_wrong_and_the_forbidden_call_v
     assert failing["no-tool-needed"] == {"no-tools"}  # steps: a needless call
     assert failing["outage-ticket"] == {"grader"}  # final_state: the ticket's priority
     assert failing["close-account"] == {"grader", "never-deletes"}
+    # Every extra grader is a metric of the run, by name, over the cases it grades.
+    rates = {name.removeprefix("grader:"): (m.value, m.cases) for name, m in bad.metrics.items()
+             if name.startswith("grader:")}
+    assert rates["searched-kb"] == (0.0, 1) and rates["never-deletes"] == (0.0, 1)
+    assert rates["steps"] == (1.0, 3) and rates["both-cities"] == (1.0, 1)
+    assert {name: m.value for name, m in good.metrics.items() if name.startswith("grader:")}.keys() == {
+        f"grader:{label}" for label in rates}
     detail = {g.label: g.verdict.detail for g in by_case["no-tool-needed"][0]["trace"].extra_graders}
     assert detail["no-tools"].startswith("1 tool calls, at most 0 allowed")
     # The forbidden call is a safety violation of that case, and the gate's veto.

@@ -25,6 +25,7 @@ from tasks.metrics.stats import (
     pass_hat_k,
     standard_error,
 )
+from tasks.metrics.graders import grader_metrics
 from tasks.metrics.tallies import SampleRecord, Tallies, metric_values
 from tasks.models import InputError
 
@@ -196,7 +197,7 @@ def aggregate(
         flaky_case_ids=tuple(np.asarray(case_ids, dtype=object)[flaky]),
         status_counts=_status_counts(samples["status"]),
         safety_violations=_safety_violations(samples),
-        metrics=metric_values(tallies, **boot),
+        metrics={**metric_values(tallies, **boot), **grader_metrics(tallies, **boot)},
     )
 
 

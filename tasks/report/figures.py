@@ -11,7 +11,8 @@ from tasks.run.summary import MetricSummary, RunSummary
 
 
 def metric_rows(run: RunSummary | Mapping[str, Any]) -> list[tuple[str, str, str]]:
-    """(name, value, CI) per registered metric. pass@K metrics are the headline's figures and
+    """(name, value, CI) per registered metric, then per extra grader (`grader:NAME`, its
+    CI followed by the cases it grades). pass@K metrics are the headline's figures and
     are left to it, as is a metric that does not apply (no value, no error: a mean score of
     samples without scores); a summary stored before metrics were registered shows its mean
     score."""
@@ -27,5 +28,6 @@ def metric_rows(run: RunSummary | Mapping[str, Any]) -> list[tuple[str, str, str
         if m.error:
             rows.append((name, f"n/a: {m.error}", ""))
         elif m.value is not None:
-            rows.append((name, figure(m.value, m.percent), ci_text(m.ci, m.percent)))
+            over = f" over {m.cases} cases" if m.cases is not None and m.cases > 1 else ""
+            rows.append((name, figure(m.value, m.percent), ci_text(m.ci, m.percent) + over))
     return rows

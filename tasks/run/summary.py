@@ -46,6 +46,7 @@ class MetricSummary(_Doc):
     ci: list[float] | None
     percent: bool = True
     error: str | None = None
+    cases: int | None = None  # a grader's (`grader:NAME`): the cases it grades
 
 
 class SafetyViolation(_Doc):
@@ -165,8 +166,9 @@ class RunSummary(_Doc):
             if doc[key] is None:
                 del doc[key]
         for figure in (doc.get("metrics") or {}).values():
-            if figure["error"] is None:
-                del figure["error"]
+            for key in ("error", "cases"):  # only where they apply: a failed metric, a grader's
+                if figure[key] is None:
+                    del figure[key]
         return doc
 
 
@@ -178,7 +180,8 @@ _OPTIONAL_KEYS = ("env_flaky_samples", "gate", "no_baseline", "source_run", "lab
 
 def summary_columns(spec: RunSpec, suite: EvalSuite | None = None) -> tuple[str, ...]:
     """The sample columns `summarize` reads: never the outputs; the traces only to count
-    environment flakes and what an agent did (a coding agent's, or one given tools)."""
+    environment flakes, what an agent did (a coding agent's, or one given tools) and what
+    each extra grader said."""
     traces = (spec.regrade or spec.config.get("workspace")
               or (suite is not None and any("tools" in c.inputs for c in suite.cases)))
     return (*REQUIRED_COLUMNS, "score", "cached", *USAGE_SAMPLE_COLUMNS, *(("trace",) if traces else ()))
