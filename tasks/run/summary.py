@@ -183,7 +183,7 @@ def summary_columns(spec: RunSpec, suite: EvalSuite | None = None) -> tuple[str,
     environment flakes, what an agent did (a coding agent's, or one given tools) and what
     each extra grader said."""
     traces = (spec.regrade or spec.config.get("workspace")
-              or (suite is not None and any("tools" in c.inputs for c in suite.cases)))
+              or (suite is not None and any("tools" in c.inputs or c.extra_graders for c in suite.cases)))
     return (*REQUIRED_COLUMNS, "score", "cached", *USAGE_SAMPLE_COLUMNS, *(("trace",) if traces else ()))
 
 
