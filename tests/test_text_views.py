@@ -37,7 +37,7 @@ def test_case_rows_group_counts_details_outputs_and_the_first_trajectory() -> No
     assert (a["n"], a["c"], a["statuses"]) == (8, 1, {"failed": 7, "passed": 1})
     assert a["details"] == [f"wrong {i}" for i in range(MAX_DETAILS_PER_CASE)]
     assert a["outputs"] == ["no", ""] and a["slices"] == ["easy"]
-    assert a["trajectory"] == {"sample_index": 1, "lines": ["  1. assistant: edit x.py"]}
+    assert a["trajectory"] == {"sample_index": 1, "lines": ["  1. model: edit x.py"]}
     assert (b["n"], b["c"], b["details"], b["safety"], b["slices"]) == (2, 1, [], ["rm -rf /"], [])
     assert "trajectory" not in b
     assert case_rows([], [], {}) == []

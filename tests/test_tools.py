@@ -289,3 +289,25 @@ def test_sql_over_tool_calls_says_how_often_each_tool_was_called_per_case(model,
     assert rows == [(good.run_id, "password-help", 2)]  # the bad model answered from memory
     assert json.loads(unknown[0]) == {"city": "Atlantis"} and unknown[2].startswith("no scripted result")
     assert per_run == {good.run_id: 26, bad.run_id: 24}
+
+
+def test_runs_show_and_the_report_show_each_graders_verdict_and_the_trajectory_as_a_timeline(model, tmp_path):
+    from flows.report import write_report
+    from tasks.report.case_view import case_doc, case_text
+
+    bad = evalpipe.evaluate(str(SUITE), "openai:support-bad?max_steps=6", n=1, home=tmp_path)
+    store = Store(tmp_path)
+    text = case_text(case_doc(bad.run_id, "refund-after-lookup", store.case_samples(bad.run_id, "refund-after-lookup")))
+    assert "grader lookup-then-refund: failed: strict: expected exactly, in order: get_order(" in text
+    assert '1. model: calls refund_order({"amount": 15.5, "order_id": "2001"})' in text
+    assert '2. -> refund_order: {"refunded": true}' in text and "3. model: Done." in text
+    html = write_report(bad.run_id, tmp_path / "report.html", store).read_text()
+    assert "grader:lookup-then-refund" in html and "calls delete_account(" in html
+
+    with ScriptedModel() as looping:
+        import os
+
+        os.environ["OPENAI_BASE_URL"] = looping.url  # the fixture's monkeypatch restores it
+        run = evalpipe.evaluate(str(SUITE), "openai:support-loop?max_steps=3", n=1, home=tmp_path)
+    text = case_text(case_doc(run.run_id, "greeting", store.case_samples(run.run_id, "greeting")))
+    assert "[stopped: max_steps]" in text and "6. -> get_weather" in text

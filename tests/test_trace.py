@@ -116,7 +116,7 @@ def test_an_old_shape_trace_in_the_store_still_renders(home, capsys, tmp_path):
     assert main(["runs", "show", summary.run_id, "--case", "q"]) == 0
     shown = capsys.readouterr().out
     assert "trajectory: 2 step(s)" in shown and "1. tool bash: ls -> README" in shown
-    assert "2. assistant: no fix found" in shown and "[trajectory cut at 100 of its 5000 bytes]" in shown
+    assert "2. model: no fix found" in shown and "[trajectory cut at 100 of its 5000 bytes]" in shown
     assert main(["runs", "show", summary.run_id, "--case", "q", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["samples"][0]["trace"] == OLD_TRACE  # as stored
 

@@ -43,10 +43,13 @@ def case_text(doc: dict[str, Any]) -> str:
             lines.append(f"  detail: {_clip(s['detail'])}")
         for violation in s["safety"] or []:
             lines.append(f"  SAFETY: {violation}")
+        trace = SampleTrace.parse(s["trace"])
+        for extra in trace.extra_graders or ():  # every grader's verdict, the failing ones' why
+            lines.append(f"  grader {extra.label}: {extra.verdict.status.value}"
+                         + (f": {_clip(extra.verdict.detail)}" if extra.verdict.detail else ""))
         lines.extend(_output_lines(_clip(output_text(s["output"] or ""))))
-        trajectory = SampleTrace.parse(s["trace"]).trajectory  # a coding agent's steps (--workspace)
-        if steps := trajectory_lines(trajectory):
-            lines += [f"  trajectory: {trajectory.steps} step(s)", *(f"  {step}" for step in steps)]
+        if steps := trajectory_lines(trace.trajectory):  # what the agent did
+            lines += [f"  trajectory: {trace.trajectory.steps} step(s)", *(f"  {step}" for step in steps)]
     return "\n".join(lines)
 
 

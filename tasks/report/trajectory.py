@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tasks.trace import Trajectory
+from tasks.trajectory import ModelTurn, ToolResult, call_text, parse_step
 
 STEP_CHARS = 600  # of one step's line; the stored trajectory keeps all of it
 
@@ -22,6 +23,8 @@ def trajectory_lines(doc: Trajectory | None, step_chars: int = STEP_CHARS) -> li
              for i, step in enumerate(doc.entries, 1)]
     if cut := doc.truncated:
         lines.append(f"     [trajectory cut at {cut.cap_bytes} of its {cut.bytes} bytes]")
+    if doc.stop:
+        lines.append(f"     [stopped: {doc.stop}]")
     return lines
 
 
@@ -32,7 +35,20 @@ def steps_text(steps: Mapping[str, float]) -> str:
 
 
 def _step_text(step: Mapping[str, Any]) -> str:
-    """`role: content`, `tool NAME: input -> output`, or the step's JSON."""
+    """A model turn (`model: content  calls NAME(ARGS), ...  [tokens, seconds]`), a tool result
+    (`-> NAME: result` or `-> NAME error: ...`), else `role: content`, `tool NAME: input ->
+    output` (an agent's own shape), or the step's JSON."""
+    typed = parse_step(0, step)
+    if isinstance(typed, ModelTurn):
+        text = "model:" + (f" {_flat(typed.content)}" if typed.content else "")
+        if typed.tool_calls:
+            text += "  calls " + ", ".join(call_text(c.name, c.arguments) for c in typed.tool_calls)
+        took = [f"{typed.tokens} tokens" if typed.tokens is not None else "",
+                f"{typed.latency_s:.2f} s" if typed.latency_s is not None else ""]
+        return text + (f"  [{', '.join(t for t in took if t)}]" if any(took) else "")
+    if isinstance(typed, ToolResult):
+        head = f"-> {typed.name or typed.call_id}"
+        return f"{head} error: {_flat(typed.error)}" if typed.error else f"{head}: {_flat(typed.content)}"
     rest = {k: v for k, v in step.items() if k not in ("role", "content", "tool", "input", "output", "text")}
     if "tool" in step:
         text = f"tool {step['tool']}: {_flat(step.get('input', ''))}"
