@@ -165,7 +165,7 @@ def _divide(a: int, b: int) -> float:
 
 def test_a_registered_python_tool_gets_its_schema_from_its_signature_and_is_total():
     box = Toolbox.of({"tools": ["test_tools_divide"]})
-    (definition,) = box.definitions()
+    (definition,) = box.definitions
     assert definition["function"] == {"name": "test_tools_divide", "description": "Divide a by b.", "parameters": {
         "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}
     assert box.answer(_call("test_tools_divide", '{"a": 6, "b": 3}')).content == "2.0"

@@ -76,7 +76,7 @@ class OpenAIAgent(Reloadable):
     def generate(self, case: EvalCase, ctx: AgentContext) -> str:
         messages = chat_messages(case.inputs, self.system)
         if "tools" in case.inputs:
-            return self._tool_loop(Toolbox.of(case.inputs), messages, ctx)
+            return self._tool_loop(Toolbox.for_case(case), messages, ctx)
         reply = self._ask(messages, ctx, None)
         ctx.report_usage(input_tokens=reply.input_tokens, output_tokens=reply.output_tokens, model=reply.model)
         if reply.latency_s is not None:
@@ -99,7 +99,7 @@ class OpenAIAgent(Reloadable):
         spent: dict[str, Any] = {"input_tokens": None, "output_tokens": None, "latency_s": 0.0, "model": None}
         try:
             for _ in range(self.max_steps):
-                reply = self._ask(messages, ctx, toolbox.definitions())
+                reply = self._ask(messages, ctx, toolbox.definitions)
                 _add_usage(spent, reply)
                 said = {"role": "assistant", "content": reply.content or None,
                         **({"tool_calls": list(reply.tool_calls)} if reply.tool_calls else {})}

@@ -13,14 +13,18 @@ import json
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from tasks.models import EvalCase
 from tasks.registry import tool_spec
 from tasks.tools import ToolDef, WorldRule, case_tools, case_world
 from tasks.trajectory import ToolCall, call_text, matches
 
 RESULT_CHARS = 64_000  # of one tool's result sent to the model and kept
+_KEPT = 256  # toolboxes of distinct case inputs kept made
+_MADE: dict[str, Toolbox] = {}
+_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -34,14 +38,30 @@ class Answer:
 class Toolbox:
     tools: dict[str, ToolDef]
     world: dict[str, list[WorldRule]]
+    # Made once per case: checking a schema and building its validator cost milliseconds.
+    validators: dict[str, Any] = field(default_factory=dict)
+    definitions: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def of(cls, inputs: Mapping[str, Any]) -> Toolbox:
-        tools = case_tools(inputs)
-        return cls({t.name: t for t in tools}, case_world(inputs, tools))
+        from jsonschema import Draft202012Validator
 
-    def definitions(self) -> list[dict[str, Any]]:
-        return [t.as_openai() for t in self.tools.values()]
+        tools = case_tools(inputs)
+        return cls({t.name: t for t in tools}, case_world(inputs, tools),
+                   {t.name: Draft202012Validator(t.parameters) for t in tools}, [t.as_openai() for t in tools])
+
+    @classmethod
+    def for_case(cls, case: EvalCase) -> Toolbox:
+        """The case's toolbox, made once per distinct inputs (each sample of a case asks)."""
+        with _LOCK:
+            box = _MADE.get(case.inputs_hash)
+        if box is None:
+            box = cls.of(case.inputs)
+            with _LOCK:
+                _MADE[case.inputs_hash] = box
+                while len(_MADE) > _KEPT:
+                    _MADE.pop(next(iter(_MADE)))
+        return box
 
     def answer(self, call: ToolCall) -> Answer:
         started = time.perf_counter()
@@ -60,7 +80,7 @@ class Toolbox:
             raise ToolFailed(f"no tool named {call.name!r} (tools: {', '.join(self.tools) or 'none'})")
         if call.arguments_error:
             raise ToolFailed(f"{call.name}: arguments are not JSON ({call.arguments_error.partition(': ')[2]})")
-        _fits(tool, call.arguments)
+        _fits(tool.name, self.validators[tool.name], call.arguments)
         if call.name in self.world:
             return _scripted(call, self.world[call.name])
         if tool.registered:
@@ -72,13 +92,11 @@ class ToolFailed(Exception):
     """A tool call that yields an error result; the message is what the model is told."""
 
 
-def _fits(tool: ToolDef, arguments: Any) -> None:
-    from jsonschema import Draft202012Validator
-
-    error = next(iter(Draft202012Validator(tool.parameters).iter_errors(arguments)), None)
+def _fits(name: str, validator: Any, arguments: Any) -> None:
+    error = next(iter(validator.iter_errors(arguments)), None)
     if error is not None:
         at = "/".join(map(str, error.absolute_path))
-        raise ToolFailed(f"{tool.name}: arguments do not fit its schema: {error.message}" + (f" (at {at})" if at else ""))
+        raise ToolFailed(f"{name}: arguments do not fit its schema: {error.message}" + (f" (at {at})" if at else ""))
 
 
 def _scripted(call: ToolCall, rules: list[WorldRule]) -> str:
