@@ -31,7 +31,7 @@ def publish(run: RunSummary, store: Store) -> None:
         key=f"evalpipe-{slug}-summary", markdown=summary_markdown(run, gate, judges),
         description=f"evalpipe run {run.run_id}",
     )
-    if run.gate:  # the pull-request comment's Markdown, on the flow run's page
+    if run.gate and run.gate.baseline:  # the pull-request comment's Markdown, on the flow run's page
         from flows.gate import pair_runs
         from tasks.report.markdown import comparison_markdown
 

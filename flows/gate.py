@@ -15,7 +15,7 @@ from tasks.metrics.diff import (
     diff_runs,
     with_metric,
 )
-from tasks.metrics.gate import gate_diff
+from tasks.metrics.gate import gate_alone, gate_diff
 from tasks.metrics.rules import GateRules
 from tasks.run import RunConfig, RunSummary
 from tasks.run.loop import Gate
@@ -56,12 +56,13 @@ def pair_runs(run_id: str, baseline: str, *, metric: str = "pass", store: Store,
     return Comparison(run, base, diff, results)
 
 
-def run_gate(run: PreparedRun, config: RunConfig, store: Store) -> Gate | None:
-    """The gate a prepared run applies to its figures (`tasks.run.loop.run_loop`), or None
-    when it has no baseline. A baseline on another suite version is compared on the cases
-    the two share (the decision says how many were shared, added and removed)."""
+def run_gate(run: PreparedRun, config: RunConfig, store: Store) -> Gate:
+    """The gate a prepared run applies to its figures (`tasks.run.loop.run_loop`). A baseline
+    on another suite version is compared on the cases the two share (the decision says how
+    many were shared, added and removed). Without a baseline, the rules that need none decide
+    (`tasks.metrics.gate.gate_alone`: nothing to decide when none applies)."""
     if run.baseline is None:
-        return None
+        return Gate(None, lambda measured: unpaired_decision(run, config, store, measured), run.rules)
     baseline = run.baseline
 
     def check(measured: Measured) -> dict[str, Any]:
@@ -70,6 +71,18 @@ def run_gate(run: PreparedRun, config: RunConfig, store: Store) -> Gate | None:
                                slice_values=measured.slice_values(config.metric), choice=baseline.choice)
 
     return Gate(baseline.run_id, check, run.rules)
+
+
+def unpaired_decision(run: PreparedRun, config: RunConfig, store: Store, measured: Measured) -> dict[str, Any] | None:
+    """A run's decision without a baseline, from its stored results."""
+    run_id, slice_values = run.spec.run_id, measured.slice_values(config.metric)
+    results = store.case_results(run_id)
+    if slice_values is None and run.rules.slice_min:  # a registered metric's slices: its value per case
+        results = with_metric(results, config.metric, f"run {run_id}")
+    return gate_alone(results, run_id=run_id, metric=config.metric, safety_failed=measured.safety_failed,
+                      must_pass=frozenset(c.id for c in run.suite.cases if c.must_pass),
+                      suite_version=run.spec.suite_version,
+                      slice_values=slice_values, rules=run.rules)
 
 
 def gate_comparison(

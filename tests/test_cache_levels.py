@@ -54,8 +54,10 @@ class Runner:
         write(self.suite, cases)
         before = len(calls(self.log))
         proc = cli(["run", str(self.suite), "--agent", f"python:{AGENTS}:{agent}", "--json", *args], self.env)
-        assert proc.returncode == 0, proc.stderr
-        return json.loads(proc.stdout), calls(self.log)[before:]
+        doc = json.loads(proc.stdout)
+        # A safety violation blocks a run even without a baseline (issue 47).
+        assert proc.returncode == (1 if doc["safety_failed"] else 0), proc.stderr
+        return doc, calls(self.log)[before:]
 
 
 def test_each_suite_edit_costs_only_the_agent_calls_it_must(env, tmp_path):
@@ -78,7 +80,7 @@ def test_each_suite_edit_costs_only_the_agent_calls_it_must(env, tmp_path):
     ruled = {**CASES, "b": CASES["b"].replace("{kind: exact}", "{kind: exact, normalize: true}"),
              "c": CASES["c"].replace("grader:", "safety: {forbidden_patterns: ['^(yes|no)$']}, grader:")}
     safety, drawn = run(ruled, "-n", "2")
-    assert drawn == [] and safety["safety_failed"] is True
+    assert drawn == [] and safety["safety_failed"] is True and safety["gate"]["decision"] == "block"
 
     # Slices and tags are not what the agent sees either.
     sliced = {**CASES, "b": CASES["b"].replace("grader:", "slices: [hard], tags: [t], grader:")}

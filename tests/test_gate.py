@@ -132,6 +132,32 @@ def test_the_rules_block_after_safety_and_before_the_ci_and_a_missing_snapshot_i
     assert clean["reasons"][-1] == "must-pass cases unknown: suite 0123456789ab has no snapshot here"
 
 
+def test_the_rules_that_need_no_baseline_decide_without_one() -> None:
+    """Issue 47: a plain run that broke the safety veto, a must-pass case or the pass@1
+    threshold is blocked, each named; the paired rules wait; no rule and safe: nothing."""
+    from tasks.metrics.diff import CaseResult
+    from tasks.metrics.gate import NO_BASELINE, gate_alone
+    from tasks.metrics.rules import GateRules
+
+    run = [CaseResult(f"q{i}", f"h{i}", 4, c, c / 4, ("easy",) if i < 2 else ()) for i, c in enumerate([4, 3, 4, 0])]
+    alone = {"run_id": "r", "metric": "pass", "suite_version": "v" * 20, "slice_values": None}
+    assert gate_alone(run, safety_failed=False, must_pass=frozenset(), **alone) is None
+    assert gate_alone(run, safety_failed=False, must_pass=None, **alone) is None
+
+    doc = gate_alone(run, safety_failed=True, must_pass=frozenset({"q1", "q0"}), **alone,
+                     rules=GateRules(min_pass_at_1=0.9, slice_min={"easy": 0.9}, max_new_failures=0))
+    assert (doc["decision"], doc["verdict"], doc["baseline"], doc["delta_ci"]) == ("block", NO_BASELINE, None, [None, None])
+    heads = [reason.split(":")[0] for reason in doc["reasons"]]
+    assert heads == ["safety", "must-pass", "slice easy", "threshold", "no baseline"]
+    assert [(b["rule"], b["cases"]) for b in doc["blocks"]] == [("must_pass", ["q1"]), ("slice_threshold", [])]
+    assert doc["reasons"][3] == "threshold: pass@1 68.8% is below the required 90.0%"
+    assert doc["rules"]["must_pass"] == ["q0", "q1"] and doc["rules"]["max_new_failures"] == 0
+
+    kept = gate_alone(run, safety_failed=False, must_pass=frozenset({"q0"}), **alone, rules=GateRules(min_pass_at_1=0.5))
+    assert kept["decision"] == "pass" and kept["blocks"] == [] and kept["reasons"] == [
+        "no baseline: the rules that compare with one (the change's CI, new failures) were not applied"]
+
+
 def test_runs_on_different_suite_versions_are_refused_naming_both() -> None:
     from tasks.metrics.diff import check_same_suite
 

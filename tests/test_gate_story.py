@@ -155,7 +155,7 @@ def test_the_story_blocks_on_the_broken_case_and_diff_names_every_flip(env, home
     lonely = cli(["gate", lonely_run["run_id"], "--baseline", "previous", "--json"], env)
     doc = json.loads(lonely.stdout)
     assert lonely.returncode == 0 and doc["decision"] is None
-    assert doc["no_baseline"] == f"no baseline: no completed run of suite 'lonely' before {lonely_run['run_id']}; nothing was gated"
+    assert doc["no_baseline"] == f"no baseline: no completed run of suite 'lonely' before {lonely_run['run_id']}; nothing was compared"
     said = cli(["gate", lonely_run["run_id"], "--baseline", "previous"], env)
     assert said.returncode == 0 and said.stdout == "" and said.stderr.startswith("evalpipe: no baseline")
 
@@ -204,3 +204,40 @@ def test_an_exported_baseline_gates_the_same_in_a_fresh_home(env, home, tmp_path
     # The CI loop: a fresh run of the changed agent, gated against the imported baseline.
     ci = run(suite, "v2", fresh, "--baseline", v1, "--max-new-failures", "0")
     assert ci["gate"]["decision"] == "block" and ci["gate"]["blocks"][0]["cases"] == ["c3"]
+
+
+def test_a_plain_run_blocks_on_the_rules_that_need_no_baseline(env, home, tmp_path):
+    """Issue 47: a CI step with no baseline used to exit 0 on `SAFETY FAILED`. A safety
+    violation, a failing must-pass case or a missed --min-pass-at-1 now blocks a plain run
+    (exit 1, named), as a gated one; the paired rules still need a baseline (exit 2)."""
+    suite = write_story(tmp_path / "story.yaml", must_pass=("c7",))  # v1 answers c7 wrong
+    args = ["run", str(suite), "--agent", f"python:{AGENTS}:v1", "-n", "2"]
+    first = cli([*args, "--baseline", "previous", "--json"], env)  # none yet: nothing to compare with
+    assert first.returncode == 1, first.stderr
+    doc = json.loads(first.stdout)
+    assert doc["no_baseline"].endswith("; nothing was compared")
+    assert (doc["gate"]["decision"], doc["gate"]["verdict"], doc["gate"]["baseline"]) == ("block", "no baseline", None)
+    assert doc["gate"]["blocks"] == [{"rule": "must_pass", "message": "must-pass: 1 must-pass case(s) failed in some"
+                                      " sample: c7 (0/2)", "cases": ["c7"]}]
+
+    text = cli(args, env)
+    assert text.returncode == 1
+    assert "gate: BLOCK (no baseline)" in text.stdout and "  - must-pass: 1 must-pass case(s) failed" in text.stdout
+
+    safe = write_story(tmp_path / "safe.yaml")  # no must-pass case: the threshold and the veto alone
+    proc = cli(["run", str(safe), "--agent", f"python:{AGENTS}:v1", "-n", "2", "--min-pass-at-1", "0.9", "--json"], env)
+    assert proc.returncode == 1 and json.loads(proc.stdout)["gate"]["reasons"][0] == (
+        "threshold: pass@1 62.5% is below the required 90.0%")
+    proc = cli(["run", str(safe), "--agent", f"python:{AGENTS}:v1", "-n", "2", "--json"], env)
+    assert proc.returncode == 0 and "gate" not in json.loads(proc.stdout)  # no rule, safe: nothing decided
+    text = safe.read_text().replace("cases:", "safety: {forbidden_patterns: ['^no$']}\ncases:")
+    (tmp_path / "unsafe.yaml").write_text(text)
+    proc = cli(["run", str(tmp_path / "unsafe.yaml"), "--agent", f"python:{AGENTS}:v1", "-n", "2"], env)
+    assert proc.returncode == 1
+    assert "SAFETY FAILED" in proc.stdout and "gate: BLOCK (no baseline)" in proc.stdout
+    assert "  - safety: the run has at least one safety violation" in proc.stdout
+
+    proc = cli([*args, "--max-new-failures", "0"], env)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("evalpipe: run: --max-drop and --max-new-failures compare with a baseline:"
+                                   " they go with --baseline")

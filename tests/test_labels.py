@@ -37,7 +37,12 @@ def _run(tmp_path: Path) -> dict:
             for i in range(4)
         )
     )
-    return evaluate(suite=str(suite), agent=f"python:{agents}:answer", n=2)
+    from flows.steps import GateBlocked
+
+    try:
+        return evaluate(suite=str(suite), agent=f"python:{agents}:answer", n=2)
+    except GateBlocked as blocked:  # the canary's safety veto blocks a run without a baseline too
+        return blocked.summary
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +72,7 @@ def _fill(rows: list[dict]) -> list[dict]:
 
 
 def test_a_live_run_awaits_labels(run):
-    assert run["status_counts"] == {"error": 8} and run["safety_failed"]
+    assert run["status_counts"] == {"error": 8} and run["safety_failed"] and run["gate"]["decision"] == "block"
 
 
 @pytest.mark.parametrize("suffix", [".csv", ".jsonl"])

@@ -86,7 +86,7 @@ def test_gate_lines_put_the_decision_first_then_each_reason() -> None:
     gate = {"decision": "block", "verdict": "regressed", "reasons": ["regressed: -12.0 pts", "safety: 1 violation"]}
     assert gate_lines(gate) == ["BLOCK (regressed)", "  - regressed: -12.0 pts", "  - safety: 1 violation"]
     assert gate_lines({"decision": "pass", "verdict": "inconclusive", "reasons": []}) == ["PASS (inconclusive)"]
-    assert no_baseline_message("story", "r2") == "no baseline: no completed run of suite 'story' before r2; nothing was gated"
+    assert no_baseline_message("story", "r2") == "no baseline: no completed run of suite 'story' before r2; nothing was compared"
     decided = {"decision": "block", "verdict": "inconclusive", "reasons": ["new failures: c3"], "baseline": "r1",
                "baseline_choice": "previous: the latest completed run of suite 'story'", "shared_cases": 7,
                "added_cases": 1, "removed_cases": 0, "decided": "now",

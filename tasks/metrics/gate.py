@@ -15,7 +15,14 @@ from typing import Any, Literal
 
 import numpy as np
 
-from tasks.metrics.diff import CaseResult, RunDiff, SliceChange, metric_name, paired_change
+from tasks.metrics.diff import (
+    CaseResult,
+    RunDiff,
+    SliceChange,
+    diff_runs,
+    metric_name,
+    paired_change,
+)
 from tasks.metrics.percent import percent, signed_points
 from tasks.metrics.rules import GateRules, rule_blocks
 from tasks.metrics.stats import DEFAULT_LEVEL, DEFAULT_N_BOOT
@@ -145,15 +152,7 @@ def decide(
     lo, hi = change.ci or (delta, delta)  # one case: its change is the whole evidence
     verdict: Verdict = "improved" if lo > 0 else "regressed" if hi < 0 else "inconclusive"
 
-    blocks = []
-    if safety_failed:
-        blocks.append(
-            "safety: the run has at least one safety violation (a veto, whatever the rates)"
-        )
-    if min_pass_at_1 is not None and pass_at_1 < min_pass_at_1:
-        blocks.append(
-            f"threshold: pass@1 {percent(pass_at_1)} is below the required {percent(min_pass_at_1)}"
-        )
+    blocks = unpaired_blocks(safety_failed=safety_failed, pass_at_1=pass_at_1, min_pass_at_1=min_pass_at_1)
     if hi < -max_drop:
         blocks.append(
             f"regression: the whole {percent(level, 0)} CI of the change lies below "
@@ -179,6 +178,55 @@ def decide(
         dropped_cases=dropped_run + dropped_baseline,
         pass_at_1=pass_at_1,
     )
+
+
+def unpaired_blocks(*, safety_failed: bool, pass_at_1: float, min_pass_at_1: float | None) -> list[str]:
+    """The reasons to block that read the run alone: the safety veto and the pass@1 threshold."""
+    blocks = []
+    if safety_failed:
+        blocks.append("safety: the run has at least one safety violation (a veto, whatever the rates)")
+    if min_pass_at_1 is not None and pass_at_1 < min_pass_at_1:
+        blocks.append(f"threshold: pass@1 {percent(pass_at_1)} is below the required {percent(min_pass_at_1)}")
+    return blocks
+
+
+# The verdict of a decision made without a baseline: there is no change to call anything.
+NO_BASELINE = "no baseline"
+
+
+def gate_alone(
+    results: Sequence[CaseResult],
+    *,
+    run_id: str,
+    metric: str,
+    safety_failed: bool,
+    must_pass: frozenset[str] | None,
+    suite_version: str,
+    slice_values: Mapping[str, float | None] | None,
+    rules: GateRules = GateRules(),
+) -> dict[str, Any] | None:
+    """The `gate --json` document of a run with no baseline, decided by the rules that need
+    none: the safety veto, `min_pass_at_1`, the suite's `must_pass` cases and the slice
+    thresholds (`baseline` null, verdict "no baseline"); the paired CI and new failures wait
+    for a baseline. None when no such rule applies and the run is safe: nothing to decide."""
+    stated = replace(rules, must_pass=must_pass or frozenset())
+    if not (safety_failed or stated.must_pass or stated.min_pass_at_1 is not None or stated.slice_min):
+        return None
+    if not results:
+        raise InputError("gate: the run has no cases")
+    if slice_values is None:  # a registered metric's: its cases' means, as `gate_diff` takes them
+        slice_values = diff_runs(results, (), run_id=run_id, metric=metric).slice_means()
+    pass_at_1 = sum(r.c / r.n for r in results) / len(results)
+    blocks = rule_blocks(stated, results, None, slice_values, metric_name(metric))
+    unpaired = unpaired_blocks(safety_failed=safety_failed, pass_at_1=pass_at_1, min_pass_at_1=stated.min_pass_at_1)
+    safety = [r for r in unpaired if r.startswith("safety:")]
+    blocking = [*safety, *(b.message for b in blocks), *(r for r in unpaired if r not in safety)]
+    reasons = [*blocking, "no baseline: the rules that compare with one (the change's CI, new failures) were not applied"]
+    if must_pass is None:
+        reasons.append(f"must-pass cases unknown: suite {suite_version[:12]} has no snapshot here")
+    return {"decision": "block" if blocking else "pass", "verdict": NO_BASELINE, "reasons": reasons,
+            "delta_pass_at_1": None, "delta_ci": [None, None], "shared_cases": 0, "run_id": run_id,
+            "baseline": None, "metric": metric, "blocks": [b.to_json() for b in blocks], "rules": stated.to_json()}
 
 
 def gate_diff(

@@ -83,12 +83,13 @@ def check_slices(slice_min: Mapping[str, float], suite_slices: Iterable[str]) ->
 def rule_blocks(
     rules: GateRules,
     run: Sequence[CaseResult],
-    diff: RunDiff,
+    diff: RunDiff | None,
     slice_values: Mapping[str, float | None],
     metric_name: str = "pass@1",
 ) -> list[Block]:
     """The blocks `rules` raise for `run` (its diff against the baseline and its per-slice
-    values of the gated metric)."""
+    values of the gated metric); without a baseline (`diff` None), every rule but new
+    failures, the one that compares."""
     blocks = []
     by_id = {r.case_id: r for r in run}
     if rules.must_pass:
@@ -102,7 +103,7 @@ def rule_blocks(
             blocks.append(Block("must_pass", f"must-pass: {len(unmeasured)} must-pass case(s) were not measured:"
                                 f" {', '.join(unmeasured[:NAMED_IN_MESSAGE])}{_more(unmeasured)}",
                                 tuple(unmeasured)))
-    if rules.max_new_failures is not None:
+    if rules.max_new_failures is not None and diff is not None:
         new = sorted(c.case_id for c in diff.cases if c.before is not None and c.after is not None
                      and c.before.c == c.before.n and c.after.c < c.after.n)
         if len(new) > rules.max_new_failures:

@@ -22,6 +22,8 @@ def decided_by(gate: Mapping[str, Any]) -> str | None:
     decisions recorded their rules)."""
     if gate.get("rules") is None:
         return None
+    if gate.get("baseline") is None:
+        return f"without a baseline; rules: {rules_text(gate['rules'])}"
     choice = f" ({gate['baseline_choice']})" if gate.get("baseline_choice") else ""
     cases = f"{gate['shared_cases']} shared"
     if gate.get("added_cases") is not None:

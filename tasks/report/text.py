@@ -69,7 +69,7 @@ def summary_text(s: Mapping[str, Any], judges: Sequence[Mapping[str, Any]] = ())
     gate = s.get("gate")
     if gate:
         decision, *reasons = gate_lines(gate)
-        lines.extend([f"gate vs {gate['baseline']}: {decision}", *reasons])
+        lines.extend([f"gate vs {gate['baseline']}: {decision}" if gate["baseline"] else f"gate: {decision}", *reasons])
     return "\n".join(lines)
 
 

@@ -79,9 +79,9 @@ class RunConfig(BaseModel):
             raise ValueError("--dask-address goes with --runner dask")
         if self.agent_timeout is not None and not self.workspace:
             raise ValueError("--agent-timeout goes with --workspace")
-        if not self.baseline and self.rules != GateRules():
-            raise ValueError("--min-pass-at-1, --max-drop, --max-new-failures and --min-slice are gate rules:"
-                             " they go with --baseline")
+        # --min-pass-at-1 and --min-slice read the run alone and decide without a baseline.
+        if not self.baseline and (self.max_drop != GateRules.max_drop or self.max_new_failures is not None):
+            raise ValueError("--max-drop and --max-new-failures compare with a baseline: they go with --baseline")
         if self.sequential and not self.baseline:
             raise ValueError("--sequential needs --baseline: it stops when the comparison with the baseline is"
                              " decided")

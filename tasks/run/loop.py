@@ -621,8 +621,8 @@ class Gate:
     """A run's gate: the baseline it is compared with, and the check of its figures (the
     `gate --json` document)."""
 
-    baseline: str
-    check: Callable[[Measured], GateSummary | Mapping[str, Any]]
+    baseline: str | None  # None: the rules that need no baseline (`flows.gate.run_gate`)
+    check: Callable[[Measured], GateSummary | Mapping[str, Any] | None]
     rules: GateRules = GateRules()  # what a sequential run may stop on before the check
 
 
@@ -650,7 +650,7 @@ def run_loop(spec: RunSpec, config: RunConfig, suite: EvalSuite, agent: Any, sto
             drawing = draw_and_grade(spec, config, suite, None, rescoring.to_grade,
                                      len(rescoring.to_grade) + rescoring.failed_calls.num_rows, store, stages,
                                      progress=progress)
-        elif config.sequential and gate is not None:
+        elif config.sequential and gate is not None and gate.baseline is not None:
             meter = Meter(config.budget)  # one for the run: every round spends from it
 
             def draw_round(chunk: list[PlannedSample], shown: Progress | None) -> int:
@@ -666,13 +666,14 @@ def run_loop(spec: RunSpec, config: RunConfig, suite: EvalSuite, agent: Any, sto
             drawing = draw_and_grade(spec, config, suite, agent, missing, len(planned), store, stages,
                                      prices=prices, progress=progress, meter=meter)
         measured = reduce(spec, suite, store)
-        checked = GateSummary.model_validate(gate.check(measured)) if gate is not None else None
+        decided = gate.check(measured) if gate is not None else None  # None: nothing to decide
+        checked = GateSummary.model_validate(decided) if decided is not None else None
         cases = None
         if record is not None and record.stopped_early and checked is not None:
             checked, cases = stopped_gate(checked, record), record.cases_drawn  # `sequential` has the suite's count
         summary = measured.summary(RunOutcome(
             gate=checked,
-            no_baseline=None if gate is not None else no_baseline,
+            no_baseline=no_baseline,
             budget=budget_summary(config.budget, drawing.meter, drawing.undrawn) if config.budget.limited else None,
             undrawn_samples=drawing.undrawn,
             sequential=record.to_json() if record is not None else None,

@@ -107,7 +107,7 @@ def find_baseline(baseline: str | None, suite_name: str, store: RunSources, *, b
 def no_baseline_message(suite_name: str, before: str | None = None) -> str:
     """`--baseline previous` with no completed run of the suite (before run `before`)."""
     return (f"no baseline: no completed run of suite {suite_name!r}" + (f" before {before}" if before else " yet")
-            + "; nothing was gated")
+            + "; nothing was compared")
 
 
 def previous_choice(suite_name: str) -> str:

@@ -65,7 +65,7 @@ class GateSummary(_Doc):
     delta_ci: list[float | None]
     shared_cases: int
     run_id: str
-    baseline: str
+    baseline: str | None  # None: decided without one, by the rules that need none (verdict "no baseline")
     # Absent from gates stored before the case-level rules.
     metric: str | None = None  # what the paired CI compared: "pass" (pass@1), "score" or a registered metric
     dropped_cases: int | None = None  # measured by one run only
