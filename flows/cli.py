@@ -858,7 +858,7 @@ def main(argv: list[str] | None = None) -> int:
     atexit.unregister(gc.freeze)
     atexit.register(gc.freeze)
     loading_heap()  # a slow collector until Prefect is loaded (flows.prefect_api)
-    stop_on_signals()  # Ctrl-C and SIGTERM: exit 130 within seconds, the run resumable
+    restore_signals = stop_on_signals()  # Ctrl-C and SIGTERM: exit 130 within seconds, the run resumable
     try:
         # Plugins register their graders and metrics before any suite is read (tasks.registry).
         load_plugins()
@@ -879,6 +879,8 @@ def main(argv: list[str] | None = None) -> int:
             raise
         typer.echo(f"evalpipe: {failure}", err=True)
         return 3
+    finally:
+        restore_signals()
     if code == INTERRUPTED:
         typer.echo(INTERRUPTED_LINE, err=True)
     return code

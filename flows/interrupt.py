@@ -16,7 +16,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 INTERRUPTED = 130  # a shell's status for a command stopped by Ctrl-C
@@ -31,12 +31,20 @@ _timer: threading.Timer | None = None
 _deadline = float("inf")
 
 
-def stop_on_signals() -> None:
-    """SIGINT and SIGTERM raise `KeyboardInterrupt` and bound the time left to the process."""
+def stop_on_signals() -> Callable[[], None]:
+    """SIGINT and SIGTERM raise `KeyboardInterrupt` and bound the time left to the process.
+    Returns what puts back the handlers it found: a process that runs a command in-process
+    (`make demo`, a test, a script calling `flows.cli.main`) keeps its own Ctrl-C after it."""
     if threading.current_thread() is not threading.main_thread():
-        return  # only the main thread may set handlers (`main` called from a test's thread)
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, _stopped)
+        return lambda: None  # only the main thread may set handlers (`main` called from a test's thread)
+    found = {signum: signal.signal(signum, _stopped) for signum in (signal.SIGINT, signal.SIGTERM)}
+
+    def restore() -> None:
+        for signum, handler in found.items():
+            if handler is not None:  # None: set outside Python, cannot be put back
+                signal.signal(signum, handler)
+
+    return restore
 
 
 def _stopped(signum, frame) -> None:

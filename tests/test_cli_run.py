@@ -8,6 +8,7 @@ import json
 import os
 import pty
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -208,6 +209,27 @@ def evalpipe(capsys, *args: str) -> tuple[int, str, str]:
         code = exc.code or 0
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def test_a_command_run_in_process_gives_back_the_signal_handlers_it_found(capsys, home) -> None:
+    """`main` handles Ctrl-C and SIGTERM as a command (exit 130 within seconds) while it runs;
+    a process that runs a command in-process (`make demo`, a script, a test) has its own
+    handlers back after it, not ours: those would end it 4 s after a later Ctrl-C."""
+
+    def own(signum, frame) -> None:
+        pass
+
+    found = {signum: signal.signal(signum, own) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code, out, err = evalpipe(capsys, "suite", "hash", "examples/qa.yaml")
+        assert code == 0, err
+        assert signal.getsignal(signal.SIGINT) is own and signal.getsignal(signal.SIGTERM) is own
+        code, _, err = evalpipe(capsys, "runs", "show", "19990101")  # and after a failed one
+        assert code == 2, err
+        assert signal.getsignal(signal.SIGINT) is own and signal.getsignal(signal.SIGTERM) is own
+    finally:
+        for signum, handler in found.items():
+            signal.signal(signum, handler)
 
 
 def test_a_reported_failure_is_known_by_its_exception_and_run_not_by_its_text():
