@@ -1,7 +1,8 @@
 """Load a user's Python callable named `module:function` or `path/to/file.py:function`.
 
-The `python:` agent and `judge` use it in the harness; `predicate` only inside the sandbox
-(`tasks.graders.predicate_host`), since a suite is not trusted. Besides the callable it returns the sha256 of the source file, because a
+The `python:` agent uses it in the harness; `predicate` and a suite's `judge` inside the
+sandbox (`tasks.graders.predicate_host`), since a suite is not trusted, or a judge the
+machine allows (`EVALPIPE_HARNESS_JUDGES`) in the harness, scoped (below). Besides the callable it returns the sha256 of the source file, because a
 change to the user's code must change every cache key that depends on it.
 
 Import rules, chosen to match what a user running a script from the project root expects:
@@ -9,11 +10,17 @@ Import rules, chosen to match what a user running a script from the project root
   a suite's callables pass the suite file's directory) on `sys.path`, so a module beside the suite imports even under the `evalpipe` script.
 - `file.py:function` is executed as a module of its own, named after its path and content:
   loading the same file twice is free, and an edited file is loaded afresh.
+- A callable a suite names (`own_code_only`: a suite is not trusted) is checked before
+  anything is imported, then loaded scoped: its file run as a module of its own, the
+  suite's folder on `sys.path` only while it runs and after every other entry, and whatever
+  it added to `sys.modules` dropped after. Loaded or refused, it changes neither `sys.path`
+  nor `sys.modules`: no later import of the harness finds the suite's files.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
 import importlib.util
 import sys
 import threading
@@ -39,6 +46,9 @@ class UserCallable:
 _module_hashes: dict[str, str] = {}
 
 
+# A suite's modules loaded scoped, by file and content: never in sys.modules.
+_scoped: dict[tuple[Path, str], ModuleType] = {}
+
 # A module sits in sys.modules before its code has run: another thread loading the same
 # file at that moment would see it half-initialised. Loading is rare; serialise it.
 _LOADING = threading.RLock()
@@ -57,13 +67,13 @@ def load_callable(ref: str, base: Path | None = None, *, own_code_only: bool = F
     base = base or Path.cwd()
     is_file = target.endswith(".py") or "/" in target
     with _LOADING:
-        if not is_file and str(base.resolve()) not in sys.path:
-            sys.path.insert(0, str(base.resolve()))
         if own_code_only:
-            _check_own_code(ref, (base / target).resolve() if is_file else _module_origin(target))
-        if is_file:
+            module, source, digest = _load_scoped(ref, own_code(ref, base), base)
+        elif is_file:
             module, source, digest = _load_file(ref, (base / target).resolve())
         else:
+            if str(base.resolve()) not in sys.path:
+                sys.path.insert(0, str(base.resolve()))
             module, source, digest = _import_module(ref, target)
     func = getattr(module, name, None)
     if func is None:
@@ -83,25 +93,65 @@ def source_dirs(ref: str, base: Path) -> list[str]:
     return dirs
 
 
-def _module_origin(target: str) -> Path | None:
-    """Where the top-level package of `target` would be imported from, without running it."""
-    try:
-        spec = importlib.util.find_spec(target.partition(".")[0])
-    except (ImportError, ValueError):
-        return None
-    if spec is None:
-        return None
-    if spec.has_location and spec.origin:
+def _module_file(target: str, base: Path) -> Path | None:
+    """The file module `target` would be imported from, `base` first, then `sys.path`:
+    found without importing or running anything, nor changing `sys.path`."""
+    locations: list[str] | None = [str(base.resolve()), *sys.path]
+    spec = None
+    for part in target.split("."):
+        if locations is None:  # a module, not a package: it has no submodules
+            return None
+        try:
+            spec = importlib.machinery.PathFinder.find_spec(part, locations)
+        except (ImportError, ValueError):
+            return None
+        if spec is None:
+            return None
+        locations = list(spec.submodule_search_locations) if spec.submodule_search_locations is not None else None
+    if spec is not None and spec.has_location and spec.origin:
         return Path(spec.origin).resolve()
-    locations = list(spec.submodule_search_locations or [])  # a namespace package
-    return Path(locations[0]).resolve() if locations else None
+    return Path(locations[0]).resolve() if locations else None  # a namespace package
 
 
-def _check_own_code(ref: str, source: Path | None) -> None:
+def own_code(ref: str, base: Path) -> Path:
+    """The file of a callable a suite names, if it is the user's own code (not the standard
+    library's, an installed package's or a built-in); `InputError` otherwise. Nothing is
+    imported or run."""
+    target = ref.rpartition(":")[0]
+    is_file = target.endswith(".py") or "/" in target
+    source = (base / target).resolve() if is_file else _module_file(target, base)
     installs = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
     if source is None or any(source.is_relative_to(p) for p in installs):
         where = source or "a built-in or missing module"
         raise InputError(f"{ref!r}: a suite may name only its own code, not {where}")
+    return source
+
+
+def _load_scoped(ref: str, path: Path, base: Path) -> tuple[ModuleType, Path, str]:
+    """A suite's module (see the module's docstring): run once per file and content."""
+    try:
+        digest = sha256_hex(path.read_bytes())
+    except OSError:  # missing, or a folder (a namespace package): `_load_file` says which
+        digest = ""
+    if (path, digest) in _scoped:
+        return _scoped[(path, digest)], path, digest
+    folder = base.resolve()
+    saved_path, saved_modules = list(sys.path), set(sys.modules)
+    sys.path.append(str(folder))  # its own imports: after everything of the harness's
+    try:
+        module, _, digest = _load_file(ref, path)
+    finally:
+        sys.path[:] = saved_path
+        # Its module and the suite's files it imported; a library it imported first stays
+        # (an extension module cannot be loaded twice).
+        for name in set(sys.modules) - saved_modules:
+            loaded = sys.modules[name]
+            file = getattr(loaded, "__file__", None)
+            where = [file] if file else list(getattr(loaded, "__path__", []))  # a namespace package: its folders
+            if any(Path(w).resolve() == path or Path(w).resolve().is_relative_to(folder) for w in where):
+                del sys.modules[name]
+    _scoped[(path, digest)] = module
+    return module, path, digest
 
 
 def _load_file(ref: str, path: Path) -> tuple[ModuleType, Path, str]:

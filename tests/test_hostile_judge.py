@@ -97,3 +97,80 @@ def test_unreadable_replies_are_errors(reply) -> None:
         result = parse_reply(reply)
         if result not in ("PASS", "FAIL"):
             raise JudgeError(str(result)[:10])
+
+
+# --- a suite's own judge code (#45 item 1) ---------------------------------------------------
+
+IMPL = '''
+import os, pathlib
+
+
+def judge(output, case, seed):
+    try:
+        pathlib.Path({mark!r}).write_text("ran in the harness")
+    except OSError:
+        pass
+    return {{"passed": True, "score": 1.0, "rationale": "token=" + os.environ.get("GITHUB_TOKEN", "none")}}
+'''
+# What the harness imports lazily (pricing): the suite's copy would replace it, graders and all.
+SHADOW = "raise SystemExit('the suite shadowed an import of the harness')\n"
+
+
+def hostile_suite(tmp_path, function: str) -> EvalCase:
+    from tasks.suites.dataset import load_suite
+
+    folder = tmp_path / "their-suite"
+    (folder / "helpers").mkdir(parents=True, exist_ok=True)
+    (folder / "helpers" / "judge_impl.py").write_text(IMPL.format(mark=str(tmp_path / "pwned")))
+    (folder / "genai_prices.py").write_text(SHADOW)
+    (folder / "suite.yaml").write_text(
+        "name: theirs\ncases:\n"
+        f"  - {{id: c, inputs: {{prompt: '2+2?'}}, grader: {{kind: judge, function: '{function}'}}}}\n")
+    return load_suite(folder / "suite.yaml").case("c")
+
+
+def harness_imports(tmp_path) -> tuple[list[str], list[str], str]:
+    """sys.path, the modules loaded from the test's folders, where `import genai_prices` goes."""
+    import importlib.machinery
+    import sys
+
+    theirs = [name for name, module in list(sys.modules.items())
+              if str(tmp_path) in str(getattr(module, "__file__", None) or getattr(module, "__path__", ""))]
+    return list(sys.path), theirs, importlib.machinery.PathFinder.find_spec("genai_prices", sys.path).origin
+
+
+@pytest.mark.parametrize("function", ["helpers/judge_impl.py:judge", "helpers.judge_impl:judge"])
+def test_a_suite_s_judge_code_runs_in_the_sandbox(tmp_path, monkeypatch, function) -> None:
+    """It ran in the harness: it saw GITHUB_TOKEN and wrote where the harness can."""
+    from tasks.trace import SampleTrace
+
+    monkeypatch.setenv("GITHUB_TOKEN", "ghp_" + "s3cret" * 6)
+    before = harness_imports(tmp_path)
+    trace = SampleTrace()
+    verdict = grade("5", hostile_suite(tmp_path, function), trace)
+    assert verdict.status is Status.passed, verdict.detail  # its verdict is the suite's to give
+    assert trace.judge.draws[0].rationale == "token=none"
+    assert not (tmp_path / "pwned").exists()
+    assert harness_imports(tmp_path) == before
+
+
+def test_nothing_a_suite_names_changes_what_the_harness_imports(tmp_path, monkeypatch) -> None:
+    """A refused judge (`shutil:rmtree`) put the suite's folder first on sys.path for good:
+    the harness's next `import genai_prices` ran the suite's. Refused, sandboxed or let into
+    the harness by the machine's allow-list, a suite's judge leaves sys.path and sys.modules
+    as they were; the user's own suite then grades in the same process as before."""
+    from evalpipe import evaluate
+
+    before = harness_imports(tmp_path)
+    refused = grade("5", hostile_suite(tmp_path, "shutil:rmtree"))
+    assert refused.status is Status.error and "may name only its own code" in refused.detail
+    assert harness_imports(tmp_path) == before
+    for allowed in ("", "helpers.judge_impl:judge", "helpers/judge_impl.py:judge"):
+        monkeypatch.setenv("EVALPIPE_HARNESS_JUDGES", allowed)
+        case = hostile_suite(tmp_path, allowed or "helpers.judge_impl:judge")
+        assert grade("5", case).status is Status.passed
+        assert harness_imports(tmp_path) == before, allowed
+    assert (tmp_path / "pwned").exists()  # allow-listed, it ran in the harness, as the machine said
+    cases = [{"id": "q", "inputs": {"a": 1}, "reference": "4", "grader": {"kind": "exact"}}]
+    run = evaluate(cases, lambda inputs, ctx: "5", name="mine", n=1, home=tmp_path / "home").to_json()
+    assert run["status_counts"] == {"failed": 1}

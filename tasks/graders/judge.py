@@ -17,6 +17,11 @@ Judge callables (`module:function`):
   `passed` (bool) and optional `score` (0..1) and `rationale` (str);
 - pairwise (`tasks.metrics.pairwise`): `fn(case, first, second, seed)` returns `"first"`/`"A"`,
   `"second"`/`"B"` or `"tie"` (or a mapping with `winner`).
+
+A suite is not trusted, so a judge callable it names runs in the sandbox, as a predicate
+does (no network, none of the harness's variables or files), unless the machine's
+`EVALPIPE_HARNESS_JUDGES` names it (the reference as the suite writes it): then it is
+loaded scoped into the harness (`tasks.callables`), where it may call an endpoint.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from typing import Any, Literal
 from tasks.agents import PROMPT_FIELDS, AgentError, call_user_code
 from tasks.agents.openai_client import EndpointError, OpenAIClient
 from tasks.agents.settings import AgentSettings, env_overrides
-from tasks.callables import load_callable
+from tasks.callables import load_callable, own_code, source_dirs
 from tasks.fences import inert_tokens, strip_fence_ends
 from tasks.models import (
     EvalCase,
@@ -49,11 +54,15 @@ from tasks.models import (
 from tasks.params import JudgeParams
 from tasks.redaction import redact
 from tasks.registry import grader
+from tasks.sandbox import call_in_sandbox
 from tasks.trace import JudgeDraw, JudgeTrace, SampleTrace
 
 Preference = Literal["first", "second", "tie"]
 
 RATIONALE_CHARS = 2000  # per draw in the trace: enough to read, not a second output column
+# The machine's policy (docs/contract.md §10): a suite's judge callables that run in the
+# harness, comma-separated references as the suite writes them.
+HARNESS_JUDGES_ENV = "EVALPIPE_HARNESS_JUDGES"
 
 # The candidate's text reaches the judge between markers it cannot forge (`delimit`), and
 # the verdict is read only from the reply as a whole (`parse_reply`), so a candidate can
@@ -171,25 +180,70 @@ def load_judge(
     base: Path | None = None,
 ) -> Judge:
     """A judge from its spec; `InputError` when the spec cannot be resolved. A judge a suite
-    names runs in the harness (it calls endpoints), so it may only be the user's own code."""
+    names may only be the user's own code, and runs in the sandbox unless the machine's
+    `EVALPIPE_HARNESS_JUDGES` names it (see the module)."""
     params = dict(params or {})
     if spec.startswith("openai:"):
         return _openai_judge(spec, rubric, samples, params)
+    base = base or Path.cwd()
+    identity = {"judge": spec, "rubric": rubric, "params": params, "samples": samples}
+    if suite_named and spec not in harness_judges():
+        own_code(spec, base)  # nothing of it runs here
+
+        def sandboxed(request: dict[str, Any]) -> Any:
+            return _from_sandbox(call_in_sandbox(spec, base, source_dirs(spec, base), request))
+
+        return Judge(
+            spec=spec,
+            fingerprint=sha256_hex(canonical_json({**identity, "code": sandboxed({"op": "hash"})})),
+            samples=samples,
+            _grade=lambda output, case, seed: sandboxed(
+                {"op": "judge", "output": output, "case": case.model_dump(mode="json"), "seed": seed}),
+            _prefer=lambda case, first, second, seed: sandboxed(
+                {"op": "prefer", "case": case.model_dump(mode="json"), "first": first, "second": second,
+                 "seed": seed}),
+        )
     fn = load_callable(spec, base, own_code_only=suite_named)
-    identity = {
-        "judge": spec,
-        "code": fn.code_sha256,
-        "rubric": rubric,
-        "params": params,
-        "samples": samples,
-    }
     return Judge(
         spec=spec,
-        fingerprint=sha256_hex(canonical_json(identity)),
+        fingerprint=sha256_hex(canonical_json({**identity, "code": fn.code_sha256})),
         samples=samples,
         _grade=lambda output, case, seed: fn.func(output, case, seed),
         _prefer=lambda case, first, second, seed: fn.func(case, first, second, seed),
     )
+
+
+def harness_judges() -> frozenset[str]:
+    return frozenset(r.strip() for r in os.environ.get(HARNESS_JUDGES_ENV, "").split(",") if r.strip())
+
+
+def sandbox_answer(fn: Callable[..., Any], request: Mapping[str, Any]) -> dict[str, Any]:
+    """In the sandbox (`tasks.graders.predicate_host`): the judge's answer to `request` as
+    JSON, its failure as `raised`."""
+    case = EvalCase.model_validate(request["case"])
+    args = ((request["output"], case, request["seed"]) if request["op"] == "judge"
+            else (case, request["first"], request["second"], request["seed"]))
+    try:
+        result = call_user_code(fn, *args)
+    except AgentError as exc:
+        return {"raised": str(exc)}
+    if isinstance(result, Verdict):
+        return {"verdict": result.model_dump(mode="json")}
+    try:
+        json.dumps(result, allow_nan=False)
+    except (TypeError, ValueError):
+        return {"result": repr(result)[:200]}  # not a verdict, as `draw_from_result` will say
+    return {"result": result}
+
+
+def _from_sandbox(reply: dict[str, Any]) -> Any:
+    if "load_error" in reply:
+        raise InputError(reply["load_error"])
+    if "code_sha256" in reply:
+        return reply["code_sha256"]
+    if "raised" in reply:
+        raise AgentError(reply["raised"])
+    return Verdict.model_validate(reply["verdict"]) if "verdict" in reply else reply["result"]
 
 
 def case_judge(case: EvalCase) -> Judge:

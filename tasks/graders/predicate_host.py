@@ -1,12 +1,14 @@
-"""The sandboxed side of `predicate`: `python -I -m tasks.graders.predicate_host REF BASE [--pidns]`.
+"""The sandboxed side of a suite's callable, a `predicate` or a `judge`:
+`python -I -m tasks.graders.predicate_host REF BASE [--pidns]`.
 
 Started by `tasks.sandbox.servers.CallServer` inside bubblewrap, as its pid namespace's init (a
 process it starts cannot kill it). It loads the suite's callable `REF` relative to
 `BASE` and answers framed JSON requests (`tasks.sandbox.forkserver` protocol) one at a time:
-- `{"op": "hash"}` → `{"code_sha256": ...}` (the grader fingerprint's part), and
+- `{"op": "hash"}` → `{"code_sha256": ...}` (the grader fingerprint's part),
 - `{"output": str, "case": {...}}` → `{"verdict": {...}}`, decided by
-  `tasks.graders.predicate.decide` as it used to be in the harness,
-either answer may be `{"load_error": message}` instead. The callable is looked up afresh
+  `tasks.graders.predicate.decide` as it used to be in the harness, and
+- `{"op": "judge" | "prefer", ...}` → the judge's answer (`tasks.graders.judge.sandbox_answer`);
+any answer may be `{"load_error": message}` instead. The callable is looked up afresh
 on each request (cheap when unchanged), so an edited file is what runs. Calls happen in
 this process, so module-level state lives on between calls as it would in the harness;
 whatever the call started is killed before the answer goes back.
@@ -31,6 +33,10 @@ def answer(ref: str, base: Path, request: dict) -> dict:
         return {"load_error": str(exc)}
     if request.get("op") == "hash":
         return {"code_sha256": loaded.code_sha256}
+    if request.get("op") in ("judge", "prefer"):
+        from tasks.graders.judge import sandbox_answer  # only a judge's server needs its client
+
+        return sandbox_answer(loaded.func, request)
     case = EvalCase.model_validate(request["case"])
     return {"verdict": decide(ref, loaded.func, request["output"], case).model_dump(mode="json")}
 
