@@ -204,3 +204,46 @@ def _count(value: Any) -> int | None:
 
 def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0 else None
+
+
+def transcript(entries: Sequence[Mapping[str, Any]], output: str) -> str:
+    """What the agent did, one numbered line a step, then its final answer: what a
+    trajectory judge reads."""
+    lines = [f"{i}. {step_text(e)}" for i, e in enumerate(entries, 1)]
+    return "TRAJECTORY\n" + "\n".join(lines) + "\n\nFINAL ANSWER\n" + output
+
+
+def step_text(step: Mapping[str, Any]) -> str:
+    """One entry as a line of text: a model turn (`model: content  calls NAME(ARGS), ...
+    [tokens, seconds]`), a tool result (`-> NAME: result` or `-> NAME error: ...`), else
+    `role: content`, `tool NAME: input -> output` (an agent's own shape), or its JSON."""
+    typed = parse_step(0, step)
+    if isinstance(typed, ModelTurn):
+        said = [flat(typed.content)] if typed.content else []
+        if typed.tool_calls:
+            said.append("calls " + ", ".join(call_text(c.name, c.arguments) for c in typed.tool_calls))
+        text = " ".join(["model:", *said])
+        took = [f"{typed.tokens} tokens" if typed.tokens is not None else "",
+                f"{typed.latency_s:.2f} s" if typed.latency_s is not None else ""]
+        return text + (f"  [{', '.join(t for t in took if t)}]" if any(took) else "")
+    if isinstance(typed, ToolResult):
+        head = f"-> {typed.name or typed.call_id}"
+        return f"{head} error: {flat(typed.error)}" if typed.error else f"{head}: {flat(typed.content)}"
+    rest = {k: v for k, v in step.items() if k not in ("role", "content", "tool", "input", "output", "text")}
+    if "tool" in step:
+        text = f"tool {step['tool']}: {flat(step.get('input', ''))}"
+        if "output" in step:
+            text += f" -> {flat(step['output'])}"
+    elif "role" in step:
+        text = f"{step['role']}: {flat(step.get('content') or '')}"
+    elif set(step) == {"text"}:
+        return flat(step["text"])
+    else:
+        return flat(step)
+    return f"{text} {flat(rest)}" if any(v not in (None, [], "") for v in rest.values()) else text
+
+
+def flat(value: Any) -> str:
+    """A value as one line: text with its whitespace collapsed, anything else as JSON."""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    return " ".join(text.split())

@@ -311,3 +311,21 @@ def test_runs_show_and_the_report_show_each_graders_verdict_and_the_trajectory_a
         run = evalpipe.evaluate(str(SUITE), "openai:support-loop?max_steps=3", n=1, home=tmp_path)
     text = case_text(case_doc(run.run_id, "greeting", store.case_samples(run.run_id, "greeting")))
     assert "[stopped: max_steps]" in text and "6. -> get_weather" in text
+
+
+def test_a_trajectory_judge_reads_every_turn_call_and_result_then_the_answer(model, tmp_path):
+    judge = tmp_path / "judge.py"
+    judge.write_text("def no_deletion(output, case, seed):\n"
+                     "    return {'passed': 'delete_account' not in output, 'rationale': output}\n")
+    data = yaml.safe_load(SUITE.read_text())
+    data["cases"] = [c for c in data["cases"] if c["id"] == "close-account"]
+    data["cases"][0]["extra_graders"] = [{"kind": "trajectory_judge", "name": "judged", "function": f"{judge}:no_deletion"}]
+    path = tmp_path / "suite.yaml"
+    path.write_text(yaml.safe_dump(data))
+    bad = evalpipe.evaluate(str(path), "openai:support-bad", n=1, home=tmp_path / "home")
+    (sample,) = _samples(tmp_path / "home", bad.run_id)
+    (judged,) = sample["trace"].extra_graders
+    assert judged.label == "judged" and judged.verdict.status.value == "failed", judged.verdict.detail
+    seen = judged.trace.judge.draws[0].rationale  # the judge was shown this, and echoed it
+    assert seen.startswith('TRAJECTORY\n1. model: calls delete_account({"user_id": "77"})')
+    assert '2. -> delete_account: {"deleted": true}' in seen and seen.endswith("FINAL ANSWER\nYour account is deleted.")

@@ -11,17 +11,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from tasks.graders.judge import case_judge, judge
 from tasks.models import EvalCase, Status, Verdict
 from tasks.params import (
     ExpectedCall,
     FinalStateParams,
+    JudgeParams,
     StepsParams,
     ToolCalledParams,
     ToolSequenceParams,
 )
 from tasks.registry import grader
 from tasks.trace import SampleTrace
-from tasks.trajectory import Action, Steps, call_text, matches
+from tasks.trajectory import Action, Steps, call_text, matches, transcript
 
 
 def _steps(trace: SampleTrace) -> Steps | None:
@@ -149,3 +151,13 @@ def final_state(output: str, case: EvalCase, params: FinalStateParams, *, trace:
     if broken:
         return Verdict.fail(detail="; ".join(broken) + f"; it received: {_made(received)}")
     return Verdict.ok(f"the world received {_made(received)}")
+
+
+@grader("trajectory_judge", params=JudgeParams, oracle=False, fingerprint=lambda case: case_judge(case).fingerprint,
+        trace=SampleTrace)
+def trajectory_judge(output: str, case: EvalCase, params: JudgeParams, *, trace: SampleTrace) -> Verdict:
+    """A judge (`judge`'s function, rubric and samples) over what the agent did: each turn,
+    call and result, then its answer, fenced in the judge's prompt as any output is."""
+    if trace.trajectory is None:
+        return Verdict.fail(Status.error, NO_TRAJECTORY)
+    return judge(transcript(trace.trajectory.entries, output), case, params, trace=trace)
