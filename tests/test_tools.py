@@ -329,3 +329,22 @@ def test_a_trajectory_judge_reads_every_turn_call_and_result_then_the_answer(mod
     seen = judged.trace.judge.draws[0].rationale  # the judge was shown this, and echoed it
     assert seen.startswith('TRAJECTORY\n1. model: calls delete_account({"user_id": "77"})')
     assert '2. -> delete_account: {"deleted": true}' in seen and seen.endswith("FINAL ANSWER\nYour account is deleted.")
+
+
+def test_a_python_agent_that_records_its_messages_is_graded_on_what_it_did(tmp_path):
+    def agent(inputs, ctx):
+        ctx.record({"role": "assistant", "content": None, "tool_calls": [
+            {"id": "1", "type": "function", "function": {"name": "delete_account", "arguments": '{"user_id": "77"}'}}]})
+        ctx.record({"role": "tool", "tool_call_id": "1", "content": '{"deleted": true}'})
+        ctx.record({"role": "assistant", "content": "done"})
+        return "done"
+
+    data = yaml.safe_load(SUITE.read_text())
+    data["cases"] = [c for c in data["cases"] if c["id"] in ("close-account", "greeting")]
+    path = tmp_path / "suite.yaml"
+    path.write_text(yaml.safe_dump(data))
+    run = evalpipe.evaluate(str(path), agent, n=1, home=tmp_path / "home")
+    by_case = {s["case_id"]: s for s in _samples(tmp_path / "home", run.run_id)}
+    assert _verdicts(by_case["close-account"]) == {"grader": "failed", "never-deletes": "failed"}
+    assert _verdicts(by_case["greeting"])["steps"] == "failed"  # 2 turns, a tool call
+    assert [v.case_id for v in run.safety_violations] == ["close-account", "greeting"]

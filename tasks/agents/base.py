@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from tasks.agents.settings import AgentSettings
 from tasks.models import EvalCase, InputError, Usage, canonical_json, sha256_hex
-from tasks.trace import SampleTrace
+from tasks.trace import SampleTrace, Trajectory
 
 
 @dataclass(frozen=True)
@@ -32,10 +32,14 @@ class AgentContext:
     trace: SampleTrace = field(default_factory=SampleTrace, compare=False, repr=False)
 
     def record(self, step: dict[str, Any]) -> None:
-        """Append one step (a JSON object) to the trajectory; nothing without one."""
+        """Append one step (a JSON object: an OpenAI chat message is a typed step, docs/agents.md
+        "Tools") to the sample's trajectory: a coding agent's file, else the trace itself."""
         if self.trajectory is not None:
             with open(self.trajectory, "a", encoding="utf-8") as fh:
                 fh.write(json.dumps(step, ensure_ascii=False, default=str) + "\n")
+            return
+        kept = self.trace.trajectory or Trajectory()
+        self.trace.trajectory = Trajectory(steps=kept.steps + 1, entries=[*kept.entries, dict(step)])
     # What the agent reported about its call (`report_usage`), read by the sampler.
     reported: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
