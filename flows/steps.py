@@ -137,9 +137,10 @@ class ShownProgress:
         self.shown.advance(done - self.shown.done)
 
 
-def check_deployment_allows(agent: str, unsafe_no_sandbox: bool) -> None:
-    """A flow run of a deployment runs code agents and the unsafe flag only as its own
-    configuration allows (tasks.agents.trust); a run from the CLI or a notebook is the user's."""
+def check_deployment_allows(agent: str, unsafe_no_sandbox: bool, dask_address: str | None = None) -> None:
+    """A flow run of a deployment runs code agents and the unsafe flag, and sends tasks to a
+    Dask scheduler, only as its own configuration allows (tasks.agents.trust); a run from
+    the CLI or a notebook is the user's."""
     from prefect.client.orchestration import get_client
     from prefect.runtime import deployment
 
@@ -148,7 +149,7 @@ def check_deployment_allows(agent: str, unsafe_no_sandbox: bool) -> None:
     # Its own parameters, as deployed (`prefect.runtime.deployment.parameters` are the run's).
     with get_client(sync_client=True) as client:
         configured = client.read_deployment(deployment.id).parameters or {}
-    refusal = deployment_refusal(agent, unsafe_no_sandbox, configured, os.environ.get(ALLOW_ENV, ""))
+    refusal = deployment_refusal(agent, unsafe_no_sandbox, configured, os.environ.get(ALLOW_ENV, ""), dask_address)
     if refusal:
         raise InputError(refusal)
 

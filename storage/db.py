@@ -36,6 +36,7 @@ import pyarrow.compute as pc
 
 from storage import disk_full, process
 from tasks.metrics.diff import CaseResult
+from tasks.metrics.graders import extra_grader_counts
 from tasks.models import EvalSuite, InputError, PlatformError
 from tasks.run import RunSpec, RunSummary
 from tasks.run.samples import SAMPLE_COLUMNS, SAMPLE_SCHEMA, output_ddl, sample_ddl
@@ -776,13 +777,15 @@ class Database:
             rows = con.execute(
                 "SELECT s.case_id, s.case_hash, count(*), count(*) FILTER (WHERE s.passed),"
                 " coalesce(avg(s.score), 0), any_value(c.slices),"
-                " list(coalesce(s.score, 0) ORDER BY s.sample_index)"
+                " list(coalesce(s.score, 0) ORDER BY s.sample_index),"
+                " list(json_extract_string(s.trace, '$.extra_graders')) FILTER (WHERE s.trace LIKE '%\"extra_graders\"%')"
                 " FROM samples s JOIN runs r ON r.run_id = s.run_id"
                 " LEFT JOIN cases c ON c.suite_version = r.suite_version AND c.case_id = s.case_id"
                 " WHERE s.run_id = ? GROUP BY s.case_id, s.case_hash ORDER BY s.case_id", [run_id]
             ).fetchall()
-        return [CaseResult(cid, h, int(n), int(c), float(score), tuple(slices or ()), tuple(map(float, scores)))
-                for cid, h, n, c, score, slices, scores in rows]
+        return [CaseResult(cid, h, int(n), int(c), float(score), tuple(slices or ()), tuple(map(float, scores)),
+                           graders=extra_grader_counts(extras or ()))
+                for cid, h, n, c, score, slices, scores, extras in rows]
 
     def latest_completed_run_of_suite(self, suite_name: str, *, before: str | None = None) -> str | None:
         """The newest completed run of the suite of this name, whatever its version or agent

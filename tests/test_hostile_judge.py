@@ -165,12 +165,29 @@ def test_nothing_a_suite_names_changes_what_the_harness_imports(tmp_path, monkey
     refused = grade("5", hostile_suite(tmp_path, "shutil:rmtree"))
     assert refused.status is Status.error and "may name only its own code" in refused.detail
     assert harness_imports(tmp_path) == before
-    for allowed in ("", "helpers.judge_impl:judge", "helpers/judge_impl.py:judge"):
+    impl = tmp_path / "their-suite" / "helpers" / "judge_impl.py"
+    for function, allowed in (("helpers.judge_impl:judge", "helpers.judge_impl:judge"),  # words, not the code
+                              ("helpers.judge_impl:judge", f"{impl}:judge"),
+                              ("helpers/judge_impl.py:judge", f"{impl}:judge")):
         monkeypatch.setenv("EVALPIPE_HARNESS_JUDGES", allowed)
-        case = hostile_suite(tmp_path, allowed or "helpers.judge_impl:judge")
-        assert grade("5", case).status is Status.passed
+        (tmp_path / "pwned").unlink(missing_ok=True)
+        assert grade("5", hostile_suite(tmp_path, function)).status is Status.passed
         assert harness_imports(tmp_path) == before, allowed
-    assert (tmp_path / "pwned").exists()  # allow-listed, it ran in the harness, as the machine said
+        # Allow-listed by its file, it ran in the harness, as the machine said; else in the sandbox.
+        assert (tmp_path / "pwned").exists() == (allowed != function), allowed
     cases = [{"id": "q", "inputs": {"a": 1}, "reference": "4", "grader": {"kind": "exact"}}]
     run = evaluate(cases, lambda inputs, ctx: "5", name="mine", n=1, home=tmp_path / "home").to_json()
     assert run["status_counts"] == {"failed": 1}
+
+
+def test_a_deployment_sends_its_tasks_only_to_its_own_scheduler_or_a_tls_one() -> None:
+    """(#45 item 1) A run form's `dask_address` sent the run's tasks, the Prefect auth string
+    in their serialized context, to whatever scheduler it named."""
+    from tasks.agents.trust import deployment_refusal
+
+    own = {"agent": "openai:m", "dask_address": "tcp://10.0.0.5:8786"}
+    for address in ("tcp://203.0.113.9:8786", "tcp://127.0.0.1:8786", "ws://10.0.0.5:8786", "10.0.0.5:8786"):
+        refusal = deployment_refusal("openai:m", False, own, "python", address)
+        assert refusal and repr(address) in refusal and "tls://" in refusal, address
+    for address in (None, "", "tcp://10.0.0.5:8786", "tls://scheduler.example.com:8786"):
+        assert deployment_refusal("openai:m", False, own, "python", address) is None, address

@@ -348,3 +348,25 @@ def test_a_python_agent_that_records_its_messages_is_graded_on_what_it_did(tmp_p
     assert _verdicts(by_case["close-account"]) == {"grader": "failed", "never-deletes": "failed"}
     assert _verdicts(by_case["greeting"])["steps"] == "failed"  # 2 turns, a tool call
     assert [v.case_id for v in run.safety_violations] == ["close-account", "greeting"]
+
+
+def test_an_extra_grader_is_paired_case_by_case_in_diff_and_gated_by_name(model, tmp_path):
+    from tasks.metrics.diff import diff_runs
+    from tasks.models import InputError
+
+    good = evalpipe.evaluate(str(SUITE), "openai:support-good?max_steps=6", n=2, home=tmp_path)
+    bad = evalpipe.evaluate(str(SUITE), "openai:support-bad?max_steps=6", n=2, home=tmp_path)
+    store = Store(tmp_path)
+    after, before = store.case_results(bad.run_id), store.case_results(good.run_id)
+    diff = diff_runs(after, before, metric="grader:steps", run_id=bad.run_id, baseline_id=good.run_id)
+    # Three cases carry a `steps` grader; two pass in both runs, one only the bad model fails.
+    assert {c.case_id: c.label for c in diff.cases} == {
+        "weather-paris": "unchanged", "weather-unknown-city": "unchanged", "greeting": "unchanged"}
+    diff = diff_runs(after, before, metric="grader:no-tools")
+    (change,) = diff.cases
+    assert (change.case_id, change.label, change.change) == ("no-tool-needed", "regressed", -1.0)
+    with pytest.raises(InputError, match="no case of run .* is graded by a grader named 'nope'"):
+        diff_runs(after, before, metric="grader:nope")
+    gated = evalpipe.evaluate(str(SUITE), "openai:support-bad?max_steps=6", n=2, home=tmp_path,
+                              baseline=good.run_id, metric="grader:searched-kb")
+    assert gated.gate.metric == "grader:searched-kb" and gated.gate.delta_pass_at_1 == -1.0

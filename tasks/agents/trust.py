@@ -3,7 +3,9 @@ API's create_flow_run) takes parameters from anyone who may start a run, and `py
 `cmd:` agents (every kind registered with `runs_code`), like `unsafe_no_sandbox`, run code as
 the worker's user. So a deployment runs
 them only when its own configuration says so: the agent its parameters name, or the kinds
-its job variables allow in EVALPIPE_DEPLOYMENT_ALLOWS."""
+its job variables allow in EVALPIPE_DEPLOYMENT_ALLOWS. A form's `dask_address` would send
+the run's tasks, the Prefect auth string in their context, to whatever scheduler it names:
+only the deployment's own, or a `tls://` one (the worker's certificates decide which)."""
 
 from __future__ import annotations
 
@@ -17,9 +19,12 @@ UNSAFE = "unsafe-no-sandbox"
 
 
 def deployment_refusal(agent: str, unsafe_no_sandbox: bool, configured: Mapping[str, Any],
-                       allows: str) -> str | None:
+                       allows: str, dask_address: str | None = None) -> str | None:
     """Why a deployment's flow run must not run these parameters, or None. `configured`: the
     deployment's own parameters; `allows`: its EVALPIPE_DEPLOYMENT_ALLOWS."""
+    if dask_address and dask_address != configured.get("dask_address") and not dask_address.startswith("tls://"):
+        return (f"dask_address {dask_address!r}: this deployment sends its tasks only to its own scheduler or"
+                " a tls:// one (docs/deployments.md)")
     allowed = {word.strip().lower() for word in allows.split(",") if word.strip()}
     kind = agent.split(":", 1)[0].strip().lower()
     registered = agent_kinds().get(kind)

@@ -20,8 +20,9 @@ Judge callables (`module:function`):
 
 A suite is not trusted, so a judge callable it names runs in the sandbox, as a predicate
 does (no network, none of the harness's variables or files), unless the machine's
-`EVALPIPE_HARNESS_JUDGES` names it (the reference as the suite writes it): then it is
-loaded scoped into the harness (`tasks.callables`), where it may call an endpoint.
+`EVALPIPE_HARNESS_JUDGES` names that very code (`PATH:FUNCTION`, the file the suite's
+reference resolves to): then it is loaded scoped into the harness (`tasks.callables`),
+where it may call an endpoint.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ Preference = Literal["first", "second", "tie"]
 
 RATIONALE_CHARS = 2000  # per draw in the trace: enough to read, not a second output column
 # The machine's policy (docs/contract.md §10): a suite's judge callables that run in the
-# harness, comma-separated references as the suite writes them.
+# harness, comma-separated PATH:FUNCTION (a file, absolute or from the working directory).
 HARNESS_JUDGES_ENV = "EVALPIPE_HARNESS_JUDGES"
 
 # The candidate's text reaches the judge between markers it cannot forge (`delimit`), and
@@ -187,8 +188,7 @@ def load_judge(
         return _openai_judge(spec, rubric, samples, params)
     base = base or Path.cwd()
     identity = {"judge": spec, "rubric": rubric, "params": params, "samples": samples}
-    if suite_named and spec not in harness_judges():
-        own_code(spec, base)  # nothing of it runs here
+    if suite_named and not _harness_judge(spec, own_code(spec, base)):  # nothing of it runs here
 
         def sandboxed(request: dict[str, Any]) -> Any:
             return _from_sandbox(call_in_sandbox(spec, base, source_dirs(spec, base), request))
@@ -213,8 +213,15 @@ def load_judge(
     )
 
 
-def harness_judges() -> frozenset[str]:
-    return frozenset(r.strip() for r in os.environ.get(HARNESS_JUDGES_ENV, "").split(",") if r.strip())
+def _harness_judge(spec: str, source: Path) -> bool:
+    """Whether `EVALPIPE_HARNESS_JUDGES` names the file `source` and the function of `spec`:
+    the code itself, so another suite writing the same reference is not let in."""
+    function = spec.rpartition(":")[2]
+    for entry in filter(None, (e.strip() for e in os.environ.get(HARNESS_JUDGES_ENV, "").split(","))):
+        path, _, name = entry.rpartition(":")
+        if name == function and path and Path(path).resolve() == source:
+            return True
+    return False
 
 
 def sandbox_answer(fn: Callable[..., Any], request: Mapping[str, Any]) -> dict[str, Any]:

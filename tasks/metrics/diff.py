@@ -8,7 +8,8 @@ cases, and the rest is counted, never silently dropped). A paired case is `regre
 `improved` or `unchanged` by the sign of its change in the chosen metric: the pass rate c/n
 (`pass`), the mean score (`score`), or a plugin's registered per-case metric by name (its
 value on each case, computed on each run's samples by `with_metric`; the built-in `pass@1`
-and `mean_score` are `pass` and `score`). Per slice, the mean paired change comes with its bootstrap CI (none for a
+and `mean_score` are `pass` and `score`), or an extra grader's pass rate (`grader:NAME`, on the
+cases it grades). Per slice, the mean paired change comes with its bootstrap CI (none for a
 single case).
 """
 
@@ -23,6 +24,7 @@ import numpy as np
 from tasks.metrics.stats import DEFAULT_LEVEL, DEFAULT_N_BOOT, bootstrap_mean_ci
 from tasks.metrics.tallies import Tallies, per_case_values
 from tasks.models import InputError
+from tasks.params import GRADER_NAME
 from tasks.registry import metrics
 
 # What a diff and the gate compare: "pass", "score", or a registered per-case metric's name.
@@ -32,6 +34,7 @@ METRIC_NAMES: dict[str, str] = {"pass": "pass@1", "score": "mean score"}  # as r
 # The built-in registered metrics are these two by name (`pass@1` is each case's c/n,
 # `mean_score` its mean score): one comparison, and so one CI, whichever name asks for it.
 ALIASES: dict[str, Metric] = {"pass@1": "pass", "mean_score": "score"}
+GRADER_PREFIX = "grader:"  # an extra grader's pass rate, by its name: `grader:NAME`
 Label = Literal["regressed", "improved", "new", "removed", "unchanged"]
 # The order a diff lists its cases in: what needs a look first.
 LABELS: tuple[Label, ...] = ("regressed", "improved", "new", "removed", "unchanged")
@@ -52,10 +55,15 @@ class CaseResult:
     scores: tuple[float, ...] = ()  # each sample's, in index order (a registered metric's input)
     # Registered metrics' values on this case, by name (`with_metric`).
     values: Mapping[str, float] = field(default_factory=dict, compare=False)
+    # Each extra grader's (samples, passed) on this case, by name (`grader:NAME` metrics).
+    graders: Mapping[str, tuple[int, int]] = field(default_factory=dict, compare=False)
 
     def value(self, metric: Metric) -> float:
         if metric == "pass":
             return self.c / self.n
+        if metric.startswith(GRADER_PREFIX):
+            n, c = self.graders[metric.removeprefix(GRADER_PREFIX)]
+            return c / n
         return self.score if metric == "score" else self.values[metric]
 
 
@@ -161,6 +169,10 @@ def check_metric(metric: str) -> Metric:
     metric = ALIASES.get(metric, metric)
     if metric in METRICS:
         return metric
+    if metric.startswith(GRADER_PREFIX):
+        if not GRADER_NAME.match(metric.removeprefix(GRADER_PREFIX)):
+            raise InputError(f"--metric {metric}: not a grader's name (grader:NAME, NAME as a case's grader has it)")
+        return metric
     known = metrics()
     paired = sorted(name for name, spec in known.items() if spec.per_case and spec.percent)
     choices = f"pass, score or a registered per-case metric: {', '.join(paired) or 'none'}"
@@ -181,6 +193,13 @@ def with_metric(results: Iterable[CaseResult], metric: Metric, side: str) -> lis
     metric's computed on the run's own tallies as `run --json` computes it (`pass` and
     `score` are read from the counts); `InputError` when it has no value per case here."""
     results = list(results)
+    if metric.startswith(GRADER_PREFIX):
+        # Only the cases this grader grades are compared (a case it never saw has no value).
+        graded = [r for r in results if metric.removeprefix(GRADER_PREFIX) in r.graders]
+        if results and not graded:
+            raise InputError(f"--metric {metric}: no case of {side} is graded by a grader named"
+                             f" {metric.removeprefix(GRADER_PREFIX)!r} (an extra grader's name, else its kind)")
+        return graded
     if metric in METRICS or all(metric in r.values for r in results):
         return results
     if not results:

@@ -7,27 +7,36 @@ are the same whenever they are read.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import json
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
+from tasks.metrics.diff import GRADER_PREFIX as PREFIX
 from tasks.metrics.stats import DEFAULT_LEVEL, DEFAULT_N_BOOT, bootstrap_mean_ci
 from tasks.metrics.tallies import SampleRecord, Tallies
-
-PREFIX = "grader:"
 
 
 def grader_counts(records: Iterable[SampleRecord]) -> dict[str, tuple[int, int]]:
     """One case's samples graded by each extra grader: label → (samples, passed)."""
+    return extra_grader_counts(r.trace_json for r in records)
+
+
+def extra_grader_counts(stored: Iterable[str | None]) -> dict[str, tuple[int, int]]:
+    """label → (samples, passed) over samples' stored traces, or their `extra_graders`
+    arrays (JSON text): an entry is labelled by its `name`, else its kind."""
     counts: dict[str, list[int]] = {}
-    for record in records:
-        if record.trace_json is None or '"extra_graders"' not in record.trace_json:
+    for text in stored:
+        if text is None or '"passed"' not in text:  # no extra grader's verdict in it
             continue
-        for extra in record.trace.extra_graders or ():
-            seen = counts.setdefault(extra.label, [0, 0])
-            seen[0] += 1
-            seen[1] += extra.verdict.passed
+        data = json.loads(text)
+        entries = data.get("extra_graders") if isinstance(data, dict) else data
+        for entry in entries if isinstance(entries, list) else ():
+            if isinstance(entry, dict):
+                seen = counts.setdefault(str(entry.get("name") or entry.get("kind")), [0, 0])
+                seen[0] += 1
+                seen[1] += entry.get("passed") is True
     return {label: (n, c) for label, (n, c) in counts.items()}
 
 
@@ -48,8 +57,3 @@ def rate_doc(counts: list[tuple[int, int]], seed: int, n_boot: int, level: float
     return {"value": float(rates.mean()), "ci": ci, "percent": True, "cases": int(rates.size)}
 
 
-def case_rate(counts: Mapping[str, tuple[int, int]], metric: str) -> float | None:
-    """A case's pass rate on the grader `metric` names (`grader:NAME`); None when no grader
-    of that name graded it."""
-    found = counts.get(metric.removeprefix(PREFIX))
-    return None if found is None else found[1] / found[0]
