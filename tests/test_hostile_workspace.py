@@ -289,6 +289,39 @@ for what, host in (("loopback", "127.0.0.1"), ("host-address", {address!r})):
 '''
 
 
+HIDER = '''
+import os, sys, time
+held = []
+for n in range(8):  # 40 MB each, every one deleted while it is still open
+    path = os.path.join(os.environ["EVALPIPE_WORKSPACE"], f"hidden{n}")
+    fh = open(path, "wb")
+    os.unlink(path)
+    for _ in range(40):
+        fh.write(b"x" * (1 << 20))
+        fh.flush()
+    held.append(fh)
+time.sleep(2)  # holding 320 MB that no directory shows
+'''
+
+
+@pytest.mark.usefixtures("bwrap")
+def test_files_deleted_while_open_count_against_the_tree_cap(home, calc_repo, tmp_path):
+    """(#45 item 2) The cap walked the directories only: 8 unlinked files held open took
+    320 MB against --workspace-tree-mb 16, and the agent was never stopped."""
+    repo, _ = calc_repo
+    hider = tmp_path / "agents" / "hider.py"
+    hider.parent.mkdir()
+    hider.write_text(HIDER)
+    agent = script_agent(tmp_path, f'"{sys.executable}" "{hider}"\n', timeout=300.0,
+                         settings=AgentSettings(workspace_tree_mb=16))
+    sample = draw(agent, calc_case(repo))
+    detail = sample.verdict.detail
+    assert sample.verdict.status is Status.agent_error, (detail, sample.trace.agent_run)
+    assert detail.endswith(" bytes, over the 16,777,216-byte cap (--workspace-tree-mb)"), detail
+    held = int(detail.split(" held ")[1].split(" bytes")[0].replace(",", ""))
+    assert held < 100 << 20, detail  # stopped near the cap, not after all 320 MB
+
+
 def host_address() -> str | None:
     """The host's own address on its default route (no packet is sent), if it has one."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:

@@ -13,6 +13,10 @@ over and are walked at once; by half that room, walked again unless the last wal
 deletions on the same file system could hide growth from `statvfs`). So a writer gets past
 the cap by what it writes in about a tick and two walks; a directory the walk cannot list
 (the command locked it) counts as all the growth of its file system since the start.
+
+A file deleted while the command holds it open is in no directory but still fills the disk
+(8 such files held 320 MB against a 16 MB cap): each walk adds the files the command's
+processes hold open that have no name left, on the capped directories' file systems.
 """
 
 from __future__ import annotations
@@ -65,6 +69,27 @@ def disk_use(paths: Iterable[str], ended: threading.Event | None = None) -> tupl
     return total, complete
 
 
+def held_deleted(pids: Iterable[int], devices: Iterable[int]) -> int:
+    """What the files the processes `pids` hold open with no name left (deleted) take, on
+    the file systems `devices` (st_dev), each file once."""
+    seen: dict[tuple[int, int], int] = {}
+    wanted = set(devices)
+    for pid in pids:
+        fds = f"/proc/{pid}/fd"
+        try:
+            names = os.listdir(fds)
+        except OSError:  # gone meanwhile
+            continue
+        for name in names:
+            try:
+                info = os.stat(f"{fds}/{name}")  # the open file itself, named or not
+            except OSError:
+                continue
+            if info.st_nlink == 0 and info.st_dev in wanted and stat.S_ISREG(info.st_mode):
+                seen[(info.st_dev, info.st_ino)] = max(info.st_size, info.st_blocks * 512)
+    return sum(seen.values())
+
+
 def _used(devices: Iterable[str]) -> int:
     """The used bytes of the file systems holding `devices` (one path each)."""
     used = 0
@@ -79,13 +104,16 @@ def _used(devices: Iterable[str]) -> int:
 
 class DiskWatch:
     """A thread holding `cap` while a command runs: over it, `stop_sandbox()` is called once
-    and `over` is the size measured then. `start()` after the command started, `stop()`
-    once it ended."""
+    and `over` is the size measured then. `processes()`: the command's processes now, whose
+    deleted open files count too. `start()` after the command started, `stop()` once it
+    ended."""
 
-    def __init__(self, cap: DiskCap, stop_sandbox: Callable[[], None]):
+    def __init__(self, cap: DiskCap, stop_sandbox: Callable[[], None],
+                 processes: Callable[[], Iterable[int]] = tuple):
         self.cap = cap
         self.over: int | None = None
         self._stop_sandbox = stop_sandbox
+        self._processes = processes
         self._ended = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="evalpipe-disk-cap", daemon=True)
         # One path per file system, for statvfs.
@@ -96,6 +124,7 @@ class DiskWatch:
             except OSError:
                 pass
         self._devices = tuple(devices.values())
+        self._device_ids = tuple(devices)
 
     def start(self) -> DiskWatch:
         self._thread.start()
@@ -121,6 +150,7 @@ class DiskWatch:
                 size, complete = disk_use(self.cap.paths, self._ended)
                 if not complete:
                     size = max(size, fs_then - start_used)
+                size += held_deleted(self._processes(), self._device_ids)
                 walked_at = time.monotonic()
                 cost = walked_at - now
                 if size > self.cap.max_bytes:

@@ -68,8 +68,11 @@ class PidsCgroup:
         with open(self.path / "cgroup.procs", "w") as fh:
             fh.write(str(os.getpid()))
 
+    def members(self) -> list[int]:
+        return [int(p) for p in (self.path / "cgroup.procs").read_text().split()]
+
     def kill_all(self) -> None:
-        kill_until_gone(lambda: [int(p) for p in (self.path / "cgroup.procs").read_text().split()])
+        kill_until_gone(self.members)
 
     def destroy(self) -> None:
         try:
@@ -292,7 +295,8 @@ def _run_once(
                 proc.wait()
             kill_group(proc.pid, cgroup)
 
-        watch = DiskWatch(disk, stop_sandbox).start() if disk is not None else None
+        watch = (DiskWatch(disk, stop_sandbox, lambda: sandbox_processes(proc.pid, cgroup)).start()
+                 if disk is not None else None)
         try:
             cap = limits.output_cap_bytes
             data, truncated, timed_out = capture(
@@ -327,6 +331,24 @@ def _run_once(
         isolation=protection,
         disk_over=watch.over if watch is not None else None,
     )
+
+
+def sandbox_processes(pgid: int, cgroup: PidsCgroup | None) -> list[int]:
+    """The processes of a sandbox: its pids cgroup's members, else its process group's."""
+    if cgroup is not None:
+        try:
+            return cgroup.members()
+        except OSError:
+            return []
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            # After the command's name, which may hold spaces: state, ppid, pgrp.
+            if entry.isdigit() and int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[2]) == pgid:
+                found.append(int(entry))
+        except (OSError, IndexError, ValueError):  # gone meanwhile
+            continue
+    return found
 
 
 def kill_group(pgid: int, cgroup: PidsCgroup | None) -> None:
