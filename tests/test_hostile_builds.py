@@ -73,3 +73,40 @@ def test_a_build_gets_index_settings_and_no_other_secret(repo, home: Path, monke
     assert "UV_PUBLISH_TOKEN" not in seen and "TWINE_PASSWORD" not in seen
     log = (path / "build.log").read_text()
     assert "index: " in log and "hunter2-index-password" not in log
+
+
+PROBE = ('"$VIRTUAL_ENV/bin/python" -c "import socket, sys\n'
+         'for port in sys.argv[1:]:\n'
+         '    try:\n'
+         '        socket.create_connection((\'127.0.0.1\', int(port)), 3).close(); print(port, \'reached\')\n'
+         '    except OSError as exc:\n'
+         '        print(port, \'refused\', type(exc).__name__)" {ports} > "$VIRTUAL_ENV/../reach.txt"')
+
+
+def test_a_build_reaches_the_index_its_variables_name_and_nothing_else_of_the_host(
+        repo, home: Path, monkeypatch) -> None:
+    """(#45 item 9) A setup.py or an install command reached the host's loopback (and every
+    host address) where a workspace agent is kept off them. Now a build has the agent's
+    network: the index the user's variables name on the loopback answers, nothing else."""
+    import socket
+
+    secret, index = socket.socket(), socket.socket()
+    try:
+        for server in (secret, index):
+            server.bind(("127.0.0.1", 0))
+            server.listen()
+        monkeypatch.delenv("EVALPIPE_AGENT_NETWORK", raising=False)
+        monkeypatch.setenv("PIP_INDEX_URL", f"http://127.0.0.1:{index.getsockname()[1]}/simple")
+        ports = f"{secret.getsockname()[1]} {index.getsockname()[1]}"
+        reach = (build(repo, PROBE.format(ports=ports)) / "reach.txt").read_text().splitlines()
+        assert reach[0].startswith(f"{secret.getsockname()[1]} refused"), reach
+        assert reach[1] == f"{index.getsockname()[1]} reached", reach
+        # A build that needs the host fails, and says what would let it.
+        with pytest.raises(environments.EnvironmentFailed, match="EVALPIPE_AGENT_NETWORK=host"):
+            build(repo, PROBE.format(ports=secret.getsockname()[1]) + ' && grep -q reached "$VIRTUAL_ENV/../reach.txt"')
+        monkeypatch.setenv("EVALPIPE_AGENT_NETWORK", "host")  # the user allows it
+        reach = (build(repo, PROBE.format(ports=ports), "true") / "reach.txt").read_text().splitlines()
+        assert reach == [f"{p} reached" for p in ports.split()]
+    finally:
+        secret.close()
+        index.close()

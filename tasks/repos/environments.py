@@ -9,7 +9,10 @@ Layout under `EVALPIPE_HOME/envs/`:
     .locks/<name>       flock: exclusive while building or pruning, shared while in use
     <name>/.cache/      the build's own download caches (uv, pip), removed when it ends
 
-A build runs in the sandbox with network, a tree of the repository at the environment's
+A build runs in the sandbox with the workspace agent's network (`tasks.sandbox.network`: the
+outside, package indexes included, and the loopback endpoints the passed index and proxy
+variables name; nothing else of this machine, its loopback and its other addresses
+included, unless EVALPIPE_AGENT_NETWORK=host), a tree of the repository at the environment's
 commit mounted at TESTBED, and only that tree and its own env dir writable. Its download
 cache is its own: install commands come from suites and `setup.py` files (untrusted), and a
 shared cache would let one build change what every later build installs. Tests
@@ -46,7 +49,8 @@ from tasks.models import InputError, canonical_json, sha256_hex
 from tasks.params import Environment
 from tasks.redaction import MIN_SECRET_CHARS, redact
 from tasks.repos.worktrees import RepoError, checkout, ensure_commit, mirror, source_of
-from tasks.sandbox import Limits, Mounts, SandboxError, SandboxResult, run_command
+from tasks.sandbox import Limits, Mounts, SandboxError, SandboxResult, bwrap_available, run_command
+from tasks.sandbox.network import OwnNetwork, agent_network
 from tasks.trace import EnvironmentTrace, SampleTrace
 
 # Where every tree appears inside the sandbox, at build and at test time (a path under
@@ -337,6 +341,10 @@ def _build(ident: Identity, spec: Environment, path: Path) -> dict:
     env = _build_env(ident, path, venv)
     mounts = Mounts(workdir_at=TESTBED, rw=(str(path),), ro=(ident.interpreter.prefix,))
     passed = _passed_values(env)
+    try:  # setup.py and the install commands are a suite's or a history's: kept off this host
+        network = agent_network(build_pass_env()) if bwrap_available() else True
+    except InputError as exc:
+        raise EnvironmentFailed(f"{ident.describe()}: {exc}") from None
     steps = [*_venv_steps(ident, venv), *((cmd, ["/bin/sh", "-ec", cmd]) for cmd in spec.install)]
     start = time.monotonic()
     _say(f"building {ident.describe()}: {len(spec.install)} install command(s)")
@@ -349,14 +357,14 @@ def _build(ident: Identity, spec: Environment, path: Path) -> dict:
                     if remaining <= 0:
                         raise EnvironmentFailed(f"{ident.describe()}: the build timed out "
                                                 f"after {spec.timeout_s:g}s, before {label!r}")
-                    result = _run_step(argv, tree, remaining, env, mounts, log, label, passed)
+                    result = _run_step(argv, tree, remaining, env, mounts, log, label, passed, network)
                     if result.timed_out:
                         raise EnvironmentFailed(f"{ident.describe()}: {label!r} timed out (the "
                                                 f"build's timeout_s is {spec.timeout_s:g}s)")
                     if result.returncode != 0:
                         tail = redact(_tail(result.stdout + result.stderr, 800).strip(), passed)
                         raise EnvironmentFailed(f"{ident.describe()}: {label!r} exited "
-                                                f"{result.returncode}: {tail}")
+                                                f"{result.returncode}: {tail}{_host_note(network)}")
                 pytest = _pytest_version(venv, tree, mounts)
         except (SandboxError, RepoError, EnvironmentFailed) as exc:
             shutil.rmtree(venv, ignore_errors=True)  # keep the log, drop the half-built venv
@@ -441,11 +449,19 @@ def _passed_values(env: Mapping[str, str]) -> tuple[str, ...]:
     return tuple(v for k, v in build_pass_env().items() if len(v) >= MIN_SECRET_CHARS and env.get(k) == v)
 
 
-def _run_step(argv: list[str], tree: Path, timeout_s: float, env: Mapping[str, str],
-              mounts: Mounts, log: Any, label: str, secrets: Sequence[str]) -> SandboxResult:
+def _host_note(network: OwnNetwork | bool) -> str:
+    """What a failed build run off this host is told: it may have needed the host."""
+    if network is True:
+        return ""
+    return (" (the build reached the outside, not this machine: one that needs a service of this host runs with"
+            " EVALPIPE_AGENT_NETWORK=host, or names its index on the loopback in PIP_INDEX_URL or UV_INDEX_URL)")
+
+
+def _run_step(argv: list[str], tree: Path, timeout_s: float, env: Mapping[str, str], mounts: Mounts, log: Any,
+              label: str, secrets: Sequence[str], network: OwnNetwork | bool) -> SandboxResult:
     limits = Limits(timeout_s=timeout_s, memory_mb=BUILD_MEMORY_MB,
                     file_size_mb=BUILD_FILE_SIZE_MB, max_procs=512)
-    result = run_command(argv, workdir=tree, limits=limits, env=env, network=True, mounts=mounts)
+    result = run_command(argv, workdir=tree, limits=limits, env=env, network=network, mounts=mounts)
     text = (result.stdout + result.stderr).decode("utf-8", "replace")
     log.write(redact(f"$ {label}\n{text}[exit {result.returncode}, {result.duration_s:.1f}s]\n", secrets).encode())
     log.flush()
