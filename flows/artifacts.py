@@ -33,12 +33,11 @@ def publish(run: RunSummary, store: Store) -> None:
     )
     if run.gate and run.gate.baseline:  # the pull-request comment's Markdown, on the flow run's page
         from flows.gate import pair_runs
-        from tasks.report.markdown import comparison_markdown
 
         comparison = pair_runs(run.run_id, run.gate.baseline, metric=run.gate.metric or "pass", store=store)
         create_markdown_artifact(
             key=f"evalpipe-{slug}-gate",
-            markdown=comparison_markdown(comparison.diff, gate, comparison.run_summary, comparison.base_summary),
+            markdown=comparison.markdown(gate),
             description=f"evalpipe gate {run.gate.decision}: run {run.run_id} against {run.gate.baseline}",
         )
     rows = slices_table(run)

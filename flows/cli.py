@@ -562,7 +562,6 @@ def gate_cmd(
     from flows.diffing import output_format
     from tasks.metrics.diff import check_metric
     from tasks.report.gate_text import gate_lines
-    from tasks.report.markdown import comparison_markdown
 
     fmt = output_format(fmt, as_json)
     rules = _rules(min_pass_at_1, max_drop, max_new_failures, min_slice)
@@ -570,8 +569,7 @@ def gate_cmd(
     if fmt == "json":
         typer.echo(json_doc(result))
     elif fmt == "markdown":
-        typer.echo(comparison_markdown(comparison.diff, result, comparison.run_summary, comparison.base_summary),
-                   nl=False)
+        typer.echo(comparison.markdown(result), nl=False)
     else:
         typer.echo("\n".join(gate_lines(result)))
     if result["decision"] == "block":

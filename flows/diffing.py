@@ -39,14 +39,12 @@ def diff(
     from flows.gate import pair_runs
     from storage.store import Store
     from tasks.report.diff_text import diff_text
-    from tasks.report.markdown import comparison_markdown
 
     fmt = output_format(fmt, as_json)
     comparison = pair_runs(run_id, baseline, metric=metric, store=Store.default())
     if fmt == "json":
         typer.echo(json_doc(comparison.diff.to_json()))
     elif fmt == "markdown":
-        typer.echo(comparison_markdown(comparison.diff, None, comparison.run_summary, comparison.base_summary),
-                   nl=False)
+        typer.echo(comparison.markdown(), nl=False)
     else:
         typer.echo(diff_text(comparison.diff.to_json(), limit))

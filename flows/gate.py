@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from storage.store import Store
@@ -16,7 +16,9 @@ from tasks.metrics.diff import (
     with_metric,
 )
 from tasks.metrics.gate import gate_alone, gate_diff
-from tasks.metrics.rules import GateRules
+from tasks.metrics.rules import GateRules, newly_failing
+from tasks.models import InputError
+from tasks.report.markdown import MAX_FAILING, comparison_markdown
 from tasks.run import RunConfig, RunSummary
 from tasks.run.loop import Gate
 from tasks.run.prepare import PreparedRun
@@ -31,6 +33,29 @@ class Comparison:
     base: dict[str, Any]
     diff: RunDiff
     results: list[CaseResult]  # the run's cases, all of them
+    store: Store = field(repr=False, compare=False, default=None)  # where they are kept
+
+    def markdown(self, gate: Mapping[str, Any] | None = None) -> str:
+        """The pull-request comment (`tasks.report.markdown`), with each newly failing case's
+        first failing sample read from the store."""
+        return comparison_markdown(self.diff, gate, self.run_summary, self.base_summary, self.failing_samples())
+
+    def failing_samples(self) -> dict[str, dict[str, Any]]:
+        """Case id → its first failing sample in the run (`sample_index`, `status`, `detail`) and
+        the case's grader `kind`, for the newly failing cases the comment shows."""
+        ids = newly_failing(self.diff)[:MAX_FAILING]
+        if not ids:
+            return {}
+        try:
+            kinds = {c.id: c.grader["kind"] for c in self.store.read_snapshot(self.run["suite_version"]).cases}
+        except (InputError, OSError):  # a run imported without its snapshot: the kind is not known here
+            kinds = {}
+        failing: dict[str, dict[str, Any]] = {}
+        for row in self.store.samples_of_cases([self.run["run_id"]], ids):
+            if not row["passed"] and row["case_id"] not in failing:
+                failing[row["case_id"]] = {"sample_index": row["sample_index"], "status": row["status"],
+                                           "detail": row["detail"] or "", "kind": kinds.get(row["case_id"])}
+        return failing
 
     @property
     def run_summary(self) -> RunSummary | None:
@@ -53,7 +78,7 @@ def pair_runs(run_id: str, baseline: str, *, metric: str = "pass", store: Store,
     results = with_metric(store.case_results(run["run_id"]), metric, f"run {run['run_id']}")
     diff = diff_runs(results, store.case_results(base["run_id"]),
                      run_id=run["run_id"], baseline_id=base["run_id"], metric=metric, seed=run["seed"])
-    return Comparison(run, base, diff, results)
+    return Comparison(run, base, diff, results, store)
 
 
 def run_gate(run: PreparedRun, config: RunConfig, store: Store) -> Gate:

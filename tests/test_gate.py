@@ -166,3 +166,31 @@ def test_runs_on_different_suite_versions_are_refused_naming_both() -> None:
                                          " suite versions \\(pass --shared-only"):
         check_same_suite(run, base)
     check_same_suite(run, {**base, "suite_version": "a" * 40})  # the same suite: no refusal
+
+
+def test_an_inconclusive_pass_says_what_would_decide_it() -> None:
+    """Issue 47: on 10 cases most gates read PASS (inconclusive). The reasons name the smallest
+    drop these cases catch (the planner's figure) and the case rules not yet stated."""
+    from tasks.metrics.diff import CaseResult, diff_runs
+    from tasks.metrics.gate import gate_diff
+    from tasks.metrics.power import detectable, variance_from_counts
+    from tasks.metrics.rules import GateRules
+
+    after, before = [5, 5, 0, 5, 5, 0, 0, 5, 5, 5], [5, 0, 5, 5, 5, 0, 5, 0, 5, 5]
+    run = [CaseResult(f"q{i}", f"h{i}", 5, c, c / 5) for i, c in enumerate(after)]
+    base = [CaseResult(f"q{i}", f"h{i}", 5, c, c / 5) for i, c in enumerate(before)]
+    diff = diff_runs(run, base, run_id="r", baseline_id="b")
+    kwargs = {"safety_failed": False, "suite_version": "v" * 20, "slice_values": {}}
+    doc = gate_diff(diff, run, must_pass=frozenset(), **kwargs)
+    smallest = detectable(variance_from_counts([5] * 10, before), 10, 5)
+    assert (doc["decision"], doc["verdict"]) == ("pass", "inconclusive")
+    assert doc["reasons"][-1] == (
+        f"to decide: these 10 cases x 5 samples catch a drop of about {100 * smallest:.1f} points (80% power);"
+        " a smaller one needs more: `evalpipe plan --baseline b --detect D` says how many; rules that block on"
+        " cases whatever the CI: --max-new-failures N (cases that always passed may not fail), `must_pass: true`"
+        " on the cases that must never fail")
+    stated = gate_diff(diff, run, must_pass=frozenset({"q0"}), rules=GateRules(max_new_failures=3), **kwargs)
+    assert stated["reasons"][-1].startswith("to decide: these 10 cases") and "rules that block" not in stated["reasons"][-1]
+    decided = gate_diff(diff_runs(run, [CaseResult(f"q{i}", f"h{i}", 5, 0, 0.0) for i in range(10)]), run,
+                        must_pass=frozenset(), **kwargs)
+    assert decided["verdict"] == "improved" and not any(r.startswith("to decide") for r in decided["reasons"])

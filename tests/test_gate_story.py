@@ -61,6 +61,9 @@ def test_the_story_blocks_on_the_broken_case_and_diff_names_every_flip(env, home
     doc = json.loads(plain.stdout)
     assert plain.returncode == 0 and (doc["decision"], doc["verdict"]) == ("pass", "inconclusive")
     assert doc["delta_pass_at_1"] == pytest.approx(0.125) and doc["blocks"] == []
+    # What would decide it: the smallest drop 8 cases x 5 samples catch, the case rules not stated.
+    assert doc["reasons"][-1].startswith("to decide: these 8 cases x 5 samples catch a drop of about")
+    assert "--max-new-failures N" in doc["reasons"][-1] and "`must_pass: true`" in doc["reasons"][-1]
 
     # A rule the team can state: nothing that always passed may now fail.
     strict = cli(["gate", v2["run_id"][:-1], "--baseline", v1, "--max-new-failures", "0", "--json"], env)
@@ -88,6 +91,10 @@ def test_the_story_blocks_on_the_broken_case_and_diff_names_every_flip(env, home
     markdown = cli(["gate", v2["run_id"], "--baseline", v1, "--max-new-failures", "0", "--format", "markdown"], env)
     assert markdown.returncode == 1 and markdown.stdout.startswith("## evalpipe gate: **BLOCK**")
     assert "| c3 | 5/5 | 0/5 | -100.0 pts |" in markdown.stdout
+    # Why it fails, from its first failing sample: the grader and its detail, fenced.
+    assert ("### Newly failing (1)\n\n**`c3`** (5/5 → 0/5): grader `exact` gave `failed` on sample 0\n"
+            "```text\nexpected 'yes', got 'no'\n```\n") in markdown.stdout
+    assert "Newly failing" in cli(["diff", v2["run_id"], v1, "--format", "markdown"], env).stdout
 
     # The reviewer's page: the gate on top, the broken case with each run's output side by side.
     page = tmp_path / "diff.html"
@@ -109,7 +116,8 @@ def test_the_story_blocks_on_the_broken_case_and_diff_names_every_flip(env, home
     # Scores: pass/fail graders score 1 or 0, so the score gate agrees with the pass@1 one.
     scored = json.loads(cli(["gate", v2["run_id"], "--baseline", v1, "--metric", "score", "--json"], env).stdout)
     assert scored["metric"] == "score" and scored["delta_pass_at_1"] == pytest.approx(0.125)
-    assert scored["reasons"][-1].startswith("inconclusive: mean score changed by +12.5 pts")
+    assert scored["reasons"][-2].startswith("inconclusive: mean score changed by +12.5 pts")
+    assert scored["reasons"][-1].startswith("to decide: rules that block on cases whatever the CI")
 
     # Marking c3 must-pass changes the suite's version but not the case's hash: the runs
     # before and after the marking still pair on every case, and the must-pass case blocks.

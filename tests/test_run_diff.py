@@ -198,3 +198,25 @@ def test_diff_text_shows_control_characters_in_ids_inert() -> None:
     text = diff_text(doc, 30)
     assert "\x1b" not in text and "\x07" not in text and "a\ufffd[2Jb\ufffdc" in text
     assert text.splitlines()[3].split()[:2] == ["regressed", "a\ufffd[2Jb\ufffdc"]
+
+
+def test_the_comment_says_why_each_newly_failing_case_fails_shortened_and_fenced() -> None:
+    """Issue 47: the PR comment named a newly failing case but not why. Each one (passed every
+    sample before, fails one now) gets its failing grader and detail in a code block whose
+    fence no backtick run in the detail can close; long details are cut."""
+    from tasks.metrics.diff import CaseResult, diff_runs
+    from tasks.report.markdown import MAX_DETAIL_LINES, MAX_FAILING, comparison_markdown
+
+    ids = [f"c{i:02d}" for i in range(MAX_FAILING + 3)]
+    before = [CaseResult(cid, f"h{cid}", 2, 2, 1.0) for cid in ids] + [CaseResult("flaky", "hf", 2, 1, 0.5)]
+    after = [CaseResult(cid, f"h{cid}", 2, 0, 0.0) for cid in ids] + [CaseResult("flaky", "hf", 2, 0, 0.0)]
+    detail = "line one ```` not a fence\n" + "\n".join(f"line {i}" for i in range(40))
+    failing = {cid: {"sample_index": 1, "status": "failed", "kind": "exact", "detail": detail} for cid in ids}
+    failing["flaky"] = failing["c00"]  # not newly failing: it did not always pass before
+    text = comparison_markdown(diff_runs(after, before, run_id="r", baseline_id="b"), failing=failing)
+    section = text[text.index("### Newly failing"):]
+    assert section.startswith(f"### Newly failing ({MAX_FAILING} of {MAX_FAILING + 3})\n")
+    assert section.count("grader `exact` gave `failed` on sample 1") == MAX_FAILING and "flaky" not in section
+    block = section.split("\n`````text\n")[1].split("\n`````\n")[0].splitlines()
+    assert block[0] == "line one ```` not a fence" and len(block) == MAX_DETAIL_LINES + 1 and block[-1] == "…"
+    assert comparison_markdown(diff_runs(after, before), failing={}).count("Newly failing") == 0

@@ -24,6 +24,7 @@ from tasks.metrics.diff import (
     paired_change,
 )
 from tasks.metrics.percent import percent, signed_points
+from tasks.metrics.power import DEFAULT_POWER, detectable, variance_from_counts
 from tasks.metrics.rules import GateRules, rule_blocks
 from tasks.metrics.stats import DEFAULT_LEVEL, DEFAULT_N_BOOT
 from tasks.models import InputError
@@ -265,12 +266,41 @@ def gate_diff(
         rest = [r for r in result["reasons"] if not r.startswith("safety:")]
         result["reasons"] = [*safety, *(b.message for b in blocks), *rest]
         result["decision"] = "block"
+    if result["verdict"] == "inconclusive" and result["decision"] == "pass":
+        result["reasons"].append(what_would_decide(diff, stated))
     if must_pass is None:
         result["reasons"].append(f"must-pass cases unknown: suite {suite_version[:12]} has no snapshot here")
     result.update(run_id=diff.run_id, baseline=diff.baseline, metric=metric, dropped_cases=diff.dropped,
                   added_cases=counts["new"], removed_cases=counts["removed"],
                   blocks=[b.to_json() for b in blocks], rules=stated.to_json())
     return result
+
+
+def what_would_decide(diff: RunDiff, rules: GateRules) -> str:
+    """What an inconclusive pass lacks: for pass@1, the smallest drop the shared cases and
+    samples catch (`tasks.metrics.power`, from the baseline's spread), so a smaller one reads
+    as noise; and the rules that block on cases whatever the CI, those not already stated."""
+    parts = []
+    shared = [c for c in diff.cases if c.before is not None and c.after is not None]
+    spread = None
+    if diff.metric == "pass":  # the planner's model is of pass rates
+        try:
+            spread = variance_from_counts([c.before.n for c in shared], [c.before.c for c in shared])
+        except InputError:  # under 2 cases, or one sample each all alike: no spread to plan from
+            pass
+    if spread is not None:
+        samples = min(c.after.n for c in shared)
+        smallest = detectable(spread, len(shared), samples)
+        parts.append(f"these {len(shared)} cases x {samples} samples catch a drop of about {100 * smallest:.1f} points"
+                     f" ({percent(DEFAULT_POWER, 0)} power); a smaller one needs more:"
+                     f" `evalpipe plan --baseline {diff.baseline} --detect D` says how many")
+    rules_left = [text for text, stated in (("--max-new-failures N (cases that always passed may not fail)",
+                                             rules.max_new_failures is not None),
+                                            ("`must_pass: true` on the cases that must never fail", bool(rules.must_pass)))
+                  if not stated]
+    if rules_left:
+        parts.append("rules that block on cases whatever the CI: " + ", ".join(rules_left))
+    return "to decide: " + ("; ".join(parts) if parts else "more cases or samples")
 
 
 def _rates(counts: tuple[tuple[int, int], ...]) -> np.ndarray:

@@ -104,8 +104,7 @@ def rule_blocks(
                                 f" {', '.join(unmeasured[:NAMED_IN_MESSAGE])}{_more(unmeasured)}",
                                 tuple(unmeasured)))
     if rules.max_new_failures is not None and diff is not None:
-        new = sorted(c.case_id for c in diff.cases if c.before is not None and c.after is not None
-                     and c.before.c == c.before.n and c.after.c < c.after.n)
+        new = newly_failing(diff)
         if len(new) > rules.max_new_failures:
             detail = ", ".join(new[:NAMED_IN_MESSAGE])
             blocks.append(Block("new_failures", f"new failures: {len(new)} case(s) that always passed in the"
@@ -121,6 +120,12 @@ def rule_blocks(
             blocks.append(Block("slice_threshold", f"slice {name}: {metric_name} {shown} is below the required"
                                 f" {percent(threshold)}", slice=name))
     return blocks
+
+
+def newly_failing(diff: RunDiff) -> list[str]:
+    """The cases that passed every sample in the baseline and fail some sample now, by id."""
+    return sorted(c.case_id for c in diff.cases if c.before is not None and c.after is not None
+                  and c.before.c == c.before.n and c.after.c < c.after.n)
 
 
 def _more(ids: Sequence[str]) -> str:

@@ -9,11 +9,13 @@ from a suite (case ids, slice names, reasons naming them) is escaped for Markdow
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tasks.metrics.diff import CaseChange, RunDiff, metric_name
 from tasks.metrics.percent import percent, signed_points
+from tasks.metrics.rules import newly_failing
 from tasks.report.gate_text import decided_by
 from tasks.report.html import clip
 from tasks.run import RunSummary
@@ -25,6 +27,9 @@ MAX_SLICES = 20
 MAX_REASONS = 12
 MAX_CELL = 80
 MAX_REASON = 400
+MAX_FAILING = 10  # newly failing cases whose failing grader and detail are shown
+MAX_DETAIL = 600
+MAX_DETAIL_LINES = 12
 
 
 def comparison_markdown(
@@ -32,9 +37,12 @@ def comparison_markdown(
     gate: Mapping[str, Any] | None = None,
     run: RunSummary | None = None,
     baseline: RunSummary | None = None,
+    failing: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> str:
     """The decision (when gated), the metric before → after with the paired CI, the counts of
-    each label, the worst regressions and best improvements, and the slices that moved."""
+    each label, the worst regressions and best improvements, why each newly failing case
+    fails (`failing`: case id → its first failing sample's `sample_index`, `status`, `detail`
+    and the case's grader `kind`), and the slices that moved."""
     metric = metric_name(diff.metric)
     level = f"{100 * diff.ci_level:g}%"
     lines = []
@@ -63,6 +71,7 @@ def comparison_markdown(
             lines.append(f"- … and {len(reasons) - MAX_REASONS} more")
     lines += _cases_table("Worst regressions", diff.labelled("regressed"), MAX_REGRESSIONS, diff.metric)
     lines += _cases_table("Best improvements", diff.labelled("improved"), MAX_IMPROVEMENTS, diff.metric)
+    lines += _failing_section(diff, failing or {})
     lines += _slices_table(diff, level)
     text = "\n".join(lines) + "\n"
     # The bounds above keep it far below the limit; this is the guarantee, whatever the input.
@@ -103,6 +112,44 @@ def _cases_table(title: str, cases: Sequence[CaseChange], limit: int, metric: st
     return lines
 
 
+def _failing_section(diff: RunDiff, failing: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Each newly failing case (passed every sample in the baseline, fails one now) with the
+    grader that failed it and its detail, shortened and fenced: the detail quotes the output."""
+    cases = {c.case_id: c for c in diff.cases}
+    ids = [cid for cid in newly_failing(diff) if cid in failing][:MAX_FAILING]
+    if not ids:
+        return []
+    total = len(newly_failing(diff))
+    shown = f"{len(ids)} of {total}" if total > len(ids) else str(total)
+    lines = ["", f"### Newly failing ({shown})"]
+    for cid in ids:
+        sample, after, before = failing[cid], cases[cid].after, cases[cid].before
+        grader = f"grader {_code(sample['kind'])}" if sample.get("kind") else "its grader"
+        lines += ["", f"**{_code(clip(cid, MAX_CELL))}** ({before.c}/{before.n} → {after.c}/{after.n}):"
+                      f" {grader} gave {_code(sample['status'])} on sample {sample['sample_index']}",
+                  *_fenced(_shortened(sample["detail"]))]
+    return lines
+
+
+def _shortened(text: str) -> str:
+    """A detail cut to MAX_DETAIL_LINES lines of at most MAX_DETAIL characters in all."""
+    lines = str(text).splitlines() or [""]
+    kept = "\n".join(lines[:MAX_DETAIL_LINES])
+    cut = clip(kept, MAX_DETAIL)
+    return cut + ("\n…" if len(lines) > MAX_DETAIL_LINES and cut == kept else "")
+
+
+def _fenced(text: str) -> list[str]:
+    """`text` as a fenced code block, literal whatever it holds: the fence is longer than any
+    run of backticks in it, so no line of the text can close it."""
+    fence = "`" * max(3, _longest_backticks(text) + 1)
+    return [fence + "text", *text.splitlines(), fence]
+
+
+def _longest_backticks(text: str) -> int:
+    return max((len(run) for run in re.findall(r"`+", text)), default=0)
+
+
 def _side(result, metric: str) -> str:
     if result is None:
         return "—"
@@ -133,6 +180,15 @@ def _text(text: str) -> str:
     return text.translate(_MARKDOWN_SPECIALS).replace("\r", " ").replace("\n", " ")
 
 
-def _code(text: str) -> str:
-    """Text inside an inline code span: a backtick would end it, a pipe would end the cell."""
-    return str(text).replace("`", "'").replace("|", "/").replace("\r", " ").replace("\n", " ")
+def _code(text: str, *, cell: bool = False) -> str:
+    """`text` as an inline code span, literal whatever it holds (no mention, link, reference,
+    emphasis or HTML renders inside one): delimited by more backticks than any run in it,
+    padded with a space where it starts or ends with a backtick or a space (CommonMark strips
+    one each side), on one line. In a table `cell`, a pipe is escaped: GFM splits cells on
+    pipes before it reads code spans."""
+    text = str(text).replace("\r", " ").replace("\n", " ")
+    if cell:
+        text = text.replace("|", "\\|")
+    ticks = "`" * (_longest_backticks(text) + 1)
+    pad = " " if text[:1] in ("`", " ") or text[-1:] in ("`", " ") else ""
+    return f"{ticks}{pad}{text}{pad}{ticks}"
