@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 
 from storage import DISK_FULL_ERRNOS, disk_full
 from tasks.files import atomic_path
-from tasks.models import EvalCase, EvalSuite, canonical_json
+from tasks.models import STORED, EvalCase, EvalSuite, canonical_json
 
 SCHEMA = pa.schema(
     [
@@ -60,7 +60,7 @@ def read_snapshot_file(path: Path) -> EvalSuite:
             data["extra_graders"] = json.loads(row["extra_graders"])
         if row.get("metadata") is not None:  # nor a metadata column
             data["metadata"] = json.loads(row["metadata"])
-        cases.append(EvalCase.model_validate(data))
+        cases.append(EvalCase.model_validate(data, context=STORED))
     suite = EvalSuite(name=meta["evalpipe.suite_name"], cases=tuple(cases))
     if suite.version != meta["evalpipe.version"]:
         raise ValueError(f"{path}: snapshot content does not match its version")

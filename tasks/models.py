@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
 from tasks.errors import InputError as InputError
 from tasks.errors import PlatformError as PlatformError
@@ -92,6 +92,8 @@ MAX_ROUNDS = 1000  # looks of a sequential run (tasks.metrics.sequential)
 # Unicode categories a case id may not hold: controls, format characters (bidi overrides),
 # line and paragraph separators.
 _CONTROL = frozenset({"Cc", "Cf", "Zl", "Zp"})
+# The validation context of a case read back from this home's own storage.
+STORED = {"stored": True}
 
 
 class _Frozen(BaseModel):
@@ -131,9 +133,12 @@ class EvalCase(_Frozen):
 
     @field_validator("id")
     @classmethod
-    def _inert_id(cls, value: str) -> str:
+    def _inert_id(cls, value: str, info: ValidationInfo) -> str:
         # An id reaches the agent's environment, file names and messages: a URL in it was
         # forwarded to the sandboxed agent as a host port, a control character rewrites a line.
+        # A case stored before the rule (`STORED`: a snapshot) still reads.
+        if info.context == STORED:
+            return value
         if "://" in value:
             raise ValueError("an id may not contain '://' (it is a name, not a URL)")
         bad = next((ch for ch in value if unicodedata.category(ch) in _CONTROL), None)

@@ -91,6 +91,18 @@ def test_swebench_import_maps_fields(tmp_path: Path, encoded: bool):
     assert case.inputs["problem_statement"] == "It breaks." and case.slices == ("acme/widgets",)
 
 
+def test_a_stored_case_whose_id_a_suite_may_no_longer_use_still_reads(home: Path):
+    """(#45 item 2) Ids with `://` are refused at load now; a home's snapshot holding one,
+    stored before, still reads (its runs are still reported and rescored)."""
+    from tasks.models import STORED, EvalCase, EvalSuite
+
+    case = {"id": "http://127.0.0.1:18944/", "inputs": {"q": 1}, "reference": "1", "grader": {"kind": "exact"}}
+    with pytest.raises(ValueError, match="'://'"):
+        EvalCase.model_validate(case)
+    old = EvalSuite(name="old", cases=(EvalCase.model_validate(case, context=STORED),))
+    assert read_snapshot_file(Store(home).write_snapshot(old)) == old
+
+
 SWE_INSTANCE = {"instance_id": "acme__widgets-1", "repo": "acme/widgets", "base_commit": "abc123",
                 "patch": "diff --git a/x b/x", "FAIL_TO_PASS": ["t.py::test_a"], "PASS_TO_PASS": []}
 
