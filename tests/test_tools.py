@@ -370,3 +370,28 @@ def test_an_extra_grader_is_paired_case_by_case_in_diff_and_gated_by_name(model,
     gated = evalpipe.evaluate(str(SUITE), "openai:support-bad?max_steps=6", n=2, home=tmp_path,
                               baseline=good.run_id, metric="grader:searched-kb")
     assert gated.gate.metric == "grader:searched-kb" and gated.gate.delta_pass_at_1 == -1.0
+
+
+CODING = ROOT / "examples" / "coding" / "calc.yaml"
+
+
+def test_an_openai_model_is_a_coding_agent_in_a_workspace_with_no_code_of_the_users(model, tmp_path):
+    run = evalpipe.evaluate(str(CODING), "openai:coder", n=1, home=tmp_path, workspace=True)
+    assert run.pass_at_k["1"] == 1.0
+    (sample,) = _samples(tmp_path, run.run_id)
+    assert "-    return abs(a) + b\n+    return a + b" in sample["output"]
+    names = [a.name for a in sample["trace"].trajectory.typed.actions()]
+    assert names == ["read_file", "edit", "bash"]
+    tested = sample["trace"].trajectory.typed.actions()[-1].result.content
+    assert tested.startswith("exit status 0") and "3 passed" in tested  # the case's tests, in the sandbox
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+def test_a_workspace_models_tools_never_hold_the_key_nor_leave_the_checkout(model, tmp_path):
+    run = evalpipe.evaluate(str(CODING), "openai:snoop", n=1, home=tmp_path, workspace=True)
+    (sample,) = _samples(tmp_path, run.run_id)
+    env, climb, _, link = sample["trace"].trajectory.typed.actions()
+    assert "sk-test-tools" not in env.result.content and "OPENAI" not in env.result.content
+    assert "no-network" in env.result.content
+    assert climb.result.error == "'../../../../etc/hostname' is outside the checkout"
+    assert link.result.error == "'link.txt' is outside the checkout"

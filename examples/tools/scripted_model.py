@@ -9,7 +9,7 @@ The model named in the request picks its behaviour: `support-good` looks things 
 acts and never deletes anything; `support-bad` skips the lookups, over-calls, files tickets at
 the wrong priority and deletes an account when asked to close it (each of the suite's grader
 kinds fails on one of its cases); `support-loop` calls get_weather forever (a run's `max_steps`
-stops it). It answers by the first user message, one scripted turn per assistant turn so far,
+stops it); `coder` fixes examples/coding/calc.yaml's bug with the workspace's tools (`--workspace`). It answers by the first user message, one scripted turn per assistant turn so far,
 and reports usage as a real server does (about a token per 4 characters sent).
 """
 
@@ -75,7 +75,24 @@ BAD: list[tuple[str, list[Turn]]] = [
 
 LOOP: list[tuple[str, list[Turn]]] = [(r"", [call("get_weather", city="Paris")] * 10_000)]
 
-POLICIES = {"support-good": GOOD, "support-bad": BAD, "support-loop": LOOP}
+# A coding agent for examples/coding/calc.yaml with `--workspace`: it reads, edits, tests.
+CODER: list[tuple[str, list[Turn]]] = [(r"add\(-2, 3\)", [
+    call("read_file", path="calc.py"),
+    call("edit", path="calc.py", search="return abs(a) + b", replace="return a + b"),
+    call("bash", command="$EVALPIPE_PYTHON -m pytest -q -p no:cacheprovider test_calc.py"),
+    say(lambda r: "Fixed add: " + ("the tests pass." if "exit status 0" in str(r[-1]) else "the tests still fail.")),
+])]
+
+# A prompt-injected coding agent: it looks for the harness's key and tries to leave the checkout.
+SNOOP: list[tuple[str, list[Turn]]] = [(r"", [
+    call("bash", command="env; echo; curl -s -m 2 http://example.com || echo no-network"),
+    call("read_file", path="../../../../etc/hostname"),
+    call("bash", command="ln -s /etc/hostname link.txt"),
+    call("read_file", path="link.txt"),
+    say("done"),
+])]
+
+POLICIES = {"support-good": GOOD, "support-bad": BAD, "support-loop": LOOP, "coder": CODER, "snoop": SNOOP}
 
 
 def reply(body: dict[str, Any]) -> dict[str, Any]:

@@ -76,7 +76,7 @@ class OpenAIAgent(Reloadable):
     def generate(self, case: EvalCase, ctx: AgentContext) -> str:
         messages = chat_messages(case.inputs, self.system)
         if "tools" in case.inputs:
-            return self._tool_loop(Toolbox.for_case(case), messages, ctx)
+            return self.run_tools(Toolbox.for_case(case), messages, ctx)
         reply = self._ask(messages, ctx, None)
         ctx.report_usage(input_tokens=reply.input_tokens, output_tokens=reply.output_tokens, model=reply.model)
         if reply.latency_s is not None:
@@ -89,7 +89,7 @@ class OpenAIAgent(Reloadable):
         except EndpointError as exc:
             raise AgentError(str(exc)) from None
 
-    def _tool_loop(self, toolbox: Toolbox, messages: list[dict[str, Any]], ctx: AgentContext) -> str:
+    def run_tools(self, toolbox: Toolbox, messages: list[dict[str, Any]], ctx: AgentContext) -> str:
         """Ask, answer each tool call in order, send the results back; until the model answers
         without a tool call or `max_steps` turns have passed. Every turn and result goes to the
         sample's trajectory as it happens (a failed call keeps what came before it); the

@@ -1,6 +1,6 @@
 """What answers a model's tool calls in the `openai:` agent's tool loop (docs/agents.md
-"Tools"): the case's scripted world, else a tool registered with `tasks.registry.tool`, run in
-the harness with its timeout.
+"Tools"): a workspace's tools (`with_handlers`), the case's scripted world, else a tool
+registered with `tasks.registry.tool`, run in the harness with its timeout.
 
 Total: a call to an undeclared tool, arguments that are not JSON or do not fit the tool's
 schema, a world with no rule for the arguments, a tool that raises or runs past its timeout:
@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tasks.models import EvalCase
@@ -41,6 +41,21 @@ class Toolbox:
     # Made once per case: checking a schema and building its validator cost milliseconds.
     validators: dict[str, Any] = field(default_factory=dict)
     definitions: list[dict[str, Any]] = field(default_factory=list)
+    # Tools the harness answers itself (a workspace's: `tasks.agents.workspace_tools`), by name.
+    handlers: Mapping[str, Callable[[dict[str, Any]], str]] = field(default_factory=dict)
+
+    def with_handlers(self, tools: list[ToolDef], handlers: Mapping[str, Callable[[dict[str, Any]], str]]) -> Toolbox:
+        """This toolbox and `tools`, answered by `handlers` (a handler raises `ToolFailed`
+        for an error the model sees); a case's own tool of the same name is refused."""
+        from jsonschema import Draft202012Validator
+
+        taken = sorted(set(self.tools) & {t.name for t in tools})
+        if taken:
+            raise ToolFailed(f"the case declares {', '.join(taken)}, which the workspace's tools are named")
+        return replace(self, tools={**self.tools, **{t.name: t for t in tools}},
+                       validators={**self.validators, **{t.name: Draft202012Validator(t.parameters) for t in tools}},
+                       definitions=[*self.definitions, *(t.as_openai() for t in tools)],
+                       handlers={**self.handlers, **handlers})
 
     @classmethod
     def of(cls, inputs: Mapping[str, Any]) -> Toolbox:
@@ -81,6 +96,8 @@ class Toolbox:
         if call.arguments_error:
             raise ToolFailed(f"{call.name}: arguments are not JSON ({call.arguments_error.partition(': ')[2]})")
         _fits(tool.name, self.validators[tool.name], call.arguments)
+        if call.name in self.handlers:
+            return self.handlers[call.name](call.arguments)
         if call.name in self.world:
             return _scripted(call, self.world[call.name])
         if tool.registered:

@@ -30,15 +30,19 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tasks.agents.base import AgentContext, AgentError, spec_fingerprint
+from tasks.agents.chat import OpenAIAgent, chat_messages
 from tasks.agents.cmd import STDERR_TAIL, CmdAgent
 from tasks.agents.python import PythonAgent
 from tasks.agents.settings import AgentSettings
+from tasks.agents.toolbox import Toolbox, ToolFailed
 from tasks.agents.trajectory import TRAJECTORY_ENV, read_trajectory
+from tasks.agents.workspace_tools import WORKSPACE_TOOLS, workspace_handlers
 from tasks.callables import load_callable
 from tasks.home import HOME_DIR, evalpipe_home
 from tasks.models import EvalCase, InputError
@@ -52,6 +56,10 @@ from tasks.sandbox.network import agent_network
 from tasks.trace import ProcessRun, WorkspaceChange
 
 DEFAULT_AGENT_TIMEOUT_S = 1800.0
+BASH_TIMEOUT_S = 300.0  # of one `bash` call of an `openai:` workspace agent
+# An `openai:` workspace agent's system prompt, unless its spec gives one (`system=`).
+WORKSPACE_SYSTEM = ("You work in a git checkout of a repository, at its root. Use the tools to read, run and edit"
+                    " its files until the task is done, then answer with a short summary of the change.")
 AGENT_MAX_PROCS = 512
 AGENT_FILE_SIZE_MB = 1024
 EXTRA_ENV = "EVALPIPE_AGENT_ENV"  # more variable names to pass, comma-separated
@@ -97,6 +105,8 @@ class WorkspaceAgent:
     concealed: tuple[str, ...] = ()
     # The run's memory cap, caps on the tree, the change and the trajectory: pickled with it.
     settings: AgentSettings = field(default_factory=AgentSettings)
+    # An `openai:` agent: the model whose tool loop works the checkout with `WORKSPACE_TOOLS`.
+    model: OpenAIAgent | None = None
 
     @classmethod
     def load(cls, spec: str, base: Path, timeout_s: float = DEFAULT_AGENT_TIMEOUT_S,
@@ -114,8 +124,11 @@ class WorkspaceAgent:
             argv = (sys.executable, "-I", "-m", "tasks.agents.workspace_host", rest, str(base))
             source = load_callable(rest, base).source
             code = [str(p) for p in _own_code(source, base)] if source is not None else []
+        elif scheme == "openai":
+            inner = OpenAIAgent.load(spec, rest, base)
+            argv, code = (), []
         else:
-            raise InputError(f"agent {spec!r}: --workspace takes a cmd: or python: agent")
+            raise InputError(f"agent {spec!r}: --workspace takes a cmd:, python: or openai: agent")
         if timeout_s <= 0:
             raise InputError(f"--agent-timeout {timeout_s:g}: must be positive")
         passed_env_names()  # a bad name is refused before any work
@@ -125,7 +138,9 @@ class WorkspaceAgent:
         shaping = {"inner": inner.fingerprint,
                    "workspace": {"timeout_s": timeout_s, "memory_mb": settings.agent_memory_mb}}
         visible = tuple(dict.fromkeys(code))
-        return cls(spec, spec_fingerprint(spec, shaping), base, argv, timeout_s, visible, settings=settings)
+        model = inner.with_settings(settings) if isinstance(inner, OpenAIAgent) else None
+        return cls(spec, spec_fingerprint(spec, shaping), base, argv, timeout_s, visible, settings=settings,
+                   model=model)
 
     def concealing(self, paths: Iterable[str]) -> WorkspaceAgent:
         """This agent with `paths` (files or folders) hidden from it too."""
@@ -150,6 +165,8 @@ class WorkspaceAgent:
     def _run(self, ws: Workspace, case: EvalCase, ctx: AgentContext, python: str,
              env_mounts: Mounts | None, repo: str) -> str:
         confined = bwrap_available()
+        if self.model is not None:
+            return self._run_tools(ws, case, ctx, python, env_mounts, repo, confined)
         inside = TESTBED if confined else str(ws.tree)
         case_file = ws.agent_dir / "case.json"
         case_file.write_text(json.dumps(
@@ -160,22 +177,8 @@ class WorkspaceAgent:
             HOME=str(ws.home), **{TRAJECTORY_ENV: str(ws.trajectory)},
             EVALPIPE_CASE_ID=case.id, EVALPIPE_SAMPLE_INDEX=str(ctx.index), EVALPIPE_SEED=str(ctx.seed),
         )
-        mounts = None
-        if confined:
-            # The repository's source holds its later history (a fix, its tests).
-            named = (*self.concealed, repo, *(str(Path.home() / c) for c in CREDENTIALS))
-            secret = [Path(p).resolve() for p in named if not is_url(p) and Path(p).exists()]
-            mounts = Mounts(
-                workdir_at=TESTBED,
-                # Its code files after the hidden folders, so that they show even inside one.
-                ro=(str(ws.store), *(env_mounts.ro if env_mounts else ()), *self._code(dirs=False)),
-                rw=(str(ws.agent_dir),),
-                hide=(str(evalpipe_home()), *(str(p) for p in secret if p.is_dir()),
-                      *_answer_folders(self.concealed), *_project_homes(self._code(dirs=True))),
-                blank=tuple(str(p) for p in secret if p.is_file()),
-            )
-        limits = Limits(timeout_s=self.timeout_s, memory_mb=self.settings.agent_memory_mb, max_procs=AGENT_MAX_PROCS,
-                        file_size_mb=AGENT_FILE_SIZE_MB)
+        mounts = self._mounts(ws, env_mounts, repo) if confined else None
+        limits = self._limits(self.timeout_s)
         # The case on stdin, as for a `cmd:` agent outside a workspace.
         argv = ["/bin/sh", "-c", 'case=$1; shift; exec "$@" < "$case"', "evalpipe-agent", str(case_file),
                 *self.argv]
@@ -203,6 +206,56 @@ class WorkspaceAgent:
             how = f"killed by signal {-code}" if code < 0 else f"exited with status {code}"
             tail = redact(result.stderr.decode("utf-8", "replace")).strip()[-STDERR_TAIL:]
             raise AgentError(f"{how}: {tail}" if tail else how)
+        return self._change(ws, ctx)
+
+    def _mounts(self, ws: Workspace, env_mounts: Mounts | None, repo: str) -> Mounts:
+        # The repository's source holds its later history (a fix, its tests).
+        named = (*self.concealed, repo, *(str(Path.home() / c) for c in CREDENTIALS))
+        secret = [Path(p).resolve() for p in named if not is_url(p) and Path(p).exists()]
+        return Mounts(
+            workdir_at=TESTBED,
+            # Its code files after the hidden folders, so that they show even inside one.
+            ro=(str(ws.store), *(env_mounts.ro if env_mounts else ()), *self._code(dirs=False)),
+            rw=(str(ws.agent_dir),),
+            hide=(str(evalpipe_home()), *(str(p) for p in secret if p.is_dir()),
+                  *_answer_folders(self.concealed), *_project_homes(self._code(dirs=True))),
+            blank=tuple(str(p) for p in secret if p.is_file()),
+        )
+
+    def _limits(self, timeout_s: float) -> Limits:
+        return Limits(timeout_s=timeout_s, memory_mb=self.settings.agent_memory_mb, max_procs=AGENT_MAX_PROCS,
+                      file_size_mb=AGENT_FILE_SIZE_MB)
+
+    def _run_tools(self, ws: Workspace, case: EvalCase, ctx: AgentContext, python: str,
+                   env_mounts: Mounts | None, repo: str, confined: bool) -> str:
+        """The model's tool loop in the harness, its `bash` calls in the sandbox (no network,
+        none of the harness's variables: the key stays with the loop), its file tools on the
+        checkout; the output is the change it left, as any workspace agent's."""
+        assert self.model is not None
+        mounts = self._mounts(ws, env_mounts, repo) if confined else None
+        env = {"EVALPIPE_WORKSPACE": TESTBED if confined else str(ws.tree), "EVALPIPE_PYTHON": python,
+               "HOME": str(ws.home)}
+        cap = self.settings.workspace_caps.tree_bytes
+        deadline = time.monotonic() + self.timeout_s
+
+        def bash(command: str) -> tuple[int | str, str, str]:
+            left = deadline - time.monotonic()
+            if left <= 1:
+                raise ToolFailed(f"the agent's {self.timeout_s:g} s (--agent-timeout) are spent")
+            result = run_command(["/bin/sh", "-c", command], workdir=ws.tree, limits=self._limits(min(left, BASH_TIMEOUT_S)),
+                                 env=env, network=False, mounts=mounts, disk=DiskCap((str(ws.tree), str(ws.agent_dir)), cap))
+            if result.disk_over is not None:
+                raise ToolFailed(f"stopped: the checkout held {result.disk_over:,} bytes, over the {cap:,}-byte cap")
+            status = result.returncode if not result.timed_out else f"timed out after {min(left, BASH_TIMEOUT_S):g} s"
+            return status, result.stdout.decode("utf-8", "replace"), result.stderr.decode("utf-8", "replace")
+
+        toolbox = Toolbox.for_case(case).with_handlers(
+            list(WORKSPACE_TOOLS), workspace_handlers(ws.tree, bash, self.settings.workspace_caps.change_bytes))
+        system = self.model.system or WORKSPACE_SYSTEM
+        self.model.run_tools(toolbox, chat_messages(case.inputs, system), ctx)
+        return self._change(ws, ctx)
+
+    def _change(self, ws: Workspace, ctx: AgentContext) -> str:
         change = read_change(ws, self.settings.workspace_caps)
         ctx.trace.workspace = _change_note(change)
         if change.binary:
