@@ -2,8 +2,9 @@
 
 The `python:` agent uses it in the harness; `predicate` and a suite's `judge` inside the
 sandbox (`tasks.graders.predicate_host`), since a suite is not trusted, or a judge the
-machine allows (`EVALPIPE_HARNESS_JUDGES`) in the harness, scoped (below). Besides the callable it returns the sha256 of the source file, because a
-change to the user's code must change every cache key that depends on it.
+machine allows (`EVALPIPE_HARNESS_JUDGES`) in the harness, scoped (below). Besides the
+callable it returns the sha256 of the source file, because a change to the user's code must
+change every cache key that depends on it.
 
 Import rules, chosen to match what a user running a script from the project root expects:
 - `module:function` is imported with the base directory (the working directory by default;
@@ -12,9 +13,10 @@ Import rules, chosen to match what a user running a script from the project root
   loading the same file twice is free, and an edited file is loaded afresh.
 - A callable a suite names (`own_code_only`: a suite is not trusted) is checked before
   anything is imported, then loaded scoped: its file run as a module of its own, the
-  suite's folder on `sys.path` only while it runs and after every other entry, and whatever
-  it added to `sys.modules` dropped after. Loaded or refused, it changes neither `sys.path`
-  nor `sys.modules`: no later import of the harness finds the suite's files.
+  suite's folder on `sys.path` only while it runs and after every other entry, and the
+  modules of the suite's files it imported dropped from `sys.modules` after. Loaded or
+  refused, it leaves `sys.path` as it was and no module of the suite's in `sys.modules`: no
+  later import of the harness finds the suite's files.
 """
 
 from __future__ import annotations
