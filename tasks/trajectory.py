@@ -49,9 +49,14 @@ class ModelTurn:
 
     @property
     def tokens(self) -> int | None:
-        if self.input_tokens is None and self.output_tokens is None:
-            return None
-        return (self.input_tokens or 0) + (self.output_tokens or 0)
+        return total_tokens(self.input_tokens, self.output_tokens)
+
+
+def total_tokens(input_tokens: int | None, output_tokens: int | None) -> int | None:
+    """Input and output tokens together; None when neither was reported."""
+    if input_tokens is None and output_tokens is None:
+        return None
+    return (input_tokens or 0) + (output_tokens or 0)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from numpy.typing import NDArray
 
+from tasks.metrics.graders import grader_metrics
 from tasks.metrics.stats import (
     DEFAULT_LEVEL,
     DEFAULT_N_BOOT,
@@ -25,7 +26,6 @@ from tasks.metrics.stats import (
     pass_hat_k,
     standard_error,
 )
-from tasks.metrics.graders import grader_metrics
 from tasks.metrics.tallies import SampleRecord, Tallies, metric_values
 from tasks.models import InputError
 

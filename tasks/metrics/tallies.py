@@ -29,7 +29,7 @@ from numpy.typing import NDArray
 from tasks.metrics.stats import DEFAULT_LEVEL, DEFAULT_N_BOOT, bootstrap_mean_ci
 from tasks.registry import MetricSpec, metrics
 from tasks.trace import SampleTrace
-from tasks.trajectory import Steps
+from tasks.trajectory import Steps, total_tokens
 
 
 @dataclass(frozen=True)
@@ -62,9 +62,7 @@ class SampleRecord:
 
     @property
     def tokens(self) -> int | None:
-        if self.input_tokens is None and self.output_tokens is None:
-            return None
-        return (self.input_tokens or 0) + (self.output_tokens or 0)
+        return total_tokens(self.input_tokens, self.output_tokens)
 
 
 @dataclass(frozen=True)
