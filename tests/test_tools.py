@@ -395,3 +395,14 @@ def test_a_workspace_models_tools_never_hold_the_key_nor_leave_the_checkout(mode
     assert "no-network" in env.result.content
     assert climb.result.error == "'../../../../etc/hostname' is outside the checkout"
     assert link.result.error == "'link.txt' is outside the checkout"
+
+
+def test_max_new_failures_counts_each_extra_graders_new_failures_by_name(model, tmp_path):
+    good = evalpipe.evaluate(str(SUITE), "openai:support-good?max_steps=6", n=2, home=tmp_path)
+    bad = evalpipe.evaluate(str(SUITE), "openai:support-bad?max_steps=6", n=2, home=tmp_path,
+                            baseline=good.run_id, max_new_failures=0)
+    by_grader = {b["grader"]: b for b in bad.gate.blocks if b.get("grader")}
+    assert set(by_grader) == {"searched-kb", "lookup-then-refund", "no-tools", "never-deletes"}
+    assert by_grader["searched-kb"]["cases"] == ["password-help"]
+    assert by_grader["no-tools"]["message"].startswith("new failures of grader no-tools: 1 case(s)")
+    assert any(r.startswith("new failures of grader searched-kb") for r in bad.gate.reasons)

@@ -1,5 +1,6 @@
 """Gate rules a team can state, beside the paired CI (docs/contract.md §6): must-pass cases,
-a cap on new failures, and per-slice thresholds. Each block names the cases or the slice
+a cap on new failures (of the deciding grader, and of each extra grader by name), and
+per-slice thresholds. Each block names the cases or the slice
 that caused it, so a blocked pull request says what to look at.
 """
 
@@ -49,11 +50,14 @@ class Block:
     message: str
     cases: tuple[str, ...] = ()
     slice: str | None = None
+    grader: str | None = None  # the extra grader whose new failures these are
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"rule": self.rule, "message": self.message, "cases": list(self.cases)}
         if self.slice is not None:
             doc["slice"] = self.slice
+        if self.grader is not None:
+            doc["grader"] = self.grader
         return doc
 
 
@@ -110,6 +114,13 @@ def rule_blocks(
             blocks.append(Block("new_failures", f"new failures: {len(new)} case(s) that always passed in the"
                                 f" baseline now fail in some sample (allowed {rules.max_new_failures}):"
                                 f" {detail}{_more(new)}", tuple(new)))
+        # Each extra grader counts as the deciding one does: its own new failures, by its name.
+        for name, new in sorted(newly_failing_graders(diff).items()):
+            if len(new) > rules.max_new_failures:
+                blocks.append(Block("new_failures", f"new failures of grader {name}: {len(new)} case(s) it passed"
+                                    f" in every baseline sample now fail it in some sample (allowed"
+                                    f" {rules.max_new_failures}): {', '.join(new[:NAMED_IN_MESSAGE])}{_more(new)}",
+                                    tuple(new), grader=name))
     for name, threshold in sorted(rules.slice_min.items()):
         if name not in slice_values:
             known = ", ".join(sorted(slice_values)) or "none"
@@ -126,6 +137,20 @@ def newly_failing(diff: RunDiff) -> list[str]:
     """The cases that passed every sample in the baseline and fail some sample now, by id."""
     return sorted(c.case_id for c in diff.cases if c.before is not None and c.after is not None
                   and c.before.c == c.before.n and c.after.c < c.after.n)
+
+
+def newly_failing_graders(diff: RunDiff) -> dict[str, list[str]]:
+    """Per extra grader (by name): the cases it passed in every baseline sample that it fails in
+    some sample now, by id."""
+    found: dict[str, list[str]] = {}
+    for c in diff.cases:
+        if c.before is None or c.after is None:
+            continue
+        for name, (n, passed) in c.after.graders.items():
+            before = c.before.graders.get(name)
+            if before is not None and before[1] == before[0] and passed < n:
+                found.setdefault(name, []).append(c.case_id)
+    return {name: sorted(ids) for name, ids in found.items()}
 
 
 def _more(ids: Sequence[str]) -> str:
