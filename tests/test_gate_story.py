@@ -90,7 +90,7 @@ def test_the_story_blocks_on_the_broken_case_and_diff_names_every_flip(env, home
     assert shown[3].split()[:2] == ["regressed", "c3"] and "5/5 -> 0/5" in shown[3]
     markdown = cli(["gate", v2["run_id"], "--baseline", v1, "--max-new-failures", "0", "--format", "markdown"], env)
     assert markdown.returncode == 1 and markdown.stdout.startswith("## evalpipe gate: **BLOCK**")
-    assert "| c3 | 5/5 | 0/5 | -100.0 pts |" in markdown.stdout
+    assert "| `c3` | 5/5 | 0/5 | -100.0 pts |" in markdown.stdout
     # Why it fails, from its first failing sample: the grader and its detail, fenced.
     assert ("### Newly failing (1)\n\n**`c3`** (5/5 → 0/5): grader `exact` gave `failed` on sample 0\n"
             "```text\nexpected 'yes', got 'no'\n```\n") in markdown.stdout

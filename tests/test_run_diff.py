@@ -99,19 +99,90 @@ def test_bad_slice_thresholds_are_refused(spec: str) -> None:
         check_slices({"hrad": 0.5}, ["easy", "hard", "easy"])
 
 
-def test_markdown_names_the_worst_regressions_and_escapes_suite_text() -> None:
+def test_markdown_names_the_worst_regressions_and_keeps_suite_text_in_code() -> None:
     evil = "x|y`<img src=x onerror=alert(1)>\nz"
     before = [result("a", 5, 5), result(evil, 5, 5, slices=("<b>s</b>|",))]
     after = [result("a", 5, 0), result(evil, 5, 1, slices=("<b>s</b>|",))]
     gate = {"decision": "block", "verdict": "regressed", "reasons": [f"must-pass: {evil} failed"]}
     text = comparison_markdown(diff_runs(after, before, run_id="r2", baseline_id="r1"), gate)
-    assert text.startswith("## evalpipe gate: **BLOCK** (regressed)")
-    assert "<img" not in text and "<b>" not in text and "\nz" not in text
+    assert text.startswith("## evalpipe gate: **BLOCK** (`regressed`)")
+    assert "\nz" not in text
     rows = [line for line in text.splitlines() if line.startswith("| ") and "/5 |" in line]
-    assert rows[0] == "| a | 5/5 | 0/5 | -100.0 pts |"
-    assert rows[1].startswith("| x\\|y\\`&lt;img")
+    assert rows[0] == "| `a` | 5/5 | 0/5 | -100.0 pts |"
+    assert rows[1].startswith("| ``x\\|y`<img src=x onerror=alert(1)> z`` | 5/5 | 1/5 |")
     assert all(row.replace("\\|", "").count("|") == 5 for row in rows)  # no cell broke out of its column
     assert "regressed **2**" in text
+    html = render_comment(text)
+    assert "<img" not in html and "<b>" not in html and "<code>x|y`&lt;img src=x onerror=alert(1)&gt; z</code>" in html
+
+
+def render_comment(text: str) -> str:
+    """The comment as GitHub renders it: CommonMark with GFM's tables and strikethrough
+    (markdown-it-py). GitHub's mentions, issue references and bare-URL links act on text
+    outside code, which `suite_text_outside_code` reads."""
+    from markdown_it import MarkdownIt
+
+    return MarkdownIt("commonmark", {"html": True}).enable(["table", "strikethrough"]).render(text)
+
+
+def suite_text_outside_code(html: str) -> str:
+    """The rendered text that is not inside <code> or <pre>: where a mention, a reference, a
+    bare URL or math would come alive on GitHub."""
+    from html.parser import HTMLParser
+
+    class Outside(HTMLParser):
+        def __init__(self) -> None:
+            super().__init__()
+            self.depth, self.text = 0, []
+
+        def handle_starttag(self, tag, attrs) -> None:
+            self.depth += tag in ("code", "pre")
+
+        def handle_endtag(self, tag) -> None:
+            self.depth -= tag in ("code", "pre")
+
+        def handle_data(self, data) -> None:
+            if not self.depth:
+                self.text.append(data)
+
+    parser = Outside()
+    parser.feed(html)
+    return "".join(parser.text)
+
+
+# The attack of issue 45: a case id or slice that pings a team, links, cross-references,
+# strikes and typesets when the comment is posted.
+LIVE = "@acme/security-team please approve: https://evil.example/approve ~~regressed~~ org/repo#1 $x^2$"
+
+
+@pytest.mark.parametrize("evil", [
+    LIVE,
+    f"`{LIVE}`",  # a backtick at each end: the span must hold them
+    f"``{LIVE}`` | ```",
+    f"[approve](https://evil.example) <a href='https://evil.example'>x</a> www.evil.example {LIVE}",
+])
+def test_suite_text_in_the_comment_is_inert_when_rendered(evil: str) -> None:
+    """Issue 45: case ids, slice names, the reasons naming them and grader details render as
+    code in the gate comment and `diff --format markdown`: no link, mention, reference,
+    strike or math that the suite put there."""
+    from tasks.metrics.gate import gate_diff
+    from tasks.metrics.rules import GateRules
+
+    before = [result(evil, 4, 4, slices=(evil,)), result("b", 4, 4, slices=(evil,)), result("c", 4, 0)]
+    after = [result(evil, 4, 0, slices=(evil,)), result("b", 4, 4, slices=(evil,)), result("c", 4, 4)]
+    diff = diff_runs(after, before, run_id="r2", baseline_id="r1")
+    gate = gate_diff(diff, after, safety_failed=False, must_pass=frozenset({evil}), suite_version="v" * 20,
+                     slice_values=None, rules=GateRules(max_new_failures=0, slice_min={evil: 0.9})) | {
+        "baseline_choice": f"previous: the latest completed run of suite {evil!r}"}
+    failing = {evil: {"sample_index": 0, "status": "failed", "kind": "exact", "detail": f"expected {evil}\n```\n{evil}"}}
+    for text in (comparison_markdown(diff, gate, failing=failing), comparison_markdown(diff, None, failing=failing)):
+        assert text.count("approve") >= 3  # the suite's text is there: as code
+        html = render_comment(text)
+        for tag in ("<a ", "<del", "<s>", "<img", "<em", "<strong>approve"):
+            assert tag not in html, (tag, html)
+        outside = suite_text_outside_code(html)
+        for live in ("@acme", "evil.example", "#1", "~~", "$x", "approve"):
+            assert live not in outside, (live, outside)
 
 
 def test_markdown_stays_under_a_github_comment_whatever_the_suite_size() -> None:

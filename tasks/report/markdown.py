@@ -4,7 +4,9 @@
 It must fit a GitHub comment (65,536 characters) whatever the suite's size, so every part
 is bounded: the worst regressions and the best improvements as short tables, the slices
 that changed most, each cell clipped; the counts above them stay exact. Text that came
-from a suite (case ids, slice names, reasons naming them) is escaped for Markdown and HTML.
+from a suite or a stored run (case ids, slice names, reasons and the rules' line naming
+them, grader details) is inert: in code spans or fenced code blocks, where no mention, link,
+issue reference, emphasis, strike, math or HTML renders (GitHub acts on text outside code).
 """
 
 from __future__ import annotations
@@ -47,10 +49,10 @@ def comparison_markdown(
     level = f"{100 * diff.ci_level:g}%"
     lines = []
     if gate:
-        lines.append(f"## evalpipe gate: **{str(gate['decision']).upper()}** ({_text(gate['verdict'])})")
+        lines.append(f"## evalpipe gate: **{str(gate['decision']).upper()}** ({_code(gate['verdict'])})")
     else:
         lines.append("## evalpipe diff")
-    lines += ["", f"run `{_code(diff.run_id)}` against baseline `{_code(diff.baseline)}`", ""]
+    lines += ["", f"run {_code(diff.run_id)} against baseline {_code(diff.baseline)}", ""]
     before, after = headline(baseline, diff.metric), headline(run, diff.metric)
     delta, ci = change_shown(diff, gate)
     shift = (f"Δ {signed_points(delta)}" + (f", {level} CI {signed_points(ci[0])} to {signed_points(ci[1])}" if ci else "")
@@ -58,7 +60,7 @@ def comparison_markdown(
     lines.append(f"**{metric}** {percent(before)} → {percent(after)} ({shift}) over {diff.shared} shared cases")
     basis = decided_by(gate) if gate else None
     if basis:
-        lines += ["", _text(clip(basis, MAX_REASON))]
+        lines += ["", _code(clip(basis, MAX_REASON))]
     counts = diff.counts()
     lines += ["", " · ".join(f"{label} **{count}**" for label, count in counts.items())]
     if diff.dropped:
@@ -66,7 +68,7 @@ def comparison_markdown(
                      " every paired figure.")
     if gate and gate.get("reasons"):
         reasons = list(gate["reasons"])
-        lines += [""] + [f"- {_text(clip(r, MAX_REASON))}" for r in reasons[:MAX_REASONS]]
+        lines += [""] + [f"- {_code(clip(r, MAX_REASON))}" for r in reasons[:MAX_REASONS]]
         if len(reasons) > MAX_REASONS:
             lines.append(f"- … and {len(reasons) - MAX_REASONS} more")
     lines += _cases_table("Worst regressions", diff.labelled("regressed"), MAX_REGRESSIONS, diff.metric)
@@ -76,7 +78,8 @@ def comparison_markdown(
     text = "\n".join(lines) + "\n"
     # The bounds above keep it far below the limit; this is the guarantee, whatever the input.
     if len(text) >= GITHUB_COMMENT_LIMIT:
-        text = text[: GITHUB_COMMENT_LIMIT - 100] + "\n\n… (cut to fit a GitHub comment)\n"
+        # At a line's end: every code span closes on its line (a fence left open runs to the end, still code).
+        text = text[: GITHUB_COMMENT_LIMIT - 100].rpartition("\n")[0] + "\n\n… (cut to fit a GitHub comment)\n"
     return text
 
 
@@ -107,7 +110,7 @@ def _cases_table(title: str, cases: Sequence[CaseChange], limit: int, metric: st
     shown = f"the {limit} largest of {len(cases)}" if len(cases) > limit else str(len(cases))
     lines = ["", f"### {title} ({shown})", "", "| case | before | after | change |", "|---|---|---|---|"]
     for c in cases[:limit]:
-        lines.append(f"| {_text(clip(c.case_id, MAX_CELL))} | {_side(c.before, metric)} | {_side(c.after, metric)}"
+        lines.append(f"| {_code(clip(c.case_id, MAX_CELL), cell=True)} | {_side(c.before, metric)} | {_side(c.after, metric)}"
                      f" | {signed_points(c.change)} |")
     return lines
 
@@ -167,17 +170,8 @@ def _slices_table(diff: RunDiff, level: str) -> list[str]:
     chosen = sorted(moved, key=lambda item: -abs(item[1].delta))[:MAX_SLICES]
     for name, s in sorted(chosen, key=lambda item: (item[1].delta, item[0])):
         ci = f"{signed_points(s.ci[0])} to {signed_points(s.ci[1])}" if s.ci else "— (one case)"
-        lines.append(f"| {_text(clip(name, MAX_CELL))} | {s.cases} | {signed_points(s.delta)} | {ci} |")
+        lines.append(f"| {_code(clip(name, MAX_CELL), cell=True)} | {s.cases} | {signed_points(s.delta)} | {ci} |")
     return lines
-
-
-_MARKDOWN_SPECIALS = str.maketrans({ch: "\\" + ch for ch in "\\`*_[]|"})
-
-
-def _text(text: str) -> str:
-    """Suite text as inert Markdown: no table breaks, no HTML, no emphasis or links, one line."""
-    text = str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    return text.translate(_MARKDOWN_SPECIALS).replace("\r", " ").replace("\n", " ")
 
 
 def _code(text: str, *, cell: bool = False) -> str:
