@@ -33,7 +33,7 @@ class Comparison:
     base: dict[str, Any]
     diff: RunDiff
     results: list[CaseResult]  # the run's cases, all of them
-    store: Store = field(repr=False, compare=False, default=None)  # where they are kept
+    store: Store = field(repr=False, compare=False)  # where they are kept
 
     def markdown(self, gate: Mapping[str, Any] | None = None) -> str:
         """The pull-request comment (`tasks.report.markdown`), with each newly failing case's
