@@ -783,8 +783,12 @@ class Database:
                 " LEFT JOIN cases c ON c.suite_version = r.suite_version AND c.case_id = s.case_id"
                 " WHERE s.run_id = ? GROUP BY s.case_id, s.case_hash ORDER BY s.case_id", [run_id]
             ).fetchall()
+            calls: dict[str, dict[str, int]] = {}
+            for cid, name, count in con.execute(
+                    "SELECT case_id, name, count(*) FROM tool_calls WHERE run_id = ? GROUP BY ALL", [run_id]).fetchall():
+                calls.setdefault(cid, {})[str(name)] = int(count)
         return [CaseResult(cid, h, int(n), int(c), float(score), tuple(slices or ()), tuple(map(float, scores)),
-                           graders=extra_grader_counts(extras or ()))
+                           graders=extra_grader_counts(extras or ()), tools=calls.get(cid, {}))
                 for cid, h, n, c, score, slices, scores, extras in rows]
 
     def latest_completed_run_of_suite(self, suite_name: str, *, before: str | None = None) -> str | None:

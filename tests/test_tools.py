@@ -406,3 +406,28 @@ def test_max_new_failures_counts_each_extra_graders_new_failures_by_name(model, 
     assert by_grader["searched-kb"]["cases"] == ["password-help"]
     assert by_grader["no-tools"]["message"].startswith("new failures of grader no-tools: 1 case(s)")
     assert any(r.startswith("new failures of grader searched-kb") for r in bad.gate.reasons)
+
+
+def test_diff_shows_the_tool_calls_that_appeared_or_disappeared_on_each_changed_case(model, tmp_path):
+    from tasks.metrics.diff import diff_runs
+    from tasks.report.diff_text import diff_text
+
+    good = evalpipe.evaluate(str(SUITE), "openai:support-good?max_steps=6", n=2, home=tmp_path)
+    bad = evalpipe.evaluate(str(SUITE), "openai:support-bad?max_steps=6", n=2, home=tmp_path)
+    store = Store(tmp_path)
+    doc = diff_runs(store.case_results(bad.run_id), store.case_results(good.run_id),
+                    run_id=bad.run_id, baseline_id=good.run_id).to_json()
+    cases = {c["case_id"]: c for c in doc["cases"]}
+    assert cases["close-account"]["label"] == "regressed"
+    assert cases["close-account"]["tool_calls"] == {"create_ticket": [1, 0], "delete_account": [0, 1]}
+    assert "tool_calls" not in cases["outage-ticket"]  # the same calls, other arguments
+    assert cases["password-help"]["tool_calls"] == {"search_kb": [1, 0]}
+    text = diff_text(doc, limit=20)
+    assert "tool calls per sample: -create_ticket 1 -> 0, +delete_account 0 -> 1" in text
+    from flows.gate import decision, pair_runs
+    from flows.report import write_diff_report
+
+    comparison = pair_runs(bad.run_id, good.run_id, store=store)
+    gate = decision(comparison, None, store=store, shared_only=True)
+    html = write_diff_report(comparison, gate, tmp_path / "d.html", store).read_text()
+    assert "tool calls per sample: -create_ticket 1 -&gt; 0, +delete_account 0 -&gt; 1" in html

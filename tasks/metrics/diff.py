@@ -57,6 +57,8 @@ class CaseResult:
     values: Mapping[str, float] = field(default_factory=dict, compare=False)
     # Each extra grader's (samples, passed) on this case, by name (`grader:NAME` metrics).
     graders: Mapping[str, tuple[int, int]] = field(default_factory=dict, compare=False)
+    # The tool calls its samples' trajectories hold, by tool name (all samples together).
+    tools: Mapping[str, int] = field(default_factory=dict, compare=False)
 
     def value(self, metric: Metric) -> float:
         if metric == "pass":
@@ -83,8 +85,20 @@ class CaseChange:
         def side(r: CaseResult | None) -> dict[str, Any] | None:
             return None if r is None else {"passes": r.c, "samples": r.n, "score": r.score, "value": r.value(metric)}
 
-        return {"case_id": self.case_id, "label": self.label, "change": self.change,
-                "before": side(self.before), "after": side(self.after), "slices": list(self.slices)}
+        doc = {"case_id": self.case_id, "label": self.label, "change": self.change,
+               "before": side(self.before), "after": side(self.after), "slices": list(self.slices)}
+        if tools := self.tool_changes():
+            doc["tool_calls"] = tools
+        return doc
+
+    def tool_changes(self) -> dict[str, list[float]]:
+        """Per tool whose calls per sample changed: [before, after] (a paired case's only)."""
+        if self.before is None or self.after is None:
+            return {}
+        before, after = self.before, self.after
+        rates = {name: [round(before.tools.get(name, 0) / before.n, 3), round(after.tools.get(name, 0) / after.n, 3)]
+                 for name in sorted({*before.tools, *after.tools})}
+        return {name: pair for name, pair in rates.items() if pair[0] != pair[1]}
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from typing import Any
 
 from tasks.metrics.diff import CaseChange, RunDiff, metric_name
 from tasks.metrics.percent import percent, signed_points
+from tasks.report.diff_text import tool_changes_text
 from tasks.report.gate_text import decided_by
 from tasks.report.html import TEMPLATES, clip
 from tasks.report.markdown import change_shown, headline
@@ -85,6 +86,7 @@ def _case_view(case: CaseChange, detail: Mapping[str, Any], metric: str) -> dict
     return {
         "case_id": case.case_id, "label": case.label, "change": signed_points(case.change),
         "before_counts": counts(case.before), "after_counts": counts(case.after), "slices": ", ".join(case.slices),
+        "tool_calls": tool_changes_text(case.tool_changes()),
         "inputs": clip(_pretty(detail.get("inputs")), MAX_TEXT_CHARS),
         "reference": clip(_pretty(detail.get("reference")), MAX_TEXT_CHARS),
         "before": _sample_view(detail.get("before")), "after": _sample_view(detail.get("after")),

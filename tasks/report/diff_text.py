@@ -27,6 +27,8 @@ def diff_text(doc: dict[str, Any], limit: int) -> str:
         lines.append(f"  {c['label']:<9}  {clip(_plain(c['case_id']), 40):<{width}}"
                      f"  {_side(c['before'], doc['metric'])} -> {_side(c['after'], doc['metric'])}"
                      + (f"  {signed_points(c['change'])}" if c["change"] is not None else ""))
+        if c.get("tool_calls"):
+            lines.append(f"  {'':<9}  tool calls per sample: {tool_changes_text(c['tool_calls'])}")
     if len(changed) > limit:
         lines.append(f"  ... and {len(changed) - limit} more changed case(s) (--json lists every case)")
     if doc["slices"]:
@@ -36,6 +38,16 @@ def diff_text(doc: dict[str, Any], limit: int) -> str:
             shown = f"[{signed_points(ci[0])}, {signed_points(ci[1])}]" if ci else "(no CI: one case)"
             lines.append(f"  {clip(_plain(name), 30):<16} {s['cases']:>5} shared  Δ {signed_points(s['delta'])}  {shown}")
     return "\n".join(lines)
+
+
+def tool_changes_text(changes: dict[str, list[float]]) -> str:
+    """`+get_order 0 -> 1, -search_kb 1 -> 0, search 1 -> 2`: calls that appeared, disappeared
+    or changed, per sample."""
+    def one(name: str, before: float, after: float) -> str:
+        sign = "+" if not before else "-" if not after else ""
+        return f"{sign}{_plain(name)} {before:g} -> {after:g}"
+
+    return ", ".join(one(name, *pair) for name, pair in changes.items())
 
 
 def _side(side: dict[str, Any] | None, metric: str) -> str:
