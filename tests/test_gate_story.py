@@ -230,7 +230,8 @@ def test_a_plain_run_blocks_on_the_rules_that_need_no_baseline(env, home, tmp_pa
 
     text = cli(args, env)
     assert text.returncode == 1
-    assert "gate: BLOCK (no baseline)" in text.stdout and "  - must-pass: 1 must-pass case(s) failed" in text.stdout
+    assert "gate: BLOCK (no baseline)\n  without a baseline; rules: 1 must-pass case(s)\n" in text.stdout
+    assert "  - must-pass: 1 must-pass case(s) failed" in text.stdout
 
     safe = write_story(tmp_path / "safe.yaml")  # no must-pass case: the threshold and the veto alone
     proc = cli(["run", str(safe), "--agent", f"python:{AGENTS}:v1", "-n", "2", "--min-pass-at-1", "0.9", "--json"], env)

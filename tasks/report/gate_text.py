@@ -22,8 +22,8 @@ def decided_by(gate: Mapping[str, Any]) -> str | None:
     decisions recorded their rules)."""
     if gate.get("rules") is None:
         return None
-    if gate.get("baseline") is None:
-        return f"without a baseline; rules: {rules_text(gate['rules'])}"
+    if gate.get("baseline") is None:  # the paired rules (max drop, new failures) waited for one
+        return f"without a baseline; rules: {rules_text({**gate['rules'], 'max_drop': None}) or 'the safety veto'}"
     choice = f" ({gate['baseline_choice']})" if gate.get("baseline_choice") else ""
     cases = f"{gate['shared_cases']} shared"
     if gate.get("added_cases") is not None:
@@ -35,7 +35,8 @@ def decided_by(gate: Mapping[str, Any]) -> str | None:
 
 def rules_text(rules: Mapping[str, Any]) -> str:
     """A gate's rules (`GateRules.to_json`) in one line."""
-    parts = [f"max drop {percent(rules.get('max_drop') or 0.0)}"]
+    # A document stored before rules were recorded in full has no max drop: it was 0.
+    parts = [f"max drop {percent(rules.get('max_drop', 0.0))}"] if rules.get("max_drop", 0.0) is not None else []
     if rules.get("min_pass_at_1") is not None:
         parts.append(f"min pass@1 {percent(rules['min_pass_at_1'])}")
     if rules.get("max_new_failures") is not None:
