@@ -164,11 +164,11 @@ def log_headline(summary: RunSummary) -> None:
     hats = ", ".join(f"pass^{k} {percent(v)}" for k, v in (summary.pass_hat_k or {}).items() if k != "1")
     if hats:
         logger.info("reliability: %s", hats)
-    if summary.gate:
-        logger.info("gate vs %s: %s (%s): %s", summary.gate.baseline, summary.gate.decision.upper(),
-                    summary.gate.verdict, "; ".join(summary.gate.reasons))
-    elif summary.no_baseline:
+    if summary.no_baseline:
         logger.warning("%s", summary.no_baseline)
+    if summary.gate:  # without a baseline, by the rules that need none
+        logger.info("gate%s: %s (%s): %s", f" vs {summary.gate.baseline}" if summary.gate.baseline else "",
+                    summary.gate.decision.upper(), summary.gate.verdict, "; ".join(summary.gate.reasons))
 
 
 # The suite goes to a task `quote`d: Prefect would otherwise walk every field of every case

@@ -224,7 +224,7 @@ def test_flow_gates_against_a_baseline(prefect_harness, home, tmp_path):
     assert bad["gate"]["decision"] == "block" and bad["gate"]["verdict"] == "regressed"
     # Red in the UI, so automations and notifications fire; named, so filters tell it apart.
     assert flow_run_state(bad) == ("FAILED", "Blocked", "gate blocked: " + "; ".join(bad["gate"]["reasons"]))
-    assert gate_artifact(bad).startswith("## evalpipe gate: **BLOCK** (regressed)")
+    assert gate_artifact(bad).startswith("## evalpipe gate: **BLOCK** (`regressed`)")
     logged = flow_run_logs(bad)  # the UI's Logs tab: the headline and the decision
     assert any(m.startswith("toy: pass@1 ") and "over 30 cases x n=4" in m for m in logged), logged
     assert any(m.startswith(f"gate vs {good['run_id']}: BLOCK (regressed)") for m in logged), logged
@@ -233,6 +233,19 @@ def test_flow_gates_against_a_baseline(prefect_harness, home, tmp_path):
     assert better["gate"]["decision"] == "pass" and better["gate"]["verdict"] == "improved"
     same = evaluate(suite=str(suite), agent=agent("better"), n=4, k=[1], seed=9, baseline=good["run_id"])
     assert same["gate"]["decision"] == "pass" and same["gate"]["verdict"] == "inconclusive"
+
+    # No baseline, and a safety violation: Blocked as well (issue 47), said in the log.
+    unsafe = tmp_path / "unsafe.yaml"
+    unsafe.write_text(suite.read_text().replace("name: toy", "name: unsafe")
+                      .replace("cases:", "safety: {forbidden_patterns: ['^no$']}\ncases:"))
+    with pytest.raises(GateBlocked) as blocked:
+        evaluate(suite=str(unsafe), agent=agent("worse"), n=2, k=[1], baseline="previous")
+    alone = blocked.value.summary
+    assert alone["gate"]["baseline"] is None and alone["no_baseline"].endswith("nothing was compared")
+    assert flow_run_state(alone)[:2] == ("FAILED", "Blocked")
+    logged = flow_run_logs(alone)
+    assert any(m.startswith("gate: BLOCK (no baseline): safety: ") for m in logged), logged
+    assert alone["no_baseline"] in logged
 
 
 def test_regrade_counts_environment_flakes_apart_from_the_agent(prefect_harness, home, tmp_path, counted):
