@@ -778,7 +778,8 @@ class Database:
                 "SELECT s.case_id, s.case_hash, count(*), count(*) FILTER (WHERE s.passed),"
                 " coalesce(avg(s.score), 0), any_value(c.slices),"
                 " list(coalesce(s.score, 0) ORDER BY s.sample_index),"
-                " list(json_extract_string(s.trace, '$.extra_graders')) FILTER (WHERE s.trace LIKE '%\"extra_graders\"%')"
+                " list(json_extract_string(s.trace, '$.extra_graders')) FILTER (WHERE s.trace LIKE '%\"extra_graders\"%'),"
+                " count(*) FILTER (WHERE len(s.safety) > 0)"
                 " FROM samples s JOIN runs r ON r.run_id = s.run_id"
                 " LEFT JOIN cases c ON c.suite_version = r.suite_version AND c.case_id = s.case_id"
                 " WHERE s.run_id = ? GROUP BY s.case_id, s.case_hash ORDER BY s.case_id", [run_id]
@@ -788,8 +789,8 @@ class Database:
                     "SELECT case_id, name, count(*) FROM tool_calls WHERE run_id = ? GROUP BY ALL", [run_id]).fetchall():
                 calls.setdefault(cid, {})[str(name)] = int(count)
         return [CaseResult(cid, h, int(n), int(c), float(score), tuple(slices or ()), tuple(map(float, scores)),
-                           graders=extra_grader_counts(extras or ()), tools=calls.get(cid, {}))
-                for cid, h, n, c, score, slices, scores, extras in rows]
+                           graders=extra_grader_counts(extras or ()), tools=calls.get(cid, {}), unsafe=int(unsafe))
+                for cid, h, n, c, score, slices, scores, extras, unsafe in rows]
 
     def latest_completed_run_of_suite(self, suite_name: str, *, before: str | None = None) -> str | None:
         """The newest completed run of the suite of this name, whatever its version or agent

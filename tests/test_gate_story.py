@@ -6,6 +6,7 @@ exported from one home gates the same way in another."""
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -244,7 +245,7 @@ def test_a_plain_run_blocks_on_the_rules_that_need_no_baseline(env, home, tmp_pa
     proc = cli(["run", str(tmp_path / "unsafe.yaml"), "--agent", f"python:{AGENTS}:v1", "-n", "2"], env)
     assert proc.returncode == 1
     assert "SAFETY FAILED" in proc.stdout and "gate: BLOCK (no baseline)" in proc.stdout
-    assert "  - safety: the run has at least one safety violation" in proc.stdout
+    assert re.search(r"  - safety: \d+ case\(s\) broke a safety rule in some sample \(a veto, whatever the rates\): c\d \(2/2\)", proc.stdout)
 
     proc = cli([*args, "--max-new-failures", "0"], env)
     assert proc.returncode == 2

@@ -431,3 +431,19 @@ def test_diff_shows_the_tool_calls_that_appeared_or_disappeared_on_each_changed_
     gate = decision(comparison, None, store=store, shared_only=True)
     html = write_diff_report(comparison, gate, tmp_path / "d.html", store).read_text()
     assert "tool calls per sample: -create_ticket 1 -&gt; 0, +delete_account 0 -&gt; 1" in html
+
+
+def test_a_forbidden_call_blocks_naming_its_case_in_the_gates_every_output(model, tmp_path):
+    from html import escape
+
+    from flows.report import write_report
+    from tasks.report.gate_text import gate_lines
+
+    good = evalpipe.evaluate(str(SUITE), "openai:support-good?max_steps=6", n=2, home=tmp_path)
+    for baseline in (good.run_id, None):  # gated, and a plain run: the veto needs no baseline
+        bad = evalpipe.evaluate(str(SUITE), "openai:support-bad?max_steps=6", n=2, home=tmp_path, baseline=baseline)
+        reason = "safety: 1 case(s) broke a safety rule in some sample (a veto, whatever the rates): close-account (2/2)"
+        assert bad.gate.decision == "block" and bad.gate.reasons[0] == reason
+        assert any(reason in line for line in gate_lines(bad.gate.model_dump()))
+        html = write_report(bad.run_id, tmp_path / "r.html", Store(tmp_path)).read_text()
+        assert escape(reason, quote=False) in html or escape(reason) in html

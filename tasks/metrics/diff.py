@@ -59,6 +59,7 @@ class CaseResult:
     graders: Mapping[str, tuple[int, int]] = field(default_factory=dict, compare=False)
     # The tool calls its samples' trajectories hold, by tool name (all samples together).
     tools: Mapping[str, int] = field(default_factory=dict, compare=False)
+    unsafe: int = field(default=0, compare=False)  # samples with a safety violation
 
     def value(self, metric: Metric) -> float:
         if metric == "pass":

@@ -25,7 +25,7 @@ from tasks.metrics.diff import (
 )
 from tasks.metrics.percent import percent, signed_points
 from tasks.metrics.power import DEFAULT_POWER, detectable, variance_from_counts
-from tasks.metrics.rules import GateRules, rule_blocks
+from tasks.metrics.rules import NAMED_IN_MESSAGE, GateRules, rule_blocks
 from tasks.metrics.stats import DEFAULT_LEVEL, DEFAULT_N_BOOT
 from tasks.models import InputError
 
@@ -191,6 +191,18 @@ def unpaired_blocks(*, safety_failed: bool, pass_at_1: float, min_pass_at_1: flo
     return blocks
 
 
+def safety_reason(results: Sequence[CaseResult]) -> str:
+    """The safety veto, naming the cases whose samples broke a safety rule (the violations
+    themselves are in the run's `safety_violations`)."""
+    unsafe = sorted((r for r in results if r.unsafe), key=lambda r: r.case_id)
+    if not unsafe:  # the results predate the count: said without names
+        return "safety: the run has at least one safety violation (a veto, whatever the rates)"
+    named = ", ".join(f"{r.case_id} ({r.unsafe}/{r.n})" for r in unsafe[:NAMED_IN_MESSAGE])
+    more = f" and {len(unsafe) - NAMED_IN_MESSAGE} more" if len(unsafe) > NAMED_IN_MESSAGE else ""
+    return (f"safety: {len(unsafe)} case(s) broke a safety rule in some sample (a veto, whatever the rates):"
+            f" {named}{more}")
+
+
 # The verdict of a decision made without a baseline: there is no change to call anything.
 NO_BASELINE = "no baseline"
 
@@ -220,8 +232,8 @@ def gate_alone(
     pass_at_1 = sum(r.c / r.n for r in results) / len(results)
     blocks = rule_blocks(stated, results, None, slice_values, metric_name(metric))
     unpaired = unpaired_blocks(safety_failed=safety_failed, pass_at_1=pass_at_1, min_pass_at_1=stated.min_pass_at_1)
-    safety = [r for r in unpaired if r.startswith("safety:")]
-    blocking = [*safety, *(b.message for b in blocks), *(r for r in unpaired if r not in safety)]
+    safety = [safety_reason(results) for r in unpaired if r.startswith("safety:")]
+    blocking = [*safety, *(b.message for b in blocks), *(r for r in unpaired if not r.startswith("safety:"))]
     reasons = [*blocking, "no baseline: the rules that compare with one (the change's CI, new failures) were not applied"]
     if must_pass is None:
         reasons.append(f"must-pass cases unknown: suite {suite_version[:12]} has no snapshot here")
@@ -261,10 +273,10 @@ def gate_diff(
                     dropped_run=counts["new"], dropped_baseline=counts["removed"]).to_json()
     stated = replace(rules, must_pass=must_pass or frozenset())
     blocks = rule_blocks(stated, results, diff, slice_values, metric_name(metric))
+    safety = [safety_reason(results) for r in result["reasons"] if r.startswith("safety:")]
+    rest = [r for r in result["reasons"] if not r.startswith("safety:")]
+    result["reasons"] = [*safety, *(b.message for b in blocks), *rest]
     if blocks:
-        safety = [r for r in result["reasons"] if r.startswith("safety:")]
-        rest = [r for r in result["reasons"] if not r.startswith("safety:")]
-        result["reasons"] = [*safety, *(b.message for b in blocks), *rest]
         result["decision"] = "block"
     if result["verdict"] == "inconclusive" and result["decision"] == "pass":
         result["reasons"].append(what_would_decide(diff, stated))
