@@ -246,3 +246,21 @@ def test_the_labelled_run_records_its_source_labeller_and_labels() -> None:
     assert {k: doc[k] for k in ("source_run", "labeller", "labelled", "unlabelled", "duration_s")} == {
         "source_run": "r1", "labeller": "ada", "labelled": 3, "unlabelled": 2, "duration_s": 1.235}
     assert "usage" not in doc and "source_run" not in summary.to_json()  # the summary given is left as it was
+
+
+def test_a_label_file_runs_no_formula_in_a_spreadsheet_and_reads_back_as_written(tmp_path) -> None:
+    """Issue 45: an output a spreadsheet would run (`=HYPERLINK(...)` shows the labeller "Paris")
+    is written inert, and a lone carriage return no longer ends its row; both read back exact."""
+    import csv
+
+    from tasks.metrics.labels import read_labels, write_label_file
+
+    outputs = ['=HYPERLINK("https://evil.example", "Paris")', "+1", "@SUM(A1)", "-2", "'quoted", "a\rb", "plain"]
+    path = tmp_path / "labels.csv"
+    write_label_file(({"case_id": f"c{i}", "sample_index": 0, "prompt": "p", "output": o, "label": "pass",
+                       "note": "=1+1"} for i, o in enumerate(outputs)), path)
+    with open(path, newline="", encoding="utf-8") as fh:
+        cells = [row["output"] for row in csv.DictReader(fh)]
+    assert not any(c.startswith(("=", "+", "-", "@")) for c in cells)
+    rows = read_labels(path, need_output=True)
+    assert [r.output for r in rows] == outputs and {r.note for r in rows} == {"=1+1"}

@@ -30,6 +30,7 @@ from tasks.files import atomic_path
 from tasks.graders.human import label_verdict, parse_label
 from tasks.graders.judge import render
 from tasks.models import EvalCase, InputError, canonical_json, sha256_hex
+from tasks.suites.cells import cell_text, inert_cell
 from tasks.suites.jsonl import object_lines
 from tasks.trace import SampleTrace
 
@@ -71,14 +72,15 @@ def write_label_file(rows: Iterable[dict[str, Any]], path: Path) -> int:
     fmt = _format(path)
     count = 0
     with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=COLUMNS, lineterminator="\n")
+        # Every cell quoted: a lone carriage return in an output would otherwise end its row.
+        writer = csv.DictWriter(fh, fieldnames=COLUMNS, lineterminator="\n", quoting=csv.QUOTE_ALL)
         if fmt == ".csv":
             writer.writeheader()
         for row in rows:
             if fmt == ".jsonl":
                 fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-            else:
-                writer.writerow(row)
+            else:  # no cell a spreadsheet would run as a formula (tasks/suites/cells.py)
+                writer.writerow({k: inert_cell(v) if isinstance(v, str) else v for k, v in row.items()})
             count += 1
     return count
 
@@ -86,8 +88,9 @@ def write_label_file(rows: Iterable[dict[str, Any]], path: Path) -> int:
 def read_labels(path: Path, *, need_output: bool = False) -> list[LabelRow]:
     """Parse a filled label file; `InputError` naming the line on any malformed row."""
     fmt = _format(path)
-    try:
-        text = path.read_text(encoding="utf-8")
+    try:  # newlines as written: a carriage return inside a quoted cell is the output's
+        with open(path, encoding="utf-8", newline="") as fh:
+            text = fh.read()
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"{path}: cannot read label file: {exc}") from None
     records = object_lines(text, str(path)) if fmt == ".jsonl" else _csv_records(path, text)
@@ -116,7 +119,7 @@ def _csv_records(path: Path, text: str) -> list[tuple[int, dict[str, Any]]]:
         for record in reader:
             if None in record:
                 raise InputError(f"{path}: line {start}: more cells than header columns")
-            records.append((start, record))
+            records.append((start, {k: cell_text(v) if isinstance(v, str) else v for k, v in record.items()}))
             start = reader.line_num + 1
     except csv.Error as exc:
         raise InputError(f"{path}: line {reader.line_num}: {exc}") from None
