@@ -215,6 +215,7 @@ def run(
         "--max-new-failures", min=0, help="Gate rule: block when more than N always-passing cases now fail.")] = None,
     min_slice: Annotated[list[str] | None, typer.Option(
         "--min-slice", metavar="SLICE=X", help="Gate rule: block when the slice is below X; repeatable.")] = None,
+    max_increase: MaxIncreaseOpt = None,
     metric: Annotated[str, typer.Option("--metric", help=METRIC_HELP)] = "pass",
     max_agent_errors: Annotated[float, typer.Option(
         "--max-agent-errors", min=0.0, max=1.0, metavar="FRACTION",
@@ -278,7 +279,7 @@ def run(
     5 when too many are error (the grader could not run), 6 when a budget (--max-cost,
     --max-samples) left samples undrawn."""
     from storage.store import Store
-    from tasks.metrics.rules import parse_slice_thresholds
+    from tasks.metrics.rules import parse_increases, parse_slice_thresholds
     from tasks.run import RunConfig
     from tasks.run.prepare import pinned, prepare_run
 
@@ -286,7 +287,7 @@ def run(
         "run", lambda field: "--" + {"sequential_rounds": "rounds"}.get(field, field).replace("_", "-"),
         suite=suite, agent=agent, n=n, k=_parse_ks(k), seed=seed, baseline=baseline, min_pass_at_1=min_pass_at_1,
         max_drop=max_drop, max_new_failures=max_new_failures, min_slice=parse_slice_thresholds(min_slice or ()) or None,
-        metric=metric, runner=runner, workers=workers, agent_concurrency=agent_concurrency, dask_address=dask_address,
+        max_increase=parse_increases(max_increase or ()) or None, metric=metric, runner=runner, workers=workers, agent_concurrency=agent_concurrency, dask_address=dask_address,
         batch_size=batch_size, regrade=regrade, unsafe_no_sandbox=unsafe_no_sandbox,
         max_output_bytes=max_output_bytes, cmd_timeout=cmd_timeout, openai_timeout=openai_timeout,
         openai_max_attempts=openai_max_attempts, workspace=workspace, agent_timeout=agent_timeout,
@@ -417,6 +418,7 @@ def rescore_cmd(
     max_drop: MaxDropOpt = None,
     max_new_failures: MaxNewFailuresOpt = None,
     min_slice: MinSliceOpt = None,
+    max_increase: MaxIncreaseOpt = None,
     metric: Annotated[str, typer.Option("--metric", help=METRIC_HELP)] = "pass",
     as_json: JsonFlag = False,
 ) -> None:
@@ -426,7 +428,7 @@ def rescore_cmd(
     (never drawn, never counted as failures). With --baseline it is gated by the same rules
     as `run`: exit 1 when blocked."""
     from storage.store import Store
-    from tasks.metrics.rules import parse_slice_thresholds
+    from tasks.metrics.rules import parse_increases, parse_slice_thresholds
     from tasks.run.rescore import prepare_rescore
 
     store = Store.default()
@@ -434,7 +436,7 @@ def rescore_cmd(
     options = {"suite": suite, "runner": "threads", "workers": workers, "unsafe_no_sandbox": unsafe_no_sandbox,
                "baseline": baseline, "min_pass_at_1": min_pass_at_1, "max_drop": max_drop or 0.0,
                "max_new_failures": max_new_failures, "min_slice": parse_slice_thresholds(min_slice or ()) or None,
-               "metric": metric}
+               "max_increase": parse_increases(max_increase or ()) or None, "metric": metric}
     # Every check of the input, once, before Prefect starts; the flow is handed what was prepared.
     prepared = prepare_rescore(run_id, store, **options)
     summary = rescore_flow(prepared, options, as_json)
@@ -516,6 +518,10 @@ MaxNewFailuresOpt = Annotated[int | None, typer.Option(
     "--max-new-failures", min=0, help="Block when more than N cases that always passed in the baseline now fail.")]
 MinSliceOpt = Annotated[list[str] | None, typer.Option(
     "--min-slice", metavar="SLICE=X", help="Block when the slice's pass@1 (or mean score) is below X; repeatable.")]
+MaxIncreaseOpt = Annotated[list[str] | None, typer.Option(
+    "--max-increase", metavar="FIGURE=FRACTION",
+    help="Block when a figure per sample (turns, tool_calls, tokens, cost) grew by more than FRACTION"
+         " (0.2: 20 %) over the baseline, the whole paired CI above it; repeatable.")]
 
 
 @runs_app.command("export")
@@ -550,6 +556,7 @@ def gate_cmd(
     max_drop: MaxDropOpt = None,
     max_new_failures: MaxNewFailuresOpt = None,
     min_slice: MinSliceOpt = None,
+    max_increase: MaxIncreaseOpt = None,
     metric: Annotated[str, typer.Option("--metric", help=METRIC_HELP)] = "pass",
     shared_only: Annotated[bool, typer.Option("--shared-only", help="Compare only shared case hashes.")] = False,
     fmt: Annotated[str, typer.Option("--format", help="text, json or markdown (a pull-request comment).")] = "text",
@@ -564,7 +571,7 @@ def gate_cmd(
     from tasks.report.gate_text import gate_lines
 
     fmt = output_format(fmt, as_json)
-    rules = _rules(min_pass_at_1, max_drop, max_new_failures, min_slice)
+    rules = _rules(min_pass_at_1, max_drop, max_new_failures, min_slice, max_increase)
     result, comparison = _decision(run_id, baseline, rules, check_metric(metric), shared_only, fmt)
     if fmt == "json":
         typer.echo(json_doc(result))
@@ -577,15 +584,16 @@ def gate_cmd(
 
 
 def _rules(min_pass_at_1: float | None, max_drop: float | None, max_new_failures: int | None,
-           min_slice: list[str] | None):
+           min_slice: list[str] | None, max_increase: list[str] | None = None):
     """The gate rules given on the command line, or None when no rule option is (then a
     decision stored with the run is shown as it was made)."""
-    from tasks.metrics.rules import GateRules, parse_slice_thresholds
+    from tasks.metrics.rules import GateRules, parse_increases, parse_slice_thresholds
 
-    if min_pass_at_1 is None and max_drop is None and max_new_failures is None and not min_slice:
+    if min_pass_at_1 is None and max_drop is None and max_new_failures is None and not min_slice and not max_increase:
         return None
     return GateRules(max_new_failures=max_new_failures, slice_min=parse_slice_thresholds(min_slice or ()),
-                     min_pass_at_1=min_pass_at_1, max_drop=max_drop or 0.0)
+                     min_pass_at_1=min_pass_at_1, max_drop=max_drop or 0.0,
+                     max_increase=parse_increases(max_increase or ()))
 
 
 def _decision(run_id: str, baseline: str, rules: Any, metric: str, shared_only: bool, fmt: str):
@@ -693,6 +701,7 @@ def report_cmd(
     max_drop: MaxDropOpt = None,
     max_new_failures: MaxNewFailuresOpt = None,
     min_slice: MinSliceOpt = None,
+    max_increase: MaxIncreaseOpt = None,
     metric: Annotated[str, typer.Option("--metric", help="With --baseline: " + METRIC_HELP)] = "pass",
 ) -> None:
     """Write a self-contained HTML report of a stored run (or of what changed against a baseline).
@@ -703,7 +712,7 @@ def report_cmd(
     from storage.store import Store
     from tasks.metrics.diff import check_metric
 
-    rules = _rules(min_pass_at_1, max_drop, max_new_failures, min_slice)
+    rules = _rules(min_pass_at_1, max_drop, max_new_failures, min_slice, max_increase)
     if baseline is None:
         if rules is not None:
             bad_input("--min-pass-at-1, --max-drop, --max-new-failures and --min-slice go with --baseline")

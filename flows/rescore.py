@@ -49,6 +49,7 @@ def rescore(
 
     Args:
         run_id: The run whose outputs to grade (id or unambiguous prefix).
+    max_increase: dict[str, Annotated[float, Field(ge=0)]] | None = None,
         suite: Suite file path, git URL#PATH, or stored version.
         runner: Task runner for grading: threads, processes or dask.
         workers: Parallel workers (default: CPU count).
@@ -65,6 +66,8 @@ def rescore(
     store = Store.default()
     options = {name: value for name, value in locals().items() if name in RunConfig.model_fields}
     handed = prepared_here.get()
+        max_increase: Gate rule: figure (turns, tool_calls, tokens, cost) -> the largest growth
+            of its mean per sample over the baseline (0.2: 20 %), the whole paired CI above it.
     if handed is not None and handed[0] == (run_id, options):
         rescoring = handed[1]
     else:

@@ -23,7 +23,7 @@ import random
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -159,6 +159,14 @@ FROM calls c LEFT JOIN results r ON r.run_id = c.run_id AND r.case_id = c.case_i
 """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def _figures(turns: Any, calls: Mapping[str, int] | None, tokens: Any, cost: Any) -> dict[str, float]:
+    """A case's summed figures (`CaseResult.figures`): those its samples reported. Tool calls
+    count wherever there are model turns (none made is 0)."""
+    found = {"turns": turns, "tool_calls": sum((calls or {}).values()) if turns is not None else None,
+             "tokens": tokens, "cost": cost}
+    return {name: float(value) for name, value in found.items() if value is not None}
 
 
 def migrate(con: duckdb.DuckDBPyConnection) -> int:
@@ -779,7 +787,11 @@ class Database:
                 " coalesce(avg(s.score), 0), any_value(c.slices),"
                 " list(coalesce(s.score, 0) ORDER BY s.sample_index),"
                 " list(json_extract_string(s.trace, '$.extra_graders')) FILTER (WHERE s.trace LIKE '%\"extra_graders\"%'),"
-                " count(*) FILTER (WHERE len(s.safety) > 0)"
+                " count(*) FILTER (WHERE len(s.safety) > 0),"
+                " sum(len(list_filter(coalesce(json_extract_string(s.trace, '$.trajectory.entries[*].role'), []),"
+                " lambda r: r = 'assistant'))) FILTER (WHERE s.trace LIKE '%\"trajectory\"%'),"
+                " sum(coalesce(s.input_tokens, 0) + coalesce(s.output_tokens, 0))"
+                " FILTER (WHERE s.input_tokens IS NOT NULL OR s.output_tokens IS NOT NULL), sum(s.cost_usd)"
                 " FROM samples s JOIN runs r ON r.run_id = s.run_id"
                 " LEFT JOIN cases c ON c.suite_version = r.suite_version AND c.case_id = s.case_id"
                 " WHERE s.run_id = ? GROUP BY s.case_id, s.case_hash ORDER BY s.case_id", [run_id]
@@ -789,8 +801,9 @@ class Database:
                     "SELECT case_id, name, count(*) FROM tool_calls WHERE run_id = ? GROUP BY ALL", [run_id]).fetchall():
                 calls.setdefault(cid, {})[str(name)] = int(count)
         return [CaseResult(cid, h, int(n), int(c), float(score), tuple(slices or ()), tuple(map(float, scores)),
-                           graders=extra_grader_counts(extras or ()), tools=calls.get(cid, {}), unsafe=int(unsafe))
-                for cid, h, n, c, score, slices, scores, extras, unsafe in rows]
+                           graders=extra_grader_counts(extras or ()), tools=calls.get(cid, {}), unsafe=int(unsafe),
+                           figures=_figures(turns, calls.get(cid), tokens, cost))
+                for cid, h, n, c, score, slices, scores, extras, unsafe, turns, tokens, cost in rows]
 
     def latest_completed_run_of_suite(self, suite_name: str, *, before: str | None = None) -> str | None:
         """The newest completed run of the suite of this name, whatever its version or agent

@@ -249,5 +249,5 @@ def test_a_plain_run_blocks_on_the_rules_that_need_no_baseline(env, home, tmp_pa
 
     proc = cli([*args, "--max-new-failures", "0"], env)
     assert proc.returncode == 2
-    assert proc.stderr.strip() == ("evalpipe: run: --max-drop and --max-new-failures compare with a baseline:"
+    assert proc.stderr.strip() == ("evalpipe: run: --max-drop, --max-new-failures and --max-increase compare with a baseline:"
                                    " they go with --baseline")

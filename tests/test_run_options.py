@@ -98,7 +98,8 @@ def test_the_run_command_s_options_are_the_run_configuration():
     (["--max-cost", "0"], "run: --max-cost: Input should be greater than 0"),
     (["--agent-timeout", "0", "--workspace"], "run: --agent-timeout: Input should be greater than 0"),
     (["--agent-timeout", "5"], "run: --agent-timeout goes with --workspace"),
-    (["--max-drop", "0.1"], "run: --max-drop and --max-new-failures compare with a baseline: they go with --baseline"),
+    (["--max-drop", "0.1"], "run: --max-drop, --max-new-failures and --max-increase compare with a baseline: they go"
+     " with --baseline"),
     (["--sequential"], "run: --sequential needs --baseline"),
     (["--dask-address", "tls://127.0.0.1:1"], "run: --dask-address goes with --runner dask"),
 ])

@@ -447,3 +447,23 @@ def test_a_forbidden_call_blocks_naming_its_case_in_the_gates_every_output(model
         assert any(reason in line for line in gate_lines(bad.gate.model_dump()))
         html = write_report(bad.run_id, tmp_path / "r.html", Store(tmp_path)).read_text()
         assert escape(reason, quote=False) in html or escape(reason) in html
+
+
+def test_max_increase_blocks_an_agent_that_calls_tools_far_more_often_with_the_paired_ci_above_the_cap(model, tmp_path):
+    from tasks.models import InputError
+
+    good = evalpipe.evaluate(str(SUITE), "openai:support-good?max_steps=6", n=2, home=tmp_path)
+    looping = evalpipe.evaluate(str(SUITE), "openai:support-loop?max_steps=3", n=2, home=tmp_path,
+                                baseline=good.run_id, max_increase={"tool_calls": 0.2, "turns": 5.0})
+    (block,) = [b for b in looping.gate.blocks if b["rule"] == "max_increase"]
+    # 3 calls a sample against 13 in 24 samples' 12 cases: +177 %, its CI wholly above +20 %.
+    assert block["message"].startswith("tool_calls: the mean per sample grew by 176.9% (95% CI +")
+    assert block["message"].endswith("over 12 shared cases, above the allowed +20.0%")
+    assert looping.gate.rules["max_increase"] == {"tool_calls": 0.2, "turns": 5.0}  # turns: +50 %, allowed
+    from tasks.report.gate_text import gate_lines
+
+    shown = "\n".join(gate_lines(looping.gate.model_dump()))
+    assert "tool_calls per sample up to +20.0%" in shown and block["message"] in shown
+    with pytest.raises(InputError, match="--max-increase latency: not a figure it bounds"):
+        evalpipe.evaluate(str(SUITE), "openai:support-good", home=tmp_path, baseline=good.run_id,
+                          max_increase={"latency": 0.1})

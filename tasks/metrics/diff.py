@@ -34,6 +34,8 @@ METRIC_NAMES: dict[str, str] = {"pass": "pass@1", "score": "mean score"}  # as r
 # The built-in registered metrics are these two by name (`pass@1` is each case's c/n,
 # `mean_score` its mean score): one comparison, and so one CI, whichever name asks for it.
 ALIASES: dict[str, Metric] = {"pass@1": "pass", "mean_score": "score"}
+# What `--max-increase` may bound: the per-sample figures of `CaseResult.figures`.
+INCREASE_FIGURES = ("turns", "tool_calls", "tokens", "cost")
 GRADER_PREFIX = "grader:"  # an extra grader's pass rate, by its name: `grader:NAME`
 Label = Literal["regressed", "improved", "new", "removed", "unchanged"]
 # The order a diff lists its cases in: what needs a look first.
@@ -60,6 +62,9 @@ class CaseResult:
     # The tool calls its samples' trajectories hold, by tool name (all samples together).
     tools: Mapping[str, int] = field(default_factory=dict, compare=False)
     unsafe: int = field(default=0, compare=False)  # samples with a safety violation
+    # What its samples took, summed (`INCREASE_FIGURES`: model turns, tool calls, tokens, cost;
+    # a figure no sample reported is absent): `--max-increase` compares their means per sample.
+    figures: Mapping[str, float] = field(default_factory=dict, compare=False)
 
     def value(self, metric: Metric) -> float:
         if metric == "pass":

@@ -1,6 +1,6 @@
 """Gate rules a team can state, beside the paired CI (docs/contract.md §6): must-pass cases,
-a cap on new failures (of the deciding grader, and of each extra grader by name), and
-per-slice thresholds. Each block names the cases or the slice
+a cap on new failures (of the deciding grader, and of each extra grader by name), per-slice
+thresholds, and caps on the growth of what each sample takes (turns, tool calls, tokens, cost). Each block names the cases or the slice
 that caused it, so a blocked pull request says what to look at.
 """
 
@@ -10,7 +10,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tasks.metrics.diff import CaseResult, Metric, RunDiff
+import numpy as np
+
+from tasks.metrics.diff import INCREASE_FIGURES, CaseResult, Metric, RunDiff
 from tasks.metrics.percent import percent
 from tasks.models import InputError
 
@@ -29,8 +31,15 @@ class GateRules:
     slice_min: Mapping[str, float] = field(default_factory=dict)  # slice → lowest allowed value
     min_pass_at_1: float | None = None
     max_drop: float = 0.0
+    # figure (`INCREASE_FIGURES`) → the largest relative growth of its mean per sample allowed.
+    max_increase: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        for name, allowed in self.max_increase.items():
+            if name not in INCREASE_FIGURES:
+                raise InputError(f"--max-increase {name}: not a figure it bounds (one of {', '.join(INCREASE_FIGURES)})")
+            if not allowed >= 0:
+                raise InputError(f"--max-increase {name}={allowed}: the allowed growth is a fraction >= 0 (0.2: 20 %)")
         if self.max_new_failures is not None and self.max_new_failures < 0:
             raise InputError(f"--max-new-failures must be >= 0, got {self.max_new_failures}")
         if self.max_drop < 0:
@@ -39,14 +48,17 @@ class GateRules:
             raise InputError(f"--min-pass-at-1 must lie in 0..1, got {self.min_pass_at_1}")
 
     def to_json(self) -> dict[str, Any]:
-        return {"min_pass_at_1": self.min_pass_at_1, "max_drop": self.max_drop,
-                "max_new_failures": self.max_new_failures, "min_slice": dict(sorted(self.slice_min.items())),
-                "must_pass": sorted(self.must_pass)}
+        doc = {"min_pass_at_1": self.min_pass_at_1, "max_drop": self.max_drop,
+               "max_new_failures": self.max_new_failures, "min_slice": dict(sorted(self.slice_min.items())),
+               "must_pass": sorted(self.must_pass)}
+        if self.max_increase:  # absent without it: gates stored before the rule read as they were
+            doc["max_increase"] = dict(sorted(self.max_increase.items()))
+        return doc
 
 
 @dataclass(frozen=True)
 class Block:
-    rule: str  # "must_pass", "new_failures" or "slice_threshold"
+    rule: str  # "must_pass", "new_failures", "slice_threshold" or "max_increase"
     message: str
     cases: tuple[str, ...] = ()
     slice: str | None = None
@@ -121,6 +133,8 @@ def rule_blocks(
                                     f" in every baseline sample now fail it in some sample (allowed"
                                     f" {rules.max_new_failures}): {', '.join(new[:NAMED_IN_MESSAGE])}{_more(new)}",
                                     tuple(new), grader=name))
+    if diff is not None:
+        blocks.extend(increase_blocks(rules.max_increase, diff))
     for name, threshold in sorted(rules.slice_min.items()):
         if name not in slice_values:
             known = ", ".join(sorted(slice_values)) or "none"
@@ -137,6 +151,52 @@ def newly_failing(diff: RunDiff) -> list[str]:
     """The cases that passed every sample in the baseline and fail some sample now, by id."""
     return sorted(c.case_id for c in diff.cases if c.before is not None and c.after is not None
                   and c.before.c == c.before.n and c.after.c < c.after.n)
+
+
+def parse_increases(specs: Iterable[str]) -> dict[str, float]:
+    """`tool_calls=0.2` → {"tool_calls": 0.2}; `InputError` naming a malformed one."""
+    found = {}
+    for spec in specs:
+        name, sep, value = spec.partition("=")
+        try:
+            found[name.strip()] = float(value)
+        except ValueError:
+            sep = ""
+        if not sep:
+            raise InputError(f"--max-increase {spec!r}: expected FIGURE=FRACTION, e.g. tool_calls=0.2")
+    GateRules(max_increase=found)  # checks the names and values
+    return found
+
+
+def increase_blocks(limits: Mapping[str, float], diff: RunDiff, level: float = 0.95,
+                    n_boot: int = 2000) -> list[Block]:
+    """A block per figure whose mean per sample grew, over the paired cases that report it in
+    both runs, by more than its allowed fraction with the whole paired CI above it (the ratio of
+    the means, bootstrapped over cases; from a mean of 0, any growth whose CI is above 0)."""
+    blocks = []
+    for name, allowed in sorted(limits.items()):
+        pairs = [(c.before.figures[name] / c.before.n, c.after.figures[name] / c.after.n) for c in diff.cases
+                 if c.before is not None and c.after is not None
+                 and name in c.before.figures and name in c.after.figures]
+        if len(pairs) < 2:
+            continue  # no CI to stand on: one case is no evidence of a trend
+        before, after = np.array(pairs).T
+        rng = np.random.default_rng(0)
+        draws = rng.integers(0, len(pairs), size=(n_boot, len(pairs)))
+        b, a = before[draws].mean(axis=1), after[draws].mean(axis=1)
+        alpha = (1 - level) / 2
+        if before.mean() > 0:
+            growth = a[b > 0] / b[b > 0] - 1
+            lo, hi = np.quantile(growth, [alpha, 1 - alpha])
+            point = after.mean() / before.mean() - 1
+            if lo > allowed:
+                blocks.append(Block("max_increase", f"{name}: the mean per sample grew by {percent(point)}"
+                                    f" ({percent(level, 0)} CI +{percent(lo)} to +{percent(hi)}) over {len(pairs)}"
+                                    f" shared cases, above the allowed +{percent(allowed)}"))
+        elif np.quantile(a - b, alpha) > 0:
+            blocks.append(Block("max_increase", f"{name}: {after.mean():.3g} per sample where the baseline had none"
+                                f" ({len(pairs)} shared cases), above the allowed +{percent(allowed)}"))
+    return blocks
 
 
 def newly_failing_graders(diff: RunDiff) -> dict[str, list[str]]:

@@ -42,6 +42,7 @@ def rules_text(rules: Mapping[str, Any]) -> str:
     if rules.get("max_new_failures") is not None:
         parts.append(f"max new failures {rules['max_new_failures']}")
     parts += [f"slice {name} >= {percent(value)}" for name, value in (rules.get("min_slice") or {}).items()]
+    parts += [f"{name} per sample up to +{percent(value)}" for name, value in (rules.get("max_increase") or {}).items()]
     if rules.get("must_pass"):
         parts.append(f"{len(rules['must_pass'])} must-pass case(s)")
     return ", ".join(parts)

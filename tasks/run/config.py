@@ -43,6 +43,8 @@ class RunConfig(BaseModel):
     max_drop: Annotated[float, Field(ge=0, le=1)] = 0.0
     max_new_failures: Annotated[int | None, Field(ge=0)] = None
     min_slice: dict[str, Annotated[float, Field(ge=0, le=1)]] | None = None
+    # figure → the largest relative growth per sample allowed (`--max-increase tool_calls=0.2`).
+    max_increase: dict[str, Annotated[float, Field(ge=0)]] | None = None
     metric: Metric = "pass"
     runner: Runner = "threads"
     workers: Annotated[int | None, Field(ge=1, le=MAX_WORKERS)] = None
@@ -80,8 +82,11 @@ class RunConfig(BaseModel):
         if self.agent_timeout is not None and not self.workspace:
             raise ValueError("--agent-timeout goes with --workspace")
         # --min-pass-at-1 and --min-slice read the run alone and decide without a baseline.
-        if not self.baseline and (self.max_drop != GateRules.max_drop or self.max_new_failures is not None):
-            raise ValueError("--max-drop and --max-new-failures compare with a baseline: they go with --baseline")
+        if not self.baseline and (self.max_drop != GateRules.max_drop or self.max_new_failures is not None
+                                  or self.max_increase):
+            raise ValueError("--max-drop, --max-new-failures and --max-increase compare with a baseline: they go"
+                             " with --baseline")
+        GateRules(max_increase=self.max_increase or {})  # a figure it cannot bound is refused here
         if self.sequential and not self.baseline:
             raise ValueError("--sequential needs --baseline: it stops when the comparison with the baseline is"
                              " decided")
@@ -150,7 +155,8 @@ class RunConfig(BaseModel):
         """The gate's rules these options state (the suite's must-pass cases are added where
         the run's suite is known)."""
         return GateRules(max_new_failures=self.max_new_failures, slice_min=self.min_slice or {},
-                         min_pass_at_1=self.min_pass_at_1, max_drop=self.max_drop)
+                         min_pass_at_1=self.min_pass_at_1, max_drop=self.max_drop,
+                         max_increase=self.max_increase or {})
 
     @property
     def budget(self) -> Budget:
@@ -163,6 +169,7 @@ class RunConfig(BaseModel):
                 "batch_size": self.batch_size, "regrade": self.regrade, "baseline": self.baseline,
                 "min_pass_at_1": self.min_pass_at_1, "max_drop": self.max_drop,
                 "max_new_failures": self.max_new_failures, "min_slice": self.min_slice, "metric": self.metric,
+                **({"max_increase": self.max_increase} if self.max_increase else {}),
                 "suite_ref": self.suite, "workspace": self.workspace, "agent_timeout_s": self.agent_timeout_s,
                 "max_cost": self.max_cost, "max_samples": self.max_samples,
                 "agent_settings": self.agent_settings.model_dump(), **resolved}

@@ -63,7 +63,7 @@ class PreparedRescore:
 # What a rescore takes of a run's options: it calls no agent, and its agent, n and seed are
 # the source run's, so none of drawing's options mean anything to it.
 RESCORE_OPTIONS = frozenset({"suite", "runner", "workers", "unsafe_no_sandbox", "baseline", "min_pass_at_1",
-                             "max_drop", "max_new_failures", "min_slice", "metric"})
+                             "max_drop", "max_new_failures", "min_slice", "max_increase", "metric"})
 
 
 def prepare_rescore(source_ref: str, store: RescoreSources, **options: Any) -> PreparedRescore:
