@@ -36,7 +36,7 @@ import pyarrow.compute as pc
 
 from storage import disk_full, process
 from tasks.metrics.diff import CaseResult
-from tasks.metrics.graders import extra_grader_counts
+from tasks.metrics.graders import extra_grader_counts, must_pass_graders
 from tasks.models import EvalSuite, InputError, PlatformError
 from tasks.run import RunSpec, RunSummary
 from tasks.run.samples import SAMPLE_COLUMNS, SAMPLE_SCHEMA, output_ddl, sample_ddl
@@ -801,7 +801,8 @@ class Database:
                     "SELECT case_id, name, count(*) FROM tool_calls WHERE run_id = ? GROUP BY ALL", [run_id]).fetchall():
                 calls.setdefault(cid, {})[str(name)] = int(count)
         return [CaseResult(cid, h, int(n), int(c), float(score), tuple(slices or ()), tuple(map(float, scores)),
-                           graders=extra_grader_counts(extras or ()), tools=calls.get(cid, {}), unsafe=int(unsafe),
+                           graders=extra_grader_counts(extras or ()), must_pass_graders=must_pass_graders(extras or ()),
+                           tools=calls.get(cid, {}), unsafe=int(unsafe),
                            figures=_figures(turns, calls.get(cid), tokens, cost))
                 for cid, h, n, c, score, slices, scores, extras, unsafe, turns, tokens, cost in rows]
 

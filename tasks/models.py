@@ -187,6 +187,9 @@ class EvalCase(_Frozen):
     def _graders_and_tools(self) -> EvalCase:
         # Each grader's name labels its verdict and its metric: one per case. The tools the
         # case declares, its world and what its graders name of them are checked together.
+        if "must_pass" in self.grader:
+            raise ValueError("grader.must_pass: the deciding grader's case is must-pass by the case's own"
+                             " `must_pass: true`; on a grader it marks an extra one")
         given = [g["name"] for g in (self.grader, *self.extra_graders) if "name" in g]
         for where, grader in self.named_graders():
             if "name" in grader and given.count(grader["name"]) > 1:

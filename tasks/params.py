@@ -241,6 +241,9 @@ def parameter_names(kind: Any) -> frozenset[str] | None:
 
 # A grader's `name` (default: its kind) labels its verdict, its metric and its gate rules.
 GRADER_NAME = re.compile(r"^[A-Za-z0-9_.:@-]{1,64}$")
+# The keys of a grader mapping that are not its kind's parameters: what it is, what it is
+# called, and (an extra grader) whether every sample must pass it.
+GRADER_KEYS = ("kind", "name", "must_pass")
 
 
 def grader_name(grader: dict[str, Any]) -> str:
@@ -262,9 +265,11 @@ def grader_params(grader: dict[str, Any]) -> BaseModel:
     name = grader.get("name", kind)
     if not isinstance(name, str) or not GRADER_NAME.match(name):
         raise ValueError(f"grader.name: a grader's name is 1-64 letters, digits, _ . : @ or -, got {name!r}")
+    if not isinstance(grader.get("must_pass", False), bool):
+        raise ValueError(f"grader.must_pass: true or false, got {grader['must_pass']!r}")
     model = spec.params
     try:
-        return model.model_validate({k: v for k, v in grader.items() if k not in ("kind", "name")})
+        return model.model_validate({k: v for k, v in grader.items() if k not in GRADER_KEYS})
     except ValidationError as exc:
         raise ValueError(_one_line(kind, model, exc.errors()[0])) from None
 

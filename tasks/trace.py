@@ -139,6 +139,7 @@ class ExtraGrader(Section):
     kind: str
     name: str | None = None
     verdict: Verdict
+    must_pass: bool | None = None  # set (true) when every sample must pass it: a gate rule
     trace: SampleTrace | None = None
 
     @model_validator(mode="before")

@@ -188,6 +188,9 @@ def test_a_registered_python_tool_gets_its_schema_from_its_signature_and_is_tota
      "grader.tool: the case declares no tool 'get_wether'"),
     (lambda c: c.update(extra_graders=[{"kind": "tool_sequence", "calls": []}]), "extra_graders.0.calls: List should have at least 1"),
     (lambda c: c.update(extra_graders=[{"kind": "steps"}]), "extra_graders.0: give at least one of max_turns"),
+    (lambda c: c["grader"].update(must_pass=True), "grader.must_pass: the deciding grader's case is must-pass by"),
+    (lambda c: c.update(extra_graders=[{"kind": "contains", "must_pass": "yes"}]),
+     "extra_graders.0.must_pass: true or false, got 'yes'"),
     (lambda c: c.update(extra_graders=[{"kind": "contains", "name": "x"}, {"kind": "exact", "name": "x"}]),
      "extra_graders.0.name: another grader of the case is named 'x'"),
 ])
@@ -467,3 +470,13 @@ def test_max_increase_blocks_an_agent_that_calls_tools_far_more_often_with_the_p
     with pytest.raises(InputError, match="--max-increase latency: not a figure it bounds"):
         evalpipe.evaluate(str(SUITE), "openai:support-good", home=tmp_path, baseline=good.run_id,
                           max_increase={"latency": 0.1})
+
+
+def test_an_extra_grader_marked_must_pass_blocks_any_run_whose_sample_fails_it(model, tmp_path):
+    bad = evalpipe.evaluate(str(SUITE), "openai:support-bad?max_steps=6", n=2, home=tmp_path)  # no baseline
+    blocks = [b for b in bad.gate.blocks if b["rule"] == "must_pass"]
+    assert {"rule": "must_pass", "message": "must-pass: 1 must-pass grader(s) failed in some sample:"
+            " close-account never-deletes (0/2)", "cases": ["close-account"]} in blocks
+    (sample, _) = [s for s in _samples(tmp_path, bad.run_id) if s["case_id"] == "close-account"]
+    (marked,) = [g for g in sample["trace"].extra_graders if g.label == "never-deletes"]
+    assert marked.must_pass is True

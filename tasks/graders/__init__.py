@@ -70,7 +70,8 @@ def _grade_extra(output: str, case: EvalCase, trace: SampleTrace) -> list[str]:
         recorded = {k: v for k, v in own.to_dict().items() if k not in seen}
         traced = {"trace": SampleTrace.model_validate(recorded)} if recorded else {}
         named = {"name": label} if label != grader["kind"] else {}
-        found.append(ExtraGrader(kind=grader["kind"], verdict=verdict, **named, **traced))
+        marked = {"must_pass": True} if grader.get("must_pass") else {}
+        found.append(ExtraGrader(kind=grader["kind"], verdict=verdict, **named, **traced, **marked))
         safety.extend(verdict.safety)
     trace.extra_graders = found
     return safety

@@ -57,8 +57,10 @@ class CaseResult:
     scores: tuple[float, ...] = ()  # each sample's, in index order (a registered metric's input)
     # Registered metrics' values on this case, by name (`with_metric`).
     values: Mapping[str, float] = field(default_factory=dict, compare=False)
-    # Each extra grader's (samples, passed) on this case, by name (`grader:NAME` metrics).
+    # Each extra grader's (samples, passed) on this case, by name (`grader:NAME` metrics), and
+    # those marked `must_pass` (a gate rule).
     graders: Mapping[str, tuple[int, int]] = field(default_factory=dict, compare=False)
+    must_pass_graders: frozenset[str] = field(default=frozenset(), compare=False)
     # The tool calls its samples' trajectories hold, by tool name (all samples together).
     tools: Mapping[str, int] = field(default_factory=dict, compare=False)
     unsafe: int = field(default=0, compare=False)  # samples with a safety violation

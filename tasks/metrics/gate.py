@@ -223,7 +223,8 @@ def gate_alone(
     thresholds (`baseline` null, verdict "no baseline"); the paired CI and new failures wait
     for a baseline. None when no such rule applies and the run is safe: nothing to decide."""
     stated = replace(rules, must_pass=must_pass or frozenset())
-    if not (safety_failed or stated.must_pass or stated.min_pass_at_1 is not None or stated.slice_min):
+    if not (safety_failed or stated.must_pass or stated.min_pass_at_1 is not None or stated.slice_min
+            or any(r.must_pass_graders for r in results)):
         return None
     if not results:
         raise InputError("gate: the run has no cases")

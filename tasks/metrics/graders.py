@@ -27,17 +27,25 @@ def extra_grader_counts(stored: Iterable[str | None]) -> dict[str, tuple[int, in
     """label → (samples, passed) over samples' stored traces, or their `extra_graders`
     arrays (JSON text): an entry is labelled by its `name`, else its kind."""
     counts: dict[str, list[int]] = {}
+    for entry in _entries(stored):
+        seen = counts.setdefault(str(entry.get("name") or entry.get("kind")), [0, 0])
+        seen[0] += 1
+        seen[1] += entry.get("passed") is True
+    return {label: (n, c) for label, (n, c) in counts.items()}
+
+
+def must_pass_graders(stored: Iterable[str | None]) -> frozenset[str]:
+    """The labels of the extra graders marked `must_pass` in these samples' traces."""
+    return frozenset(str(e.get("name") or e.get("kind")) for e in _entries(stored) if e.get("must_pass") is True)
+
+
+def _entries(stored: Iterable[str | None]) -> Iterable[dict[str, Any]]:
     for text in stored:
         if text is None or '"passed"' not in text:  # no extra grader's verdict in it
             continue
         data = json.loads(text)
         entries = data.get("extra_graders") if isinstance(data, dict) else data
-        for entry in entries if isinstance(entries, list) else ():
-            if isinstance(entry, dict):
-                seen = counts.setdefault(str(entry.get("name") or entry.get("kind")), [0, 0])
-                seen[0] += 1
-                seen[1] += entry.get("passed") is True
-    return {label: (n, c) for label, (n, c) in counts.items()}
+        yield from (e for e in (entries if isinstance(entries, list) else ()) if isinstance(e, dict))
 
 
 def grader_metrics(tallies: Tallies, *, seed: int = 0, n_boot: int = DEFAULT_N_BOOT,

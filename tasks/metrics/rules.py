@@ -119,6 +119,13 @@ def rule_blocks(
             blocks.append(Block("must_pass", f"must-pass: {len(unmeasured)} must-pass case(s) were not measured:"
                                 f" {', '.join(unmeasured[:NAMED_IN_MESSAGE])}{_more(unmeasured)}",
                                 tuple(unmeasured)))
+    failing_graders = [(r.case_id, name, *r.graders[name]) for r in sorted(run, key=lambda r: r.case_id)
+                       for name in sorted(r.must_pass_graders) if name in r.graders and r.graders[name][1] < r.graders[name][0]]
+    if failing_graders:
+        detail = ", ".join(f"{cid} {name} ({c}/{n})" for cid, name, n, c in failing_graders[:NAMED_IN_MESSAGE])
+        cases = tuple(dict.fromkeys(cid for cid, *_ in failing_graders))
+        blocks.append(Block("must_pass", f"must-pass: {len(failing_graders)} must-pass grader(s) failed in some sample:"
+                            f" {detail}{_more(failing_graders)}", cases))
     if rules.max_new_failures is not None and diff is not None:
         new = newly_failing(diff)
         if len(new) > rules.max_new_failures:
