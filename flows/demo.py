@@ -3,8 +3,9 @@
 Its first run starts evalpipe's managed server, as any flow-running command does (reused
 when already up), so the runs can be looked at in the Prefect UI afterwards; the server stops
 itself once unused for EVALPIPE_SERVER_IDLE_S (30 min). QA and HumanEval with a
-deterministic demo agent that is right only some of the time, and the calc repository task
-with a mix of good, trapped and unsafe patches.
+deterministic demo agent that is right only some of the time, the calc repository task
+with a mix of good, trapped and unsafe patches, and a support agent that calls tools
+(examples/tools) gated against a worse one.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ def main() -> None:
     for suite, n, k in (("examples/qa.yaml", "5", "1,5"), (str(humaneval), "5", "1,5"),
                         ("examples/calc/calc.yaml", "8", "1,4")):
         step("run", suite, "--agent", AGENT, "-n", n, "-k", k)
-    runs = store.list_runs(limit=3)
+    tools_demo()
+    runs = store.list_runs(limit=5)
     for run in runs:
         report = out / f"report-{run['suite_name']}.html"
         step("report", run["run_id"], "--out", str(report))
@@ -54,6 +56,28 @@ def main() -> None:
             print(f"  {run['suite_name']:<10} {server.ui_url}/runs/flow-run/{run['flow_run_id']}")
     print(f"The UI asks for the server's credentials: paste the content of {credentials_path(server.directory)}.")
     print("The server serves the next commands too; `evalpipe server stop` stops it now.")
+
+
+def tools_demo() -> None:
+    """An agent that acts (examples/tools): a model that looks things up, then one that skips
+    lookups and deletes an account, gated against the first, both served by the scripted stand-in
+    for an OpenAI-compatible endpoint (no key, no network)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("scripted_model", ROOT / "examples/tools/scripted_model.py")
+    scripted = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(scripted)
+    saved = {name: os.environ.get(name) for name in ("OPENAI_BASE_URL", "OPENAI_API_KEY")}
+    with scripted.ScriptedModel() as model:
+        os.environ.update(OPENAI_BASE_URL=model.url, OPENAI_API_KEY="sk-demo-not-a-key")
+        try:
+            suite = "examples/tools/support.yaml"
+            step("run", suite, "--agent", "openai:support-good?max_steps=6", "-n", "3")
+            step("run", suite, "--agent", "openai:support-bad?max_steps=6", "-n", "3", "--baseline", "previous",
+                 "--max-new-failures", "0")
+        finally:
+            for name, value in saved.items():
+                os.environ.pop(name, None) if value is None else os.environ.__setitem__(name, value)
 
 
 if __name__ == "__main__":
