@@ -571,3 +571,25 @@ def test_killed_workspace_run_resumes(prefect_harness, home, tmp_path, bwrap):
     # The stored samples and the outputs drawn and not graded at the kill: none bought again.
     assert stored <= resumed["cached_samples"] < 6 and resumed["status_counts"] == {"passed": 6}
     assert os.listdir(home / "workspaces") == []  # the killed run's scratch directory too
+
+
+def test_a_cmd_agent_run_by_its_own_venvs_interpreter_finds_the_venvs_packages(tmp_path, bwrap):
+    """Issue 47: `cmd:/path/venv/bin/python agent.py` in a workspace used to run the base
+    interpreter with the venv hidden (ModuleNotFoundError for every package of its own)."""
+    import evalpipe
+
+    venv = tmp_path / "agent-venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next(venv.glob("lib/python*/site-packages"))
+    (site / "fixer_lib.py").write_text(
+        "def fix(path):\n"
+        "    text = open(path).read()\n"
+        "    open(path, 'w').write(text.replace('return abs(a) + b', 'return a + b'))\n")
+    agent = tmp_path / "agents" / "fix.py"
+    agent.parent.mkdir()
+    agent.write_text("import sys, fixer_lib\n"
+                     "assert sys.prefix != sys.base_prefix, 'not in its venv'\n"
+                     "fixer_lib.fix('calc.py')\n")
+    run = evalpipe.evaluate(str(ROOT / "examples/coding/calc.yaml"), f"cmd:{venv}/bin/python {agent}", n=1,
+                            home=tmp_path / "home", workspace=True)
+    assert run.status_counts == {"passed": 1}, run.status_counts

@@ -117,8 +117,13 @@ class WorkspaceAgent:
             # The agent starts in its workspace: a word naming a file where evalpipe was
             # started (the script, its config) is made absolute, and it and its folder visible.
             files = [(base / w).resolve() if (base / w).is_file() else None for w in inner.argv]
-            argv = tuple(str(f) if f else w for f, w in zip(files, inner.argv, strict=True))
-            code = [str(p) for f in files if f for p in _own_code(f, base)]
+            # A virtual environment's interpreter keeps its path (resolved, it would be the base
+            # interpreter, which knows none of the venv's packages), and the venv is shown whole.
+            venvs = [_venv_of(base / w) if f else None for f, w in zip(files, inner.argv, strict=True)]
+            argv = tuple(os.path.abspath(base / w) if v else str(f) if f else w
+                         for f, v, w in zip(files, venvs, inner.argv, strict=True))
+            code = [str(p) for f, v in zip(files, venvs, strict=True) if f
+                    for p in (v if v else _own_code(f, base))]
         elif scheme == "python":
             inner = PythonAgent.load(spec, rest, base)
             argv = (sys.executable, "-I", "-m", "tasks.agents.workspace_host", rest, str(base))
@@ -272,6 +277,19 @@ def check_workspace_repos(cases: Iterable[EvalCase]) -> None:
     for case in cases:
         if case.kind == "repo_tests" and (line := missing_repo(case, case.params.repo)):
             raise InputError(line)
+
+
+def _venv_of(command: Path) -> list[Path] | None:
+    """For an interpreter in a virtual environment (`VENV/bin/python`): the venv's folder and
+    the installation it was made from (`home` in its pyvenv.cfg), to show read-only; else None."""
+    root = Path(os.path.abspath(command)).parent.parent
+    try:
+        config = (root / "pyvenv.cfg").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    homes = [line.partition("=")[2].strip() for line in config.splitlines() if line.partition("=")[0].strip() == "home"]
+    made_from = [Path(homes[0]).resolve().parent] if homes and Path(homes[0]).is_dir() else []
+    return [root, *made_from]
 
 
 def _own_code(source: Path, base: Path) -> list[Path]:
