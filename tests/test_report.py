@@ -186,7 +186,7 @@ def test_summary_markdown_and_slices_table() -> None:
     assert text.startswith("> **SAFETY FAILED** — 1 violation(s)")
     assert "pass@1 43.8% (95% CI [" in text
     assert "| pass@10 | n/a: k=10 > n=4 |" in text
-    assert "**Gate: block**" in text and "- safety:" in text
+    assert "**Gate: block**" in text and "- `safety:" in text
     table = slices_table(run)
     assert [row["slice"] for row in table] == ["__all__", "<b>bold</b>", "easy", "hard"]
     assert table[0]["cases"] == 4 and table[0]["pass@1"] == 0.4375 and table[0]["pass@10"] is None
@@ -380,3 +380,18 @@ def test_a_one_case_run_says_it_has_no_ci_in_every_renderer() -> None:
     assert slices_table(one)[0]["ci_lo"] is None
     two, _ = build(OUTCOMES)
     assert "95% CI [" in summary_text(two) and "SE " in summary_text(two)
+
+
+def test_the_prefect_summary_of_a_run_gated_without_a_baseline_says_so_and_its_reasons_are_inert():
+    from tasks.report.html import summary_markdown
+
+    run = {"run_id": "r", "suite_version": "0" * 64, "suite_name": "s", "agent": "a", "n": 1, "cases": 1,
+           "samples": 1, "cached_samples": 0, "pass_at_k": {"1": 1.0}, "pass_at_k_notes": {},
+           "pass_at_1_ci": [1.0, 1.0], "ci_level": 0.95, "pass_at_1_se": 0.0, "slices": {}, "flaky_cases": 0,
+           "flaky_case_ids": [], "status_counts": {"passed": 1}, "safety_failed": False, "safety_violations": []}
+    gate = {"decision": "block", "verdict": "no baseline", "baseline": None, "delta_pass_at_1": None,
+            "delta_ci": [None, None], "shared_cases": 0, "run_id": "r",
+            "reasons": ["must-pass: 1 must-pass case(s) failed in some sample: @acme [x](https://evil.example) (0/1)"]}
+    text = summary_markdown(run, gate)
+    assert "**Gate: block** (no baseline: nothing was compared)" in text and "Δ pass@1" not in text
+    assert "- `must-pass: 1 must-pass case(s) failed in some sample: @acme [x](https://evil.example) (0/1)`" in text

@@ -20,6 +20,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 from tasks.metrics.percent import headline_ci, percent, shown_ci, signed_points, with_ci
 from tasks.report.figures import metric_rows
 from tasks.report.gate_text import decided_by
+from tasks.report.inert import code_span
 from tasks.report.judges import UNCALIBRATED, judge_standing, judged_count
 from tasks.report.trajectory import steps_text
 from tasks.run import RunSummary
@@ -139,15 +140,19 @@ def summary_markdown(
                          f" · agent latency p50 {p50}, p95 {p95}{' · ' + _md_cell(note) if note else ''} |")
     if run.unscored:
         lines.append(f"| unscored (no output in run {run.source_run}) | {_md_cell(', '.join(run.unscored))} |")
-    if gate:
+    if gate and "baseline" in gate and gate["baseline"] is None:  # decided by the rules that need no baseline
+        lines += ["", f"**Gate: {gate['decision']}** (no baseline: nothing was compared)"]
+    elif gate:
         lines += [
             "",
             f"**Gate: {gate['decision']}** ({gate['verdict']}): Δ pass@1 "
             f"{signed_points(gate['delta_pass_at_1'])} (CI {signed_points(gate['delta_ci'][0])} to "
             f"{signed_points(gate['delta_ci'][1])}) over {gate['shared_cases']} shared cases",
         ]
+    if gate:
         lines += [basis for basis in [decided_by(gate)] if basis]
-        lines += [f"- {reason}" for reason in gate.get("reasons", [])]
+        # In code: a reason names suite text (case ids, a slice) that must not render as Markdown.
+        lines += [f"- {code_span(reason)}" for reason in gate.get("reasons", [])]
     for j in judges:
         standing = judge_standing(j) or f"**not calibrated**: {UNCALIBRATED}"
         lines += ["", f"Judge `{j.get('judge', '')}`: {standing}; {judged_count(j)}"]

@@ -11,7 +11,6 @@ issue reference, emphasis, strike, math or HTML renders (GitHub acts on text out
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -20,6 +19,7 @@ from tasks.metrics.percent import percent, signed_points
 from tasks.metrics.rules import newly_failing
 from tasks.report.gate_text import decided_by
 from tasks.report.html import clip
+from tasks.report.inert import code_span, longest_backticks
 from tasks.run import RunSummary
 
 GITHUB_COMMENT_LIMIT = 65_536
@@ -49,10 +49,10 @@ def comparison_markdown(
     level = f"{100 * diff.ci_level:g}%"
     lines = []
     if gate:
-        lines.append(f"## evalpipe gate: **{str(gate['decision']).upper()}** ({_code(gate['verdict'])})")
+        lines.append(f"## evalpipe gate: **{str(gate['decision']).upper()}** ({code_span(gate['verdict'])})")
     else:
         lines.append("## evalpipe diff")
-    lines += ["", f"run {_code(diff.run_id)} against baseline {_code(diff.baseline)}", ""]
+    lines += ["", f"run {code_span(diff.run_id)} against baseline {code_span(diff.baseline)}", ""]
     before, after = headline(baseline, diff.metric), headline(run, diff.metric)
     delta, ci = change_shown(diff, gate)
     shift = (f"Δ {signed_points(delta)}" + (f", {level} CI {signed_points(ci[0])} to {signed_points(ci[1])}" if ci else "")
@@ -60,7 +60,7 @@ def comparison_markdown(
     lines.append(f"**{metric}** {percent(before)} → {percent(after)} ({shift}) over {diff.shared} shared cases")
     basis = decided_by(gate) if gate else None
     if basis:
-        lines += ["", _code(clip(basis, MAX_REASON))]
+        lines += ["", code_span(clip(basis, MAX_REASON))]
     counts = diff.counts()
     lines += ["", " · ".join(f"{label} **{count}**" for label, count in counts.items())]
     if diff.dropped:
@@ -68,7 +68,7 @@ def comparison_markdown(
                      " every paired figure.")
     if gate and gate.get("reasons"):
         reasons = list(gate["reasons"])
-        lines += [""] + [f"- {_code(clip(r, MAX_REASON))}" for r in reasons[:MAX_REASONS]]
+        lines += [""] + [f"- {code_span(clip(r, MAX_REASON))}" for r in reasons[:MAX_REASONS]]
         if len(reasons) > MAX_REASONS:
             lines.append(f"- … and {len(reasons) - MAX_REASONS} more")
     lines += _cases_table("Worst regressions", diff.labelled("regressed"), MAX_REGRESSIONS, diff.metric)
@@ -110,7 +110,7 @@ def _cases_table(title: str, cases: Sequence[CaseChange], limit: int, metric: st
     shown = f"the {limit} largest of {len(cases)}" if len(cases) > limit else str(len(cases))
     lines = ["", f"### {title} ({shown})", "", "| case | before | after | change |", "|---|---|---|---|"]
     for c in cases[:limit]:
-        lines.append(f"| {_code(clip(c.case_id, MAX_CELL), cell=True)} | {_side(c.before, metric)} | {_side(c.after, metric)}"
+        lines.append(f"| {code_span(clip(c.case_id, MAX_CELL), cell=True)} | {_side(c.before, metric)} | {_side(c.after, metric)}"
                      f" | {signed_points(c.change)} |")
     return lines
 
@@ -127,9 +127,9 @@ def _failing_section(diff: RunDiff, failing: Mapping[str, Mapping[str, Any]]) ->
     lines = ["", f"### Newly failing ({shown})"]
     for cid in ids:
         sample, after, before = failing[cid], cases[cid].after, cases[cid].before
-        grader = f"grader {_code(sample['kind'])}" if sample.get("kind") else "its grader"
-        lines += ["", f"**{_code(clip(cid, MAX_CELL))}** ({before.c}/{before.n} → {after.c}/{after.n}):"
-                      f" {grader} gave {_code(sample['status'])} on sample {sample['sample_index']}",
+        grader = f"grader {code_span(sample['kind'])}" if sample.get("kind") else "its grader"
+        lines += ["", f"**{code_span(clip(cid, MAX_CELL))}** ({before.c}/{before.n} → {after.c}/{after.n}):"
+                      f" {grader} gave {code_span(sample['status'])} on sample {sample['sample_index']}",
                   *_fenced(_shortened(sample["detail"]))]
     return lines
 
@@ -145,12 +145,8 @@ def _shortened(text: str) -> str:
 def _fenced(text: str) -> list[str]:
     """`text` as a fenced code block, literal whatever it holds: the fence is longer than any
     run of backticks in it, so no line of the text can close it."""
-    fence = "`" * max(3, _longest_backticks(text) + 1)
+    fence = "`" * max(3, longest_backticks(text) + 1)
     return [fence + "text", *text.splitlines(), fence]
-
-
-def _longest_backticks(text: str) -> int:
-    return max((len(run) for run in re.findall(r"`+", text)), default=0)
 
 
 def _side(result, metric: str) -> str:
@@ -170,19 +166,5 @@ def _slices_table(diff: RunDiff, level: str) -> list[str]:
     chosen = sorted(moved, key=lambda item: -abs(item[1].delta))[:MAX_SLICES]
     for name, s in sorted(chosen, key=lambda item: (item[1].delta, item[0])):
         ci = f"{signed_points(s.ci[0])} to {signed_points(s.ci[1])}" if s.ci else "— (one case)"
-        lines.append(f"| {_code(clip(name, MAX_CELL), cell=True)} | {s.cases} | {signed_points(s.delta)} | {ci} |")
+        lines.append(f"| {code_span(clip(name, MAX_CELL), cell=True)} | {s.cases} | {signed_points(s.delta)} | {ci} |")
     return lines
-
-
-def _code(text: str, *, cell: bool = False) -> str:
-    """`text` as an inline code span, literal whatever it holds (no mention, link, reference,
-    emphasis or HTML renders inside one): delimited by more backticks than any run in it,
-    padded with a space where it starts or ends with a backtick or a space (CommonMark strips
-    one each side), on one line. In a table `cell`, a pipe is escaped: GFM splits cells on
-    pipes before it reads code spans."""
-    text = str(text).replace("\r", " ").replace("\n", " ")
-    if cell:
-        text = text.replace("|", "\\|")
-    ticks = "`" * (_longest_backticks(text) + 1)
-    pad = " " if text[:1] in ("`", " ") or text[-1:] in ("`", " ") else ""
-    return f"{ticks}{pad}{text}{pad}{ticks}"
