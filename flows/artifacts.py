@@ -1,10 +1,12 @@
 """A run on its Prefect flow-run page: its progress while it runs (and the CLI's progress
-hook), then its summary, as artifacts."""
+hook), then its summary, its cases and the samples of its failing and flaky cases, as
+artifacts (the tables: `tasks.report.sample_table`); and the flow run's name."""
 
 from __future__ import annotations
 
+import hashlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 
 from prefect.artifacts import (
@@ -15,20 +17,24 @@ from prefect.artifacts import (
 )
 
 from storage.store import Store
+from tasks.report import sample_table as tables
 from tasks.report import slices_table, summary_markdown
 from tasks.run import RunSummary
+from tasks.run.stored import output_text
 
 # Set by the CLI to draw a progress bar: called with (samples done, samples total).
 progress_hook: ContextVar[Callable[[int, int], None] | None] = ContextVar("progress_hook", default=None)
 
 
-def publish(run: RunSummary, store: Store) -> None:
-    """The run's summary and per-slice table."""
+def publish(run: RunSummary, store: Store, kinds: Mapping[str, str]) -> None:
+    """The run's summary, its per-slice table, its cases and the samples of its failing and
+    flaky cases (`kinds`: case id → the case's deciding grader kind)."""
     slug = artifact_slug(run.suite_name, run.suite_version)
+    note = publish_samples(run, store, kinds, slug)
     judges = store.run_calibrations(run.run_id)
     gate = run.gate.model_dump(mode="json") if run.gate else None
     create_markdown_artifact(
-        key=f"evalpipe-{slug}-summary", markdown=summary_markdown(run, gate, judges),
+        key=f"evalpipe-{slug}-summary", markdown=summary_markdown(run, gate, judges) + note,
         description=f"evalpipe run {run.run_id}",
     )
     if run.gate and run.gate.baseline:  # the pull-request comment's Markdown, on the flow run's page
@@ -44,6 +50,47 @@ def publish(run: RunSummary, store: Store) -> None:
     if rows:
         create_table_artifact(key=f"evalpipe-{slug}-slices", table=rows,
                               description=f"per-slice pass@1, run {run.run_id}")
+
+
+def publish_samples(run: RunSummary, store: Store, kinds: Mapping[str, str], slug: str) -> str:
+    """One table of the run's cases (`evalpipe-SUITE-cases`) and one of each failing or flaky
+    case's samples (`evalpipe-SUITE-case-CASE`), at most `tables.MAX_CASE_TABLES` of them, the
+    worst first: a suite of thousands of cases makes 51 artifacts, not thousands. Returns the
+    summary's note on them (how many cases were left out, how to write the HTML report)."""
+    tallies = tables.tally(store.run_samples(run.run_id, tables.OVERVIEW_COLUMNS).to_pylist())
+    if not tallies:
+        return ""
+    create_table_artifact(key=f"evalpipe-{slug}-cases", table=tables.case_overview(tallies, kinds),
+                          description=f"every case of run {run.run_id}: samples passed, the failing grader")
+    shown, left_out = tables.cases_to_show(tallies)
+    for case in shown:
+        samples = [{**row, "output": output_text(row["output"]) if row["output"] is not None else ""}
+                   for row in store.case_samples(run.run_id, case.case_id)]
+        kind = kinds.get(case.case_id)
+        create_table_artifact(key=f"evalpipe-{slug}-case-{case_slug(case.case_id)}",
+                              table=tables.sample_rows(samples, kind),
+                              description=tables.case_description(case.case_id, case, kind, run.run_id))
+    return tables.samples_note(run.run_id, len(shown), left_out, len(tallies))
+
+
+def case_slug(case_id: str) -> str:
+    """A case id in an artifact key: its slug, with a hash of the id unless the slug is the id
+    itself (`Q1` and `q1` get different keys)."""
+    slug = artifact_slug(case_id, "")[:60].strip("-")
+    if slug == case_id:
+        return slug
+    digest = hashlib.sha256(case_id.encode()).hexdigest()[:6]
+    return f"{slug}-{digest}" if slug else digest
+
+
+def name_flow_run(flow_run_id: str | None, name: str) -> None:
+    """Rename the flow run once its evalpipe run id is known (Prefect names it before)."""
+    if not flow_run_id:
+        return
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        client.update_flow_run(flow_run_id, name=name)
 
 
 def artifact_slug(name: str, version: str) -> str:

@@ -19,12 +19,13 @@ from prefect.runtime import flow_run
 from pydantic import Field
 
 from flows import steps
-from flows.artifacts import publish
+from flows.artifacts import name_flow_run, publish
 from flows.gate import run_gate
 from flows.interrupt import stop_requested
 from storage.store import Store
 from tasks.metrics.sequential import DEFAULT_ROUNDS
 from tasks.models import MAX_N, MAX_REGRADE, MAX_ROUNDS, MAX_WORKERS
+from tasks.report.sample_table import flow_run_name
 from tasks.run import RunConfig, RunSummary, run_title
 from tasks.run.config import Runner
 from tasks.run.loop import run_loop
@@ -160,6 +161,7 @@ def run(config: RunConfig, started: float) -> RunSummary:
         run = replace(handed[1], spec=handed[1].spec.model_copy(update={"flow_run_id": flow_run_id}))
     else:
         run = prepare_run(config, store, flow_run_id=flow_run_id)
+    name_flow_run(flow_run_id, flow_run_name(run.suite.name, run.spec.agent, run.spec.n, run.spec.run_id))
     get_run_logger().info("run %s: suite %s (%s, %d cases), agent %s, n=%d%s", run.spec.run_id, run.suite.name,
                           run.suite.version[:12], len(run.suite.cases), run.spec.agent, run.spec.n,
                           f", gated against {run.baseline.run_id}" if run.baseline else "")
@@ -169,6 +171,6 @@ def run(config: RunConfig, started: float) -> RunSummary:
                            progress=steps.ShownProgress(), gate=run_gate(run, config, store),
                            no_baseline=run.no_baseline, log=get_run_logger(), reduce=steps.reduce_in_task,
                            started=started, stopping=stop_requested)
-    publish(summary, store)
+    publish(summary, store, {case.id: case.kind for case in run.suite.cases})
     steps.log_headline(summary)
     return summary

@@ -14,15 +14,17 @@ from contextvars import ContextVar
 from typing import Annotated, Any
 
 from prefect import flow, get_run_logger
+from prefect.runtime import flow_run
 from pydantic import Field
 
 from flows import steps
-from flows.artifacts import publish
+from flows.artifacts import name_flow_run, publish
 from flows.gate import run_gate
 from flows.interrupt import stop_requested
 from storage.store import Store
 from tasks.metrics.diff import Metric
 from tasks.models import MAX_WORKERS
+from tasks.report.sample_table import rescore_run_name
 from tasks.run import RunConfig
 from tasks.run.config import Runner
 from tasks.run.loop import run_loop
@@ -30,7 +32,12 @@ from tasks.run.rescore import PreparedRescore, prepare_rescore
 from tasks.sandbox import allowing_unsafe
 
 
-@flow(name="rescore", persist_result=False, log_prints=False)
+def _run_name() -> str:
+    p = flow_run.parameters
+    return rescore_run_name(str(p.get("suite", "suite")), str(p.get("run_id", "")))
+
+
+@flow(name="rescore", flow_run_name=_run_name, persist_result=False, log_prints=False)
 def rescore(
     run_id: str,
     suite: str,
@@ -72,7 +79,10 @@ def rescore(
         rescoring = handed[1]
     else:
         rescoring = prepare_rescore(run_id, store, **options)
-    config, prepared, spec = rescoring.config, rescoring.run, rescoring.run.spec
+    flow_run_id = str(flow_run.id) if flow_run.id else None
+    config, prepared = rescoring.config, rescoring.run
+    spec = prepared.spec.model_copy(update={"flow_run_id": flow_run_id})  # its summary links this flow run
+    name_flow_run(flow_run_id, rescore_run_name(prepared.suite.name, rescoring.plan.source_run, spec.run_id))
     steps.snapshot_once(prepared.suite, store)
     if (origin := store.imported_from(rescoring.plan.source_run)) is not None:
         store.record_imported_outputs(spec.run_id, origin)  # before any of its samples is stored
@@ -81,7 +91,7 @@ def rescore(
                            gate=run_gate(prepared, config, store), no_baseline=prepared.no_baseline,
                            log=get_run_logger(), reduce=steps.reduce_in_task, started=started,
                            rescoring=rescoring.plan, stopping=stop_requested)
-    publish(summary, store)
+    publish(summary, store, {case.id: case.kind for case in prepared.suite.cases})
     steps.log_headline(summary)
     return steps.final_state(summary)
 
