@@ -50,8 +50,8 @@ def evaluate(
     max_drop: Annotated[float, Field(ge=0, le=1)] = 0.0,
     max_new_failures: Annotated[int | None, Field(ge=0)] = None,
     min_slice: dict[str, Annotated[float, Field(ge=0, le=1)]] | None = None,
-    metric: str = "pass",
     max_increase: dict[str, Annotated[float, Field(ge=0)]] | None = None,
+    metric: str = "pass",
     runner: Runner = "threads",
     workers: Annotated[int | None, Field(ge=1, le=MAX_WORKERS)] = None,
     agent_concurrency: Annotated[int | None, Field(ge=1, le=MAX_WORKERS)] = None,
@@ -95,9 +95,9 @@ def evaluate(
         max_new_failures: Gate rule: block when more than this many cases that always
             passed in the baseline fail in some sample now.
         min_slice: Gate rule: slice name -> the lowest pass@1 (or mean score) it may have.
-        metric: What the gate's paired CI compares: pass (pass@1), score (mean score), or a
         max_increase: Gate rule: figure (turns, tool_calls, tokens, cost) -> the largest growth
             of its mean per sample over the baseline (0.2: 20 %), the whole paired CI above it.
+        metric: What the gate's paired CI compares: pass (pass@1), score (mean score), or a
             registered per-case metric by name (pass@1, mean_score, a plugin's).
         runner: Task runner for sampling: threads, processes or dask.
         workers: Parallel graders (default: CPU count): tests take a core each.

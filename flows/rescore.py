@@ -49,6 +49,7 @@ def rescore(
     max_drop: Annotated[float, Field(ge=0, le=1)] = 0.0,
     max_new_failures: Annotated[int | None, Field(ge=0)] = None,
     min_slice: dict[str, Annotated[float, Field(ge=0, le=1)]] | None = None,
+    max_increase: dict[str, Annotated[float, Field(ge=0)]] | None = None,
     metric: Metric = "pass",
 ) -> dict[str, Any]:
     """Grade SUITE on the outputs stored by run `run_id`; cases it has no output for are
@@ -56,7 +57,6 @@ def rescore(
 
     Args:
         run_id: The run whose outputs to grade (id or unambiguous prefix).
-    max_increase: dict[str, Annotated[float, Field(ge=0)]] | None = None,
         suite: Suite file path, git URL#PATH, or stored version.
         runner: Task runner for grading: threads, processes or dask.
         workers: Parallel workers (default: CPU count).
@@ -66,6 +66,8 @@ def rescore(
         max_drop: Gate threshold: block only when the drop is surely larger than this.
         max_new_failures: Gate rule: block when more than this many always-passing cases now fail.
         min_slice: Gate rule: slice name -> the lowest pass@1 (or mean score) it may have.
+        max_increase: Gate rule: figure (turns, tool_calls, tokens, cost) -> the largest growth
+            of its mean per sample over the baseline (0.2: 20 %), the whole paired CI above it.
         metric: What the gate's paired CI compares: pass (pass@1), score (mean score), or a
             registered per-case metric by name.
     """
@@ -73,8 +75,6 @@ def rescore(
     store = Store.default()
     options = {name: value for name, value in locals().items() if name in RunConfig.model_fields}
     handed = prepared_here.get()
-        max_increase: Gate rule: figure (turns, tool_calls, tokens, cost) -> the largest growth
-            of its mean per sample over the baseline (0.2: 20 %), the whole paired CI above it.
     if handed is not None and handed[0] == (run_id, options):
         rescoring = handed[1]
     else:
