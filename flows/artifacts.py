@@ -84,13 +84,18 @@ def case_slug(case_id: str) -> str:
 
 
 def name_flow_run(flow_run_id: str | None, name: str) -> None:
-    """Rename the flow run once its evalpipe run id is known (Prefect names it before)."""
+    """Rename the flow run once its evalpipe run id is known (Prefect names it before). A name
+    is not worth a run: a failure is a warning in the flow run's log."""
     if not flow_run_id:
         return
+    from prefect import get_run_logger
     from prefect.client.orchestration import get_client
 
-    with get_client(sync_client=True) as client:
-        client.update_flow_run(flow_run_id, name=name)
+    try:
+        with get_client(sync_client=True) as client:
+            client.update_flow_run(flow_run_id, name=name)
+    except Exception as exc:  # the run goes on under the name Prefect gave it
+        get_run_logger().warning("could not rename the flow run to %r: %s", name, exc)
 
 
 def artifact_slug(name: str, version: str) -> str:
