@@ -90,6 +90,21 @@ def test_a_row_names_the_grader_that_failed_with_its_detail_shortened() -> None:
     assert list(first) == ["sample", "status", "failed", "detail", "output", "tokens", "latency"]
 
 
+def test_a_case_table_is_bounded_the_failed_samples_first() -> None:
+    samples = [_sample(i, i % 7 != 3, detail="" if i % 7 != 3 else f"wrong {i}") for i in range(1000)]
+    rows = tables.sample_rows(samples, "exact")
+    assert len(rows) == tables.MAX_SAMPLE_ROWS
+    failed = [r["sample"] for r in rows if r["failed"]]
+    assert failed == list(range(3, 1000, 7))[:tables.MAX_SAMPLE_ROWS]  # 143 failed: the first 100 of them
+    few = tables.sample_rows(samples[:40], "exact")
+    assert [r["sample"] for r in few] == list(range(40))
+    mixed = tables.sample_rows(samples[:150], "exact", limit=30)
+    assert [r["sample"] for r in mixed] == sorted([*range(3, 150, 7), *[i for i in range(150) if i % 7 != 3][:9]])
+    tally = tables.tally(samples)[0]
+    assert tables.case_description("c", tally, "exact", "r").endswith(
+        "; the table shows 100 of its 1000 samples, those a grader failed first")
+
+
 def test_tables_are_bounded_the_worst_cases_first() -> None:
     rows = []
     for i in range(3000):

@@ -21,6 +21,7 @@ OUTPUT_LINES = 3  # the first lines of an output in a cell
 OUTPUT_CHARS = 200
 CELL_CHARS = 80  # a case id or a grader's label
 MAX_OVERVIEW_ROWS = 1000  # the cases table: the failing and flaky first, then the rest up to this
+MAX_SAMPLE_ROWS = 100  # a case's table: the samples a grader failed first, then the rest up to this
 # What `case_overview` reads of each sample: no output, no trace (gigabytes for a large run).
 OVERVIEW_COLUMNS = ("case_id", "sample_index", "status", "passed", "detail", "safety")
 
@@ -99,9 +100,19 @@ def failed_graders(sample: Mapping[str, Any], kind: str | None) -> list[tuple[st
     return found
 
 
-def sample_rows(samples: Iterable[Mapping[str, Any]], kind: str | None) -> list[dict[str, Any]]:
+def sample_rows(samples: Iterable[Mapping[str, Any]], kind: str | None,
+                limit: int = MAX_SAMPLE_ROWS) -> list[dict[str, Any]]:
     """One case's table: a row per sample (stored sample rows with `output` as text, in
-    index order; `kind`: the case's deciding grader)."""
+    index order; `kind`: the case's deciding grader), at most `limit` of them, in index
+    order: those some grader failed first, then the others."""
+    rows = _rows(samples, kind)
+    if len(rows) <= limit:
+        return rows
+    kept = sorted(range(len(rows)), key=lambda i: (not rows[i]["failed"], i))[:limit]
+    return [rows[i] for i in sorted(kept)]
+
+
+def _rows(samples: Iterable[Mapping[str, Any]], kind: str | None) -> list[dict[str, Any]]:
     rows = []
     for s in samples:
         failed = failed_graders(s, kind)
@@ -189,7 +200,10 @@ def samples_note(run_id: str, shown: int, left_out: int, cases: int) -> str:
 
 
 def case_description(case_id: str, tallied: CaseTally, kind: str | None, run_id: str) -> str:
-    """A case table's description (Markdown): the case, its passes and grader, the run."""
+    """A case table's description (Markdown): the case, its passes and grader, the run, and
+    how many samples the table leaves out."""
     cid = case_id.replace("`", "'")
+    cut = (f"; the table shows {MAX_SAMPLE_ROWS} of its {tallied.n} samples, those a grader failed first"
+           if tallied.n > MAX_SAMPLE_ROWS else "")
     return (f"case `{clip(cid, CELL_CHARS)}`: {tallied.passed}/{tallied.n} samples passed"
-            f" ({'failing' if tallied.failing else 'flaky'}), grader `{kind or '?'}`; run `{run_id}`")
+            f" ({'failing' if tallied.failing else 'flaky'}), grader `{kind or '?'}`; run `{run_id}`{cut}")
