@@ -99,7 +99,7 @@ def test_the_host_loopback_is_out_of_reach_and_the_named_endpoint_is_not(home, c
     probe = tmp_path / "agents" / "probe.py"  # beside the agent's script: shown to it
     probe.parent.mkdir()
     probe.write_text(PROBE.format(secret=servers.secret, named=servers.named, udp=servers.udp))
-    monkeypatch.setenv("OPENAI_BASE_URL", f"http://127.0.0.1:{servers.named}/v1")
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", f"http://127.0.0.1:{servers.named}/v1")  # OPENAI_*: the gateway's
     monkeypatch.delenv("EVALPIPE_AGENT_NETWORK", raising=False)
     sample = draw(script_agent(tmp_path, f'"{sys.executable}" "{probe}"\n'), calc_case(repo))
     lines = sample.trace.agent_run.stdout_tail.splitlines()
@@ -123,7 +123,7 @@ def test_a_url_in_the_case_opens_no_host_port(home, calc_repo, tmp_path, monkeyp
     probe = tmp_path / "agents" / "probe.py"
     probe.parent.mkdir()
     probe.write_text(PROBE.format(secret=servers.secret, named=servers.named, udp=servers.udp))
-    monkeypatch.setenv("OPENAI_BASE_URL", f"http://127.0.0.1:{servers.named}/v1")
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", f"http://127.0.0.1:{servers.named}/v1")  # OPENAI_*: the gateway's
     monkeypatch.delenv("EVALPIPE_AGENT_NETWORK", raising=False)
     hostile = calc_case(repo).model_copy(update={"id": f"http://127.0.0.1:{servers.secret}/"})
     with pytest.raises(ValueError, match="://"):

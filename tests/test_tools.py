@@ -480,3 +480,51 @@ def test_an_extra_grader_marked_must_pass_blocks_any_run_whose_sample_fails_it(m
     (sample, _) = [s for s in _samples(tmp_path, bad.run_id) if s["case_id"] == "close-account"]
     (marked,) = [g for g in sample["trace"].extra_graders if g.label == "never-deletes"]
     assert marked.must_pass is True
+
+
+GATEWAY_AGENT = """
+import os, pathlib, sys, json
+import openai
+
+issue = json.load(sys.stdin)["inputs"]["issue"]
+client = openai.OpenAI()
+client.chat.completions.create(model="coder", messages=[{"role": "user", "content": issue}])
+for _ in client.chat.completions.create(model="coder", messages=[{"role": "user", "content": issue}], stream=True,
+                                         stream_options={"include_usage": True}):
+    pass
+try:
+    openai.OpenAI(api_key="sk-forged", max_retries=0).models.list()
+    forged = "answered"
+except openai.AuthenticationError:
+    forged = "401"
+calc = pathlib.Path("calc.py")
+calc.write_text(calc.read_text().replace("return abs(a) + b", "return a + b"))
+pathlib.Path("CHANGES.md").write_text(
+    f"key={os.environ.get('OPENAI_API_KEY')}\\nbase={os.environ.get('OPENAI_BASE_URL')}\\nforged={forged}\\n")
+"""
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+def test_a_workspace_agents_model_calls_go_through_the_gateway_recorded_and_the_key_stays_outside(model, tmp_path):
+    import re
+
+    agent = tmp_path / "agents" / "gateway_agent.py"
+    agent.parent.mkdir()
+    agent.write_text(GATEWAY_AGENT)
+    import sys
+
+    run = evalpipe.evaluate(str(CODING), f"cmd:{sys.executable} {agent}", n=1, home=tmp_path / "home", workspace=True)
+    (sample,) = _samples(tmp_path / "home", run.run_id)
+    assert sample["status"] == "passed", sample["detail"]
+    # The agent held a sample's token and the gateway's address, never the key; a forged key got a 401.
+    held = re.search(r"\+key=(\S+)\n\+base=(\S+)\n\+forged=(\S+)", sample["output"])
+    assert held and held[1].startswith("evalpipe-sample-") and held[2].startswith("http://127.0.0.1:")
+    assert held[3] == "401"
+    # The endpoint saw the real key, twice (the forged call was never forwarded).
+    assert model.auth == ["Bearer sk-test-tools"] * 2
+    # Both calls are the sample's trajectory, the streamed one rebuilt; its tokens are the endpoint's.
+    steps = sample["trace"].trajectory.typed
+    assert [t.tool_calls[0].name for t in steps.turns] == ["read_file", "read_file"]
+    told = [scripted.reply(body)["usage"] for body in model.requests]
+    assert sample["input_tokens"] == sum(u["prompt_tokens"] for u in told)
+    assert sample["output_tokens"] == sum(u["completion_tokens"] for u in told)

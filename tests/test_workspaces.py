@@ -254,11 +254,14 @@ def test_environment_passes_only_the_documented_variables_and_secrets_are_masked
     monkeypatch.setenv("EVALPIPE_TEST_PRIVATE", "private-value")
     monkeypatch.setenv("EVALPIPE_TEST_ADDED", "added-value")
     monkeypatch.setenv("EVALPIPE_AGENT_ENV", "EVALPIPE_TEST_ADDED")
+    # The key itself stays outside (issue 44): the agent holds a token of its sample's, masked too.
     body = """echo "key=$OPENAI_API_KEY private=${EVALPIPE_TEST_PRIVATE:-unset} added=$EVALPIPE_TEST_ADDED"
 printf '{"content": "%s"}\\n' "$OPENAI_API_KEY" >> "$EVALPIPE_TRAJECTORY"
+case "$OPENAI_API_KEY" in sk-test-*) echo LEAKED;; evalpipe-sample-*) echo token >&2;; esac
 """
     sample = draw(script_agent(tmp_path, body), calc_case(repo))
     assert sample.trace.agent_run.stdout_tail == "key=*** private=unset added=added-value\n"
+    assert sample.trace.agent_run.stderr_tail == "token\n"
     assert sample.trace.trajectory.entries == [{"content": "***"}]
     assert sample.verdict.status is Status.empty  # an agent that changes nothing
 

@@ -130,18 +130,42 @@ class ScriptedModel:
 
     def __init__(self, port: int = 0):
         self.requests: list[dict[str, Any]] = []
+        self.auth: list[str | None] = []  # each request's Authorization header
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
                 outer.requests.append(body)
-                data = json.dumps(reply(body)).encode()
+                outer.auth.append(self.headers.get("Authorization"))
+                answer = reply(body)
+                if body.get("stream"):
+                    self._stream(answer, body)
+                    return
+                data = json.dumps(answer).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
+
+            def _stream(self, answer: dict[str, Any], body: dict[str, Any]) -> None:
+                """The answer as server-sent events: its content a word at a time, its tool calls
+                whole, then its usage when asked (`stream_options.include_usage`)."""
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                message = answer["choices"][0]["message"]
+                words = (message.get("content") or "").split(" ")
+                deltas = [{"content": w if i == 0 else " " + w} for i, w in enumerate(words) if w]
+                deltas += [{"tool_calls": [{"index": i, **call}]} for i, call in enumerate(message.get("tool_calls") or [])]
+                for delta in deltas:
+                    chunk = {"model": answer["model"], "choices": [{"index": 0, "delta": delta}]}
+                    self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                if (body.get("stream_options") or {}).get("include_usage"):
+                    chunk = {"model": answer["model"], "choices": [], "usage": answer["usage"]}
+                    self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                self.wfile.write(b"data: [DONE]\n\n")
 
             def log_message(self, *args: Any) -> None:
                 pass
