@@ -199,7 +199,7 @@ def test_rescore_checks_its_inputs_once_and_the_flow_grades_what_was_checked(env
     store = Store.default()
     options = {"suite": str(suite), "runner": "threads", "workers": 1, "unsafe_no_sandbox": False,
                "baseline": None, "min_pass_at_1": None, "max_drop": 0.0, "max_new_failures": None,
-               "min_slice": None, "metric": "pass"}
+               "min_slice": None, "max_increase": None, "metric": "pass"}
     prepared = prepare_rescore(source["run_id"][:17], store, **options)
     assert prepared.config.suite == prepared.run.spec.config["suite_source"]  # pinned
     snapshot = store.snapshot_path(source["suite_version"])

@@ -171,6 +171,8 @@ class ScriptedModel:
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.server.daemon_threads = True
+        self.server.socket.listen(256)  # many agents at once (the default backlog is 5)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self._thread.start()

@@ -128,6 +128,11 @@ def _count(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 256  # the listen backlog: agents at once, each with a call in flight (default 5)
+
+
 class Gateway:
     """The gateway for one endpoint and key, on 127.0.0.1 (a free port) until `close()`."""
 
@@ -136,8 +141,7 @@ class Gateway:
         self._taps: dict[str, Tap] = {}
         self._lock = threading.Lock()
         self.refused = 0  # requests with no valid token
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self.server.daemon_threads = True
+        self.server = _Server(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
         threading.Thread(target=self.server.serve_forever, name="evalpipe-gateway", daemon=True).start()
 
