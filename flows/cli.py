@@ -253,6 +253,10 @@ def run(
     workspace_change_bytes: Annotated[int | None, typer.Option(
         "--workspace-change-bytes", min=1, metavar="N",
         help="With --workspace: cap on the agent's change (default 4 MB; $EVALPIPE_WORKSPACE_CHANGE_BYTES).")] = None,
+    max_model_calls: Annotated[int | None, typer.Option(
+        "--max-model-calls", min=1, metavar="N",
+        help="Model calls one sample may make (the openai: tool loop's turns, a workspace agent's calls through the"
+             " gateway); the call past it is refused and the sample is agent_error naming the cap.")] = None,
     max_trajectory_bytes: Annotated[int | None, typer.Option(
         "--max-trajectory-bytes", min=1, metavar="N",
         help="With --workspace: cap on the trajectory kept (default 1 MB; $EVALPIPE_MAX_TRAJECTORY_BYTES).")] = None,
@@ -292,7 +296,7 @@ def run(
         max_output_bytes=max_output_bytes, cmd_timeout=cmd_timeout, openai_timeout=openai_timeout,
         openai_max_attempts=openai_max_attempts, workspace=workspace, agent_timeout=agent_timeout,
         agent_memory_mb=agent_memory_mb, workspace_tree_mb=workspace_tree_mb,
-        workspace_change_bytes=workspace_change_bytes, max_trajectory_bytes=max_trajectory_bytes, max_cost=max_cost,
+        workspace_change_bytes=workspace_change_bytes, max_trajectory_bytes=max_trajectory_bytes, max_model_calls=max_model_calls, max_cost=max_cost,
         max_samples=max_samples, prices=str(prices) if prices else None, sequential=sequential,
         sequential_rounds=rounds)
     # Every check of the input, once, before Prefect starts: a one-line message, not a failed

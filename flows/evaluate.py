@@ -69,6 +69,7 @@ def evaluate(
     workspace_tree_mb: Annotated[int | None, Field(ge=1)] = None,
     workspace_change_bytes: Annotated[int | None, Field(ge=1)] = None,
     max_trajectory_bytes: Annotated[int | None, Field(ge=1)] = None,
+    max_model_calls: Annotated[int | None, Field(ge=1)] = None,
     max_cost: Annotated[float | None, Field(gt=0)] = None,
     max_samples: Annotated[int | None, Field(ge=1)] = None,
     prices: str | None = None,
@@ -127,6 +128,8 @@ def evaluate(
             4 MB, or EVALPIPE_WORKSPACE_CHANGE_BYTES).
         max_trajectory_bytes: With workspace: cap on the trajectory kept, in bytes (default
             1 MB, or EVALPIPE_MAX_TRAJECTORY_BYTES).
+        max_model_calls: Model calls one sample may make (the openai: tool loop's turns, a
+            workspace agent's calls through the gateway); past it the sample is agent_error.
         max_cost: Budget in USD: no new agent call starts once the drawn samples cost this
             much; the run ends partial, and the same run with a larger budget draws the rest.
         max_samples: Budget in agent calls: draw at most this many samples (cached ones are free).

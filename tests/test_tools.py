@@ -528,3 +528,36 @@ def test_a_workspace_agents_model_calls_go_through_the_gateway_recorded_and_the_
     told = [scripted.reply(body)["usage"] for body in model.requests]
     assert sample["input_tokens"] == sum(u["prompt_tokens"] for u in told)
     assert sample["output_tokens"] == sum(u["completion_tokens"] for u in told)
+
+
+RUNAWAY_AGENT = """
+import openai, sys
+client = openai.OpenAI(max_retries=0)
+for i in range(50):
+    try:
+        client.chat.completions.create(model="support-loop", messages=[{"role": "user", "content": "again"}])
+    except openai.PermissionDeniedError as exc:
+        print("refused:", exc.message, file=sys.stderr)
+        break
+"""
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+def test_a_runaway_agent_is_stopped_at_max_model_calls_with_no_more_calls_upstream(model, tmp_path):
+    import sys
+
+    agent = tmp_path / "agents" / "runaway.py"
+    agent.parent.mkdir()
+    agent.write_text(RUNAWAY_AGENT)
+    run = evalpipe.evaluate(str(CODING), f"cmd:{sys.executable} {agent}", n=1, home=tmp_path / "home",
+                            workspace=True, max_model_calls=3)
+    (sample,) = _samples(tmp_path / "home", run.run_id)
+    assert len(model.requests) == 3  # of the 50 it tried
+    assert sample["status"] == "agent_error"
+    assert sample["detail"] == "agent failed: stopped at --max-model-calls 3: the agent asked for 1 more model call(s), refused"
+    assert "403 - evalpipe: --max-model-calls 3 reached for this sample" in sample["trace"].agent_run.stderr_tail
+
+    # The openai: tool loop stops there too, before a fourth request is sent.
+    looping = evalpipe.evaluate(str(SUITE), "openai:support-loop?max_steps=10", n=1, home=tmp_path / "home",
+                                max_model_calls=3)
+    assert looping.status_counts == {"agent_error": 12} and len(model.requests) == 3 + 12 * 3

@@ -97,8 +97,11 @@ class OpenAIAgent(Reloadable):
         entries: list[dict[str, Any]] = []
         stop = None
         spent: dict[str, Any] = {"input_tokens": None, "output_tokens": None, "latency_s": 0.0, "model": None}
+        cap = self.settings.max_model_calls
         try:
-            for _ in range(self.max_steps):
+            for turn in range(self.max_steps):
+                if cap is not None and turn >= cap:  # before anything is sent
+                    raise AgentError(f"stopped at --max-model-calls {cap}: the loop wanted a turn more")
                 reply = self._ask(messages, ctx, toolbox.definitions)
                 _add_usage(spent, reply)
                 said = {"role": "assistant", "content": reply.content or None,

@@ -43,12 +43,25 @@ class Tap:
     latency_s: float = 0.0
     model: str | None = None
     seen_messages: int = 0  # how many of the conversation's messages are recorded
+    max_calls: int | None = None  # `--max-model-calls`: the call past it is refused
+    refused: int = 0  # calls refused at the cap
+    pending: int = 0  # admitted, not yet answered
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def admit(self) -> bool:
+        """Whether one more call may go out (counted as it is admitted: calls at once too)."""
+        with self.lock:
+            if self.max_calls is not None and self.calls + self.pending >= self.max_calls:
+                self.refused += 1
+                return False
+            self.pending += 1
+            return True
 
     def record(self, request: dict[str, Any], reply: dict[str, Any] | None, latency_s: float, status: int) -> None:
         messages = request.get("messages") if isinstance(request.get("messages"), list) else []
         with self.lock:
             self.calls += 1
+            self.pending -= 1
             self.latency_s += latency_s
             # The conversation so far arrives whole each time: only what is new is recorded.
             fresh = messages[self.seen_messages:] if len(messages) > self.seen_messages else messages[-1:]
@@ -145,9 +158,10 @@ class Gateway:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
         threading.Thread(target=self.server.serve_forever, name="evalpipe-gateway", daemon=True).start()
 
-    def grant(self) -> tuple[str, Tap]:
-        """A token good for one sample, and the tap its calls are recorded in."""
-        token, tap = TOKEN_PREFIX + secrets.token_urlsafe(24), Tap()
+    def grant(self, max_calls: int | None = None) -> tuple[str, Tap]:
+        """A token good for one sample (at most `max_calls` model calls), and the tap its calls
+        are recorded in."""
+        token, tap = TOKEN_PREFIX + secrets.token_urlsafe(24), Tap(max_calls=max_calls)
         with self._lock:
             self._taps[token] = tap
         return token, tap
@@ -195,6 +209,10 @@ class Gateway:
                     request = json.loads(body) if body else {}
                 except ValueError:
                     self._fail(400, "request body is not JSON")
+                    return
+                if suffix != "/models" and not tap.admit():
+                    self._fail(403, f"evalpipe: --max-model-calls {tap.max_calls} reached for this sample:"
+                                    " no more model calls")
                     return
                 headers = {"Content-Type": "application/json", "Accept": self.headers.get("Accept") or "*/*"}
                 if gateway._key:

@@ -34,6 +34,9 @@ class AgentSettings(BaseModel):
     openai_timeout: Annotated[float, Field(gt=0)] = DEFAULT_TIMEOUT_S  # seconds per request
     openai_max_attempts: Annotated[int, Field(ge=1)] = DEFAULT_MAX_ATTEMPTS
     max_trajectory_bytes: Annotated[int, Field(ge=1)] = 1 << 20
+    # Model calls one sample may make (the `openai:` tool loop's turns, a workspace agent's calls
+    # through the gateway); None: no cap.
+    max_model_calls: Annotated[int, Field(ge=1)] | None = None
     # A coding agent's (`--workspace`): an address-space cap (runtimes reserve far more than
     # they use), and the caps on the tree it leaves and on its change.
     agent_memory_mb: Annotated[int, Field(ge=1)] = 8192
@@ -52,6 +55,7 @@ ENV: dict[str, str] = {
     "openai_timeout": "EVALPIPE_OPENAI_TIMEOUT_S",
     "openai_max_attempts": "EVALPIPE_OPENAI_MAX_ATTEMPTS",
     "max_trajectory_bytes": "EVALPIPE_MAX_TRAJECTORY_BYTES",
+    "max_model_calls": "EVALPIPE_MAX_MODEL_CALLS",
     "agent_memory_mb": "EVALPIPE_AGENT_MEMORY_MB",
     "workspace_tree_mb": "EVALPIPE_WORKSPACE_TREE_MB",
     "workspace_change_bytes": "EVALPIPE_WORKSPACE_CHANGE_BYTES",

@@ -63,6 +63,7 @@ class RunConfig(BaseModel):
     workspace_tree_mb: Annotated[int | None, Field(ge=1)] = None
     workspace_change_bytes: Annotated[int | None, Field(ge=1)] = None
     max_trajectory_bytes: Annotated[int | None, Field(ge=1)] = None
+    max_model_calls: Annotated[int | None, Field(ge=1)] = None
     max_cost: Annotated[float | None, Field(gt=0)] = None
     max_samples: Annotated[int | None, Field(ge=1)] = None
     prices: str | None = None
