@@ -85,9 +85,9 @@ def test_a_row_names_the_grader_that_failed_with_its_detail_shortened() -> None:
     assert first["output"] == "Lyon ⏎ second ⏎ third ⏎ …"
     assert (second["failed"], second["detail"], second["latency"]) == ("polite, contains", "no match for 'please'", "2.5 s")
     assert (third["failed"], third["detail"], third["latency"]) == ("safety", "forbidden pattern 'CANARY'", "150.0 s")
-    assert fourth == {"sample": 3, "status": "passed", "failed": "", "detail": "", "output": "", "tokens": "",
-                      "latency": ""}
-    assert list(first) == ["sample", "status", "failed", "detail", "output", "tokens", "latency"]
+    assert fourth == {"sample": 3, "status": "passed", "failed": "", "detail": "", "output": "", "actions": "",
+                      "tokens": "", "latency": ""}
+    assert list(first) == ["sample", "status", "failed", "detail", "output", "actions", "tokens", "latency"]
 
 
 def test_a_case_table_is_bounded_the_failed_samples_first() -> None:
@@ -273,3 +273,17 @@ def _click(selector: str, text: str) -> str:
         if (el) el.click();
         return !!el;
     }})()"""
+
+
+def test_a_row_says_what_the_agent_did_its_turns_and_calls_a_failed_one_marked():
+    from tasks.report.sample_table import sample_rows
+
+    trajectory = {"trajectory": {"steps": 4, "stop": "max_steps", "entries": [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "a", "type": "function", "function": {"name": "get_order", "arguments": '{"order_id": "7"}'}}]},
+        {"role": "tool", "tool_call_id": "a", "content": "error: no scripted result", "error": "no scripted result"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "b", "type": "function", "function": {"name": "search", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "b", "content": "[]"}]}}
+    (row,) = sample_rows([_sample(0, False, trace=trajectory)], "final_state")
+    assert row["actions"] == '2 turns (stopped: max_steps): get_order({"order_id": "7"}) ✗, search({})'

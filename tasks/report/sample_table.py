@@ -14,6 +14,7 @@ from typing import Any
 
 from tasks.report.html import clip
 from tasks.trace import SampleTrace
+from tasks.trajectory import call_text
 
 MAX_CASE_TABLES = 50  # failing or flaky cases given a table of their own; the summary counts the rest
 DETAIL_CHARS = 300  # a grader's detail in a cell
@@ -115,17 +116,32 @@ def sample_rows(samples: Iterable[Mapping[str, Any]], kind: str | None,
 def _rows(samples: Iterable[Mapping[str, Any]], kind: str | None) -> list[dict[str, Any]]:
     rows = []
     for s in samples:
-        failed = failed_graders(s, kind)
+        trace = s.get("trace")
+        trace = trace if isinstance(trace, SampleTrace) else SampleTrace.parse(trace)
+        failed = failed_graders({**s, "trace": trace}, kind)
         rows.append({
             "sample": s["sample_index"],
             "status": s["status"],
             "failed": ", ".join(clip(label, CELL_CHARS) for label, _ in failed),
             "detail": shorten(failed[0][1], DETAIL_CHARS) if failed else "",
             "output": first_lines(s.get("output") or "", OUTPUT_LINES, OUTPUT_CHARS),
+            "actions": actions(trace),
             "tokens": tokens(s.get("input_tokens"), s.get("output_tokens")),
             "latency": seconds(s.get("latency_s")),
         })
     return rows
+
+
+def actions(trace: SampleTrace) -> str:
+    """What the agent did, in a cell: its model turns and each tool call in order, a failed one
+    marked (`3 turns: get_order({...}), refund_order({...}) ✗`); "" without a trajectory."""
+    if trace.trajectory is None:
+        return ""
+    steps = trace.trajectory.typed
+    calls = [call_text(a.name, a.call.arguments) + (" ✗" if a.result is not None and a.result.error else "")
+             for a in steps.actions()]
+    stop = f" (stopped: {trace.trajectory.stop})" if trace.trajectory.stop else ""
+    return clip(f"{len(steps.turns)} turns{stop}" + (": " + ", ".join(calls) if calls else ""), DETAIL_CHARS)
 
 
 def shorten(text: str, limit: int) -> str:
