@@ -133,6 +133,8 @@ class EvalCase(_Frozen):
     _base_dir: str | None = PrivateAttr(default=None)
 
     _inputs_hash: str = PrivateAttr(default="")
+    # An extra grader's view of the case (`graded_by`): the deciding grader it stands beside.
+    _decided_by: dict[str, Any] | None = PrivateAttr(default=None)
 
     def model_post_init(self, context: Any) -> None:
         measured = {k: v for k, v in self.content().items() if k != "must_pass"}
@@ -214,6 +216,18 @@ class EvalCase(_Frozen):
                 label = f"{grader['kind']}#{count}"
             labels.append(label)
         return labels
+
+    def graded_by(self, grader: dict[str, Any]) -> EvalCase:
+        """The case as one of its extra graders sees it: that grader's, and no others (the
+        deciding one is still at hand: `deciding_grader`)."""
+        seen = self.model_copy(update={"grader": grader, "extra_graders": ()})
+        seen._decided_by = self.deciding_grader
+        return seen
+
+    @property
+    def deciding_grader(self) -> dict[str, Any]:
+        """The grader that decides `passed` (an extra grader's view: the case's own)."""
+        return self._decided_by or self.grader
 
     @property
     def kind(self) -> str:

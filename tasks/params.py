@@ -224,10 +224,34 @@ class WorldAssertion(ExpectedCall):
     count: Annotated[Integer, Field(ge=0)] = 1
 
 
-class FinalStateParams(Params):
-    """`final_state`: what the case's world received by the end of the sample."""
+class FileAssertion(Params):
+    """A file of the workspace after the run (the base commit with the agent's change): it
+    exists or not (`exists`), holds `contains`, or is exactly `equals`."""
 
-    world: Annotated[list[WorldAssertion], Field(min_length=1)]
+    path: NonEmpty
+    exists: StrictBool | None = None
+    contains: str | None = None
+    equals: str | None = None
+
+    @model_validator(mode="after")
+    def _one_check(self) -> FileAssertion:
+        if self.exists is None and self.contains is None and self.equals is None:
+            raise ValueError("give exists, contains or equals")
+        return self
+
+
+class FinalStateParams(Params):
+    """`final_state`: what the case's world received by the end of the sample, and the
+    workspace's files after it (a `repo_tests` case's checkout with the change applied)."""
+
+    world: list[WorldAssertion] = []
+    files: list[FileAssertion] = []
+
+    @model_validator(mode="after")
+    def _something(self) -> FinalStateParams:
+        if not self.world and not self.files:
+            raise ValueError("give world or files assertions")
+        return self
 
     def tool_names(self) -> list[tuple[str, str]]:
         return [(f"world.{i}.name", w.name) for i, w in enumerate(self.world)]

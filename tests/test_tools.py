@@ -561,3 +561,20 @@ def test_a_runaway_agent_is_stopped_at_max_model_calls_with_no_more_calls_upstre
     looping = evalpipe.evaluate(str(SUITE), "openai:support-loop?max_steps=10", n=1, home=tmp_path / "home",
                                 max_model_calls=3)
     assert looping.status_counts == {"agent_error": 12} and len(model.requests) == 3 + 12 * 3
+
+
+def test_final_state_asserts_on_the_workspaces_files_after_the_change(model, tmp_path):
+    data = yaml.safe_load(CODING.read_text())
+    case = data["cases"][0]
+    case["grader"]["repo"] = str((CODING.parent / case["grader"]["repo"]).resolve())
+    case["extra_graders"] = [
+        {"kind": "final_state", "name": "fixed", "files": [{"path": "calc.py", "contains": "return a + b"},
+                                                          {"path": "secrets.py", "exists": True}, {"path": "debug.log", "exists": False}]},
+        {"kind": "final_state", "name": "noted", "files": [{"path": "CHANGES.md", "exists": True}]}]
+    path = tmp_path / "calc.yaml"
+    path.write_text(yaml.safe_dump(data))
+    run = evalpipe.evaluate(str(path), "openai:coder", n=1, home=tmp_path / "home", workspace=True)
+    (sample,) = _samples(tmp_path / "home", run.run_id)
+    assert _verdicts(sample) == {"grader": "passed", "fixed": "passed", "noted": "failed"}, [g.verdict.detail for g in sample["trace"].extra_graders]
+    (noted,) = [g for g in sample["trace"].extra_graders if g.label == "noted"]
+    assert noted.verdict.detail == "CHANGES.md does not exist"

@@ -85,8 +85,8 @@ def graded_inline(case: EvalCase) -> bool:
 
 
 def _graded_by(grader: dict[str, Any], case: EvalCase) -> EvalCase:
-    """The case as one of its extra graders sees it: that grader's, and no others."""
-    return case.model_copy(update={"grader": grader, "extra_graders": ()})
+    """The case as one of its extra graders sees it (`EvalCase.graded_by`)."""
+    return case.graded_by(grader)
 
 
 def _dispatch(output: str, case: EvalCase, trace: SampleTrace) -> Verdict:

@@ -10,11 +10,13 @@ verdict is `error` saying so, never a silent pass or fail.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 from tasks.graders.judge import case_judge, judge
 from tasks.models import EvalCase, Status, Verdict
 from tasks.params import (
     ExpectedCall,
+    FileAssertion,
     FinalStateParams,
     JudgeParams,
     StepsParams,
@@ -22,6 +24,8 @@ from tasks.params import (
     ToolSequenceParams,
 )
 from tasks.registry import grader
+from tasks.repos.patching import apply_patch
+from tasks.repos.worktrees import RepoError, case_repo, checkout
 from tasks.trace import SampleTrace
 from tasks.trajectory import Action, Steps, call_text, matches, transcript
 
@@ -135,12 +139,18 @@ def steps_grader(output: str, case: EvalCase, params: StepsParams, *, trace: Sam
 
 @grader("final_state", params=FinalStateParams, trace=SampleTrace, inline=True)
 def final_state(output: str, case: EvalCase, params: FinalStateParams, *, trace: SampleTrace) -> Verdict:
+    files = _files_broken(output, case, params.files) if params.files else []
+    if isinstance(files, Verdict):
+        return files
+    if not params.world:
+        return Verdict.fail(detail="; ".join(files)) if files else Verdict.ok(
+            f"{len(params.files)} file assertion(s) hold after the change")
     steps = _steps(trace)
     if steps is None:
         return Verdict.fail(Status.error, NO_TRAJECTORY)
     # What the world received: the calls it answered without an error.
     received = [a for a in steps.actions() if a.result is not None and a.result.error is None]
-    broken = []
+    broken = list(files)
     for want in params.world:
         count = sum(_fits(want, a) for a in received)
         if want.count == 0 and count:
@@ -161,3 +171,39 @@ def trajectory_judge(output: str, case: EvalCase, params: JudgeParams, *, trace:
     if trace.trajectory is None:
         return Verdict.fail(Status.error, NO_TRAJECTORY)
     return judge(transcript(trace.trajectory.entries, output), case, params, trace=trace)
+
+
+def _files_broken(output: str, case: EvalCase, files: list[FileAssertion]) -> list[str] | Verdict:
+    """What is wrong with the files after the change (the deciding `repo_tests` grader's
+    repository at its base commit, the output applied as a patch); a `Verdict` when they
+    cannot be had."""
+    decided = case.deciding_grader
+    if decided.get("kind") != "repo_tests":
+        return Verdict.fail(Status.error, "final_state files: the case is not a repo_tests case (no repository"
+                                          " and base commit to apply the change to)")
+    repo = case_repo(case, decided["repo"])
+    try:
+        with checkout(repo, decided["base_commit"]) as tree:
+            applied = apply_patch(tree, output)
+            if output.strip() and not applied.applied:
+                return Verdict.fail(Status.not_applied, applied.detail)
+            return [problem for f in files if (problem := _file_problem(tree, f))]
+    except RepoError as exc:
+        return Verdict.fail(Status.error, f"final_state files: checkout failed: {exc}")
+
+
+def _file_problem(tree: Path, want: FileAssertion) -> str | None:
+    path = tree / want.path
+    there = path.is_file() and tree.resolve() in path.resolve().parents
+    if want.exists is not None and there != want.exists:
+        return f"{want.path} {'does not exist' if want.exists else 'exists'}"
+    if want.contains is None and want.equals is None:
+        return None
+    if not there:
+        return f"{want.path} does not exist"
+    text = path.read_text(encoding="utf-8", errors="replace")
+    if want.contains is not None and want.contains not in text:
+        return f"{want.path} does not contain {want.contains!r}"
+    if want.equals is not None and text != want.equals:
+        return f"{want.path} is not as expected ({len(text)} characters)"
+    return None
