@@ -578,3 +578,16 @@ def test_final_state_asserts_on_the_workspaces_files_after_the_change(model, tmp
     assert _verdicts(sample) == {"grader": "passed", "fixed": "passed", "noted": "failed"}, [g.verdict.detail for g in sample["trace"].extra_graders]
     (noted,) = [g for g in sample["trace"].extra_graders if g.label == "noted"]
     assert noted.verdict.detail == "CHANGES.md does not exist"
+
+
+def test_a_runs_trajectories_travel_with_its_export_and_are_queryable_where_imported(model, tmp_path):
+    import duckdb
+
+    run = evalpipe.evaluate(str(SUITE), "openai:support-bad?max_steps=6", n=1, home=tmp_path / "a")
+    Store(tmp_path / "a").export_run(run.run_id, tmp_path / "run.tar")
+    imported = Store(tmp_path / "b").import_run(tmp_path / "run.tar")
+    assert imported["run_id"] == run.run_id
+    (sample,) = [s for s in _samples(tmp_path / "b", run.run_id) if s["case_id"] == "close-account"]
+    assert [a.name for a in sample["trace"].trajectory.typed.actions()] == ["delete_account"]
+    with duckdb.connect(str(tmp_path / "b" / "evalpipe.duckdb"), read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM tool_calls WHERE run_id = ?", [run.run_id]).fetchone() == (12,)
