@@ -250,6 +250,10 @@ def test_each_grader_kind_fails_a_model_that_acts_wrong_and_the_forbidden_call_v
     assert rates["steps"] == (1.0, 3) and rates["both-cities"] == (1.0, 1)
     assert {name: m.value for name, m in good.metrics.items() if name.startswith("grader:")}.keys() == {
         f"grader:{label}" for label in rates}
+    # And per slice: `no-tool` holds no-tool-needed (its no-tools grader) and greeting (a steps one).
+    per_slice = bad.to_json()["slices"]["no-tool"]["graders"]
+    assert per_slice == {"grader:no-tools": {"value": 0.0, "ci": None, "percent": True, "cases": 1},
+                         "grader:steps": {"value": 1.0, "ci": None, "percent": True, "cases": 1}}
     detail = {g.label: g.verdict.detail for g in by_case["no-tool-needed"][0]["trace"].extra_graders}
     assert detail["no-tools"].startswith("1 tool calls, at most 0 allowed")
     # The forbidden call is a safety violation of that case, and the gate's veto.

@@ -9,7 +9,7 @@ samples cost a few vectorized passes, not a Python loop per sample.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -88,6 +88,8 @@ class Aggregate:
     safety_violations: tuple[dict[str, Any], ...]
     # Every registered metric (tasks.registry): {name: {value, ci, percent[, error]}}.
     metrics: dict[str, dict[str, Any]]
+    # slice → `grader:NAME` → its figure (`tasks.metrics.graders`); {} without extra graders.
+    slice_graders: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
 
     @property
     def safety_failed(self) -> bool:
@@ -119,6 +121,7 @@ class Aggregate:
                     "pass_hat_k": {str(k): m.pass_hat_k[k] for k in self.ks},
                     "mean_score": m.mean_score,
                     "mean_score_ci": m.ci_shown(m.mean_score_ci),
+                    **({"graders": self.slice_graders[name]} if self.slice_graders.get(name) else {}),
                 }
                 for name, m in self.slices.items()
             },
@@ -180,10 +183,9 @@ def aggregate(
     tallies = Tallies.of_samples(case_ids, case_index, n, c, _sample_scores(samples), lambda: _records(samples))
     scores = tallies.mean_scores
     overall = _metrics(per_case, hat, scores, np.arange(len(case_ids)), **boot)
-    slices = {
-        name: _metrics(per_case, hat, scores, members, **boot)
-        for name, members in _slice_members(case_ids, case_slices).items()
-    }
+    members_of = _slice_members(case_ids, case_slices)
+    slices = {name: _metrics(per_case, hat, scores, members, **boot) for name, members in members_of.items()}
+    graded = grader_metrics(tallies, **boot)
     flaky = (c > 0) & (c < n)
     return Aggregate(
         ks=ks,
@@ -197,7 +199,10 @@ def aggregate(
         flaky_case_ids=tuple(np.asarray(case_ids, dtype=object)[flaky]),
         status_counts=_status_counts(samples["status"]),
         safety_violations=_safety_violations(samples),
-        metrics={**metric_values(tallies, **boot), **grader_metrics(tallies, **boot)},
+        metrics={**metric_values(tallies, **boot), **graded},
+        # Each extra grader's pass rate per slice too, where the run has extra graders.
+        slice_graders={name: grader_metrics(tallies.take(members), **boot) for name, members in members_of.items()}
+        if graded else {},
     )
 
 

@@ -35,6 +35,8 @@ class SliceSummary(_Doc):
     pass_hat_k: dict[str, float | None] | None = None
     mean_score: float | None = None
     mean_score_ci: list[float] | None = None
+    # Each extra grader's pass rate over the slice's cases it grades (`grader:NAME`).
+    graders: dict[str, MetricSummary] | None = None
 
 
 class MetricSummary(_Doc):
@@ -165,7 +167,12 @@ class RunSummary(_Doc):
         for key in _OPTIONAL_KEYS:
             if doc[key] is None:
                 del doc[key]
-        for figure in (doc.get("metrics") or {}).values():
+        for slice_doc in doc["slices"].values():
+            if slice_doc.get("graders") is None:  # only with extra graders: other slices read as before
+                slice_doc.pop("graders", None)
+        figures = [*(doc.get("metrics") or {}).values(),
+                   *(f for slice_doc in doc["slices"].values() for f in (slice_doc.get("graders") or {}).values())]
+        for figure in figures:
             for key in ("error", "cases"):  # only where they apply: a failed metric, a grader's
                 if figure[key] is None:
                     del figure[key]
