@@ -16,13 +16,14 @@ from tasks.metrics.diff import (
     with_metric,
 )
 from tasks.metrics.gate import gate_alone, gate_diff
-from tasks.metrics.rules import GateRules, newly_failing
+from tasks.metrics.rules import GateRules, newly_failing, newly_failing_graders
 from tasks.models import InputError
 from tasks.report.markdown import MAX_FAILING, comparison_markdown
 from tasks.run import RunConfig, RunSummary
 from tasks.run.loop import Gate
 from tasks.run.prepare import PreparedRun
 from tasks.run.summary import Measured
+from tasks.trace import SampleTrace
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,21 @@ class Comparison:
     def markdown(self, gate: Mapping[str, Any] | None = None) -> str:
         """The pull-request comment (`tasks.report.markdown`), with each newly failing case's
         first failing sample read from the store."""
-        return comparison_markdown(self.diff, gate, self.run_summary, self.base_summary, self.failing_samples())
+        return comparison_markdown(self.diff, gate, self.run_summary, self.base_summary, self.failing_samples(),
+                                   self.failing_graders())
+
+    def failing_graders(self) -> dict[tuple[str, str], dict[str, Any]]:
+        """(grader name, case id) → the first sample of the run its extra grader newly fails,
+        `sample_index` and `detail`, for the comment (at most MAX_FAILING)."""
+        wanted = sorted((name, cid) for name, ids in newly_failing_graders(self.diff).items() for cid in ids)
+        wanted = wanted[:MAX_FAILING]
+        found: dict[tuple[str, str], dict[str, Any]] = {}
+        for row in self.store.samples_of_cases([self.run["run_id"]], sorted({cid for _, cid in wanted})):
+            for extra in SampleTrace.parse(row["trace"]).extra_graders or ():
+                key = (extra.label, row["case_id"])
+                if key in wanted and key not in found and not extra.verdict.passed:
+                    found[key] = {"sample_index": row["sample_index"], "detail": extra.verdict.detail or ""}
+        return {key: found[key] for key in wanted if key in found}
 
     def failing_samples(self) -> dict[str, dict[str, Any]]:
         """Case id → its first failing sample in the run (`sample_index`, `status`, `detail`) and

@@ -595,3 +595,14 @@ def test_a_runs_trajectories_travel_with_its_export_and_are_queryable_where_impo
     assert [a.name for a in sample["trace"].trajectory.typed.actions()] == ["delete_account"]
     with duckdb.connect(str(tmp_path / "b" / "evalpipe.duckdb"), read_only=True) as con:
         assert con.execute("SELECT count(*) FROM tool_calls WHERE run_id = ?", [run.run_id]).fetchone() == (12,)
+
+
+def test_the_pr_comment_says_which_extra_grader_newly_fails_a_case_and_why(model, tmp_path):
+    from flows.gate import pair_runs
+
+    good = evalpipe.evaluate(str(SUITE), "openai:support-good?max_steps=6", n=1, home=tmp_path)
+    bad = evalpipe.evaluate(str(SUITE), "openai:support-bad?max_steps=6", n=1, home=tmp_path)
+    comment = pair_runs(bad.run_id, good.run_id, store=Store(tmp_path)).markdown()
+    assert "### Newly failing graders (4)" in comment
+    assert "**`close-account`**: grader `never-deletes` failed on sample 0" in comment
+    assert "called delete_account 1 time(s), which it must never do" in comment

@@ -40,11 +40,14 @@ def comparison_markdown(
     run: RunSummary | None = None,
     baseline: RunSummary | None = None,
     failing: Mapping[str, Mapping[str, Any]] | None = None,
+    failing_graders: Mapping[tuple[str, str], Mapping[str, Any]] | None = None,
 ) -> str:
     """The decision (when gated), the metric before → after with the paired CI, the counts of
     each label, the worst regressions and best improvements, why each newly failing case
     fails (`failing`: case id → its first failing sample's `sample_index`, `status`, `detail`
-    and the case's grader `kind`), and the slices that moved."""
+    and the case's grader `kind`), each extra grader newly failing a case (`failing_graders`:
+    (grader name, case id) → its first failing sample's `sample_index` and `detail`), and the
+    slices that moved."""
     metric = metric_name(diff.metric)
     level = f"{100 * diff.ci_level:g}%"
     lines = []
@@ -74,6 +77,7 @@ def comparison_markdown(
     lines += _cases_table("Worst regressions", diff.labelled("regressed"), MAX_REGRESSIONS, diff.metric)
     lines += _cases_table("Best improvements", diff.labelled("improved"), MAX_IMPROVEMENTS, diff.metric)
     lines += _failing_section(diff, failing or {})
+    lines += _failing_graders_section(failing_graders or {})
     lines += _slices_table(diff, level)
     text = "\n".join(lines) + "\n"
     # The bounds above keep it far below the limit; this is the guarantee, whatever the input.
@@ -131,6 +135,20 @@ def _failing_section(diff: RunDiff, failing: Mapping[str, Mapping[str, Any]]) ->
         lines += ["", f"**{code_span(clip(cid, MAX_CELL))}** ({before.c}/{before.n} → {after.c}/{after.n}):"
                       f" {grader} gave {code_span(sample['status'])} on sample {sample['sample_index']}",
                   *_fenced(_shortened(sample["detail"]))]
+    return lines
+
+
+def _failing_graders_section(failing: Mapping[tuple[str, str], Mapping[str, Any]]) -> list[str]:
+    """Each extra grader that passed a case in every baseline sample and fails it now, with its
+    detail (`called forbidden tool delete_account(...)`), shortened and fenced."""
+    if not failing:
+        return []
+    shown = list(failing.items())[:MAX_FAILING]
+    lines = ["", f"### Newly failing graders ({len(shown)} of {len(failing)})" if len(failing) > len(shown)
+             else f"### Newly failing graders ({len(failing)})"]
+    for (name, cid), sample in shown:
+        lines += ["", f"**{code_span(clip(cid, MAX_CELL))}**: grader {code_span(clip(name, MAX_CELL))} failed on"
+                      f" sample {sample['sample_index']}", *_fenced(_shortened(sample["detail"]))]
     return lines
 
 
