@@ -129,6 +129,7 @@ class ToolSpec:
     parameters: dict[str, Any]  # the JSON schema of its arguments
     timeout_s: float
     model: type[BaseModel] | None  # the one pydantic parameter the arguments build, if declared so
+    runs_code: bool = False  # it runs code the model chose: called in the sandbox, not the harness
 
 
 @dataclass(frozen=True)
@@ -242,13 +243,14 @@ def agent_kind(scheme: str, *, runs_code: bool = False, sees: Callable[[EvalCase
 
 
 def tool(name: str | None = None, *, description: str | None = None,
-         timeout_s: float = 10.0) -> Callable[[Callable], Callable]:
+         timeout_s: float = 10.0, runs_code: bool = False) -> Callable[[Callable], Callable]:
     """Decorator: the function is a tool cases may name (`inputs.tools: [NAME]`; default
     name: the function's). Its arguments' JSON schema comes from its signature (str, int,
     float, bool, list, dict and their optionals), or from its one parameter's pydantic model;
     the description from `description` or the docstring's first paragraph. It returns what
     the model is told (text as it is, anything else as JSON); what it raises is an error the
-    model sees."""
+    model sees. `runs_code=True` (it runs code or commands the model chose): each call runs in
+    the sandbox (no network, no key, a read-only view of the machine), not in the harness."""
 
     def decorate(fn: Callable) -> Callable:
         tool_name = name or fn.__name__
@@ -256,7 +258,8 @@ def tool(name: str | None = None, *, description: str | None = None,
         text = description if description is not None else (inspect.getdoc(fn) or "").split("\n\n")[0]
         if not (isinstance(timeout_s, int | float) and timeout_s > 0):
             raise ValueError(f"tool {tool_name!r}: timeout_s must be a positive number of seconds")
-        _add(_TOOLS, "tool", tool_name, ToolSpec(tool_name, fn, " ".join(text.split()), schema, float(timeout_s), model))
+        _add(_TOOLS, "tool", tool_name,
+             ToolSpec(tool_name, fn, " ".join(text.split()), schema, float(timeout_s), model, bool(runs_code)))
         return fn
 
     return decorate

@@ -606,3 +606,37 @@ def test_the_pr_comment_says_which_extra_grader_newly_fails_a_case_and_why(model
     assert "### Newly failing graders (4)" in comment
     assert "**`close-account`**: grader `never-deletes` failed on sample 0" in comment
     assert "called delete_account 1 time(s), which it must never do" in comment
+
+
+SANDBOXED_TOOL = '''
+import os, socket
+from tasks.registry import tool
+
+
+@tool("test_tools_run_python", timeout_s=5, runs_code=True)
+def run_python(code: str) -> str:
+    """Run Python code, return what it printed."""
+    import contextlib, io
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(code, {})
+    return out.getvalue()
+'''
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+def test_a_tool_that_runs_code_runs_in_the_sandbox_not_the_harness(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-harness-secret")
+    module = tmp_path / "sandboxed_tools.py"
+    module.write_text(SANDBOXED_TOOL)
+    spec = importlib.util.spec_from_file_location("sandboxed_tools_for_test", module)
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))  # registers the tool
+    box = Toolbox.of({"tools": ["test_tools_run_python"]})
+    said = box.answer(_call("test_tools_run_python", json.dumps({"code": "print(6 * 7)"})))
+    assert said.error is None and said.content == "42\n"
+    env = box.answer(_call("test_tools_run_python", json.dumps(
+        {"code": "import os; print(os.environ.get('OPENAI_API_KEY'), os.path.exists(os.path.expanduser('~/.ssh')))"})))
+    assert env.content == "None False\n"  # no key of the harness's, none of its home
+    net = box.answer(_call("test_tools_run_python", json.dumps(
+        {"code": "import socket; socket.create_connection(('1.1.1.1', 53), timeout=2)"})))
+    assert net.error.startswith("test_tools_run_python raised OSError")  # no network

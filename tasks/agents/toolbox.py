@@ -9,15 +9,19 @@ each is an error result the model sees, recorded as such, and the sample goes on
 
 from __future__ import annotations
 
+import inspect
 import json
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from tasks.models import EvalCase
-from tasks.registry import tool_spec
+from tasks.registry import ToolSpec, tool_spec
+from tasks.sandbox import SandboxError
+from tasks.sandbox.servers import ServerDied, call_in_sandbox
 from tasks.tools import ToolDef, WorldRule, case_tools, case_world
 from tasks.trajectory import ToolCall, call_text, matches
 
@@ -130,6 +134,8 @@ def _registered(call: ToolCall) -> str:
     to end by itself (Python cannot stop a thread) and the model is told it timed out."""
     spec = tool_spec(call.name)
     assert spec is not None  # a registered ToolDef came from the registry
+    if spec.runs_code:
+        return _sandboxed(spec, call)
     box: dict[str, Any] = {}
 
     def run() -> None:
@@ -147,6 +153,22 @@ def _registered(call: ToolCall) -> str:
     if "error" in box:
         raise ToolFailed(box["error"])
     return as_text(box.get("value"))
+
+
+def _sandboxed(spec: ToolSpec, call: ToolCall) -> str:
+    """A `runs_code` tool's answer from its module loaded in the sandbox (`tasks.agents.tool_host`)."""
+    source = Path(inspect.getsourcefile(spec.fn) or "")
+    try:
+        reply = call_in_sandbox(f"{source}:{spec.fn.__name__}", source.parent, [str(source.parent)],
+                                {"name": call.name, "args": call.arguments}, host="tasks.agents.tool_host",
+                                timeout_s=spec.timeout_s)
+    except ServerDied:
+        raise ToolFailed(f"{call.name} timed out after {spec.timeout_s:g} s or died in the sandbox") from None
+    except SandboxError as exc:
+        raise ToolFailed(f"{call.name} runs code, which runs only in the sandbox: {exc}") from None
+    if "failure" in reply:
+        raise ToolFailed(reply["failure"])
+    return reply["value"]
 
 
 def as_text(value: Any) -> str:

@@ -179,11 +179,11 @@ class CallServer(_Server):
     `tasks.graders.predicate_host`. It runs as the pid namespace's init, which its children
     cannot kill; `visible` are directories under /tmp it must read (the suite's code)."""
 
-    def __init__(self, ref: str, base: Path, visible: Iterable[str]):
+    def __init__(self, ref: str, base: Path, visible: Iterable[str], host: str = "tasks.graders.predicate_host"):
         # Already inside the sandbox: code it runs through `run_python` gets layer 2 only.
         nested = {MODE_ENV: "rlimits", UNSAFE_ENV: "1"}
         super().__init__(
-            ["-m", "tasks.graders.predicate_host", ref, str(base)],
+            ["-m", host, ref, str(base)],
             PREDICATE_LIMITS,
             own_limits=PREDICATE_LIMITS,
             visible=visible,
@@ -262,14 +262,16 @@ def run_python_program(
     return result
 
 
-def call_in_sandbox(ref: str, base: Path, visible: Iterable[str], request: Mapping) -> dict:
-    """Send `request` to the warm `CallServer` of `ref` (started on demand) and return its
-    reply. Raises `SandboxError` when none can start, `ServerDied` when it died or took
-    longer than `PREDICATE_LIMITS.timeout_s`."""
+def call_in_sandbox(ref: str, base: Path, visible: Iterable[str], request: Mapping,
+                    host: str = "tasks.graders.predicate_host", timeout_s: float | None = None) -> dict:
+    """Send `request` to the warm `CallServer` of `ref` (its `host` module: a suite's callable's,
+    a registered tool's; started on demand) and return its reply. Raises `SandboxError` when none
+    can start, `ServerDied` when it died or took longer than `timeout_s` (default
+    `PREDICATE_LIMITS.timeout_s`)."""
     pool = _current_pool()
-    key = f"call:{base}:{ref}:{_hiding()}"
-    server = pool.take(key, lambda: CallServer(ref, base, visible))
-    reply = server.exchange(request, PREDICATE_LIMITS.timeout_s)
+    key = f"call:{host}:{base}:{ref}:{_hiding()}"
+    server = pool.take(key, lambda: CallServer(ref, base, visible, host))
+    reply = server.exchange(request, PREDICATE_LIMITS.timeout_s if timeout_s is None else timeout_s)
     pool.give(key, server)
     return reply
 
