@@ -13,6 +13,7 @@ from pathlib import PurePath
 from typing import Any
 
 from tasks.report.html import clip
+from tasks.run.usage import latency_text
 from tasks.trace import SampleTrace
 from tasks.trajectory import call_text
 
@@ -167,12 +168,7 @@ def tokens(input_tokens: int | None, output_tokens: int | None) -> str:
 
 def seconds(value: float | None) -> str:
     """A latency in the unit it fits in three digits of (µs, ms, s), or ''."""
-    if value is None:
-        return ""
-    for unit, scale in (("µs", 1e6), ("ms", 1e3)):
-        if value * scale < 999.5:
-            return f"{value * scale:.3g} {unit}"
-    return f"{value:.3g} s" if value < 99.95 else f"{value:,.1f} s"
+    return latency_text(value)
 
 
 def short_run_id(run_id: str) -> str:

@@ -119,19 +119,23 @@ def usage_lines(usage: RunUsage | Mapping[str, Any]) -> list[str]:
             for label, samples, inp, out, cost, p50, p95, note in usage_rows(usage)]
 
 
+def latency_text(x: float | None, *, none: str = "", gap: str = " ") -> str:
+    """A latency in the smallest unit it fits in three digits of (µs, ms, s): a fast agent takes
+    microseconds, never "2.3e-05s" (nor "1e+03ms" just under a second); `none` when unknown."""
+    if x is None:
+        return none
+    for unit, scale in (("µs", 1e6), ("ms", 1e3)):
+        if x * scale < 999.5:
+            return f"{x * scale:.3g}{gap}{unit}"
+    return f"{x:.3g}{gap}s" if x < 99.95 else f"{x:,.1f}{gap}s"
+
+
 def _row(label: str, f: UsageFigures) -> tuple[str, ...]:
     def tokens(x: int | None) -> str:
         return "n/a" if x is None else f"{x:,}"
 
     def seconds(x: float | None) -> str:
-        # A fast agent takes microseconds: the smallest unit the figure fits in three digits
-        # of, never "2.3e-05s" (nor "1e+03ms" just under a second).
-        if x is None:
-            return "n/a"
-        for unit, scale in (("µs", 1e6), ("ms", 1e3)):
-            if x * scale < 999.5:
-                return f"{x * scale:.3g}{unit}"
-        return f"{x:.3g}s" if x < 99.95 else f"{x:,.1f}s"
+        return latency_text(x, none="n/a", gap="")
 
     cost = "n/a" if f.cost_usd is None else f"${f.cost_usd:,.6f}"
     return (label, str(f.samples), tokens(f.input_tokens), tokens(f.output_tokens), cost,
