@@ -6,8 +6,8 @@ exported from one home gates the same way in another."""
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
