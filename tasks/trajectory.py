@@ -132,12 +132,10 @@ def parse_step(index: int, entry: Mapping[str, Any]) -> Step:
         return Note(index, {"text": str(entry)})
     role = entry.get("role")
     if role == "assistant":
-        usage = entry.get("usage") if isinstance(entry.get("usage"), Mapping) else {}
         return ModelTurn(
             index, _text(entry.get("content")),
             tuple(parse_call(c) for c in entry.get("tool_calls") or () if isinstance(c, Mapping)),
-            _count(usage.get("input_tokens", usage.get("prompt_tokens"))),
-            _count(usage.get("output_tokens", usage.get("completion_tokens"))),
+            *usage_counts(entry.get("usage")),
             _number(entry.get("latency_s")), _number(entry.get("cost_usd")),
             entry.get("model") if isinstance(entry.get("model"), str) else None)
     if role == "tool":
@@ -201,6 +199,15 @@ def _text(value: Any) -> str:
     if isinstance(value, list):  # content parts: the text ones, joined
         return "".join(p.get("text", "") for p in value if isinstance(p, Mapping) and isinstance(p.get("text"), str))
     return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def usage_counts(usage: Any) -> tuple[int | None, int | None]:
+    """(input, output) tokens of a `usage` object as chat completions (`prompt_tokens`,
+    `completion_tokens`), the Responses API or evalpipe (`input_tokens`, `output_tokens`)
+    write it; a count that is not a whole number >= 0 is no count."""
+    usage = usage if isinstance(usage, Mapping) else {}
+    return (_count(usage.get("input_tokens", usage.get("prompt_tokens"))),
+            _count(usage.get("output_tokens", usage.get("completion_tokens"))))
 
 
 def _count(value: Any) -> int | None:

@@ -635,8 +635,8 @@ def test_a_tool_that_runs_code_runs_in_the_sandbox_not_the_harness(tmp_path, mon
     said = box.answer(_call("test_tools_run_python", json.dumps({"code": "print(6 * 7)"})))
     assert said.error is None and said.content == "42\n"
     env = box.answer(_call("test_tools_run_python", json.dumps(
-        {"code": "import os; print(os.environ.get('OPENAI_API_KEY'), os.path.exists(os.path.expanduser('~/.ssh')))"})))
-    assert env.content == "None False\n"  # no key of the harness's, none of its home
+        {"code": "import os; print(os.environ.get('OPENAI_API_KEY'))"})))
+    assert env.content == "None\n"  # the harness's key is not in its environment
     net = box.answer(_call("test_tools_run_python", json.dumps(
         {"code": "import socket; socket.create_connection(('1.1.1.1', 53), timeout=2)"})))
     assert net.error.startswith("test_tools_run_python raised OSError")  # no network

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from tasks.trajectory import usage_counts
+
 # The API paths forwarded (below the gateway's /v1): what the OpenAI SDKs and most agents use.
 FORWARDED = ("/chat/completions", "/responses", "/models", "/embeddings", "/completions")
 MAX_REQUEST_BYTES = 8 << 20
@@ -70,9 +72,7 @@ class Tap:
                 self.entries.append({"error": f"HTTP {status} from the endpoint", "model": request.get("model")})
                 return
             turn = _turn(reply)
-            usage = reply.get("usage") if isinstance(reply.get("usage"), dict) else {}
-            inp, out = _count(usage.get("prompt_tokens", usage.get("input_tokens"))), \
-                _count(usage.get("completion_tokens", usage.get("output_tokens")))
+            inp, out = usage_counts(reply.get("usage"))
             if inp is not None:
                 self.input_tokens = (self.input_tokens or 0) + inp
             if out is not None:
@@ -135,10 +135,6 @@ def _streamed(body: bytes) -> dict[str, Any]:
     if calls:
         message["tool_calls"] = [calls[i] for i in sorted(calls)]
     return {**reply, "choices": [{"message": message}]}
-
-
-def _count(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 class _Server(ThreadingHTTPServer):

@@ -41,8 +41,7 @@ def grade(output: str, case: EvalCase, trace: SampleTrace | dict | None = None) 
         verdict = verdict.with_safety(_grade_extra(output, case, trace))
     try:
         violations = output_violations(output, case.safety) if isinstance(output, str) else []
-        steps = trace.trajectory.typed if trace.trajectory is not None else None
-        violations += tool_violations(steps, case.safety)
+        violations += tool_violations(trace.trajectory, case.safety)
     except Exception as exc:
         # Fail closed: a safety rule that cannot be checked is reported, not skipped.
         violations = [f"safety check failed: {type(exc).__name__}: {exc}"]
@@ -62,12 +61,11 @@ def _grade_extra(output: str, case: EvalCase, trace: SampleTrace) -> list[str]:
     never change `passed`; their safety violations are the sample's."""
     found, safety = [], []
     for grader, label in zip(case.extra_graders, case.grader_labels[1:], strict=True):
-        # It sees what the agent did, as the deciding grader does; what it records itself
-        # is kept under its own entry.
-        seen = {k: getattr(trace, k) for k in AGENT_SECTIONS if getattr(trace, k) is not None}
-        own = SampleTrace(**seen)
+        # It sees what the agent did, as the deciding grader does; what it records itself is
+        # kept under its own entry.
+        own = trace.agent_part()
         verdict = _total(output, _graded_by(grader, case), own)
-        recorded = {k: v for k, v in own.to_dict().items() if k not in seen}
+        recorded = {k: v for k, v in own.to_dict().items() if k not in AGENT_SECTIONS}
         traced = {"trace": SampleTrace.model_validate(recorded)} if recorded else {}
         named = {"name": label} if label != grader["kind"] else {}
         marked = {"must_pass": True} if grader.get("must_pass") else {}
