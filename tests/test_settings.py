@@ -108,3 +108,47 @@ def test_a_run_s_agent_takes_the_option_and_the_edge_s_override_not_the_worker_s
     assert "timed out after 1 s" in rows["slow"], rows["slow"]
     recorded = json.loads(config)["agent_settings"]
     assert (recorded["max_output_bytes"], recorded["cmd_timeout"]) == (10, 1.0)
+
+
+def test_two_runs_in_one_process_each_keep_their_own_unsafe_no_sandbox(home, monkeypatch):
+    """Issue 46, item 2: `--unsafe-no-sandbox` travels with a run's tasks, not through the
+    process's environment. A run that allowed the fallback is drawing; a second run in the same
+    process, which did not, is refused (before, it read the first run's variable and ran the
+    suite's code unprotected), and the first grades its program under rlimits as it asked."""
+    import threading
+
+    from support.sandbox_modes import _reset
+
+    from evalpipe import evaluate
+    from tasks.sandbox import policy
+
+    monkeypatch.setenv(policy.MODE_ENV, "rlimits")  # no bubblewrap, as on a machine without it
+    monkeypatch.delenv(policy.UNSAFE_ENV, raising=False)
+    _reset()
+    cases = [{"id": f"inc{i}", "inputs": {"i": i}, "grader": {
+        "kind": "python_tests", "entry_point": "inc", "test": "def check(f):\n    assert f(1) == 2\n"}}
+        for i in range(3)]
+    drawing, release = threading.Event(), threading.Event()
+
+    def slow(inputs, ctx):
+        drawing.set()
+        assert release.wait(60)
+        return "def inc(x):\n    return x + 1\n"
+
+    done: dict[str, object] = {}
+    first = threading.Thread(target=lambda: done.update(run=evaluate(cases, slow, name="allowed",
+                                                                     unsafe_no_sandbox=True)))
+    first.start()
+    try:
+        assert drawing.wait(60)
+        with pytest.raises(Exception, match="no sandbox") as refused:
+            evaluate(cases, lambda inputs, ctx: "def inc(x):\n    return x + 1\n", name="not-allowed")
+        assert "--unsafe-no-sandbox" in str(refused.value)
+        assert os.environ.get(policy.UNSAFE_ENV) is None  # nothing was written for the first run
+    finally:
+        release.set()
+        first.join(120)
+        _reset()
+    summary = done["run"]
+    assert summary.sandbox == "unsafe-no-sandbox"
+    assert summary.pass_at_k["1"] == 1.0  # graded, under rlimits, as that run allowed

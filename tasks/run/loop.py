@@ -76,6 +76,7 @@ from tasks.run.summary import (
     summary_columns,
 )
 from tasks.run.usage import priced
+from tasks.sandbox.policy import allowing_unsafe
 from tasks.trace import SampleTrace
 
 BATCH_BUDGET_S = 2.0
@@ -179,13 +180,14 @@ class DrawTask:
     budget_s: float | None = DRAW_BUDGET_S
     log: OutputLog | None = None
     inline: InlineGrading | None = None
+    unsafe: bool = False  # the run's --unsafe-no-sandbox (a tool that runs code; inline graders)
 
     @property
     def label(self) -> str:
         return batch_label(self.planned)
 
     def __call__(self) -> Drew:
-        with judging(self.inline.settings if self.inline is not None else None):
+        with judging(self.inline.settings if self.inline is not None else None), allowing_unsafe(self.unsafe):
             return self._drawn()
 
     def _drawn(self) -> Drew:
@@ -235,13 +237,16 @@ class GradeTask:
     regrade: int = 0
     budget_s: float | None = BATCH_BUDGET_S
     settings: AgentSettings | None = None  # the run's, for its judges (`tasks.graders.judge.judging`)
+    # The run's --unsafe-no-sandbox, entered where the task runs (a thread, a worker process, a
+    # Dask worker): a setting of this run, not of the process, which may hold others.
+    unsafe: bool = False
 
     @property
     def label(self) -> str:
         return batch_label([d.planned for d in self.drawn])
 
     def __call__(self) -> pa.Table:
-        with judging(self.settings):
+        with judging(self.settings), allowing_unsafe(self.unsafe):
             return self._graded()
 
     def _graded(self) -> pa.Table:
@@ -445,7 +450,8 @@ class _Scheduler:
         while (self.to_grade or self.at_hand) and self.in_flight("grade") < slots:
             drawn = self._to_grade(slots)
             task = GradeTask(self.spec.run_id, batch_cases(self.cases, [d.planned for d in drawn]), drawn,
-                             self.spec.regrade, BATCH_BUDGET_S, self.config.agent_settings)
+                             self.spec.regrade, BATCH_BUDGET_S, self.config.agent_settings,
+                             self.config.unsafe_no_sandbox)
             self._start("grade", drawn, self.stages.grade(task))
         while (self.to_draw and self.meter.may_draw and self.in_flight("draw") < self._draw_limit()
                and self._backlog_ok()):
@@ -454,7 +460,7 @@ class _Scheduler:
                                                                          self.config.stage_slots)
             log = self.store.output_log(self.spec.run_id)
             task = DrawTask(self.agent, batch_cases(self.cases, planned), planned, self.spec.n,
-                            self.config.output_cap, DRAW_BUDGET_S, log, self.inline)
+                            self.config.output_cap, DRAW_BUDGET_S, log, self.inline, self.config.unsafe_no_sandbox)
             self._start("draw", planned, self.stages.draw(task), log)
 
     def _ready(self, timeout: float | None) -> list[tuple[tuple[str, list, float, OutputLog | None], Any]]:

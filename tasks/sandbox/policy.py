@@ -1,6 +1,7 @@
 """Whether a run may run the suite's code, and what protects it: bubblewrap when it starts
 here (probed once per process), else the rlimits fallback only where the run allowed it
-(`--unsafe-no-sandbox`, in the environment so worker processes see it)."""
+(`--unsafe-no-sandbox`: carried by each of the run's tasks, which enter `allowing_unsafe`, so two
+runs in one process each keep their own) or the machine does (`EVALPIPE_UNSAFE_NO_SANDBOX=1`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import shutil
 import subprocess
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from functools import lru_cache
 
 from tasks.registry import runs_code
@@ -22,8 +24,10 @@ log = logging.getLogger("tasks.sandbox")
 # "auto" uses bubblewrap when it works; "rlimits" forces the fallback (for tests, or
 # machines where user namespaces are forbidden and the probe would be noisy).
 MODE_ENV = "EVALPIPE_SANDBOX"
-# "1": a run given --unsafe-no-sandbox; in the environment so process/Dask workers see it.
+# "1": this machine lets every run use the fallback (its policy, read, never written; a run's
+# own --unsafe-no-sandbox is `_run_allows`, set where its tasks run).
 UNSAFE_ENV = "EVALPIPE_UNSAFE_NO_SANDBOX"
+_run_allows: ContextVar[bool] = ContextVar("unsafe_no_sandbox", default=False)
 # What every summary, report and artifact of such a run says about it.
 UNSAFE_NOTE = ("run with --unsafe-no-sandbox and no bubblewrap: the suite's code ran unprotected "
                "(it could read the harness's environment and files, and signal it)")
@@ -64,22 +68,18 @@ def _probe_bwrap() -> str | None:
 
 
 def unsafe_allowed() -> bool:
-    return os.environ.get(UNSAFE_ENV) == "1"
+    return _run_allows.get() or os.environ.get(UNSAFE_ENV) == "1"
 
 
 @contextmanager
 def allowing_unsafe(allowed: bool) -> Iterator[None]:
-    """For a run's duration: whether code may run without bubblewrap (rlimits only)."""
-    before = os.environ.get(UNSAFE_ENV)
-    if allowed:
-        os.environ[UNSAFE_ENV] = "1"
+    """Inside (this thread or task, and what it starts with a copy of its context): whether
+    code may run without bubblewrap (rlimits only), as the run that entered it says."""
+    token = _run_allows.set(allowed)
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop(UNSAFE_ENV, None)
-        else:
-            os.environ[UNSAFE_ENV] = before
+        _run_allows.reset(token)
 
 
 def isolation() -> str:
