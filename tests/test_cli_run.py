@@ -19,7 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_evaluate import agent, write_suite
 
-from flows.cli import progress_lines
+from flows.cli.running import progress_lines
 from flows.output import rounded
 from tasks.run.health import broken_agent, broken_grader
 
