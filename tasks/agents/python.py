@@ -21,6 +21,7 @@ from tasks.agents.base import (
     declared_dependencies,
     spec_fingerprint,
 )
+from tasks.agents.capture import captured
 from tasks.callables import load_callable
 from tasks.models import EvalCase, InputError
 from tasks.registry import agent_kind
@@ -46,7 +47,8 @@ class PythonAgent(Reloadable):
 
     def generate(self, case: EvalCase, ctx: AgentContext) -> Any:
         # A copy: the case is a frozen value shared by every sample.
-        return call_user_code(self.func, inputs_copy(case.inputs), ctx)
+        with captured(ctx, self.settings.max_trajectory_bytes):
+            return call_user_code(self.func, inputs_copy(case.inputs), ctx)
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,8 @@ class CallableAgent:
         return cls(spec, spec_fingerprint(spec, _code_of(func)), func)
 
     def generate(self, case: EvalCase, ctx: AgentContext) -> Any:
-        return call_user_code(self.func, inputs_copy(case.inputs), ctx)
+        with captured(ctx):
+            return call_user_code(self.func, inputs_copy(case.inputs), ctx)
 
 
 def inputs_copy(value: Any) -> Any:

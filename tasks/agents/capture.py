@@ -1,0 +1,284 @@
+"""In-process capture (docs/agents.md "Model calls captured in process"): the model calls a
+`python:` agent's own code makes through the OpenAI SDK, and the function tools the OpenAI
+Agents SDK runs for it, recorded as its sample's trajectory and usage with no recording code
+in the agent.
+
+OpenInference's instrumentations of the two SDKs make OpenTelemetry spans; they are given a
+tracer provider of evalpipe's own (never the global one, and nothing exported), whose one
+processor hands each span to the sample that started it: `captured` sets a context variable
+around the agent's call, read when a span starts (a thread or an asyncio task of the sample
+inherits it; another sample's never does). A model call's span carries its request and answer
+as JSON, which the gateway's `Tap` turns into trajectory entries and usage, as for an
+out-of-process agent; a function tool's span becomes a tool result.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import sys
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+from tasks.agents.base import AgentContext
+from tasks.agents.gateway import Tap
+from tasks.agents.settings import AgentSettings
+from tasks.agents.trajectory import capped
+
+log = logging.getLogger("evalpipe")
+
+# What capture needs; `openai-agents` only adds its function-tool spans.
+NEEDED = ("opentelemetry.sdk", "openinference.instrumentation.openai")
+INSTALL_HINT = "pip install 'evalpipe[agents]'"
+DEFAULT_CAP = AgentSettings.model_fields["max_trajectory_bytes"].default
+
+_SAMPLE: ContextVar[Tap | None] = ContextVar("evalpipe_captured_sample", default=None)
+
+
+@contextmanager
+def captured(ctx: AgentContext, cap: int = DEFAULT_CAP) -> Iterator[None]:
+    """Record the model calls made while the block runs (the agent's call) as `ctx`'s sample's:
+    its usage, and its trajectory unless the agent recorded model turns itself (`ctx.record`),
+    the same rule as the gateway's. `cap`: the trajectory's bytes (`max_trajectory_bytes`)."""
+    if _instrumented() is None:
+        yield
+        return
+    tap = Tap()
+    token = _SAMPLE.set(tap)
+    try:
+        yield
+    finally:
+        _SAMPLE.reset(token)
+        _apply(tap, ctx, cap)
+
+
+def unavailable() -> str | None:
+    """Why capture cannot run in this process (a package missing), or None."""
+    missing = [name for name in NEEDED if not _importable(name)]
+    if missing:
+        return f"in-process capture of model calls is unavailable ({', '.join(missing)} not installed: {INSTALL_HINT})"
+    return None
+
+
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        return False
+
+
+def _apply(tap: Tap, ctx: AgentContext, cap: int) -> None:
+    if not tap.calls:
+        return
+    ctx.report_usage(input_tokens=tap.input_tokens, output_tokens=tap.output_tokens, model=tap.model)
+    ctx.report_latency(tap.latency_s)
+    own = ctx.trace.trajectory
+    if own is None or not own.typed.turns:
+        with tap.lock:
+            entries = _answered_once(tap.entries)
+        ctx.trace.trajectory = capped([*entries, *(own.entries if own else [])], cap)
+
+
+def _answered_once(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each tool call's first result only: an Agents SDK tool's span (with its duration and
+    error) comes before the next request, which carries the same result as a message."""
+    seen: set[str] = set()
+    kept = []
+    for entry in entries:
+        call_id = entry.get("tool_call_id") if entry.get("role") == "tool" else None
+        if call_id:
+            if call_id in seen:
+                continue
+            seen.add(call_id)
+        kept.append(entry)
+    return kept
+
+
+class _Installed:
+    """The process's instrumentation: the OpenAI SDK's at once, the Agents SDK's once the agent's
+    code has imported it (importing it for every `python:` agent would cost each run its import)."""
+
+    def __init__(self) -> None:
+        from openinference.instrumentation import TraceConfig
+        from openinference.instrumentation.openai import OpenAIInstrumentor
+        from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+
+        # Unlimited: a span's request and answer must arrive whole to parse, and the SDK's
+        # default count limit evicts the oldest attributes, the request first.
+        unset = SpanLimits.UNSET
+        self.provider = TracerProvider(span_limits=SpanLimits(
+            max_span_attributes=unset, max_span_attribute_length=unset, max_attributes=unset,
+            max_attribute_length=unset))
+        self.provider.add_span_processor(_processor())
+        # Explicit: an OPENINFERENCE_HIDE_* variable in the environment would blind capture.
+        self.config = TraceConfig(hide_inputs=False, hide_outputs=False)
+        self.agents = False
+        OpenAIInstrumentor().instrument(tracer_provider=self.provider, config=self.config)
+
+    def follow_agents_sdk(self) -> None:
+        agents = sys.modules.get("agents")
+        if self.agents or not hasattr(agents, "add_trace_processor"):  # not imported, or a module of that name
+            return
+        if importlib.util.find_spec("openinference.instrumentation.openai_agents") is None:
+            self.agents = True
+            log.warning("evalpipe: the OpenAI Agents SDK's tool calls are not captured"
+                        " (openinference-instrumentation-openai-agents not installed: %s)", INSTALL_HINT)
+            return
+        from openinference.instrumentation.openai_agents import OpenAIAgentsInstrumentor
+
+        # Beside the processors the agent's code set, not instead of them (the default replaces them).
+        OpenAIAgentsInstrumentor().instrument(tracer_provider=self.provider, config=self.config,
+                                              exclusive_processor=False)
+        self.agents = True
+
+
+_INSTALLED: list[_Installed | None] = []
+_INSTALLING = threading.Lock()
+
+
+def _instrumented() -> _Installed | None:
+    """The process's instrumentation, installed on first use; None (said once) without its packages."""
+    with _INSTALLING:
+        if not _INSTALLED:
+            why = unavailable()
+            if why:
+                log.warning("evalpipe: %s; python: agents report no usage of their own", why)
+            _INSTALLED.append(None if why else _Installed())
+        installed = _INSTALLED[0]
+        if installed is not None:
+            installed.follow_agents_sdk()
+        return installed
+
+
+class _ToSample:
+    """The span processor: a span started under a sample is recorded into its `Tap` when it ends."""
+
+    def __init__(self) -> None:
+        self._open: dict[tuple[int, int], Tap] = {}
+        self._lock = threading.Lock()
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        tap = _SAMPLE.get()
+        if tap is None:
+            return
+        if _kind(span) == "model":
+            tap.admit()  # counted in flight as the gateway counts it
+        with self._lock:
+            self._open[(span.context.trace_id, span.context.span_id)] = tap
+
+    def on_end(self, span: Any) -> None:
+        with self._lock:
+            tap = self._open.pop((span.context.trace_id, span.context.span_id), None)
+        kind = _kind(span) if tap is not None else None
+        if kind == "model":
+            _record_call(tap, span)
+        elif kind == "tool":
+            _record_tool(tap, span)
+
+
+
+def _processor() -> _ToSample:
+    from opentelemetry.sdk.trace import SpanProcessor
+
+    # Built here: the SDK is imported only once a python: agent runs.
+    class ToSample(_ToSample, SpanProcessor):
+        pass
+
+    return ToSample()
+
+
+def _kind(span: Any) -> str | None:
+    """"model" for the OpenAI SDK's model calls, "tool" for the Agents SDK's function tools; the
+    Agents SDK's own model spans are the same calls seen again, and are left out."""
+    from openinference.semconv.trace import OpenInferenceSpanKindValues, SpanAttributes
+
+    scope = span.instrumentation_scope.name if span.instrumentation_scope else ""
+    kind = (span.attributes or {}).get(SpanAttributes.OPENINFERENCE_SPAN_KIND)
+    if scope == "openinference.instrumentation.openai" and kind == OpenInferenceSpanKindValues.LLM.value:
+        return "model"
+    if scope == "openinference.instrumentation.openai_agents" and kind == OpenInferenceSpanKindValues.TOOL.value:
+        return "tool"
+    return None
+
+
+def _record_call(tap: Tap, span: Any) -> None:
+    from openinference.semconv.trace import SpanAttributes
+    from opentelemetry.trace import StatusCode
+
+    attributes = span.attributes or {}
+    request = _as_chat(_json(attributes.get(SpanAttributes.INPUT_VALUE)))
+    latency_s = (span.end_time - span.start_time) / 1e9
+    if span.status.status_code is StatusCode.ERROR:
+        # No answer: the call is counted, the request's messages kept, and what failed said.
+        with tap.lock:
+            tap.calls += 1
+            tap.pending -= 1
+            tap.latency_s += latency_s
+            tap.entries.append({"error": span.status.description or "the model call failed",
+                                "model": request.get("model")})
+        return
+    tap.record(request, _json(attributes.get(SpanAttributes.OUTPUT_VALUE)), latency_s, 200)
+
+
+def _record_tool(tap: Tap, span: Any) -> None:
+    from openinference.semconv.trace import SpanAttributes
+    from opentelemetry.trace import StatusCode
+
+    attributes = span.attributes or {}
+    name = str(attributes.get(SpanAttributes.TOOL_NAME) or span.name)
+    arguments = _json(attributes.get(SpanAttributes.INPUT_VALUE))
+    result = {"role": "tool", "tool_call_id": None, "name": name,
+              "content": attributes.get(SpanAttributes.OUTPUT_VALUE, ""),
+              "duration_s": round((span.end_time - span.start_time) / 1e9, 6)}
+    if span.status.status_code is StatusCode.ERROR:
+        result["error"] = span.status.description or "the tool failed"
+    with tap.lock:
+        # The span has no call id: the latest unanswered call of this tool with these arguments.
+        answered = {e.get("tool_call_id") for e in tap.entries if e.get("role") == "tool"}
+        for entry in reversed(tap.entries):
+            for call in reversed(entry.get("tool_calls") or []):
+                function = call.get("function") or {}
+                if (call.get("id") not in answered and function.get("name") == name
+                        and _json(function.get("arguments")) == arguments):
+                    result["tool_call_id"] = call.get("id")
+                    break
+            if result["tool_call_id"]:
+                break
+        tap.entries.append(result)
+
+
+def _json(text: Any) -> dict[str, Any]:
+    try:
+        value = json.loads(text) if isinstance(text, str) else {}
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _as_chat(request: dict[str, Any]) -> dict[str, Any]:
+    """A Responses API request with its `input` as chat messages (what the `Tap` reads): its
+    instructions a system message, each model's output (function calls, a message) one assistant
+    message, each function call's output a tool message."""
+    if "messages" in request or "input" not in request:
+        return request
+    items = request["input"]
+    items = [{"role": "user", "content": items}] if isinstance(items, str) else items
+    messages: list[dict[str, Any]] = []
+    if isinstance(request.get("instructions"), str):
+        messages.append({"role": "system", "content": request["instructions"]})
+    for item in items if isinstance(items, list) else []:
+        if not isinstance(item, Mapping):
+            continue
+        kind = item.get("type")
+        if kind == "function_call_output":
+            messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": item.get("output")})
+        elif kind in ("function_call", "reasoning") or item.get("role") == "assistant":
+            if not messages or messages[-1].get("role") != "assistant":
+                messages.append({"role": "assistant", "content": None})
+        elif "role" in item:
+            messages.append({"role": item["role"], "content": item.get("content")})
+    return {**request, "messages": messages}
