@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 # Importing a kind's module registers its scheme (`tasks.registry.agent_kind`).
-from tasks.agents import chat, cmd, python, reference, replay  # noqa: F401
+from tasks.agents import chat, cmd, python, reference, replay, worker  # noqa: F401
 from tasks.agents.base import Agent, AgentContext, AgentError, Reloadable
 from tasks.agents.chat import PROMPT_FIELDS
 from tasks.agents.python import call_user_code
