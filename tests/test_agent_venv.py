@@ -297,3 +297,40 @@ def _alive(pid: int) -> bool:
             return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_a_workspace_agent_run_by_its_venvs_interpreter_imports_the_venvs_installed_package(
+        agent_venv, tmp_path, monkeypatch):
+    """`--workspace` with `cmd:/path/venv/bin/python agent.py`: the venv is shown read-only, whole
+    (the interpreter alone, resolved, is the base one, which knows none of its packages)."""
+    import evalpipe
+    from tasks.sandbox import policy as sandbox
+
+    monkeypatch.delenv(sandbox.MODE_ENV, raising=False)
+    sandbox._bwrap_problem.cache_clear()
+    if not sandbox.bwrap_available():
+        pytest.skip("bubblewrap does not run here")
+    agent = tmp_path / "agents" / "fix.py"
+    agent.parent.mkdir()
+    agent.write_text(textwrap.dedent(f"""\
+        import os, sys, importlib.metadata, shout
+        assert sys.prefix == {str(agent_venv)!r}, sys.prefix
+        assert importlib.metadata.version("shout") == "1.0"
+        try:
+            open(os.path.join(sys.prefix, "written"), "w")
+        except OSError as exc:
+            print("venv read-only:", exc.strerror, file=sys.stderr)
+        else:
+            sys.exit("the venv is writable from the sandbox")
+        text = open("calc.py").read()
+        open("calc.py", "w").write(text.replace("return abs(a) + b", "return a + b"))
+        print(shout.shout("fixed"))
+        """))
+    monkeypatch.chdir(ROOT)
+    home = tmp_path / "home"
+    run = evalpipe.evaluate("examples/coding/calc.yaml", f"cmd:{agent_venv}/bin/python {agent}", n=1,
+                            home=home, workspace=True)
+    (status, trace), = query(home, "SELECT status, trace FROM samples WHERE run_id = ?", run.run_id)
+    agent_run = json.loads(trace)["agent_run"]
+    assert status == "passed", agent_run
+    assert "FIXED!" in agent_run["stdout_tail"] and "venv read-only: Read-only file system" in agent_run["stderr_tail"]

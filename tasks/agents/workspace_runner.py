@@ -81,6 +81,9 @@ CREDENTIALS = (
     ".git-credentials", ".pypirc", ".npmrc", ".prefect", ".config/gh",
 )  # fmt: skip
 OUTPUT_TAIL = 16_000  # characters of the agent's stdout and stderr kept in the trace
+# In a `cmd:` workspace agent's words: the case's task as text, for the agent CLIs that take it
+# as an argument (`mini -t`, `claude -p`, `aider --message`) rather than on stdin.
+TASK_WORD = "{task}"
 
 
 def passed_env_names() -> tuple[str, ...]:
@@ -195,7 +198,7 @@ class WorkspaceAgent:
         limits = self._limits(self.timeout_s)
         # The case on stdin, as for a `cmd:` agent outside a workspace.
         argv = ["/bin/sh", "-c", 'case=$1; shift; exec "$@" < "$case"', "evalpipe-agent", str(case_file),
-                *self.argv]
+                *_with_task(self.argv, case.inputs)]
         # What it writes to the disk (the tree, its git directory and HOME) is capped as it runs.
         cap = self.settings.workspace_caps.tree_bytes
         try:
@@ -305,6 +308,15 @@ def check_workspace_repos(cases: Iterable[EvalCase]) -> None:
     for case in cases:
         if case.kind == "repo_tests" and (line := missing_repo(case, case.params.repo)):
             raise InputError(line)
+
+
+def _with_task(argv: tuple[str, ...], inputs: dict) -> list[str]:
+    """`argv` with `{task}` in its words replaced by the case's task: its user messages' text,
+    as an `openai:` agent is told it (`chat_messages`)."""
+    if not any(TASK_WORD in word for word in argv):
+        return list(argv)
+    task = "\n\n".join(str(m["content"]) for m in chat_messages(inputs) if m.get("role") == "user")
+    return [word.replace(TASK_WORD, task) for word in argv]
 
 
 def _venv_of(command: Path) -> list[Path] | None:
