@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import sys
 import threading
 from collections import Counter
 from pathlib import Path
@@ -198,3 +199,15 @@ def test_an_agents_sdk_agent_with_two_function_tools_is_captured_and_graded_on_i
                               Store(tmp_path).case_samples(run.run_id, "weather-two-cities")))
     assert 'calls get_weather({"city": "Paris"}), get_weather({"city": "Rome"})' in text
     assert '-> get_weather: {"city": "Rome", "sky": "cloudy", "celsius": 18}' in text
+
+
+def test_without_its_packages_the_summary_says_capture_is_unavailable_and_how_to_install_it(monkeypatch, tmp_path):
+    from tasks.agents.capture import INSTALL_HINT, unavailable
+
+    monkeypatch.setitem(sys.modules, "openinference", None)  # as if not installed
+    assert "openinference.instrumentation.openai not installed" in unavailable()
+    run = evalpipe.evaluate([{"id": "a", "inputs": {}, "reference": "x", "grader": {"kind": "contains"}}],
+                            lambda inputs, ctx: "x", n=1, home=tmp_path)
+    note = run.usage.cost_note
+    assert note.startswith("no sample reported token counts: the agent does not report usage")
+    assert "in-process capture of model calls is unavailable" in note and INSTALL_HINT in note

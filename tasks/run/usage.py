@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict
 
+from tasks.agents.capture import unavailable as capture_unavailable
 from tasks.metrics.cost import PriceTable
 from tasks.models import Usage
 
@@ -88,7 +89,9 @@ def _cost(rows: pa.Table, counted: pa.Table) -> tuple[float | None, str | None]:
         answered = pc.sum(pc.fill_null(pc.not_equal(rows["status"], "agent_error"), True)).as_py()
         if not answered:  # an `openai:` agent whose endpoint was never reached reports usage when it answers
             return None, "no sample reported token counts: every one is agent_error, the agent never answered"
-        return None, "no sample reported token counts: the agent does not report usage (docs/agents.md)"
+        why = capture_unavailable()  # then not even a python: agent's SDK calls could be counted
+        return None, ("no sample reported token counts: the agent does not report usage (docs/agents.md)"
+                      + (f"; {why}" if why else ""))
     unpriced = counted.filter(pc.is_null(counted["cost_usd"]))
     if unpriced.num_rows:
         models = sorted({m for m in unpriced["usage_model"].to_pylist() if m})
