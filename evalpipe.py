@@ -2,7 +2,7 @@
 
 `evaluate(suite, agent, **options)` makes the run `evalpipe run` makes, with the same options
 (`RunConfig`), stored the same way in EVALPIPE_HOME, and returns its typed summary. It runs
-the plain run loop (`tasks.run.loop`) on thread pools of the calling process, without a
+the one run service (`service.run.execute`) on thread pools of the calling process, without a
 Prefect server: a notebook pays neither the server nor Prefect's import, and a Python
 callable can be the agent. The run has no flow run (`flow_run_id` is null) and so no
 artifacts in the UI; everything else (samples, cache keys, aggregates, the gate) is the CLI's.
@@ -43,13 +43,11 @@ def evaluate(suite: SuiteLike, agent: AgentLike, *, name: str = "suite",
     Bad input raises `InputError` (one line naming what is wrong) before any agent call. A
     blocked gate is in the summary (`summary.gate.decision`), not raised.
     """
-    from flows.gate import run_gate
+    from service.run import Shell, execute
     from tasks.agents.python import CallableAgent
     from tasks.models import InputError
     from tasks.run import RunConfig, RunSummary
-    from tasks.run.loop import local_stages, run_loop
     from tasks.run.prepare import prepare_run
-    from tasks.sandbox import allowing_unsafe
 
     started = time.perf_counter()
     store = _store(home)
@@ -59,13 +57,7 @@ def evaluate(suite: SuiteLike, agent: AgentLike, *, name: str = "suite",
     if own is not None and config.workspace:
         raise InputError("evaluate: workspace runs take a cmd: or python: agent spec, not a callable")
     _threads_only("evaluate", config)
-    run = prepare_run(config, store, agent=own)
-    if not store.has_snapshot(run.suite):  # as the flow's snapshot task: once per version
-        store.snapshot(run.suite)
-    with allowing_unsafe(config.unsafe_no_sandbox), local_stages(config) as stages:
-        summary = run_loop(run.spec, config, run.suite, run.agent, store, stages, prices=run.prices,
-                           progress=progress, gate=run_gate(run, config, store),
-                           no_baseline=run.no_baseline, started=started)
+    summary = execute(prepare_run(config, store, agent=own), config, store, Shell(progress=progress), started=started)
     return RunSummary.read(summary.to_json())
 
 
@@ -78,25 +70,16 @@ def rescore(run_id: str, suite: SuiteLike, *, name: str = "suite",
     rescore's options (`workers`, `unsafe_no_sandbox`, `baseline` and the gate's rules:
     `min_pass_at_1`, `max_drop`, `max_new_failures`, `min_slice`, `metric`). Returns the
     `RunSummary`; a blocked gate is in `summary.gate`, not raised."""
-    from flows.gate import run_gate
+    from service.run import Shell, execute
     from tasks.run import RunSummary
-    from tasks.run.loop import local_stages, run_loop
     from tasks.run.rescore import prepare_rescore
-    from tasks.sandbox import allowing_unsafe
 
     started = time.perf_counter()
     store = _store(home)
     prepared = prepare_rescore(run_id, store, **{"suite": _suite_ref(suite, name, store), **options})
-    config, run = prepared.config, prepared.run
-    _threads_only("rescore", config)
-    if not store.has_snapshot(run.suite):
-        store.snapshot(run.suite)
-    if (origin := store.imported_from(prepared.plan.source_run)) is not None:
-        store.record_imported_outputs(run.spec.run_id, origin)  # before any of its samples is stored
-    with allowing_unsafe(config.unsafe_no_sandbox), local_stages(config) as stages:
-        summary = run_loop(run.spec, config, run.suite, None, store, stages, progress=progress,
-                           gate=run_gate(run, config, store), no_baseline=run.no_baseline, started=started,
-                           rescoring=prepared.plan)
+    _threads_only("rescore", prepared.config)
+    summary = execute(prepared.run, prepared.config, store, Shell(progress=progress), started=started,
+                      rescoring=prepared.plan)
     return RunSummary.read(summary.to_json())
 
 

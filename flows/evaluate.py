@@ -20,17 +20,14 @@ from pydantic import Field
 
 from flows import steps
 from flows.artifacts import name_flow_run, publish
-from flows.gate import run_gate
-from flows.interrupt import stop_requested
+from service.run import execute
 from storage.store import Store
 from tasks.metrics.sequential import DEFAULT_ROUNDS
 from tasks.models import MAX_N, MAX_REGRADE, MAX_ROUNDS, MAX_WORKERS
 from tasks.report.sample_table import flow_run_name
 from tasks.run import RunConfig, RunSummary, run_title
 from tasks.run.config import Runner
-from tasks.run.loop import run_loop
 from tasks.run.prepare import PreparedRun, prepare_run
-from tasks.sandbox import allowing_unsafe
 
 
 def _run_name() -> str:
@@ -168,12 +165,7 @@ def run(config: RunConfig, started: float) -> RunSummary:
     get_run_logger().info("run %s: suite %s (%s, %d cases), agent %s, n=%d%s", run.spec.run_id, run.suite.name,
                           run.suite.version[:12], len(run.suite.cases), run.spec.agent, run.spec.n,
                           f", gated against {run.baseline.run_id}" if run.baseline else "")
-    steps.snapshot_once(run.suite, store)
-    with allowing_unsafe(config.unsafe_no_sandbox), steps.prefect_stages(config) as stages:
-        summary = run_loop(run.spec, config, run.suite, run.agent, store, stages, prices=run.prices,
-                           progress=steps.ShownProgress(), gate=run_gate(run, config, store),
-                           no_baseline=run.no_baseline, log=get_run_logger(), reduce=steps.reduce_in_task,
-                           started=started, stopping=stop_requested)
+    summary = execute(run, config, store, steps.prefect_shell(), started=started)
     publish(summary, store, {case.id: case.kind for case in run.suite.cases})
     steps.log_headline(summary)
     return summary

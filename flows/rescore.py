@@ -11,25 +11,23 @@ from __future__ import annotations
 
 import time
 from contextvars import ContextVar
+from dataclasses import replace
 from typing import Annotated, Any
 
-from prefect import flow, get_run_logger
+from prefect import flow
 from prefect.runtime import flow_run
 from pydantic import Field
 
 from flows import steps
 from flows.artifacts import name_flow_run, publish
-from flows.gate import run_gate
-from flows.interrupt import stop_requested
+from service.run import execute
 from storage.store import Store
 from tasks.metrics.diff import Metric
 from tasks.models import MAX_WORKERS
 from tasks.report.sample_table import rescore_run_name
 from tasks.run import RunConfig
 from tasks.run.config import Runner
-from tasks.run.loop import run_loop
 from tasks.run.rescore import PreparedRescore, prepare_rescore
-from tasks.sandbox import allowing_unsafe
 
 
 def _run_name() -> str:
@@ -83,14 +81,8 @@ def rescore(
     config, prepared = rescoring.config, rescoring.run
     spec = prepared.spec.model_copy(update={"flow_run_id": flow_run_id})  # its summary links this flow run
     name_flow_run(flow_run_id, rescore_run_name(prepared.suite.name, rescoring.plan.source_run, spec.run_id))
-    steps.snapshot_once(prepared.suite, store)
-    if (origin := store.imported_from(rescoring.plan.source_run)) is not None:
-        store.record_imported_outputs(spec.run_id, origin)  # before any of its samples is stored
-    with allowing_unsafe(unsafe_no_sandbox), steps.prefect_stages(config) as stages:
-        summary = run_loop(spec, config, prepared.suite, None, store, stages, progress=steps.ShownProgress(),
-                           gate=run_gate(prepared, config, store), no_baseline=prepared.no_baseline,
-                           log=get_run_logger(), reduce=steps.reduce_in_task, started=started,
-                           rescoring=rescoring.plan, stopping=stop_requested)
+    summary = execute(replace(prepared, spec=spec), config, store, steps.prefect_shell(), started=started,
+                      rescoring=rescoring.plan)
     publish(summary, store, {case.id: case.kind for case in prepared.suite.cases})
     steps.log_headline(summary)
     return steps.final_state(summary)

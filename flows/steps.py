@@ -18,8 +18,9 @@ from prefect.task_runners import TaskRunner
 from prefect.utilities.annotations import quote
 
 from flows.artifacts import Progress, progress_hook
-from flows.interrupt import EXIT_GRACE_S, bounded_under_prefect, ends_within
+from flows.interrupt import EXIT_GRACE_S, bounded_under_prefect, ends_within, stop_requested
 from flows.runners import task_runner
+from service.run import Shell
 from storage.store import Store
 from tasks.agents.trust import ALLOW_ENV, deployment_refusal
 from tasks.metrics.percent import headline_ci, percent
@@ -183,6 +184,13 @@ def snapshot_once(suite: EvalSuite, store: Store) -> None:
 def reduce_in_task(spec: RunSpec, suite: EvalSuite, store: SampleStore) -> Measured:
     """The loop's reduce as the `aggregate` task."""
     return aggregate(spec, quote(suite), store)
+
+
+def prefect_shell() -> Shell:
+    """The run service's shell inside a flow run: Prefect's task runners, the snapshot and the
+    reduction as tasks, progress shown and logged, a stop request (a signal) heeded."""
+    return Shell(stages=prefect_stages, snapshot=snapshot_once, reduce=reduce_in_task, progress=ShownProgress(),
+                 log=get_run_logger(), stopping=stop_requested)
 
 
 class GateBlocked(Exception):

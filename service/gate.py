@@ -1,4 +1,6 @@
-"""The release gate: a run against a baseline run (docs/contract.md §6), from the stored runs."""
+"""The release gate: a run against a baseline run (docs/contract.md §6), from the stored runs:
+the decision a run makes as it ends (`run_gate`) and the one `gate` and `report --baseline`
+show (`decision`)."""
 
 from __future__ import annotations
 

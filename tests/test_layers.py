@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("tasks", "storage", "flows", "server")
+PACKAGES = ("tasks", "storage", "service", "flows", "server")
 
 
 def modules(package: str) -> list[str]:
@@ -53,6 +53,18 @@ def test_the_server_management_imports_only_the_core():
     `flows`' business: it may use `server`, never the other way round."""
     ours = {d for m in modules("server") for d in _imports(m)}
     assert {d.split(".")[0] for d in ours} <= {"server", "tasks"}, sorted(ours)
+
+
+def test_the_run_service_imports_the_core_and_storage_only():
+    """`service` (one run from its prepared configuration to its stored decision) is what the
+    flows and the Python API adapt: it never imports them, nor Prefect."""
+    ours = {d for m in modules("service") for d in _imports(m)}
+    assert {d.split(".")[0] for d in ours} <= {"service", "storage", "tasks"}, sorted(ours)
+    probe = ("import json, sys, service.run\n"
+             "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & {'flows', 'prefect', 'server'})))\n")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == []
 
 
 def test_no_import_cycles():
