@@ -5,16 +5,31 @@ signature and docstring stay literal, because `prefect deploy` reads them from t
 
 from __future__ import annotations
 
-import inspect
-import typing
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from tasks.run import RunConfig
 
+ROOT = Path(__file__).resolve().parent.parent
+
 # `run` options that are not the run's configuration but the command's own reading of its result.
 CLI_ONLY = {"max_agent_errors", "max_grader_errors", "as_json"}
-CLI_NAMES = {"sequential_rounds": "rounds"}  # field -> the CLI's parameter, where they differ
+# Fields whose help the flow's docstring (flows/evaluate.py, `prefect deploy` reads it from the
+# source) still words otherwise than the field: to take the field's `description` word for word.
+# A field not named here must read the same; one named here that does is to leave the list.
+FLOW_HELP_TO_ALIGN = {
+    "suite", "agent", "k", "workers", "agent_concurrency", "runner", "dask_address", "batch_size", "regrade",
+    "baseline", "min_pass_at_1", "max_drop", "max_new_failures", "min_slice", "max_increase", "metric",
+    "unsafe_no_sandbox", "max_output_bytes", "cmd_timeout", "openai_timeout", "openai_max_attempts", "workspace",
+    "agent_timeout", "agent_memory_mb", "workspace_tree_mb", "workspace_change_bytes", "max_model_calls",
+    "max_trajectory_bytes", "max_cost", "max_samples", "prices", "sequential", "sequential_rounds",
+}
 
 
 def _bounds(schema: dict) -> dict:
@@ -60,38 +75,77 @@ def test_the_rescore_flow_s_parameters_are_run_configuration_fields():
         assert flow[name].get("description"), f"the rescore flow's docstring does not describe {name}"
 
 
-def test_the_run_command_s_options_are_the_run_configuration():
-    from flows.cli import run
+def test_the_flow_s_help_is_the_field_s():
+    from flows.evaluate import evaluate
 
-    hints = typing.get_type_hints(run, include_extras=True)
-    params = inspect.signature(run).parameters
+    flow = evaluate.parameters.model_dump()["properties"]
+    reads = {name: " ".join(flow[name].get("description", "").split()) for name in flow}
+    differ = {name for name, field in RunConfig.model_fields.items() if reads[name] != field.description}
+    assert differ - FLOW_HELP_TO_ALIGN == set(), "the flow's help differs from the field's description"
+    assert FLOW_HELP_TO_ALIGN - differ == set(), "the flow reads as the field now: leave FLOW_HELP_TO_ALIGN"
+
+
+def _run_command():
+    import typer
+
+    from flows.cli import app
+
+    return typer.main.get_command(app).commands["run"]
+
+
+def test_the_run_command_s_options_are_the_run_configuration_s_fields():
+    """Generated (`flows/cli/run_options.py`): each field is an option with the field's help,
+    default, bounds and required-ness; the command adds only its own."""
+    from tasks.run.options import flag_name, flag_of
+
+    params = {p.name: p for p in _run_command().params}
     fields = RunConfig.model_fields
-    assert set(params) - CLI_ONLY == {CLI_NAMES.get(name, name) for name in fields}
+    assert set(params) - CLI_ONLY == set(fields)
     schema = RunConfig.model_json_schema()["properties"]
     problems = []
-
-    def check(ok: bool, what: str) -> None:
-        if not ok:
-            problems.append(what)
-
-    for name, info in fields.items():
-        cli_name = CLI_NAMES.get(name, name)
-        option = next(m for m in hints[cli_name].__metadata__ if hasattr(m, "help"))
-        if name != "suite":  # the argument's help is SUITE's, shared by every command
-            check(bool(option.help), f"--{name} has no help")
-        bounds = _bounds(schema[name])
-        # An exclusive bound (> 0) is RunConfig's to enforce: typer cannot state one.
-        low = bounds.get("minimum")
-        check((option.min, option.max) == (low, bounds.get("maximum")),
-              f"--{name}'s bounds: {option.min}..{option.max}, config {low}..{bounds.get('maximum')}")
-        default, given = info.default, params[cli_name].default
-        if info.is_required():
-            check(given is inspect.Parameter.empty or name == "agent", f"--{name} is required")
-        elif given is not None and name != "k":
-            check(given == default, f"--{name}'s default: {given!r}, config {default!r}")
-        elif given is None:  # the CLI leaves it unset: the config's default applies
-            check(default is None or name == "agent_timeout", f"--{name}'s default: None, config {default!r}")
+    for name, field in fields.items():
+        option, flag = params[name], flag_of(field)
+        if option.help != field.description or not option.help:
+            problems.append(f"{name}: help {option.help!r}, field {field.description!r}")
+        if not flag.argument and option.opts != [flag_name(name, field)]:
+            problems.append(f"{name}: named {option.opts}")
+        bounds = _bounds(schema[name])  # an exclusive bound (> 0) is the field's to enforce
+        if (option.min, option.max) != (bounds.get("minimum"), bounds.get("maximum")):
+            problems.append(f"{name}: bounds {option.min}..{option.max}, field {bounds}")
+        if option.required != field.is_required():
+            problems.append(f"{name}: required {option.required}")
+        given = flag.parse(option.default) if flag.parse and option.default is not None else option.default
+        if not field.is_required() and given != field.default:
+            problems.append(f"{name}: default {option.default!r}, field {field.default!r}")
     assert problems == [], "\n".join(problems)
+
+
+def test_the_run_command_is_generated_only_when_it_is_used():
+    """The fields' module loads the core (NumPy, Arrow): `evalpipe --help` and the other
+    commands do not pay for it; `run --help` lists the fields, in their order."""
+    probe = ("import json, sys\nfrom flows.cli import main\nmain(['--help'])\n"
+             "loaded = 'tasks.run.config' in sys.modules\nmain(['run', '--help'])\n"
+             "print(json.dumps([loaded, 'tasks.run.config' in sys.modules]))")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "COLUMNS": "200"})
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == [False, True]
+    listed = re.findall(r"^│ [ *]+(--?[a-z0-9-]+)", done.stdout, re.M)
+    from tasks.run.options import flag_name, flag_of
+
+    fields = [flag_name(n, f) for n, f in RunConfig.model_fields.items() if not flag_of(f).argument]
+    assert [o for o in listed if o in fields] == fields
+
+
+def test_a_numeric_environment_override_is_of_a_positive_field():
+    """`env_overrides` refuses a value that is not positive: true of every field that declares one."""
+    from tasks.run.options import flag_of
+
+    schema = RunConfig.model_json_schema()["properties"]
+    for name, field in RunConfig.model_fields.items():
+        bounds = _bounds(schema[name])
+        if flag_of(field).env and "string" not in _types(schema[name]):
+            assert bounds.get("minimum", 0) >= 1 or "exclusiveMinimum" in bounds, name
 
 
 @pytest.mark.parametrize("args, message", [

@@ -6,7 +6,6 @@ from __future__ import annotations
 import sys
 import time
 from contextlib import contextmanager
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -22,56 +21,24 @@ from flows.cli.common import (
     RunArg,
     SuiteArg,
     UnsafeFlag,
-    bad_input,
     run_summary_text,
 )
+from flows.cli.run_options import FieldOptions, field_values, option_name
 from flows.output import json_doc
-from tasks.models import MAX_N, MAX_REGRADE, MAX_ROUNDS, MAX_WORKERS
+from tasks.models import MAX_WORKERS
 
 if TYPE_CHECKING:
     from storage.store import Store
 
-def parse_ks(text: str) -> list[int]:
-    try:
-        ks = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        bad_input(f"-k: expected comma-separated integers like 1,5,10, got {text!r}")
-    if not ks or any(k < 1 for k in ks):
-        bad_input(f"-k: every k must be a positive integer, got {text!r}")
-    return ks
 
+class RunOptions(FieldOptions):
+    """`run`'s options: the fields of `RunConfig`, and its own."""
+
+    own_after = "metric"  # exit 4 and 5's thresholds after the gate's options, where --help has listed them
 
 
 def run(
-    suite: SuiteArg,
-    agent: Annotated[str, typer.Option("--agent", help="Agent spec (python:, cmd:, replay:, reference, openai:).")],
-    n: Annotated[int, typer.Option("-n", min=1, max=MAX_N, help="Samples per case.")] = 1,
-    k: Annotated[str, typer.Option("-k", help="Comma-separated k values for pass@k.")] = "1",
-    seed: Annotated[int, typer.Option(
-        "--seed", min=0, help="Run seed; with a deterministic agent, the same seed gives the same run.")] = 0,
-    workers: Annotated[int | None, typer.Option(
-        "--workers", min=1, max=MAX_WORKERS, help="Parallel graders (default: CPU count).")] = None,
-    agent_concurrency: Annotated[int | None, typer.Option(
-        "--agent-concurrency", min=1, max=MAX_WORKERS,
-        help="Agent calls in flight (default 16): they wait on an API, not on a core.")] = None,
-    runner: Annotated[str, typer.Option("--runner", help="threads, processes or dask.")] = "threads",
-    dask_address: Annotated[str | None, typer.Option(
-        "--dask-address", help="With --runner dask: an existing Dask scheduler (tls://HOST:PORT).")] = None,
-    batch_size: Annotated[int | None, typer.Option(
-        "--batch-size", min=1, help="Cases per task (default: as many as fit about 2 s).")] = None,
-    regrade: Annotated[int, typer.Option("--regrade", min=0, max=MAX_REGRADE, help="Re-grade each output R times.")] = 0,
-    baseline: Annotated[str | None, typer.Option(
-        "--baseline", help="Gate against this run (id, unambiguous prefix, or 'previous').")] = None,
-    min_pass_at_1: MinPassOpt = None,
-    max_drop: Annotated[float, typer.Option(
-        "--max-drop", min=0.0, max=1.0,
-        help="Block only when the drop in pass@1 vs the baseline is surely larger than this (CI wholly below -D).")] = 0.0,
-    max_new_failures: Annotated[int | None, typer.Option(
-        "--max-new-failures", min=0, help="Gate rule: block when more than N always-passing cases now fail.")] = None,
-    min_slice: Annotated[list[str] | None, typer.Option(
-        "--min-slice", metavar="SLICE=X", help="Gate rule: block when the slice is below X; repeatable.")] = None,
-    max_increase: MaxIncreaseOpt = None,
-    metric: Annotated[str, typer.Option("--metric", help=METRIC_HELP)] = "pass",
+    *,
     max_agent_errors: Annotated[float, typer.Option(
         "--max-agent-errors", min=0.0, max=1.0, metavar="FRACTION",
         help="Exit 4 when more than this share of samples are agent_error: the agent is broken,"
@@ -80,57 +47,8 @@ def run(
         "--max-grader-errors", min=0.0, max=1.0, metavar="FRACTION",
         help="Exit 5 when more than this share of samples are error: the grader could not run,"
              " so the numbers measure nothing.")] = 0.1,
-    unsafe_no_sandbox: UnsafeFlag = False,
-    max_output_bytes: Annotated[int | None, typer.Option(
-        "--max-output-bytes", min=1, help="Cap on each agent output (default 4 MB; $EVALPIPE_MAX_OUTPUT_BYTES).")] = None,
-    cmd_timeout: Annotated[float | None, typer.Option(
-        "--cmd-timeout", metavar="SECONDS",
-        help="Seconds a cmd: agent may take per sample (default 300; $EVALPIPE_AGENT_TIMEOUT_S).")] = None,
-    openai_timeout: Annotated[float | None, typer.Option(
-        "--openai-timeout", metavar="SECONDS",
-        help="Seconds per request of an openai: agent (default 60; $EVALPIPE_OPENAI_TIMEOUT_S).")] = None,
-    openai_max_attempts: Annotated[int | None, typer.Option(
-        "--openai-max-attempts", min=1, metavar="N",
-        help="Requests an openai: agent makes per sample, retries included (default 5;"
-             " $EVALPIPE_OPENAI_MAX_ATTEMPTS).")] = None,
-    workspace: Annotated[bool, typer.Option(
-        "--workspace", help="Run a cmd:/python: coding agent per sample in a fresh checkout of the case's"
-                            " base commit, sandboxed; its output is the change it leaves there.")] = False,
-    agent_timeout: Annotated[float | None, typer.Option(
-        "--agent-timeout", metavar="SECONDS",
-        help="With --workspace: seconds per agent run (default 1800).")] = None,
-    agent_memory_mb: Annotated[int | None, typer.Option(
-        "--agent-memory-mb", min=1, metavar="MB",
-        help="With --workspace: the agent's address-space cap (default 8192; $EVALPIPE_AGENT_MEMORY_MB).")] = None,
-    workspace_tree_mb: Annotated[int | None, typer.Option(
-        "--workspace-tree-mb", min=1, metavar="MB",
-        help="With --workspace: cap on the files the agent leaves (default 4096; $EVALPIPE_WORKSPACE_TREE_MB).")] = None,
-    workspace_change_bytes: Annotated[int | None, typer.Option(
-        "--workspace-change-bytes", min=1, metavar="N",
-        help="With --workspace: cap on the agent's change (default 4 MB; $EVALPIPE_WORKSPACE_CHANGE_BYTES).")] = None,
-    max_model_calls: Annotated[int | None, typer.Option(
-        "--max-model-calls", min=1, metavar="N",
-        help="Model calls one sample may make (the openai: tool loop's turns, a workspace agent's calls through the"
-             " gateway); the call past it is refused and the sample is agent_error naming the cap.")] = None,
-    max_trajectory_bytes: Annotated[int | None, typer.Option(
-        "--max-trajectory-bytes", min=1, metavar="N",
-        help="With --workspace: cap on the trajectory kept (default 1 MB; $EVALPIPE_MAX_TRAJECTORY_BYTES).")] = None,
-    max_cost: Annotated[float | None, typer.Option(
-        "--max-cost", metavar="USD",
-        help="Start no new agent call once the drawn samples cost this much; the run ends partial (exit 6)."
-             " The same command with a larger budget draws the rest.")] = None,
-    max_samples: Annotated[int | None, typer.Option(
-        "--max-samples", min=1, metavar="N",
-        help="Draw at most N samples from the agent (cached outputs are free); the run ends partial (exit 6)"
-             " if more were needed.")] = None,
-    prices: Annotated[Path | None, typer.Option(
-        "--prices", help="Price file (YAML/JSON: model -> input_per_mtok, output_per_mtok) over genai-prices'"
-                         " table (default: $EVALPIPE_PRICES).")] = None,
-    sequential: Annotated[bool, typer.Option(
-        "--sequential", help="With --baseline: draw cases in a seeded random order, in rounds, and stop as soon"
-                             " as the gate's decision cannot change (anytime-valid).")] = False,
-    rounds: Annotated[int, typer.Option("--rounds", min=1, max=MAX_ROUNDS, help="Rounds (looks) of --sequential.")] = 10,
     as_json: JsonFlag = False,
+    **fields: Any,
 ) -> None:
     """Sample, grade, store and aggregate a run of AGENT on SUITE.
 
@@ -138,22 +56,10 @@ def run(
     5 when too many are error (the grader could not run), 6 when a budget (--max-cost,
     --max-samples) left samples undrawn."""
     from storage.store import Store
-    from tasks.metrics.rules import parse_increases, parse_slice_thresholds
     from tasks.run import RunConfig
     from tasks.run.prepare import pinned, prepare_run
 
-    config = RunConfig.build(
-        "run", lambda field: "--" + {"sequential_rounds": "rounds"}.get(field, field).replace("_", "-"),
-        suite=suite, agent=agent, n=n, k=parse_ks(k), seed=seed, baseline=baseline, min_pass_at_1=min_pass_at_1,
-        max_drop=max_drop, max_new_failures=max_new_failures, min_slice=parse_slice_thresholds(min_slice or ()) or None,
-        max_increase=parse_increases(max_increase or ()) or None, metric=metric, runner=runner, workers=workers, agent_concurrency=agent_concurrency, dask_address=dask_address,
-        batch_size=batch_size, regrade=regrade, unsafe_no_sandbox=unsafe_no_sandbox,
-        max_output_bytes=max_output_bytes, cmd_timeout=cmd_timeout, openai_timeout=openai_timeout,
-        openai_max_attempts=openai_max_attempts, workspace=workspace, agent_timeout=agent_timeout,
-        agent_memory_mb=agent_memory_mb, workspace_tree_mb=workspace_tree_mb,
-        workspace_change_bytes=workspace_change_bytes, max_trajectory_bytes=max_trajectory_bytes, max_model_calls=max_model_calls, max_cost=max_cost,
-        max_samples=max_samples, prices=str(prices) if prices else None, sequential=sequential,
-        sequential_rounds=rounds)
+    config = RunConfig.build("run", option_name, **field_values(fields))
     # Every check of the input, once, before Prefect starts: a one-line message, not a failed
     # flow run. The flow is handed what was prepared (`prepared`), and its parameters name
     # the suite pinned (a git branch as the commit read here) and the price file found.

@@ -1,25 +1,30 @@
 """How a run is made: `RunConfig`, every option of `evalpipe run` (and of the flow's parameter
 form, and of `evalpipe.evaluate`) as one typed, frozen value, built once at the top and read
 by the loop, instead of parameters threaded through each layer and environment variables.
-The documented `EVALPIPE_*` overrides of its defaults (the agent's settings, the price file)
-are read here, once, by `RunConfig.build`: nothing below reads them."""
+Each field declares the whole option: its help (`description`), bounds and default (`Field`),
+and its flag and environment variable (`tasks.run.options.Flag`); `evalpipe run`'s options are
+generated from the fields (`flows/cli/run_options.py`), so a new option is one field. The
+documented `EVALPIPE_*` overrides of its defaults (the agent's settings, the price file) are
+read here, once, by `RunConfig.build`: nothing below reads them."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tasks.agents import DEFAULT_AGENT_TIMEOUT_S, AgentSettings
-from tasks.agents.settings import env_overrides
+from tasks.agents.settings import ENV as AGENT_ENV
 from tasks.metrics.cost import PRICES_ENV
 from tasks.metrics.diff import Metric, check_metric
 from tasks.metrics.rules import GateRules
 from tasks.metrics.sequential import DEFAULT_ROUNDS
 from tasks.models import MAX_N, MAX_REGRADE, MAX_ROUNDS, MAX_WORKERS, InputError
 from tasks.run.budget import Budget
+from tasks.run.options import Flag, env_overrides, increases, parse_ks, slice_thresholds
 
 Runner = Literal["threads", "processes", "dask"]
 
@@ -33,42 +38,101 @@ class RunConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    suite: str
-    agent: str
-    n: Annotated[int, Field(ge=1, le=MAX_N)] = 1
-    k: Annotated[tuple[int, ...], Field(min_length=1)] = (1,)
-    seed: Annotated[int, Field(ge=0)] = 0
-    baseline: str | None = None
-    min_pass_at_1: Annotated[float | None, Field(ge=0, le=1)] = None
-    max_drop: Annotated[float, Field(ge=0, le=1)] = 0.0
-    max_new_failures: Annotated[int | None, Field(ge=0)] = None
-    min_slice: dict[str, Annotated[float, Field(ge=0, le=1)]] | None = None
+    suite: Annotated[str, Field(description="Suite file, git URL#PATH (URL@REF#PATH), or stored version."),
+                     Flag(argument=True)]
+    agent: Annotated[str, Field(description="Agent spec (python:, cmd:, replay:, reference, openai:).")]
+    n: Annotated[int, Field(ge=1, le=MAX_N, description="Samples per case."), Flag("-n")] = 1
+    k: Annotated[tuple[int, ...], Field(min_length=1, description="Comma-separated k values for pass@k."),
+                 Flag("-k", text=str, parse=parse_ks, text_default="1")] = (1,)
+    seed: Annotated[int, Field(
+        ge=0, description="Run seed; with a deterministic agent, the same seed gives the same run.")] = 0
+    workers: Annotated[int | None, Field(ge=1, le=MAX_WORKERS, description="Parallel graders (default: CPU count).")] = None
+    agent_concurrency: Annotated[int | None, Field(
+        ge=1, le=MAX_WORKERS, description="Agent calls in flight (default 16): they wait on an API, not on a core.")] = None
+    runner: Annotated[Runner, Field(description="threads, processes or dask."), Flag(text=str)] = "threads"
+    dask_address: Annotated[str | None, Field(
+        description="With --runner dask: an existing Dask scheduler (tls://HOST:PORT).")] = None
+    batch_size: Annotated[int | None, Field(
+        ge=1, description="Cases per task (default: as many as fit about 2 s).")] = None
+    regrade: Annotated[int, Field(ge=0, le=MAX_REGRADE, description="Re-grade each output R times.")] = 0
+    baseline: Annotated[str | None, Field(
+        description="Gate against this run (id, unambiguous prefix, or 'previous').")] = None
+    min_pass_at_1: Annotated[float | None, Field(
+        ge=0, le=1, description="Block when the run's pass@1 is below this.")] = None
+    max_drop: Annotated[float, Field(
+        ge=0, le=1, description="Block only when the drop in pass@1 vs the baseline is surely larger than this"
+                                " (CI wholly below -D).")] = 0.0
+    max_new_failures: Annotated[int | None, Field(
+        ge=0, description="Gate rule: block when more than N always-passing cases now fail.")] = None
+    min_slice: Annotated[dict[str, Annotated[float, Field(ge=0, le=1)]] | None, Field(
+        description="Gate rule: block when the slice is below X; repeatable."),
+        Flag(metavar="SLICE=X", text=list[str], parse=slice_thresholds)] = None
     # figure → the largest relative growth per sample allowed (`--max-increase tool_calls=0.2`).
-    max_increase: dict[str, Annotated[float, Field(ge=0)]] | None = None
-    metric: Metric = "pass"
-    runner: Runner = "threads"
-    workers: Annotated[int | None, Field(ge=1, le=MAX_WORKERS)] = None
-    agent_concurrency: Annotated[int | None, Field(ge=1, le=MAX_WORKERS)] = None
-    dask_address: str | None = None
-    batch_size: Annotated[int | None, Field(ge=1)] = None
-    regrade: Annotated[int, Field(ge=0, le=MAX_REGRADE)] = 0
-    unsafe_no_sandbox: bool = False
-    max_output_bytes: Annotated[int | None, Field(ge=1)] = None
-    cmd_timeout: Annotated[float | None, Field(gt=0)] = None
-    openai_timeout: Annotated[float | None, Field(gt=0)] = None
-    openai_max_attempts: Annotated[int | None, Field(ge=1)] = None
-    workspace: bool = False
-    agent_timeout: Annotated[float | None, Field(gt=0)] = None
-    agent_memory_mb: Annotated[int | None, Field(ge=1)] = None
-    workspace_tree_mb: Annotated[int | None, Field(ge=1)] = None
-    workspace_change_bytes: Annotated[int | None, Field(ge=1)] = None
-    max_trajectory_bytes: Annotated[int | None, Field(ge=1)] = None
-    max_model_calls: Annotated[int | None, Field(ge=1)] = None
-    max_cost: Annotated[float | None, Field(gt=0)] = None
-    max_samples: Annotated[int | None, Field(ge=1)] = None
-    prices: str | None = None
-    sequential: bool = False
-    sequential_rounds: Annotated[int, Field(ge=1, le=MAX_ROUNDS)] = DEFAULT_ROUNDS
+    max_increase: Annotated[dict[str, Annotated[float, Field(ge=0)]] | None, Field(
+        description="Block when a figure per sample (turns, tool_calls, tokens, cost) grew by more than FRACTION"
+                    " (0.2: 20 %) over the baseline, the whole paired CI above it; repeatable."),
+        Flag(metavar="FIGURE=FRACTION", text=list[str], parse=increases)] = None
+    metric: Annotated[Metric, Field(
+        description="What the paired CI compares: pass (pass@1), score (mean score), or a registered per-case"
+                    " metric by name (pass@1, mean_score, a plugin's).")] = "pass"
+    unsafe_no_sandbox: Annotated[bool, Field(
+        description="Without bubblewrap, run the suite's code unprotected instead of refusing.")] = False
+    max_output_bytes: Annotated[int | None, Field(
+        ge=1, description="Cap on each agent output (default 4 MB; $EVALPIPE_MAX_OUTPUT_BYTES)."),
+        Flag(env=AGENT_ENV["max_output_bytes"])] = None
+    cmd_timeout: Annotated[float | None, Field(
+        gt=0, description="Seconds a cmd: agent may take per sample (default 300; $EVALPIPE_AGENT_TIMEOUT_S)."),
+        Flag(metavar="SECONDS", env=AGENT_ENV["cmd_timeout"])] = None
+    openai_timeout: Annotated[float | None, Field(
+        gt=0, description="Seconds per request of an openai: agent (default 60; $EVALPIPE_OPENAI_TIMEOUT_S)."),
+        Flag(metavar="SECONDS", env=AGENT_ENV["openai_timeout"])] = None
+    openai_max_attempts: Annotated[int | None, Field(
+        ge=1, description="Requests an openai: agent makes per sample, retries included (default 5;"
+                          " $EVALPIPE_OPENAI_MAX_ATTEMPTS)."),
+        Flag(metavar="N", env=AGENT_ENV["openai_max_attempts"])] = None
+    workspace: Annotated[bool, Field(
+        description="Run a cmd:/python: coding agent per sample in a fresh checkout of the case's base commit,"
+                    " sandboxed; its output is the change it leaves there.")] = False
+    agent_timeout: Annotated[float | None, Field(
+        gt=0, description="With --workspace: seconds per agent run (default 1800)."), Flag(metavar="SECONDS")] = None
+    agent_memory_mb: Annotated[int | None, Field(
+        ge=1, description="With --workspace: the agent's address-space cap (default 8192;"
+                          " $EVALPIPE_AGENT_MEMORY_MB)."),
+        Flag(metavar="MB", env=AGENT_ENV["agent_memory_mb"])] = None
+    workspace_tree_mb: Annotated[int | None, Field(
+        ge=1, description="With --workspace: cap on the files the agent leaves (default 4096;"
+                          " $EVALPIPE_WORKSPACE_TREE_MB)."),
+        Flag(metavar="MB", env=AGENT_ENV["workspace_tree_mb"])] = None
+    workspace_change_bytes: Annotated[int | None, Field(
+        ge=1, description="With --workspace: cap on the agent's change (default 4 MB;"
+                          " $EVALPIPE_WORKSPACE_CHANGE_BYTES)."),
+        Flag(metavar="N", env=AGENT_ENV["workspace_change_bytes"])] = None
+    max_model_calls: Annotated[int | None, Field(
+        ge=1, description="Model calls one sample may make (the openai: tool loop's turns, a workspace agent's"
+                          " calls through the gateway); the call past it is refused and the sample is agent_error"
+                          " naming the cap."),
+        Flag(metavar="N", env=AGENT_ENV["max_model_calls"])] = None
+    max_trajectory_bytes: Annotated[int | None, Field(
+        ge=1, description="With --workspace: cap on the trajectory kept (default 1 MB;"
+                          " $EVALPIPE_MAX_TRAJECTORY_BYTES)."),
+        Flag(metavar="N", env=AGENT_ENV["max_trajectory_bytes"])] = None
+    max_cost: Annotated[float | None, Field(
+        gt=0, description="Start no new agent call once the drawn samples cost this much; the run ends partial"
+                          " (exit 6). The same command with a larger budget draws the rest."),
+        Flag(metavar="USD")] = None
+    max_samples: Annotated[int | None, Field(
+        ge=1, description="Draw at most N samples from the agent (cached outputs are free); the run ends partial"
+                          " (exit 6) if more were needed."),
+        Flag(metavar="N")] = None
+    prices: Annotated[str | None, Field(
+        description="Price file (YAML/JSON: model -> input_per_mtok, output_per_mtok) over genai-prices' table"
+                    " (default: $EVALPIPE_PRICES)."),
+        Flag(env=PRICES_ENV, text=Path, parse=str)] = None
+    sequential: Annotated[bool, Field(
+        description="With --baseline: draw cases in a seeded random order, in rounds, and stop as soon as the"
+                    " gate's decision cannot change (anytime-valid).")] = False
+    sequential_rounds: Annotated[int, Field(
+        ge=1, le=MAX_ROUNDS, description="Rounds (looks) of --sequential."), Flag("--rounds")] = DEFAULT_ROUNDS
 
     @field_validator("metric")
     @classmethod
@@ -99,9 +163,9 @@ class RunConfig(BaseModel):
         """The configuration of `options`, or `InputError`: one line, prefixed by `command`,
         naming the option as `named` shows a field (`--max-cost` on the command line). An
         option not given (None) takes its documented override from `environ` (default: this
-        process's environment; `tasks.agents.settings.ENV`, `EVALPIPE_PRICES`), read here once."""
+        process's environment; the variable its field declares, `Flag.env`), read here once."""
         environ = os.environ if environ is None else environ
-        overrides: dict[str, Any] = {**env_overrides(environ), "prices": environ.get(PRICES_ENV) or None}
+        overrides = env_overrides(cls.model_fields, environ)
         options = {**options, **{name: value for name, value in overrides.items() if options.get(name) is None}}
         try:
             return cls(**options)
