@@ -5,10 +5,12 @@ environment), and `cmdworker:`, a `cmd:` agent that answers many cases, one JSON
     pyworker:agent.py:solve?python=/path/venv/bin/python
     cmdworker:/path/venv/bin/python agent.py
 
-A worker is started when a sample finds none idle, imports the agent once, and draws one
-sample at a time for the rest of the run; the run's draw slots (`--agent-concurrency`) bound
-how many there are, and at most one per core starts at a time (an SDK's import is seconds
-of CPU: sixteen at once on two cores would each take eight times as long). A sample that
+A worker imports the agent once and draws one sample at a time for the rest of the run. A
+sample that finds none idle starts one when none will come free, or when at the pace measured
+so far (calls, starts) its wait would be longer than a start: a quick agent with a slow import
+keeps a few workers busy, a slow one gets one per draw slot (`--agent-concurrency` bounds
+them). At most one starts per core at a time (an SDK's import is seconds of CPU: sixteen at
+once on two cores would each take eight times as long). A sample that
 runs past the run's `--cmd-timeout` kills its worker (its process group), and a fresh one
 takes the next sample. Workers are killed when the process that started them exits (a
 `kill -9` of it too: each looks for its parent every second).
@@ -131,6 +133,20 @@ class _Worker:
         self.stderr.unlink(missing_ok=True)
 
 
+@dataclass
+class _Mean:
+    total: float = 0.0
+    count: int = 0
+
+    def add(self, value: float) -> None:
+        self.total += value
+        self.count += 1
+
+    @property
+    def mean(self) -> float | None:
+        return self.total / self.count if self.count else None
+
+
 class WorkerPool:
     """The workers of one agent in this process (see the module)."""
 
@@ -139,6 +155,10 @@ class WorkerPool:
         self.idle: list[_Worker] = []
         self.busy: set[_Worker] = set()
         self.starting = 0
+        self.waiting = 0  # samples waiting for a worker
+        # Seconds a worker took to start (its import), and a sample's call: what decides
+        # whether a waiting sample starts one (`_worth_starting`).
+        self.start_s, self.call_s = _Mean(), _Mean()
         self.cond = threading.Condition()
         self.scratch = tempfile.mkdtemp(prefix="evalpipe-workers-")
 
@@ -146,6 +166,7 @@ class WorkerPool:
         """A worker's reply to `request`, the worker then free for another sample; `AgentError`
         when it cannot answer in `timeout_s` (the worker killed)."""
         worker = self._take(timeout_s, cap)
+        started = time.monotonic()
         try:
             reply = worker.ask(request, time.monotonic() + timeout_s, cap)
         except _Gone as exc:
@@ -158,30 +179,50 @@ class WorkerPool:
             self._drop(worker)
             raise AgentError(f"timed out after {timeout_s:g} s (--cmd-timeout); its worker was killed")
         with self.cond:
+            self.call_s.add(time.monotonic() - started)
             self.busy.discard(worker)
             self.idle.append(worker)
-            self.cond.notify()
+            self.cond.notify_all()
         return reply
 
     def _take(self, timeout_s: float, cap: int) -> _Worker:
         cores = len(os.sched_getaffinity(0))
         with self.cond:
-            while not self.idle and self.starting >= cores:
-                self.cond.wait()
+            self.waiting += 1
+            try:
+                while not self.idle and not self._worth_starting(cores):
+                    self.cond.wait()
+            finally:
+                self.waiting -= 1
             if self.idle:
                 worker = self.idle.pop()
                 self.busy.add(worker)
                 return worker
             self.starting += 1
+        started = time.monotonic()
         try:
             worker = self._start(timeout_s, cap)
         finally:
             with self.cond:
                 self.starting -= 1
-                self.cond.notify()
+                self.cond.notify_all()
         with self.cond:
+            self.start_s.add(time.monotonic() - started)
             self.busy.add(worker)
         return worker
+
+    def _worth_starting(self, cores: int) -> bool:
+        """Whether a waiting sample should start a worker rather than wait for one: none will
+        come free, or at the pace measured so far the wait is longer than a start (a slow
+        call, a quick import); at most one starting per core."""
+        if self.starting >= cores:
+            return False
+        coming = len(self.busy) + self.starting
+        if not coming:
+            return True
+        if self.start_s.mean is None or self.call_s.mean is None:
+            return True  # nothing measured yet: up to one starting per core
+        return self.waiting * self.call_s.mean / coming > self.start_s.mean
 
     def _start(self, timeout_s: float, cap: int) -> _Worker:
         req_r, req_w = os.pipe()
@@ -219,7 +260,7 @@ class WorkerPool:
         worker.kill()
         with self.cond:
             self.busy.discard(worker)
-            self.cond.notify()
+            self.cond.notify_all()
 
     def close(self) -> None:
         with self.cond:
