@@ -20,7 +20,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import textwrap
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
