@@ -204,7 +204,8 @@ def test_an_agents_sdk_agent_with_two_function_tools_is_captured_and_graded_on_i
 def test_without_its_packages_the_summary_says_capture_is_unavailable_and_how_to_install_it(monkeypatch, tmp_path):
     from tasks.agents.capture import INSTALL_HINT, unavailable
 
-    monkeypatch.setitem(sys.modules, "openinference", None)  # as if not installed
+    for name in ("openinference", "openinference.instrumentation", "openinference.instrumentation.openai"):
+        monkeypatch.setitem(sys.modules, name, None)  # as if not installed (an import would fail)
     assert "openinference.instrumentation.openai not installed" in unavailable()
     run = evalpipe.evaluate([{"id": "a", "inputs": {}, "reference": "x", "grader": {"kind": "contains"}}],
                             lambda inputs, ctx: "x", n=1, home=tmp_path)

@@ -65,9 +65,9 @@ def response(body: dict[str, Any], number: int) -> dict[str, Any]:
                                    "output_tokens_details": {"reasoning_tokens": 0}}}
 
 
-class ScriptedResponses:
-    """The endpoint on 127.0.0.1 (`port` 0: a free one) until `close()`; `requests` holds every
-    request body and `usage` every answer's usage, in order."""
+class ScriptedResponses(scripted_model.ScriptedModel):
+    """The endpoint on 127.0.0.1 (`port` 0: a free one) until `close()` (the chat model's, as its
+    context manager is); `requests` holds every request body and `usage` every answer's usage."""
 
     def __init__(self, port: int = 0):
         self.requests: list[dict[str, Any]] = []
@@ -116,15 +116,6 @@ class ScriptedResponses:
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self._thread.start()
 
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-    def __enter__(self) -> ScriptedResponses:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 if __name__ == "__main__":
