@@ -458,6 +458,6 @@ def test_a_plugin_adds_an_agent_kind_that_runs_and_that_deployments_must_allow(t
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout.splitlines()[-1])
     assert doc["pass_at_1"] == 1.0 and doc["agent"] == "echo:hi"
-    assert doc["unknown"] == "agent 'nope:x': unknown scheme 'nope' (expected cmd:, echo:, openai:, python:, reference or replay:)"
+    assert doc["unknown"] == "agent 'nope:x': unknown scheme 'nope' (expected cmd:, cmdworker:, echo:, openai:, python:, pyworker:, reference or replay:)"
     assert doc["refused"].startswith("agent 'echo:hi': this deployment runs echo: agents only as its own parameters")
     assert doc["allowed"] is None
