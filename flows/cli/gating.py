@@ -71,10 +71,10 @@ def _rules(min_pass_at_1: float | None, max_drop: float | None, max_new_failures
 
 
 def _decision(run_id: str, baseline: str, rules: Any, metric: str, shared_only: bool, fmt: str):
-    """`gate`'s and `report --baseline`'s decision (`flows.gate.decision`) with the comparison
+    """`gate`'s and `report --baseline`'s decision (`service.gate.decision`) with the comparison
     it renders; `previous` resolved to the suite's latest completed run before RUN_ID and
     compared on the shared cases; none: said on one line (`decision` null in JSON), exit 0."""
-    from flows.gate import decision, pair_runs
+    from service.gate import decision, pair_runs
     from storage.store import Store
     from tasks.run.prepare import PREVIOUS, find_baseline, no_baseline_message
 
