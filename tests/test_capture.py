@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import sys
 import threading
 from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import duckdb
+import openai
 import pytest
 from openai import AsyncOpenAI, OpenAI
 
@@ -212,3 +215,33 @@ def test_without_its_packages_the_summary_says_capture_is_unavailable_and_how_to
     note = run.usage.cost_note
     assert note.startswith("no sample reported token counts: the agent does not report usage")
     assert "in-process capture of model calls is unavailable" in note and INSTALL_HINT in note
+
+
+def test_a_call_the_endpoint_refuses_is_counted_and_says_what_failed():
+    class Refusing(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            data = json.dumps({"error": {"message": "overloaded", "type": "server_error"}}).encode()
+            self.send_response(500)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    ctx = AgentContext(case_id="c", index=0, seed=0, n=1)
+    try:
+        client = OpenAI(base_url=f"http://127.0.0.1:{server.server_address[1]}/v1", api_key="sk", max_retries=0)
+        with pytest.raises(openai.InternalServerError), captured(ctx):
+            client.chat.completions.create(model="support-good", messages=[{"role": "user", "content": "hi"}])
+    finally:
+        server.shutdown()
+        server.server_close()
+    user, failed = ctx.trace.trajectory.entries
+    assert user == {"role": "user", "content": "hi"} and failed["model"] == "support-good"
+    assert failed["error"].startswith("InternalServerError: Error code: 500") and "overloaded" in failed["error"]
+    assert ctx.reported["latency_s"] > 0 and "input_tokens" not in ctx.reported  # unknown, not 0

@@ -213,11 +213,15 @@ def _record_call(tap: Tap, span: Any) -> None:
     request = _as_chat(_json(attributes.get(SpanAttributes.INPUT_VALUE)))
     latency_s = (span.end_time - span.start_time) / 1e9
     if span.status.status_code is StatusCode.ERROR:
-        # No answer: the call is counted, the request's messages kept, and what failed said.
+        # No answer (the SDK raised, after its retries): the gateway records an HTTP status, an
+        # in-process call says what the SDK raised. The request's new messages are kept.
+        messages = request.get("messages") if isinstance(request.get("messages"), list) else []
         with tap.lock:
             tap.calls += 1
             tap.pending -= 1
             tap.latency_s += latency_s
+            tap.entries += [m for m in messages[tap.seen_messages:] if isinstance(m, dict) and m.get("role") != "assistant"]
+            tap.seen_messages = max(tap.seen_messages, len(messages))
             tap.entries.append({"error": span.status.description or "the model call failed",
                                 "model": request.get("model")})
         return
