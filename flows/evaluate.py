@@ -67,6 +67,8 @@ def evaluate(
     workspace_change_bytes: Annotated[int | None, Field(ge=1)] = None,
     max_trajectory_bytes: Annotated[int | None, Field(ge=1)] = None,
     max_model_calls: Annotated[int | None, Field(ge=1)] = None,
+    max_sample_cost: Annotated[float | None, Field(gt=0)] = None,
+    model_concurrency: Annotated[int | None, Field(ge=1)] = None,
     max_cost: Annotated[float | None, Field(gt=0)] = None,
     max_samples: Annotated[int | None, Field(ge=1)] = None,
     prices: str | None = None,
@@ -127,6 +129,11 @@ def evaluate(
             1 MB, or EVALPIPE_MAX_TRAJECTORY_BYTES).
         max_model_calls: Model calls one sample may make (the openai: tool loop's turns, a
             workspace agent's calls through the gateway); past it the sample is agent_error.
+        max_sample_cost: USD one sample's model calls through the gateway may cost, priced as the
+            run's usage: the call that would pass it (at the dearest call so far) is refused and
+            the sample is agent_error naming the cap.
+        model_concurrency: Model calls in flight at once across the run, through the gateway
+            (default: no cap beyond --agent-concurrency).
         max_cost: Budget in USD: no new agent call starts once the drawn samples cost this
             much; the run ends partial, and the same run with a larger budget draws the rest.
         max_samples: Budget in agent calls: draw at most this many samples (cached ones are free).

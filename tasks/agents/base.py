@@ -42,6 +42,10 @@ class AgentContext:
         self.trace.trajectory = Trajectory(steps=kept.steps + 1, entries=[*kept.entries, dict(step)])
     # What the agent reported about its call (`report_usage`), read by the sampler.
     reported: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    # The run's prices: (model, input tokens, output tokens) -> USD, None where unknown; what a
+    # cap on a sample's spending (`--max-sample-cost`) counts with.
+    cost_of: Callable[[str | None, int | None, int | None], float | None] | None = field(
+        default=None, compare=False, repr=False)
 
     def report_usage(
         self, *, input_tokens: int | None = None, output_tokens: int | None = None, model: str | None = None

@@ -11,20 +11,31 @@ agent's, passes the answer back (a streamed one as it arrives), and records the 
 sample's tap: the new messages of the request and the model's turn, with its usage and
 latency, in the trajectory's OpenAI shape (`tasks.trajectory`). A forged, revoked or another
 sample's token is a 401; nothing is forwarded.
+
+Where the money is spent, the gateway holds the run's limits: a sample's calls past
+`--max-model-calls`, or past `--max-sample-cost` (the call that would pass it, at the dearest
+call seen so far), are refused with a 403 that says which cap; at most `--model-concurrency`
+calls are in flight across the run; an upstream 408, 409, 429 or 5xx (or no answer) is retried
+up to `--openai-max-attempts` times, after the `Retry-After` it names or a growing pause, each
+attempt recorded in the sample's trajectory.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import secrets
 import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from tasks.agents.settings import AgentSettings
 from tasks.trajectory import usage_counts
 
 # The API paths forwarded (below the gateway's /v1): what the OpenAI SDKs and most agents use.
@@ -32,6 +43,12 @@ FORWARDED = ("/chat/completions", "/responses", "/models", "/embeddings", "/comp
 MAX_REQUEST_BYTES = 8 << 20
 MAX_RESPONSE_BYTES = 64 << 20
 TOKEN_PREFIX = "evalpipe-sample-"
+# Upstream answers worth asking again (the OpenAI SDK's own list), and the longest pause taken.
+RETRIED = frozenset({408, 409, 429, 500, 502, 503, 504})
+MAX_PAUSE_S = 60.0
+
+# (model, input tokens, output tokens) -> USD, or None where the price is not known.
+CostOf = Callable[[str | None, int | None, int | None], float | None]
 
 
 @dataclass
@@ -46,18 +63,44 @@ class Tap:
     model: str | None = None
     seen_messages: int = 0  # how many of the conversation's messages are recorded
     max_calls: int | None = None  # `--max-model-calls`: the call past it is refused
-    refused: int = 0  # calls refused at the cap
+    max_cost_usd: float | None = None  # `--max-sample-cost`
+    cost_of: CostOf | None = field(default=None, repr=False)  # the run's prices
+    cost_usd: float = 0.0  # what the answered calls cost, where priced
+    dearest_usd: float = 0.0  # the dearest call so far: what the next one may cost
+    unpriced: str | None = None  # a model answered with no price: the cost cap cannot hold
+    refused: int = 0  # calls refused at a cap
+    refusal: str | None = None  # the cap that refused them
     pending: int = 0  # admitted, not yet answered
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def admit(self) -> bool:
-        """Whether one more call may go out (counted as it is admitted: calls at once too)."""
+    def admit(self) -> str | None:
+        """None when one more call may go out (counted as it is admitted: calls at once too),
+        else why not."""
         with self.lock:
+            why = None
             if self.max_calls is not None and self.calls + self.pending >= self.max_calls:
+                why = f"--max-model-calls {self.max_calls}"
+            elif (self.max_cost_usd is not None and self.dearest_usd
+                  and self.cost_usd + (self.pending + 1) * self.dearest_usd > self.max_cost_usd):
+                why = f"--max-sample-cost ${self.max_cost_usd:g} (${self.cost_usd:.6f} spent)"
+            if why is not None:
                 self.refused += 1
-                return False
+                self.refusal = why
+                return why
             self.pending += 1
-            return True
+            return None
+
+    def stop_reason(self) -> str | None:
+        """The agent error of a sample a cap stopped, naming the cap; None when none did."""
+        if not self.refused:
+            return None
+        return f"stopped at {self.refusal}: the agent asked for {self.refused} more model call(s), refused"
+
+    def attempt_failed(self, status: int | str, attempt: int, attempts: int, pause_s: float) -> None:
+        """An upstream failure that was retried, in the trajectory as a note."""
+        with self.lock:
+            self.entries.append({"note": f"endpoint answered {status} on attempt {attempt} of {attempts};"
+                                         f" retried after {pause_s:.2f} s"})
 
     def record(self, request: dict[str, Any], reply: dict[str, Any] | None, latency_s: float, status: int) -> None:
         messages = request.get("messages") if isinstance(request.get("messages"), list) else []
@@ -78,6 +121,16 @@ class Tap:
             if out is not None:
                 self.output_tokens = (self.output_tokens or 0) + out
             self.model = reply.get("model") if isinstance(reply.get("model"), str) else self.model
+            if self.cost_of is not None and (inp is not None or out is not None):
+                cost = self.cost_of(self.model, inp, out)
+                if cost is None:
+                    if self.max_cost_usd is not None and self.unpriced is None:
+                        self.entries.append({"note": f"no price for model {self.model!r}: --max-sample-cost"
+                                                     " cannot count this sample's calls"})
+                    self.unpriced = self.model
+                else:
+                    self.cost_usd += cost
+                    self.dearest_usd = max(self.dearest_usd, cost)
             self.entries.append({**turn, "usage": {"input_tokens": inp, "output_tokens": out},
                                  "latency_s": round(latency_s, 6), "model": self.model})
             self.seen_messages = len(messages) + 1
@@ -143,10 +196,16 @@ class _Server(ThreadingHTTPServer):
 
 
 class Gateway:
-    """The gateway for one endpoint and key, on 127.0.0.1 (a free port) until `close()`."""
+    """The gateway for one endpoint and key, on 127.0.0.1 (a free port) until `close()`: each
+    request waits `timeout_s` at most, is tried `max_attempts` times at most, and at most
+    `concurrency` are in flight upstream at once (None: no cap)."""
 
-    def __init__(self, upstream: str, api_key: str | None, timeout_s: float = 60.0):
+    def __init__(self, upstream: str, api_key: str | None, timeout_s: float = 60.0, max_attempts: int = 1,
+                 concurrency: int | None = None):
         self.upstream, self._key, self.timeout_s = upstream.rstrip("/"), api_key, timeout_s
+        self.max_attempts = max_attempts
+        self._slots = threading.BoundedSemaphore(concurrency) if concurrency else None
+        self.in_flight = self.most_in_flight = 0  # upstream calls now, and the most at once
         self._taps: dict[str, Tap] = {}
         self._lock = threading.Lock()
         self.refused = 0  # requests with no valid token
@@ -154,10 +213,12 @@ class Gateway:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
         threading.Thread(target=self.server.serve_forever, name="evalpipe-gateway", daemon=True).start()
 
-    def grant(self, max_calls: int | None = None) -> tuple[str, Tap]:
-        """A token good for one sample (at most `max_calls` model calls), and the tap its calls
-        are recorded in."""
-        token, tap = TOKEN_PREFIX + secrets.token_urlsafe(24), Tap(max_calls=max_calls)
+    def grant(self, max_calls: int | None = None, max_cost_usd: float | None = None,
+              cost_of: CostOf | None = None) -> tuple[str, Tap]:
+        """A token good for one sample (at most `max_calls` model calls and `max_cost_usd` spent,
+        priced by `cost_of`), and the tap its calls are recorded in."""
+        token = TOKEN_PREFIX + secrets.token_urlsafe(24)
+        tap = Tap(max_calls=max_calls, max_cost_usd=max_cost_usd, cost_of=cost_of)
         with self._lock:
             self._taps[token] = tap
         return token, tap
@@ -169,6 +230,40 @@ class Gateway:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+    def send(self, request: urllib.request.Request, tap: Tap) -> Any:
+        """The endpoint's answer to `request` (an HTTP error's too, once retrying is over),
+        holding one of the run's upstream slots until it is closed; `OSError` when it never
+        answered. A retried failure is noted in `tap`."""
+        for attempt in range(1, self.max_attempts + 1):
+            slot = self._slots if self._slots is not None else nullcontext()
+            slot.__enter__()
+            with self._lock:
+                self.in_flight += 1
+                self.most_in_flight = max(self.most_in_flight, self.in_flight)
+            try:
+                return _Held(urllib.request.urlopen(request, timeout=self.timeout_s), self, slot)  # noqa: S310 - the configured endpoint
+            except urllib.error.HTTPError as exc:
+                failed, status, headers = exc, exc.code, exc.headers
+            except OSError as exc:
+                failed, status, headers = exc, "no answer", None
+            self._release(slot)
+            last = attempt == self.max_attempts
+            if isinstance(failed, urllib.error.HTTPError) and (last or status not in RETRIED):
+                return _Held(failed, self, None)
+            if last:
+                raise failed
+            pause = _pause(headers, attempt)
+            if isinstance(failed, urllib.error.HTTPError):
+                failed.close()
+            tap.attempt_failed(status, attempt, self.max_attempts, pause)
+            time.sleep(pause)
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _release(self, slot: Any) -> None:
+        with self._lock:
+            self.in_flight -= 1
+        slot.__exit__(None, None, None)
 
     def _tap(self, header: str | None) -> Tap | None:
         token = (header or "").removeprefix("Bearer ").strip()
@@ -206,9 +301,8 @@ class Gateway:
                 except ValueError:
                     self._fail(400, "request body is not JSON")
                     return
-                if suffix != "/models" and not tap.admit():
-                    self._fail(403, f"evalpipe: --max-model-calls {tap.max_calls} reached for this sample:"
-                                    " no more model calls")
+                if suffix != "/models" and (why := tap.admit()) is not None:
+                    self._fail(403, f"evalpipe: {why} reached for this sample: no more model calls")
                     return
                 headers = {"Content-Type": "application/json", "Accept": self.headers.get("Accept") or "*/*"}
                 if gateway._key:
@@ -217,9 +311,7 @@ class Gateway:
                                                   method=self.command)
                 started = time.perf_counter()
                 try:
-                    answer = urllib.request.urlopen(upstream, timeout=gateway.timeout_s)  # noqa: S310 - the configured endpoint
-                except urllib.error.HTTPError as exc:
-                    answer = exc
+                    answer = gateway.send(upstream, tap)
                 except OSError as exc:
                     self._fail(502, f"evalpipe gateway: the endpoint did not answer: {exc}")
                     tap.record(request, None, time.perf_counter() - started, 502)
@@ -265,14 +357,49 @@ class Gateway:
         return Handler
 
 
-_GATEWAYS: dict[tuple[str, str | None], Gateway] = {}
+class _Held:
+    """An upstream answer that holds its slot (None: none) until it is closed."""
+
+    def __init__(self, answer: Any, gateway: Gateway, slot: Any):
+        self.answer, self._gateway, self._slot = answer, gateway, slot
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.answer, name)
+
+    def __enter__(self) -> Any:
+        return self.answer
+
+    def __exit__(self, *exc: object) -> None:
+        self.answer.close()
+        if self._slot is not None:
+            slot, self._slot = self._slot, None
+            self._gateway._release(slot)
+
+
+def _pause(headers: Any, attempt: int) -> float:
+    """How long to wait before attempt `attempt + 1`: what the endpoint asked (`retry-after-ms`,
+    `Retry-After` in seconds), else 0.5 s doubled each time, with jitter; at most MAX_PAUSE_S."""
+    for name, scale in (("retry-after-ms", 1e-3), ("Retry-After", 1.0)):
+        raw = headers.get(name) if headers is not None else None
+        try:
+            asked = float(raw) * scale if raw is not None else None
+        except ValueError:
+            asked = None  # an HTTP date: the growing pause instead
+        if asked is not None and asked >= 0:
+            return min(asked, MAX_PAUSE_S)
+    return min(0.5 * 2 ** (attempt - 1) * random.uniform(0.75, 1.25), MAX_PAUSE_S)
+
+
+_GATEWAYS: dict[tuple[str, str | None, float, int, int | None], Gateway] = {}
 _MADE = threading.Lock()
 
 
-def gateway_for(upstream: str, api_key: str | None, timeout_s: float) -> Gateway:
-    """The process's gateway for this endpoint and key, started on first use."""
+def gateway_for(upstream: str, api_key: str | None, settings: AgentSettings) -> Gateway:
+    """The process's gateway for this endpoint, key and the run's limits, started on first use."""
+    key = (upstream, api_key, settings.openai_timeout, settings.openai_max_attempts, settings.model_concurrency)
     with _MADE:
-        made = _GATEWAYS.get((upstream, api_key))
+        made = _GATEWAYS.get(key)
         if made is None:
-            made = _GATEWAYS[(upstream, api_key)] = Gateway(upstream, api_key, timeout_s)
+            made = _GATEWAYS[key] = Gateway(upstream, api_key, settings.openai_timeout, settings.openai_max_attempts,
+                                            settings.model_concurrency)
         return made

@@ -12,7 +12,7 @@ below that reads them.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated
+from typing import Annotated, Any, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -37,6 +37,10 @@ class AgentSettings(BaseModel):
     # Model calls one sample may make (the `openai:` tool loop's turns, a workspace agent's calls
     # through the gateway); None: no cap.
     max_model_calls: Annotated[int, Field(ge=1)] | None = None
+    # USD one sample's model calls may cost (the call that would pass it is refused), and the
+    # model calls in flight across the run, through the gateway; None: no cap.
+    max_sample_cost: Annotated[float, Field(gt=0)] | None = None
+    model_concurrency: Annotated[int, Field(ge=1)] | None = None
     # A coding agent's (`--workspace`): an address-space cap (runtimes reserve far more than
     # they use), and the caps on the tree it leaves and on its change.
     agent_memory_mb: Annotated[int, Field(ge=1)] = 8192
@@ -56,6 +60,8 @@ ENV: dict[str, str] = {
     "openai_max_attempts": "EVALPIPE_OPENAI_MAX_ATTEMPTS",
     "max_trajectory_bytes": "EVALPIPE_MAX_TRAJECTORY_BYTES",
     "max_model_calls": "EVALPIPE_MAX_MODEL_CALLS",
+    "max_sample_cost": "EVALPIPE_MAX_SAMPLE_COST",
+    "model_concurrency": "EVALPIPE_MODEL_CONCURRENCY",
     "agent_memory_mb": "EVALPIPE_AGENT_MEMORY_MB",
     "workspace_tree_mb": "EVALPIPE_WORKSPACE_TREE_MB",
     "workspace_change_bytes": "EVALPIPE_WORKSPACE_CHANGE_BYTES",
@@ -70,7 +76,7 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, int | float]:
         raw = environ.get(var, "").strip()
         if not raw:
             continue
-        kind = AgentSettings.model_fields[name].annotation
+        kind = _number(AgentSettings.model_fields[name].annotation)
         try:
             value = kind(raw)
         except ValueError:
@@ -80,3 +86,12 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, int | float]:
             raise InputError(f"{var}={raw!r} must be positive")
         found[name] = value
     return found
+
+
+def _number(annotation: Any) -> type[int] | type[float]:
+    """`int` or `float`, out of a field's annotation (`Annotated[int, ...] | None` too)."""
+    for arg in get_args(annotation) or (annotation,):
+        base = get_args(arg)[0] if get_origin(arg) is Annotated else arg
+        if base in (int, float):
+            return base
+    raise TypeError(f"not a number's annotation: {annotation!r}")

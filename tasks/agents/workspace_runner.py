@@ -186,8 +186,8 @@ class WorkspaceAgent:
         token, tap, gateway = None, None, None
         if "OPENAI_API_KEY" in passed or "OPENAI_BASE_URL" in passed:
             gateway = gateway_for(passed.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL, passed.get("OPENAI_API_KEY"),
-                                  self.settings.openai_timeout)
-            token, tap = gateway.grant(self.settings.max_model_calls)
+                                  self.settings)
+            token, tap = gateway.grant(self.settings.max_model_calls, self.settings.max_sample_cost, ctx.cost_of)
             passed = {**passed, "OPENAI_BASE_URL": gateway.url, "OPENAI_API_BASE": gateway.url, "OPENAI_API_KEY": token}
         env = dict(
             passed, EVALPIPE_WORKSPACE=inside, EVALPIPE_CASE=str(case_file), EVALPIPE_PYTHON=python,
@@ -229,9 +229,8 @@ class WorkspaceAgent:
                 trajectory = capped([*tap.entries, *own], self.settings.max_trajectory_bytes)
         if trajectory is not None:
             ctx.trace.trajectory = trajectory
-        if tap is not None and tap.refused:
-            raise AgentError(f"stopped at --max-model-calls {tap.max_calls}: the agent asked for {tap.refused} more"
-                             " model call(s), refused")
+        if tap is not None and (stopped := tap.stop_reason()) is not None:
+            raise AgentError(stopped)
         if result.disk_over is not None:
             raise AgentError(f"stopped: the workspace and its scratch directory held {result.disk_over:,} bytes,"
                              f" over the {cap:,}-byte cap (--workspace-tree-mb)")

@@ -112,6 +112,15 @@ class RunConfig(BaseModel):
                           " calls through the gateway); the call past it is refused and the sample is agent_error"
                           " naming the cap."),
         Flag(metavar="N", env=AGENT_ENV["max_model_calls"])] = None
+    max_sample_cost: Annotated[float | None, Field(
+        gt=0, description="USD one sample's model calls through the gateway may cost, priced as the run's usage:"
+                          " the call that would pass it (at the dearest call so far) is refused and the sample is"
+                          " agent_error naming the cap."),
+        Flag(metavar="USD", env=AGENT_ENV["max_sample_cost"])] = None
+    model_concurrency: Annotated[int | None, Field(
+        ge=1, description="Model calls in flight at once across the run, through the gateway (default: no cap"
+                          " beyond --agent-concurrency)."),
+        Flag(metavar="N", env=AGENT_ENV["model_concurrency"])] = None
     max_trajectory_bytes: Annotated[int | None, Field(
         ge=1, description="With --workspace: cap on the trajectory kept (default 1 MB;"
                           " $EVALPIPE_MAX_TRAJECTORY_BYTES)."),

@@ -181,6 +181,7 @@ class DrawTask:
     log: OutputLog | None = None
     inline: InlineGrading | None = None
     unsafe: bool = False  # the run's --unsafe-no-sandbox (a tool that runs code; inline graders)
+    prices: PriceTable | None = None  # the run's, for a cap on a sample's spending
 
     @property
     def label(self) -> str:
@@ -207,7 +208,7 @@ class DrawTask:
                     handed.append(drawn)
 
             def draw(p: PlannedSample) -> None:
-                drawn = draw_output(self.agent, by_id[p.case_id], p, self.n, self.cap, secrets)
+                drawn = draw_output(self.agent, by_id[p.case_id], p, self.n, self.cap, secrets, self.prices)
                 if append is not None:
                     append(drawn)
                 take(drawn)
@@ -460,7 +461,8 @@ class _Scheduler:
                                                                          self.config.stage_slots)
             log = self.store.output_log(self.spec.run_id)
             task = DrawTask(self.agent, batch_cases(self.cases, planned), planned, self.spec.n,
-                            self.config.output_cap, DRAW_BUDGET_S, log, self.inline, self.config.unsafe_no_sandbox)
+                            self.config.output_cap, DRAW_BUDGET_S, log, self.inline, self.config.unsafe_no_sandbox,
+                            self.prices)
             self._start("draw", planned, self.stages.draw(task), log)
 
     def _ready(self, timeout: float | None) -> list[tuple[tuple[str, list, float, OutputLog | None], Any]]:

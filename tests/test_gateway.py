@@ -1,0 +1,222 @@
+"""The model gateway's limits where the money is spent (issue #44, item 3): a sample's spending
+cap refuses the call that would pass it, calls in flight across the run are capped, and an
+upstream 429 or 5xx is retried after the pause it asks for, each attempt in the trajectory.
+A real gateway, the real OpenAI SDK as the agent's client, a stdlib server as the endpoint."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import openai
+import pytest
+import yaml
+
+import evalpipe
+from storage.store import Store
+from tasks.agents.gateway import Gateway
+from tasks.agents.settings import env_overrides
+from tasks.run import RunConfig
+from tasks.trace import SampleTrace
+
+ROOT = Path(__file__).resolve().parent.parent
+CODING = ROOT / "examples" / "coding" / "calc.yaml"
+REPLY = {"id": "c", "object": "chat.completion", "model": "m", "created": 0,
+         "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "ok"}}],
+         "usage": {"prompt_tokens": 1000, "completion_tokens": 100, "total_tokens": 1100}}
+
+
+class Endpoint:
+    """A chat completions endpoint that first answers each status of `failures` (with the
+    `Retry-After` of `retry_after`), then REPLY after `delay_s`; it counts requests and the most
+    it held at once."""
+
+    def __init__(self, failures: tuple[int, ...] = (), retry_after: str | None = None, delay_s: float = 0.0):
+        self.failures, self.retry_after, self.delay_s = list(failures), retry_after, delay_s
+        self.requests, self.now, self.most = 0, 0, 0
+        self.times: list[float] = []
+        self.lock = threading.Lock()
+        endpoint = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                with endpoint.lock:
+                    endpoint.requests += 1
+                    endpoint.times.append(time.monotonic())
+                    endpoint.now += 1
+                    endpoint.most = max(endpoint.most, endpoint.now)
+                    status = endpoint.failures.pop(0) if endpoint.failures else 200
+                try:
+                    time.sleep(endpoint.delay_s)
+                    body = json.dumps(REPLY if status == 200 else {"error": {"message": "slow down"}}).encode()
+                    self.send_response(status)
+                    if status != 200 and endpoint.retry_after is not None:
+                        self.send_header("Retry-After", endpoint.retry_after)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                finally:
+                    with endpoint.lock:
+                        endpoint.now -= 1
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def __enter__(self) -> Endpoint:
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _client(gateway: Gateway, token: str) -> openai.OpenAI:
+    # No retries of the SDK's own: what is retried here is the gateway's doing.
+    return openai.OpenAI(base_url=gateway.url, api_key=token, max_retries=0)
+
+
+def _ask(client: openai.OpenAI) -> str:
+    reply = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    return reply.choices[0].message.content
+
+
+def test_a_429_is_retried_after_the_pause_it_asks_for_and_each_attempt_is_in_the_trajectory():
+    with Endpoint(failures=(429, 503), retry_after="0.3") as endpoint:
+        gateway = Gateway(endpoint.url, "sk-real", timeout_s=10, max_attempts=3)
+        try:
+            token, tap = gateway.grant()
+            assert _ask(_client(gateway, token)) == "ok"
+        finally:
+            gateway.close()
+    assert endpoint.requests == 3
+    assert all(b - a >= 0.3 for a, b in zip(endpoint.times, endpoint.times[1:], strict=False))  # Retry-After held
+    notes = [e["note"] for e in tap.entries if "note" in e]
+    assert notes == ["endpoint answered 429 on attempt 1 of 3; retried after 0.30 s",
+                     "endpoint answered 503 on attempt 2 of 3; retried after 0.30 s"]
+    assert (tap.calls, tap.input_tokens, tap.output_tokens) == (1, 1000, 100)
+
+
+def test_a_status_not_worth_retrying_is_answered_at_once_and_attempts_end():
+    with Endpoint(failures=(400,)) as endpoint:
+        gateway = Gateway(endpoint.url, "sk-real", timeout_s=10, max_attempts=5)
+        try:
+            token, tap = gateway.grant()
+            with pytest.raises(openai.BadRequestError):
+                _ask(_client(gateway, token))
+        finally:
+            gateway.close()
+    assert endpoint.requests == 1
+    with Endpoint(failures=(500, 500, 500)) as endpoint:
+        gateway = Gateway(endpoint.url, "sk-real", timeout_s=10, max_attempts=2)
+        try:
+            token, tap = gateway.grant()
+            with pytest.raises(openai.InternalServerError):
+                _ask(_client(gateway, token))
+        finally:
+            gateway.close()
+    assert endpoint.requests == 2  # --openai-max-attempts 2: the first and one retry
+    assert tap.entries[-1]["error"] == "HTTP 500 from the endpoint"
+
+
+def test_model_concurrency_caps_the_calls_in_flight_across_samples():
+    with Endpoint(delay_s=0.3) as endpoint:
+        gateway = Gateway(endpoint.url, "sk-real", timeout_s=10, max_attempts=1, concurrency=2)
+        try:
+            clients = [_client(gateway, gateway.grant()[0]) for _ in range(6)]
+            answers: list[str] = []
+            threads = [threading.Thread(target=lambda c=c: answers.append(_ask(c))) for c in clients]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(30)
+        finally:
+            gateway.close()
+    assert answers == ["ok"] * 6
+    assert endpoint.most == 2 and gateway.most_in_flight == 2
+
+
+def test_the_sample_cost_cap_refuses_the_call_that_would_pass_it():
+    with Endpoint() as endpoint:
+        gateway = Gateway(endpoint.url, "sk-real", timeout_s=10)
+        try:
+            token, tap = gateway.grant(max_cost_usd=0.025, cost_of=lambda model, i, o: 0.01)
+            client = _client(gateway, token)
+            assert [_ask(client), _ask(client)] == ["ok", "ok"]
+            with pytest.raises(openai.PermissionDeniedError, match=r"--max-sample-cost \$0.025"):
+                _ask(client)
+        finally:
+            gateway.close()
+    assert endpoint.requests == 2
+    assert tap.stop_reason() == ("stopped at --max-sample-cost $0.025 ($0.020000 spent): the agent asked for 1"
+                                 " more model call(s), refused")
+
+
+def test_an_unpriced_model_says_the_cost_cap_cannot_count_it():
+    with Endpoint() as endpoint:
+        gateway = Gateway(endpoint.url, "sk-real", timeout_s=10)
+        try:
+            token, tap = gateway.grant(max_cost_usd=0.01, cost_of=lambda model, i, o: None)
+            client = _client(gateway, token)
+            assert [_ask(client), _ask(client)] == ["ok", "ok"]
+        finally:
+            gateway.close()
+    assert [e["note"] for e in tap.entries if "note" in e] == [
+        "no price for model 'm': --max-sample-cost cannot count this sample's calls"]
+
+
+def test_each_cap_is_a_run_option_with_its_documented_variable():
+    given = RunConfig.build("run", suite="s", agent="reference", environ={}, max_sample_cost=0.5,
+                            model_concurrency=3).agent_settings
+    assert (given.max_sample_cost, given.model_concurrency) == (0.5, 3)
+    env = {"EVALPIPE_MAX_SAMPLE_COST": "0.25", "EVALPIPE_MODEL_CONCURRENCY": "4", "EVALPIPE_MAX_MODEL_CALLS": "7"}
+    built = RunConfig.build("run", suite="s", agent="reference", environ=env).agent_settings
+    assert (built.max_sample_cost, built.model_concurrency, built.max_model_calls) == (0.25, 4, 7)
+    # Outside a run (a judge calibrated alone), the agent's settings read the same variables.
+    assert env_overrides(env) == {"max_sample_cost": 0.25, "model_concurrency": 4, "max_model_calls": 7}
+
+
+RUNAWAY = """
+import openai, sys
+client = openai.OpenAI(max_retries=0)
+for i in range(50):
+    try:
+        client.chat.completions.create(model="priced-model", messages=[{"role": "user", "content": "again"}])
+    except openai.PermissionDeniedError as exc:
+        print("refused:", exc.message, file=sys.stderr)
+        break
+"""
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+def test_a_runaway_workspace_agent_is_stopped_at_its_sample_cost(tmp_path, monkeypatch):
+    """`--max-sample-cost` priced by the run's price file: 1,000 input and 100 output tokens
+    at $4 and $20 per million are $0.006 a call, so a $0.015 cap lets two calls out of 50."""
+    prices = tmp_path / "prices.yaml"
+    prices.write_text(yaml.safe_dump({"m": {"input_per_mtok": 4.0, "output_per_mtok": 20.0}}))
+    agent = tmp_path / "agents" / "runaway.py"
+    agent.parent.mkdir()
+    agent.write_text(RUNAWAY)
+    with Endpoint() as endpoint:
+        monkeypatch.setenv("OPENAI_BASE_URL", endpoint.url)
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-real")
+        run = evalpipe.evaluate(str(CODING), f"cmd:{sys.executable} {agent}", n=1, home=tmp_path / "home",
+                                workspace=True, max_sample_cost=0.015, prices=str(prices))
+    assert endpoint.requests == 2
+    (row,) = Store(tmp_path / "home").run_samples(run.run_id).to_pylist()
+    assert row["status"] == "agent_error"
+    assert row["detail"] == ("agent failed: stopped at --max-sample-cost $0.015 ($0.012000 spent): the agent asked"
+                             " for 1 more model call(s), refused")
+    assert "--max-sample-cost $0.015 (" in SampleTrace.parse(row["trace"]).agent_run.stderr_tail
+    assert row["cost_usd"] == pytest.approx(0.012)
