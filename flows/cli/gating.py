@@ -19,6 +19,7 @@ from flows.cli.common import (
     RunArg,
     bad_input,
 )
+from flows.diffing import FormatOpt
 from flows.output import json_doc
 
 
@@ -33,7 +34,7 @@ def gate_cmd(
     max_increase: MaxIncreaseOpt = None,
     metric: Annotated[str, typer.Option("--metric", help=METRIC_HELP)] = "pass",
     shared_only: Annotated[bool, typer.Option("--shared-only", help="Compare only shared case hashes.")] = False,
-    fmt: Annotated[str, typer.Option("--format", help="text, json or markdown (a pull-request comment).")] = "text",
+    fmt: FormatOpt = "text",
     as_json: JsonFlag = False,
 ) -> None:
     """Decide pass/block for RUN_ID against a baseline run; exit 1 when blocked (and only then).
