@@ -220,3 +220,46 @@ def test_a_runaway_workspace_agent_is_stopped_at_its_sample_cost(tmp_path, monke
                              " for 1 more model call(s), refused")
     assert "--max-sample-cost $0.015 (" in SampleTrace.parse(row["trace"]).agent_run.stderr_tail
     assert row["cost_usd"] == pytest.approx(0.012)
+
+
+CMD_AGENT = """
+import json, os, sys
+import openai
+client = openai.OpenAI(max_retries=0)
+for i in range(5):
+    try:
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": f"call {i}"}])
+    except openai.PermissionDeniedError as exc:
+        print("refused:", exc.message, file=sys.stderr)
+        break
+print(json.dumps({"key": os.environ["OPENAI_API_KEY"], "base": os.environ["OPENAI_BASE_URL"]}))
+"""
+
+
+def test_a_cmd_agent_s_calls_go_through_the_gateway_recorded_capped_and_without_the_key(tmp_path, monkeypatch):
+    """Outside a workspace too (issue 44, item 2): a `cmd:` agent's environment names the
+    gateway and a token of its sample's, its calls are its trajectory and its tokens the
+    endpoint's, and `--max-model-calls` stops it with no more calls upstream."""
+    agent = tmp_path / "agent.py"
+    agent.write_text(CMD_AGENT)
+    cases = [{"id": "c", "inputs": {}, "reference": "evalpipe-sample-", "grader": {"kind": "contains"}}]
+    with Endpoint() as endpoint:
+        monkeypatch.setenv("OPENAI_BASE_URL", endpoint.url)
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-real-key")
+        run = evalpipe.evaluate(cases, f"cmd:{sys.executable} {agent}", home=tmp_path / "home")
+        assert endpoint.requests == 5
+        (row,) = Store(tmp_path / "home").run_samples(run.run_id).to_pylist()
+        seen = json.loads(row["output"])
+        assert seen["key"].startswith("evalpipe-sample-") and seen["base"].startswith("http://127.0.0.1:")
+        assert "sk-real-key" not in row["output"]
+        turns = SampleTrace.parse(row["trace"]).trajectory.typed.turns
+        assert [t.content for t in turns] == ["ok"] * 5
+        assert (row["input_tokens"], row["output_tokens"]) == (5000, 500)
+
+        capped_run = evalpipe.evaluate(cases, f"cmd:{sys.executable} {agent}", home=tmp_path / "home",
+                                       max_model_calls=2, seed=1)
+        assert endpoint.requests == 5 + 2
+    (row,) = Store(tmp_path / "home").run_samples(capped_run.run_id).to_pylist()
+    assert row["status"] == "agent_error"
+    assert row["detail"] == ("agent failed: stopped at --max-model-calls 2: the agent asked for 1 more model"
+                             " call(s), refused")

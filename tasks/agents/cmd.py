@@ -22,6 +22,7 @@ from tasks.agents.base import (
     declared_dependencies,
     spec_fingerprint,
 )
+from tasks.agents.gateway import grant_for
 from tasks.models import EvalCase, InputError, sha256_hex
 from tasks.redaction import redact
 from tasks.registry import agent_kind
@@ -83,6 +84,11 @@ class CmdAgent(Reloadable):
         descendants = _Descendants()
         scratch = tempfile.TemporaryDirectory(prefix="evalpipe-agent-")
         usage_file = Path(scratch.name) / "usage.json"
+        env = {**descendants.env(), USAGE_FILE_ENV: str(usage_file)}
+        # Its OpenAI-compatible calls go through the gateway: recorded, capped, and retried.
+        grant = grant_for(env, self.settings, ctx)
+        if grant is not None:
+            env = grant.environ(env)
         try:
             # From a file, not a pipe: no writer to deadlock with the reader of stdout.
             with tempfile.TemporaryFile() as stdin:
@@ -95,7 +101,7 @@ class CmdAgent(Reloadable):
                         stdout=subprocess.PIPE,
                         stderr=subprocess.PIPE,
                         cwd=self.base,
-                        env={**descendants.env(), USAGE_FILE_ENV: str(usage_file)},
+                        env=env,
                         start_new_session=True,
                         preexec_fn=descendants.join,  # noqa: PLW1509 - before the agent runs
                     )
@@ -110,6 +116,11 @@ class CmdAgent(Reloadable):
         finally:
             descendants.close()
             scratch.cleanup()
+            if grant is not None:
+                grant.revoke()
+        mask = grant.masked if grant is not None else redact
+        if grant is not None:
+            ctx.trace.trajectory = grant.settle(ctx, None, self.settings.max_trajectory_bytes)
         if timed_out:
             raise AgentError(f"timed out after {self.settings.cmd_timeout:g} s")
         if proc.returncode != 0:
@@ -119,7 +130,7 @@ class CmdAgent(Reloadable):
                 else f"exited with status {proc.returncode}"
             )
             # Masked before it is cut: a secret cut in half would escape the mask.
-            tail = redact(err.decode("utf-8", errors="replace")).strip()[-STDERR_TAIL:]
+            tail = mask(err.decode("utf-8", errors="replace")).strip()[-STDERR_TAIL:]
             raise AgentError(f"{how}: {tail}" if tail else how)
         if problem:
             raise AgentError(problem)

@@ -29,13 +29,19 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from tasks.agents.base import AgentContext, AgentError
+from tasks.agents.openai_client import DEFAULT_BASE_URL
+from tasks.agents.model_calls import CallBook, RecordedCall
 from tasks.agents.settings import AgentSettings
+from tasks.agents.trajectory import capped
+from tasks.redaction import redact
+from tasks.trace import Trajectory
 from tasks.trajectory import usage_counts
 
 # The API paths forwarded (below the gateway's /v1): what the OpenAI SDKs and most agents use.
@@ -71,6 +77,7 @@ class Tap:
     refused: int = 0  # calls refused at a cap
     refusal: str | None = None  # the cap that refused them
     pending: int = 0  # admitted, not yet answered
+    book: CallBook | None = None  # `--replay-model-calls`: the sample's calls kept, and answered from
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def admit(self) -> str | None:
@@ -102,7 +109,10 @@ class Tap:
             self.entries.append({"note": f"endpoint answered {status} on attempt {attempt} of {attempts};"
                                          f" retried after {pause_s:.2f} s"})
 
-    def record(self, request: dict[str, Any], reply: dict[str, Any] | None, latency_s: float, status: int) -> None:
+    def record(self, request: dict[str, Any], reply: dict[str, Any] | None, latency_s: float, status: int, *,
+               digest: str | None = None, replayed: bool = False) -> None:
+        """One answered call (`replayed`: from an earlier run's record, so its tokens are shown
+        on its turn but not spent, nor priced); `digest`: its request's, on its turn."""
         messages = request.get("messages") if isinstance(request.get("messages"), list) else []
         with self.lock:
             self.calls += 1
@@ -116,6 +126,14 @@ class Tap:
                 return
             turn = _turn(reply)
             inp, out = usage_counts(reply.get("usage"))
+            marks = {"request_sha256": digest} if digest is not None else {}
+            if replayed:
+                # Nothing was bought: the sample's tokens are known, and none of them are these.
+                self.input_tokens, self.output_tokens = self.input_tokens or 0, self.output_tokens or 0
+                self.entries.append({**turn, "usage": {"input_tokens": inp, "output_tokens": out}, "replayed": True,
+                                     "latency_s": round(latency_s, 6), "model": reply.get("model"), **marks})
+                self.seen_messages = len(messages) + 1
+                return
             if inp is not None:
                 self.input_tokens = (self.input_tokens or 0) + inp
             if out is not None:
@@ -132,7 +150,7 @@ class Tap:
                     self.cost_usd += cost
                     self.dearest_usd = max(self.dearest_usd, cost)
             self.entries.append({**turn, "usage": {"input_tokens": inp, "output_tokens": out},
-                                 "latency_s": round(latency_s, 6), "model": self.model})
+                                 "latency_s": round(latency_s, 6), "model": self.model, **marks})
             self.seen_messages = len(messages) + 1
 
 
@@ -214,11 +232,12 @@ class Gateway:
         threading.Thread(target=self.server.serve_forever, name="evalpipe-gateway", daemon=True).start()
 
     def grant(self, max_calls: int | None = None, max_cost_usd: float | None = None,
-              cost_of: CostOf | None = None) -> tuple[str, Tap]:
+              cost_of: CostOf | None = None, book: CallBook | None = None) -> tuple[str, Tap]:
         """A token good for one sample (at most `max_calls` model calls and `max_cost_usd` spent,
-        priced by `cost_of`), and the tap its calls are recorded in."""
+        priced by `cost_of`), and the tap its calls are recorded in (and `book`, with
+        `--replay-model-calls`, kept in and answered from)."""
         token = TOKEN_PREFIX + secrets.token_urlsafe(24)
-        tap = Tap(max_calls=max_calls, max_cost_usd=max_cost_usd, cost_of=cost_of)
+        tap = Tap(max_calls=max_calls, max_cost_usd=max_cost_usd, cost_of=cost_of, book=book)
         with self._lock:
             self._taps[token] = tap
         return token, tap
@@ -304,6 +323,12 @@ class Gateway:
                 if suffix != "/models" and (why := tap.admit()) is not None:
                     self._fail(403, f"evalpipe: {why} reached for this sample: no more model calls")
                     return
+                digest = ordinal = recorded = None
+                if tap.book is not None and suffix != "/models":
+                    digest, ordinal, recorded = tap.book.ask(suffix, request if isinstance(request, dict) else {})
+                if recorded is not None:
+                    self._replay(tap, request, recorded)
+                    return
                 headers = {"Content-Type": "application/json", "Accept": self.headers.get("Accept") or "*/*"}
                 if gateway._key:
                     headers["Authorization"] = f"Bearer {gateway._key}"
@@ -315,16 +340,19 @@ class Gateway:
                 except OSError as exc:
                     self._fail(502, f"evalpipe gateway: the endpoint did not answer: {exc}")
                     tap.record(request, None, time.perf_counter() - started, 502)
+                    if tap.book is not None:
+                        tap.book.forwarded_unkept()
                     return
                 with answer:
                     self.send_response(answer.status)
                     self.send_header("Content-Type", answer.headers.get("Content-Type") or "application/json")
                     self.send_header("Connection", "close")
                     self.end_headers()
-                    got, size = [], 0
+                    got, size, cut = [], 0, False
                     while chunk := answer.read1(65536) if hasattr(answer, "read1") else answer.read(65536):
                         size += len(chunk)
                         if size > MAX_RESPONSE_BYTES:
+                            cut = True
                             break
                         self.wfile.write(chunk)
                         self.wfile.flush()  # a stream reaches the agent as it arrives
@@ -335,13 +363,51 @@ class Gateway:
                     return
                 if answer.status >= 400:
                     tap.record(request, None, time.perf_counter() - started, answer.status)
+                    if tap.book is not None:
+                        tap.book.forwarded_unkept()
                     return
                 try:
                     reply = _streamed(data) if request.get("stream") else json.loads(data)
                 except ValueError:
                     reply = {}
                 tap.record(request, reply if isinstance(reply, dict) else {}, time.perf_counter() - started,
-                           answer.status)
+                           answer.status, digest=digest)
+                if tap.book is not None:
+                    # Kept as the endpoint sent it, to be sent again as it was; one cut at the cap is not.
+                    kept = None if cut else _text(data)
+                    if kept is None or digest is None or ordinal is None:
+                        tap.book.forwarded_unkept()
+                    else:
+                        tap.book.keep(RecordedCall(suffix, digest, ordinal, answer.headers.get("Content-Type")
+                                                   or "application/json", kept), replayed=False)
+
+            def _replay(self, tap: Tap, request: Any, recorded: RecordedCall) -> None:
+                """Answer from an earlier run's record, as the endpoint sent it: a stream event by event."""
+                started = time.perf_counter()
+                data = recorded.body.encode("utf-8")
+                self.send_response(200)
+                self.send_header("Content-Type", recorded.content_type)
+                if recorded.streamed:
+                    self.send_header("Connection", "close")
+                    self.end_headers()
+                    for event in data.split(b"\n\n"):
+                        if event:
+                            self.wfile.write(event + b"\n\n")
+                            self.wfile.flush()
+                    self.close_connection = True
+                else:
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                try:
+                    reply = _streamed(data) if recorded.streamed else json.loads(data)
+                except ValueError:
+                    reply = {}
+                reply = reply if isinstance(reply, dict) else {}
+                tap.record(request, reply, time.perf_counter() - started, 200, digest=recorded.request_sha256,
+                           replayed=True)
+                assert tap.book is not None  # a record comes from the book
+                tap.book.keep(recorded, replayed=True, tokens=usage_counts(reply.get("usage")))
 
             def _fail(self, status: int, message: str) -> None:
                 data = json.dumps({"error": {"message": message, "type": "evalpipe_gateway"}}).encode()
@@ -376,6 +442,14 @@ class _Held:
             self._gateway._release(slot)
 
 
+def _text(data: bytes) -> str | None:
+    """A reply body as text to keep; None when it is not UTF-8 (it could not be sent again as it was)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
 def _pause(headers: Any, attempt: int) -> float:
     """How long to wait before attempt `attempt + 1`: what the endpoint asked (`retry-after-ms`,
     `Retry-After` in seconds), else 0.5 s doubled each time, with jitter; at most MAX_PAUSE_S."""
@@ -403,3 +477,54 @@ def gateway_for(upstream: str, api_key: str | None, settings: AgentSettings) -> 
             made = _GATEWAYS[key] = Gateway(upstream, api_key, settings.openai_timeout, settings.openai_max_attempts,
                                             settings.model_concurrency)
         return made
+
+
+@dataclass(frozen=True)
+class Grant:
+    """One sample's passage through the gateway: its token, where its calls are recorded, and
+    what the agent's environment says instead of the real endpoint and key."""
+
+    gateway: Gateway
+    token: str
+    tap: Tap
+
+    def environ(self, passed: Mapping[str, str]) -> dict[str, str]:
+        """`passed` with the endpoint and key replaced by the gateway's address and the token."""
+        return {**passed, "OPENAI_BASE_URL": self.gateway.url, "OPENAI_API_BASE": self.gateway.url,
+                "OPENAI_API_KEY": self.token}
+
+    def revoke(self) -> None:
+        self.gateway.revoke(self.token)  # good for this sample only, and only while it runs
+
+    def masked(self, text: str) -> str:
+        """`text` with the secrets and the sample's token masked, wherever the agent wrote them."""
+        return redact(text, also=[self.token])
+
+    def settle(self, ctx: AgentContext, own: Trajectory | None, cap: int) -> Trajectory | None:
+        """What the sample used is what the gateway saw. Its trajectory is the one the agent
+        recorded itself (`own`) when that holds its model turns (it knows its tools' results),
+        else the gateway's calls followed by what it wrote. `AgentError` naming the cap that
+        stopped it, if one did."""
+        tap = self.tap
+        if own is not None:
+            own = Trajectory.model_validate(json.loads(self.masked(own.model_dump_json())))
+        if tap.calls:
+            ctx.report_usage(input_tokens=tap.input_tokens, output_tokens=tap.output_tokens, model=tap.model)
+            ctx.report_latency(tap.latency_s)
+            if own is None or not own.typed.turns:
+                own = capped([*tap.entries, *(own.entries if own is not None else [])], cap)
+        if (stopped := tap.stop_reason()) is not None:
+            if own is not None:
+                ctx.trace.trajectory = own
+            raise AgentError(stopped)
+        return own
+
+
+def grant_for(passed: Mapping[str, str], settings: AgentSettings, ctx: AgentContext) -> Grant | None:
+    """The sample's grant when its environment (`passed`) names an OpenAI-compatible endpoint
+    or key, on the process's gateway for them; None when it names neither."""
+    if "OPENAI_API_KEY" not in passed and "OPENAI_BASE_URL" not in passed:
+        return None
+    gateway = gateway_for(passed.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL, passed.get("OPENAI_API_KEY"), settings)
+    token, tap = gateway.grant(settings.max_model_calls, settings.max_sample_cost, ctx.cost_of, ctx.calls)
+    return Grant(gateway, token, tap)

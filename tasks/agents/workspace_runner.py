@@ -38,12 +38,11 @@ from pathlib import Path
 from tasks.agents.base import AgentContext, AgentError, spec_fingerprint
 from tasks.agents.chat import OpenAIAgent, chat_messages
 from tasks.agents.cmd import STDERR_TAIL, CmdAgent
-from tasks.agents.gateway import gateway_for
-from tasks.agents.openai_client import DEFAULT_BASE_URL
+from tasks.agents.gateway import grant_for
 from tasks.agents.python import PythonAgent
 from tasks.agents.settings import AgentSettings
 from tasks.agents.toolbox import Toolbox, ToolFailed
-from tasks.agents.trajectory import TRAJECTORY_ENV, capped, read_trajectory
+from tasks.agents.trajectory import TRAJECTORY_ENV, read_trajectory
 from tasks.agents.workspace_tools import WORKSPACE_TOOLS, workspace_handlers
 from tasks.callables import load_callable
 from tasks.home import HOME_DIR, evalpipe_home
@@ -55,7 +54,7 @@ from tasks.repos.worktrees import RepoError, case_repo, is_url, missing_repo
 from tasks.sandbox import DiskCap, Limits, Mounts, SandboxError, bwrap_available, run_command
 from tasks.sandbox.namespace import runtime_dirs
 from tasks.sandbox.network import agent_network
-from tasks.trace import ProcessRun, Trajectory, WorkspaceChange
+from tasks.trace import ProcessRun, WorkspaceChange
 
 DEFAULT_AGENT_TIMEOUT_S = 1800.0
 BASH_TIMEOUT_S = 300.0  # of one `bash` call of an `openai:` workspace agent
@@ -183,12 +182,9 @@ class WorkspaceAgent:
             {"id": case.id, "inputs": case.inputs, "index": ctx.index, "seed": ctx.seed, "n": ctx.n}))
         passed = {name: os.environ[name] for name in passed_env_names() if name in os.environ}
         # Its OpenAI-compatible calls go through the gateway: recorded, and the key kept outside.
-        token, tap, gateway = None, None, None
-        if "OPENAI_API_KEY" in passed or "OPENAI_BASE_URL" in passed:
-            gateway = gateway_for(passed.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL, passed.get("OPENAI_API_KEY"),
-                                  self.settings)
-            token, tap = gateway.grant(self.settings.max_model_calls, self.settings.max_sample_cost, ctx.cost_of)
-            passed = {**passed, "OPENAI_BASE_URL": gateway.url, "OPENAI_API_BASE": gateway.url, "OPENAI_API_KEY": token}
+        grant = grant_for(passed, self.settings, ctx)
+        if grant is not None:
+            passed = grant.environ(passed)
         env = dict(
             passed, EVALPIPE_WORKSPACE=inside, EVALPIPE_CASE=str(case_file), EVALPIPE_PYTHON=python,
             HOME=str(ws.home), **{TRAJECTORY_ENV: str(ws.trajectory)},
@@ -207,30 +203,18 @@ class WorkspaceAgent:
                                  network=agent_network(passed) if confined else True, mounts=mounts,
                                  visible=self._code(dirs=True), disk=DiskCap((str(ws.tree), str(ws.agent_dir)), cap))
         finally:
-            if gateway is not None:
-                gateway.revoke(token)  # good for this sample only, and only while it runs
-        # The sample's token is masked wherever the agent may have written it, as a key is.
+            if grant is not None:
+                grant.revoke()
+        mask = grant.masked if grant is not None else redact
         ctx.trace.agent_run = ProcessRun(
-            returncode=result.returncode, duration_s=round(result.duration_s, 3),
-            isolation=result.isolation, stdout_tail=redact(_tail(result.stdout, OUTPUT_TAIL), also=[token]),
-            stderr_tail=redact(_tail(result.stderr, OUTPUT_TAIL), also=[token]),
+            returncode=result.returncode, duration_s=round(result.duration_s, 3), isolation=result.isolation,
+            stdout_tail=mask(_tail(result.stdout, OUTPUT_TAIL)), stderr_tail=mask(_tail(result.stderr, OUTPUT_TAIL)),
         )
         trajectory = read_trajectory(ws.trajectory, self.settings.max_trajectory_bytes)
-        if trajectory is not None and token is not None:
-            trajectory = Trajectory.model_validate(json.loads(redact(trajectory.model_dump_json(), also=[token])))
-        if tap is not None and tap.calls:
-            # What it used is what the gateway saw. Its trajectory is the one it recorded itself
-            # when that holds its model turns (it knows its tools' results), else the gateway's
-            # calls followed by what it wrote.
-            ctx.report_usage(input_tokens=tap.input_tokens, output_tokens=tap.output_tokens, model=tap.model)
-            ctx.report_latency(tap.latency_s)
-            if trajectory is None or not trajectory.typed.turns:
-                own = trajectory.entries if trajectory is not None else []
-                trajectory = capped([*tap.entries, *own], self.settings.max_trajectory_bytes)
+        if grant is not None:
+            trajectory = grant.settle(ctx, trajectory, self.settings.max_trajectory_bytes)
         if trajectory is not None:
             ctx.trace.trajectory = trajectory
-        if tap is not None and (stopped := tap.stop_reason()) is not None:
-            raise AgentError(stopped)
         if result.disk_over is not None:
             raise AgentError(f"stopped: the workspace and its scratch directory held {result.disk_over:,} bytes,"
                              f" over the {cap:,}-byte cap (--workspace-tree-mb)")
@@ -239,7 +223,7 @@ class WorkspaceAgent:
         if result.returncode != 0:
             code = result.returncode
             how = f"killed by signal {-code}" if code < 0 else f"exited with status {code}"
-            tail = redact(result.stderr.decode("utf-8", "replace")).strip()[-STDERR_TAIL:]
+            tail = mask(result.stderr.decode("utf-8", "replace")).strip()[-STDERR_TAIL:]
             raise AgentError(f"{how}: {tail}" if tail else how)
         return self._change(ws, ctx)
 
