@@ -25,9 +25,8 @@ from contextvars import ContextVar
 from typing import Any
 
 from tasks.agents.base import AgentContext
-from tasks.agents.gateway import Tap
+from tasks.agents.gateway import Tap, tapped
 from tasks.agents.settings import AgentSettings
-from tasks.agents.trajectory import capped
 
 log = logging.getLogger("evalpipe")
 
@@ -53,7 +52,7 @@ def captured(ctx: AgentContext, cap: int = DEFAULT_CAP) -> Iterator[None]:
         yield
     finally:
         _SAMPLE.reset(token)
-        _apply(tap, ctx, cap)
+        ctx.trace.trajectory = tapped(tap, ctx, ctx.trace.trajectory, cap)
 
 
 def unavailable() -> str | None:
@@ -69,33 +68,6 @@ def _importable(name: str) -> bool:
         return importlib.util.find_spec(name) is not None
     except ModuleNotFoundError:  # a parent package is missing
         return False
-
-
-def _apply(tap: Tap, ctx: AgentContext, cap: int) -> None:
-    if not tap.calls:
-        return
-    ctx.report_usage(input_tokens=tap.input_tokens, output_tokens=tap.output_tokens, model=tap.model)
-    ctx.report_latency(tap.latency_s)
-    own = ctx.trace.trajectory
-    if own is None or not own.typed.turns:
-        with tap.lock:
-            entries = _answered_once(tap.entries)
-        ctx.trace.trajectory = capped([*entries, *(own.entries if own else [])], cap)
-
-
-def _answered_once(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each tool call's first result only: an Agents SDK tool's span (with its duration and
-    error) comes before the next request, which carries the same result as a message."""
-    seen: set[str] = set()
-    kept = []
-    for entry in entries:
-        call_id = entry.get("tool_call_id") if entry.get("role") == "tool" else None
-        if call_id:
-            if call_id in seen:
-                continue
-            seen.add(call_id)
-        kept.append(entry)
-    return kept
 
 
 class _Installed:

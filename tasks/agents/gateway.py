@@ -36,8 +36,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from tasks.agents.base import AgentContext, AgentError
-from tasks.agents.openai_client import DEFAULT_BASE_URL
 from tasks.agents.model_calls import CallBook, RecordedCall
+from tasks.agents.openai_client import DEFAULT_BASE_URL
 from tasks.agents.settings import AgentSettings
 from tasks.agents.trajectory import capped
 from tasks.redaction import redact
@@ -130,8 +130,9 @@ class Tap:
             if replayed:
                 # Nothing was bought: the sample's tokens are known, and none of them are these.
                 self.input_tokens, self.output_tokens = self.input_tokens or 0, self.output_tokens or 0
+                self.model = reply.get("model") if isinstance(reply.get("model"), str) else self.model
                 self.entries.append({**turn, "usage": {"input_tokens": inp, "output_tokens": out}, "replayed": True,
-                                     "latency_s": round(latency_s, 6), "model": reply.get("model"), **marks})
+                                     "latency_s": round(latency_s, 6), "model": self.model, **marks})
                 self.seen_messages = len(messages) + 1
                 return
             if inp is not None:
@@ -390,10 +391,11 @@ class Gateway:
                 if recorded.streamed:
                     self.send_header("Connection", "close")
                     self.end_headers()
-                    for event in data.split(b"\n\n"):
-                        if event:
-                            self.wfile.write(event + b"\n\n")
+                    for line in data.splitlines(keepends=True):
+                        self.wfile.write(line)
+                        if not line.strip():  # an event ends at a blank line: sent as it ends
                             self.wfile.flush()
+                    self.wfile.flush()
                     self.close_connection = True
                 else:
                     self.send_header("Content-Length", str(len(data)))
@@ -508,16 +510,43 @@ class Grant:
         tap = self.tap
         if own is not None:
             own = Trajectory.model_validate(json.loads(self.masked(own.model_dump_json())))
-        if tap.calls:
-            ctx.report_usage(input_tokens=tap.input_tokens, output_tokens=tap.output_tokens, model=tap.model)
-            ctx.report_latency(tap.latency_s)
-            if own is None or not own.typed.turns:
-                own = capped([*tap.entries, *(own.entries if own is not None else [])], cap)
+        own = tapped(tap, ctx, own, cap)
         if (stopped := tap.stop_reason()) is not None:
             if own is not None:
                 ctx.trace.trajectory = own
             raise AgentError(stopped)
         return own
+
+
+def tapped(tap: Tap, ctx: AgentContext, own: Trajectory | None, cap: int) -> Trajectory | None:
+    """The one rule for a sample whose model calls were tapped (by the gateway, or captured in
+    process): its usage is what the tap saw; its trajectory the one the agent recorded itself
+    (`own`) when that holds its model turns (it knows its tools' results), else the tapped calls
+    (each tool call's first result only) followed by what it wrote, up to `cap` bytes."""
+    if not tap.calls:
+        return own
+    ctx.report_usage(input_tokens=tap.input_tokens, output_tokens=tap.output_tokens, model=tap.model)
+    ctx.report_latency(tap.latency_s)
+    if own is not None and own.typed.turns:
+        return own
+    with tap.lock:
+        entries = _answered_once(tap.entries)
+    return capped([*entries, *(own.entries if own is not None else [])], cap)
+
+
+def _answered_once(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each tool call's first result only: a tool's result recorded as it ran (an Agents SDK
+    tool's span, with its duration and error) comes again in the next request's messages."""
+    seen: set[str] = set()
+    kept = []
+    for entry in entries:
+        call_id = entry.get("tool_call_id") if entry.get("role") == "tool" else None
+        if call_id:
+            if call_id in seen:
+                continue
+            seen.add(call_id)
+        kept.append(entry)
+    return kept
 
 
 def grant_for(passed: Mapping[str, str], settings: AgentSettings, ctx: AgentContext) -> Grant | None:
