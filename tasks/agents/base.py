@@ -14,6 +14,7 @@ from typing import Any, Protocol, Self
 
 from pydantic import ValidationError
 
+from tasks.agents.model_calls import CallBook
 from tasks.agents.settings import AgentSettings
 from tasks.models import EvalCase, InputError, Usage, canonical_json, sha256_hex
 from tasks.trace import SampleTrace, Trajectory
@@ -46,6 +47,9 @@ class AgentContext:
     # cap on a sample's spending (`--max-sample-cost`) counts with.
     cost_of: Callable[[str | None, int | None, int | None], float | None] | None = field(
         default=None, compare=False, repr=False)
+    # `--replay-model-calls`: the sample's calls through the gateway, kept, and answered from
+    # an earlier run's where identical (`tasks.agents.model_calls`); None without the option.
+    calls: CallBook | None = field(default=None, compare=False, repr=False)
 
     def report_usage(
         self, *, input_tokens: int | None = None, output_tokens: int | None = None, model: str | None = None
