@@ -38,7 +38,7 @@ def publish(run: RunSummary, store: Store, kinds: Mapping[str, str]) -> None:
         description=f"evalpipe run {run.run_id}",
     )
     if run.gate and run.gate.baseline:  # the pull-request comment's Markdown, on the flow run's page
-        from flows.gate import pair_runs
+        from service.gate import pair_runs
 
         comparison = pair_runs(run.run_id, run.gate.baseline, metric=run.gate.metric or "pass", store=store)
         create_markdown_artifact(

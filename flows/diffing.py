@@ -36,7 +36,7 @@ def diff(
 ) -> None:
     """Which cases regressed, improved, are new or removed between BASELINE and RUN_ID,
     paired by case as the gate pairs them; per slice, the change with its paired CI."""
-    from flows.gate import pair_runs
+    from service.gate import pair_runs
     from storage.store import Store
     from tasks.report.diff_text import diff_text
 

@@ -6,7 +6,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from flows.gate import Comparison
+from service.gate import Comparison
 from storage.store import Store
 from tasks.files import atomic_write
 from tasks.models import InputError

@@ -137,7 +137,7 @@ def test_labels_round_trip(run, tmp_path, suffix):
 
 
 def test_a_label_never_clears_safety_and_the_gate_blocks(run, tmp_path):
-    from flows.gate import decision, pair_runs
+    from service.gate import decision, pair_runs
     from flows.judging import export_labels, import_labels
     from tasks.metrics.rules import GateRules
 

@@ -431,7 +431,7 @@ def test_diff_shows_the_tool_calls_that_appeared_or_disappeared_on_each_changed_
     assert cases["password-help"]["tool_calls"] == {"search_kb": [1, 0]}
     text = diff_text(doc, limit=20)
     assert "tool calls per sample: -create_ticket 1 -> 0, +delete_account 0 -> 1" in text
-    from flows.gate import decision, pair_runs
+    from service.gate import decision, pair_runs
     from flows.report import write_diff_report
 
     comparison = pair_runs(bad.run_id, good.run_id, store=store)
@@ -598,7 +598,7 @@ def test_a_runs_trajectories_travel_with_its_export_and_are_queryable_where_impo
 
 
 def test_the_pr_comment_says_which_extra_grader_newly_fails_a_case_and_why(model, tmp_path):
-    from flows.gate import pair_runs
+    from service.gate import pair_runs
 
     good = evalpipe.evaluate(str(SUITE), "openai:support-good?max_steps=6", n=1, home=tmp_path)
     bad = evalpipe.evaluate(str(SUITE), "openai:support-bad?max_steps=6", n=1, home=tmp_path)
