@@ -194,3 +194,10 @@ def test_an_inconclusive_pass_says_what_would_decide_it() -> None:
     decided = gate_diff(diff_runs(run, [CaseResult(f"q{i}", f"h{i}", 5, 0, 0.0) for i in range(10)]), run,
                         must_pass=frozenset(), **kwargs)
     assert decided["verdict"] == "improved" and not any(r.startswith("to decide") for r in decided["reasons"])
+    # A baseline that never varied (every sample of every case passed) sizes no drop: not "0.0 points".
+    steady = [CaseResult(f"q{i}", f"h{i}", 2, 2, 1.0) for i in range(10)]
+    flat = gate_diff(diff_runs(steady, steady, run_id="r", baseline_id="b"), steady, must_pass=frozenset(), **kwargs)
+    assert flat["verdict"] == "inconclusive"
+    assert flat["reasons"][-1].startswith("to decide: the baseline's cases never varied between samples, so no"
+                                          " drop size can be planned from it; a drop shows as cases that newly fail;"
+                                          " rules that block on cases whatever the CI: --max-new-failures N")

@@ -301,7 +301,10 @@ def what_would_decide(diff: RunDiff, rules: GateRules) -> str:
             spread = variance_from_counts([c.before.n for c in shared], [c.before.c for c in shared])
         except InputError:  # under 2 cases, or one sample each all alike: no spread to plan from
             pass
-    if spread is not None:
+    if spread is not None and spread.between == spread.within == 0:  # every baseline sample passed (or every one failed): no spread to size a drop from
+        parts.append("the baseline's cases never varied between samples, so no drop size can be planned from"
+                     " it; a drop shows as cases that newly fail")
+    elif spread is not None:
         samples = min(c.after.n for c in shared)
         smallest = detectable(spread, len(shared), samples)
         parts.append(f"these {len(shared)} cases x {samples} samples catch a drop of about {100 * smallest:.1f} points"
