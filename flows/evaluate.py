@@ -69,6 +69,7 @@ def evaluate(
     max_model_calls: Annotated[int | None, Field(ge=1)] = None,
     max_sample_cost: Annotated[float | None, Field(gt=0)] = None,
     model_concurrency: Annotated[int | None, Field(ge=1)] = None,
+    replay_model_calls: bool = False,
     max_cost: Annotated[float | None, Field(gt=0)] = None,
     max_samples: Annotated[int | None, Field(ge=1)] = None,
     prices: str | None = None,
@@ -134,6 +135,10 @@ def evaluate(
             the sample is agent_error naming the cap.
         model_concurrency: Model calls in flight at once across the run, through the gateway
             (default: no cap beyond --agent-concurrency).
+        replay_model_calls: Keep each model call made through the gateway, and answer a call
+            identical to one an earlier run of this agent spec kept for the same case, sample index
+            and seed (same request body, same ordinal among identical requests) from it, with no
+            upstream call.
         max_cost: Budget in USD: no new agent call starts once the drawn samples cost this
             much; the run ends partial, and the same run with a larger budget draws the rest.
         max_samples: Budget in agent calls: draw at most this many samples (cached ones are free).
@@ -160,7 +165,7 @@ prepared_here: ContextVar[tuple[RunConfig, PreparedRun | None] | None] = Context
 def run(config: RunConfig, started: float) -> RunSummary:
     """The run `config` describes, inside the flow: prepared, then looped over Prefect's task
     runners, its summary published."""
-    steps.check_deployment_allows(config.agent, config.unsafe_no_sandbox, config.dask_address)
+    steps.check_deployment_allows(config.agent, config.unsafe_no_sandbox, config.dask_address, config.suite)
     store = Store.default()
     flow_run_id = str(flow_run.id) if flow_run.id else None
     handed = prepared_here.get()

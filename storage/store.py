@@ -13,6 +13,7 @@ from pathlib import Path
 from storage.calibrations import Calibrations
 from storage.export import Exports
 from storage.mined import MinedCandidates
+from storage.model_calls import ModelCalls
 from storage.outputs import Outputs
 from storage.suites import resolve_suite
 from tasks.home import evalpipe_home
@@ -20,7 +21,7 @@ from tasks.models import EvalSuite
 
 
 @dataclass(frozen=True)
-class Store(Exports, Calibrations, Outputs, MinedCandidates):
+class Store(Exports, Calibrations, Outputs, MinedCandidates, ModelCalls):
     home: Path
 
     def __post_init__(self) -> None:

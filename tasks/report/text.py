@@ -11,6 +11,7 @@ from tasks.report.figures import metric_rows
 from tasks.report.gate_text import gate_lines
 from tasks.report.judges import UNCALIBRATED, judge_standing, judged_count
 from tasks.report.trajectory import steps_text
+from tasks.run.replayed import model_calls_line
 from tasks.run.usage import usage_lines
 from tasks.sandbox import UNSAFE_NOTE
 
@@ -47,6 +48,8 @@ def summary_text(s: Mapping[str, Any], judges: Sequence[Mapping[str, Any]] = ())
         lines.append(f"agent steps: {steps_text(s['agent_steps'])}")
     if s.get("usage"):
         lines.extend(usage_lines(s["usage"]))
+    if s.get("model_calls"):
+        lines.append(model_calls_line(s["model_calls"]))
     if s.get("partial"):
         lines.insert(0, f"PARTIAL: {s['undrawn_samples']} samples undrawn ({s['budget']['stopped']});"
                         " the figures below cover the drawn samples only")

@@ -121,6 +121,10 @@ class RunConfig(BaseModel):
         ge=1, description="Model calls in flight at once across the run, through the gateway (default: no cap"
                           " beyond --agent-concurrency)."),
         Flag(metavar="N", env=AGENT_ENV["model_concurrency"])] = None
+    replay_model_calls: Annotated[bool, Field(
+        description="Keep each model call made through the gateway, and answer a call identical to one an earlier"
+                    " run of this agent spec kept for the same case, sample index and seed (same request body, same"
+                    " ordinal among identical requests) from it, with no upstream call.")] = False
     max_trajectory_bytes: Annotated[int | None, Field(
         ge=1, description="With --workspace: cap on the trajectory kept (default 1 MB;"
                           " $EVALPIPE_MAX_TRAJECTORY_BYTES)."),
@@ -246,4 +250,5 @@ class RunConfig(BaseModel):
                 **({"max_increase": self.max_increase} if self.max_increase else {}),
                 "suite_ref": self.suite, "workspace": self.workspace, "agent_timeout_s": self.agent_timeout_s,
                 "max_cost": self.max_cost, "max_samples": self.max_samples,
+                **({"replay_model_calls": True} if self.replay_model_calls else {}),
                 "agent_settings": self.agent_settings.model_dump(), **resolved}

@@ -43,6 +43,7 @@ from typing import Any, Protocol
 import pyarrow as pa
 
 from tasks.agents.base import makes_calls
+from tasks.agents.model_calls import RecordedCall
 from tasks.agents.settings import AgentSettings
 from tasks.graders import graded_inline
 from tasks.graders.judge import judging
@@ -126,6 +127,8 @@ class SampleStore(Protocol):
     def case_results(self, run_id: str) -> list[CaseResult]: ...
     def recorded_run(self, spec: RunSpec, stopping: Callable[[], bool] | None = None) -> AbstractContextManager[None]: ...
     def finish_run(self, run_id: str, status: RunStatus, summary: RunSummary | None) -> None: ...
+    def recorded_calls(self, agent: str, samples: Sequence[tuple[str, int, int]]
+                       ) -> Mapping[tuple[str, int, int], tuple[RecordedCall, ...]]: ...
 
 
 class Future(Protocol):
@@ -597,6 +600,8 @@ def draw_and_grade(spec: RunSpec, config: RunConfig, suite: EvalSuite, agent: An
         progress(total - len(missing), total)
     wanted = [p for p in missing if p.output is None]
     to_draw, cut = budget.order(wanted, meter.drawn) if meter.may_draw else ([], wanted)
+    if config.replay_model_calls and to_draw and agent is not None and makes_calls(agent):
+        to_draw = with_recorded_calls(spec.agent, to_draw, store)
     stored = [stored_output(p) for p in missing if p.output is not None]
     if not stored and not to_draw:
         return Drawing(meter, len(cut))
@@ -615,6 +620,13 @@ def draw_and_grade(spec: RunSpec, config: RunConfig, suite: EvalSuite, agent: An
                            if inline else None, deque(to_draw) if at_hand else deque())
     scheduler.run()
     return Drawing(meter, len(cut) + scheduler.undrawn)
+
+
+def with_recorded_calls(agent_spec: str, planned: list[PlannedSample], store: SampleStore) -> list[PlannedSample]:
+    """`--replay-model-calls`: each planned sample with the calls an earlier run of the agent
+    spec kept for its case, index and seed (none: an empty record, its calls kept anew)."""
+    kept = store.recorded_calls(agent_spec, [(p.case_id, p.index, p.seed) for p in planned])
+    return [replace(p, replay=kept.get((p.case_id, p.index, p.seed), ())) for p in planned]
 
 
 def reduce_run(spec: RunSpec, suite: EvalSuite, store: SampleStore) -> Measured:

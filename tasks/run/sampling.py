@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from tasks.agents import AgentContext, AgentError, seen_beyond_inputs
+from tasks.agents.model_calls import TRACE_KEY as MODEL_CALLS_KEY
+from tasks.agents.model_calls import CallBook, RecordedCall
 from tasks.agents.settings import DEFAULT_MAX_OUTPUT_BYTES
 from tasks.graders import grade, grader_fingerprint
 from tasks.metrics.cost import PriceTable
@@ -86,6 +88,9 @@ class PlannedSample:
     usage: Usage | None = None
     trace: SampleTrace | None = field(default=None, hash=False, compare=False)
     draw_s: float = 0.0
+    # `--replay-model-calls`: the calls an earlier run kept for this case, index and seed, to
+    # answer identical ones from (empty: none kept); None without the option.
+    replay: tuple[RecordedCall, ...] | None = field(default=None, hash=False, compare=False)
 
 
 def plan_samples(suite: EvalSuite, agent_fingerprint: str, n: int, run_seed: int,
@@ -197,13 +202,17 @@ def draw_output(agent, case: EvalCase, planned: PlannedSample, n: int, cap: int,
         return stored_output(planned)
     started = time.perf_counter()
     trace = SampleTrace()
+    calls = CallBook(planned.replay) if planned.replay is not None else None
     ctx = AgentContext(case_id=case.id, index=planned.index, seed=planned.seed, n=n, trace=trace,
-                       cost_of=None if prices is None else (lambda model, i, o: prices.cost(model, i, o)[0]))
+                       cost_of=None if prices is None else (lambda model, i, o: prices.cost(model, i, o)[0]),
+                       calls=calls)
     try:
         try:
             raw = agent.generate(case, ctx)
         finally:  # a failed call took its time (and maybe its tokens) too
             usage = Usage(**{"latency_s": time.perf_counter() - started, **ctx.reported})
+            if calls is not None:
+                setattr(trace, MODEL_CALLS_KEY, calls.section())
         output = bounded_output(raw, cap, trace, secrets)
     except AgentError as exc:
         return Drawn(planned, "", usage, trace, time.perf_counter() - started, f"agent failed: {exc}")

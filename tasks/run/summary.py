@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from tasks.metrics.aggregate import REQUIRED_COLUMNS, Aggregate, Row, aggregate
 from tasks.metrics.diff import METRICS
 from tasks.models import EvalSuite, InputError
+from tasks.run.replayed import ModelCallCounts, model_call_counts
 from tasks.run.spec import RunSpec
 from tasks.run.usage import USAGE_SAMPLE_COLUMNS, RunUsage, usage_summary
 from tasks.trace import SampleTrace
@@ -141,6 +142,7 @@ class RunSummary(_Doc):
     metrics: dict[str, MetricSummary] | None = None
     # Every output came from the cache (the agent was not called): the fingerprint matched, how to draw afresh.
     all_cached: dict[str, str] | None = None
+    model_calls: ModelCallCounts | None = None  # `run --replay-model-calls`: replayed and forwarded calls
 
     @classmethod
     def read(cls, doc: RunSummary | Mapping[str, Any]) -> RunSummary:
@@ -182,14 +184,14 @@ class RunSummary(_Doc):
 # Absent from the document when they do not apply (`flow_run_id` and `duration_s` are always there).
 _OPTIONAL_KEYS = ("env_flaky_samples", "gate", "no_baseline", "source_run", "labeller", "labelled", "unlabelled", "sandbox",
                   "agent_steps", "usage", "partial", "undrawn_samples", "budget", "unscored",
-                  "sequential", "metrics", "all_cached")
+                  "sequential", "metrics", "all_cached", "model_calls")
 
 
 def summary_columns(spec: RunSpec, suite: EvalSuite | None = None) -> tuple[str, ...]:
     """The sample columns `summarize` reads: never the outputs; the traces only to count
     environment flakes, what an agent did (a coding agent's, or one given tools) and what
     each extra grader said."""
-    traces = (spec.regrade or spec.config.get("workspace")
+    traces = (spec.regrade or spec.config.get("workspace") or spec.config.get("replay_model_calls")
               or (suite is not None and any("tools" in c.inputs or c.extra_graders for c in suite.cases)))
     return (*REQUIRED_COLUMNS, "score", "cached", *USAGE_SAMPLE_COLUMNS, *(("trace",) if traces else ()))
 
@@ -226,6 +228,7 @@ class Measured:
     env_flaky_samples: int | None
     agent_steps: dict[str, float] | None
     usage: RunUsage | None
+    model_calls: ModelCallCounts | None = None
 
     @property
     def safety_failed(self) -> bool:
@@ -272,6 +275,7 @@ class Measured:
             # A rescore calls no agent by design: it says so itself.
             all_cached=all_cached(spec) if self.samples and self.cached_samples == self.samples
             and outcome.source_run is None else None,
+            model_calls=self.model_calls,
         )
 
 
@@ -299,6 +303,7 @@ def measure(spec: RunSpec, suite: EvalSuite, samples: pa.Table) -> Measured:
         env_flaky_samples=_env_flakes(samples) if spec.regrade else None,
         agent_steps=_agent_steps(samples),
         usage=usage_summary(samples),
+        model_calls=model_call_counts(samples) if spec.config.get("replay_model_calls") else None,
     )
 
 

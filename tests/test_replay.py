@@ -1,0 +1,228 @@
+"""Replay of model calls (issue 44, item 4): with `--replay-model-calls`, a run after a change
+to an agent's tool code pays only from the first changed request on.
+
+Real parts: a `--workspace` `cmd:` agent on the OpenAI SDK in the sandbox, the run's gateway,
+and a stdlib chat completions endpoint that counts what reaches it. The agent makes 3 calls
+(the second streamed); the third request holds the result of its `scale` tool, whose code
+changes between runs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+import evalpipe
+from storage.store import Store
+from tasks.trace import SampleTrace
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+
+ROOT = Path(__file__).resolve().parent.parent
+CODING = ROOT / "examples" / "coding" / "calc.yaml"
+
+AGENT = """
+import json
+import openai
+
+FACTOR = {factor}
+REPEAT_FIRST = {repeat}
+client = openai.OpenAI(max_retries=0)
+TOOLS = [{{"type": "function", "function": {{"name": name, "parameters": {{"type": "object", "properties": {{}}}}}}}}
+         for name in ("measure", "scale")]
+
+
+def measure():
+    return "41"
+
+
+def scale(x):
+    return str(int(x) * FACTOR)
+
+
+def turn(message):
+    calls = [{{"id": c.id, "type": "function", "function": {{"name": c.function.name, "arguments": c.function.arguments}}}}
+             for c in message.tool_calls or []]
+    return {{"role": "assistant", "content": message.content, **({{"tool_calls": calls}} if calls else {{}})}}
+
+
+def streamed(messages):
+    content, calls = "", {{}}
+    for chunk in client.chat.completions.create(model="m", messages=messages, tools=TOOLS, stream=True,
+                                                stream_options={{"include_usage": True}}):
+        for choice in chunk.choices:
+            content += choice.delta.content or ""
+            for part in choice.delta.tool_calls or []:
+                call = calls.setdefault(part.index, {{"id": None, "type": "function",
+                                                     "function": {{"name": "", "arguments": ""}}}})
+                call["id"] = part.id or call["id"]
+                call["function"]["name"] += part.function.name or ""
+                call["function"]["arguments"] += part.function.arguments or ""
+    return {{"role": "assistant", "content": content or None,
+            **({{"tool_calls": [calls[i] for i in sorted(calls)]}} if calls else {{}})}}
+
+
+messages = [{{"role": "user", "content": "measure, then scale it"}}]
+first = turn(client.chat.completions.create(model="m", messages=messages, tools=TOOLS).choices[0].message)
+if REPEAT_FIRST:  # the same request again: the second of its kind in this sample
+    client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
+messages += [first, {{"role": "tool", "tool_call_id": first["tool_calls"][0]["id"], "content": measure()}}]
+second = streamed(messages)
+x = json.loads(second["tool_calls"][0]["function"]["arguments"])["x"]
+messages += [second, {{"role": "tool", "tool_call_id": second["tool_calls"][0]["id"], "content": scale(x)}}]
+final = client.chat.completions.create(model="m", messages=messages, tools=TOOLS).choices[0].message.content
+open("CHANGES.md", "w").write(final + "\\n")
+"""
+
+
+class Endpoint:
+    """Chat completions by the conversation's length: a `measure` call, then (streamed when
+    asked) a `scale` call of what it measured, then the answer, naming the last tool result.
+    Each tool call's id is the request's number here, so an answer says which request made it."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.lock = threading.Lock()
+        endpoint = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+                with endpoint.lock:
+                    endpoint.requests += 1
+                    number = endpoint.requests
+                messages = body["messages"]
+                usage = {"prompt_tokens": 100 * len(messages), "completion_tokens": 10,
+                         "total_tokens": 100 * len(messages) + 10}
+                if len(messages) == 1:
+                    message = {"role": "assistant", "content": None, "tool_calls": [
+                        {"id": f"call_{number}", "type": "function", "function": {"name": "measure", "arguments": "{}"}}]}
+                elif len(messages) == 3:
+                    message = {"role": "assistant", "content": None, "tool_calls": [
+                        {"id": f"call_{number}", "type": "function",
+                         "function": {"name": "scale", "arguments": json.dumps({"x": messages[-1]["content"]})}}]}
+                else:
+                    message = {"role": "assistant", "content": f"the answer is {messages[-1]['content']}"}
+                if body.get("stream"):
+                    self._stream(message, usage)
+                    return
+                data = json.dumps({"id": f"r{number}", "object": "chat.completion", "created": 0, "model": "m",
+                                   "choices": [{"index": 0, "finish_reason": "stop", "message": message}],
+                                   "usage": usage}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _stream(self, message: dict, usage: dict) -> None:
+                def chunk(delta: dict, finish: str | None = None, **extra: object) -> bytes:
+                    doc = {"id": "s", "object": "chat.completion.chunk", "created": 0, "model": "m",
+                           "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **extra}
+                    return f"data: {json.dumps(doc)}\n\n".encode()
+
+                call = message["tool_calls"][0]
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                self.wfile.write(chunk({"role": "assistant", "tool_calls": [
+                    {"index": 0, "id": call["id"], "type": "function",
+                     "function": {"name": call["function"]["name"], "arguments": ""}}]}))
+                self.wfile.write(chunk({"tool_calls": [
+                    {"index": 0, "function": {"arguments": call["function"]["arguments"]}}]}))
+                self.wfile.write(chunk({}, "tool_calls"))
+                end = {"id": "s", "object": "chat.completion.chunk", "created": 0, "model": "m", "choices": [],
+                       "usage": usage}
+                self.wfile.write(f"data: {json.dumps(end)}\n\ndata: [DONE]\n\n".encode())
+                self.close_connection = True
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def __enter__(self) -> Endpoint:
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def endpoint(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)  # the agent's file is in the tree its fingerprint covers
+    with Endpoint() as served:
+        monkeypatch.setenv("OPENAI_BASE_URL", served.url)
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-real-key")
+        yield served
+
+
+def _run(tmp_path: Path, factor: int, *, replay: bool, repeat: bool = False):
+    """One run of the agent whose `scale` multiplies by `factor` (the same spec every time:
+    only its file's content, and so its fingerprint, changes), and its one sample's row."""
+    agent = tmp_path / "agents" / "tools.py"
+    agent.parent.mkdir(exist_ok=True)
+    agent.write_text(AGENT.format(factor=factor, repeat=repeat))
+    run = evalpipe.evaluate(str(CODING), f"cmd:{sys.executable} agents/tools.py", home=tmp_path / "home",
+                            workspace=True, replay_model_calls=replay)
+    (row,) = Store(tmp_path / "home").run_samples(run.run_id).to_pylist()
+    assert row["status"] != "agent_error", row["detail"]
+    return run, row
+
+
+def _turns(row: dict) -> list[dict]:
+    return [e for e in SampleTrace.parse(row["trace"]).trajectory.entries if e.get("role") == "assistant"]
+
+
+def test_after_a_tool_change_only_the_changed_request_goes_upstream(tmp_path, endpoint):
+    first, row = _run(tmp_path, 2, replay=True)
+    assert endpoint.requests == 3
+    assert "the answer is 82" in row["output"]
+    assert first.to_json()["model_calls"] == {"replayed": 0, "forwarded": 3, "replayed_input_tokens": None,
+                                              "replayed_output_tokens": None, "unseen_samples": 0, "note": None}
+
+    second, row = _run(tmp_path, 3, replay=True)  # the tool's code changed: its result enters call 3
+    assert endpoint.requests == 3 + 1
+    assert "the answer is 123" in row["output"]
+    turns = _turns(row)
+    assert [t.get("replayed", False) for t in turns] == [True, True, False]
+    assert [t["tool_calls"][0]["function"]["name"] for t in turns[:2]] == ["measure", "scale"]
+    assert turns[2]["content"] == "the answer is 123"
+    assert all(len(t["request_sha256"]) == 64 for t in turns)
+    # What was spent is the forwarded call's; the replayed calls' tokens are shown, not spent.
+    assert (row["input_tokens"], row["output_tokens"]) == (500, 10)
+    assert [t["usage"] for t in turns[:2]] == [{"input_tokens": 100, "output_tokens": 10},
+                                               {"input_tokens": 300, "output_tokens": 10}]
+    doc = second.to_json()
+    assert doc["model_calls"] == {"replayed": 2, "forwarded": 1, "replayed_input_tokens": 400,
+                                  "replayed_output_tokens": 20, "unseen_samples": 0, "note": None}
+    assert doc["usage"]["input_tokens"] == 500
+
+    third, _ = _run(tmp_path, 4, replay=False)  # without the option: every call goes upstream
+    assert endpoint.requests == 4 + 3
+    assert "model_calls" not in third.to_json()
+
+
+def test_a_request_at_another_ordinal_is_forwarded_not_answered_from_the_record(tmp_path, endpoint):
+    _run(tmp_path, 2, replay=True)
+    assert endpoint.requests == 3
+    # The first request twice: the second of its kind was never recorded, so it goes upstream
+    # and its answer is the endpoint's own (a tool call id of this request's number).
+    run, row = _run(tmp_path, 2, replay=True, repeat=True)
+    assert endpoint.requests == 3 + 1
+    turns = _turns(row)
+    assert [t.get("replayed", False) for t in turns] == [True, False, True, True]
+    assert turns[0]["tool_calls"][0]["id"] == "call_1"
+    assert turns[1]["tool_calls"][0]["id"] == "call_4"
+    assert turns[0]["request_sha256"] == turns[1]["request_sha256"]
+    assert run.to_json()["model_calls"]["forwarded"] == 1
