@@ -15,11 +15,10 @@ from pathlib import Path
 import pytest
 
 from tasks.run import RunConfig
+from tasks.run.rescore import RESCORE_OPTIONS
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# `run` options that are not the run's configuration but the command's own reading of its result.
-CLI_ONLY = {"max_agent_errors", "max_grader_errors", "as_json"}
 # Fields whose help the flow's docstring (flows/evaluate.py, `prefect deploy` reads it from the
 # source) still words otherwise than the field: to take the field's `description` word for word.
 # A field not named here must read the same; one named here that does is to leave the list.
@@ -85,26 +84,40 @@ def test_the_flow_s_help_is_the_field_s():
     assert FLOW_HELP_TO_ALIGN - differ == set(), "the flow reads as the field now: leave FLOW_HELP_TO_ALIGN"
 
 
-def _run_command():
+def _command(name: str):
     import typer
 
     from flows.cli import app
 
-    return typer.main.get_command(app).commands["run"]
+    return typer.main.get_command(app).commands[name]
 
 
-def test_the_run_command_s_options_are_the_run_configuration_s_fields():
+# The commands whose options are fields, with what they take of them; their own beside.
+RULES = {"min_pass_at_1", "max_drop", "max_new_failures", "min_slice", "max_increase"}
+FIELD_COMMANDS = {
+    "run": (set(RunConfig.model_fields), {"max_agent_errors", "max_grader_errors", "as_json"}),
+    "rescore": (RESCORE_OPTIONS - {"runner"}, {"run_id", "as_json"}),  # it grades on threads
+    "gate": (RULES, {"run_id", "baseline", "metric", "shared_only", "fmt", "as_json"}),
+    "report": (RULES, {"run_id", "out", "baseline", "metric"}),
+}
+
+
+@pytest.mark.parametrize("command", sorted(FIELD_COMMANDS))
+def test_a_command_s_run_options_are_the_run_configuration_s_fields(command):
     """Generated (`flows/cli/run_options.py`): each field is an option with the field's help,
-    default, bounds and required-ness; the command adds only its own."""
+    bounds and required-ness, and its default (`gate` and `report`: none, the stored decision
+    stands); the command adds only its own."""
     from tasks.run.options import flag_name, flag_of
 
-    params = {p.name: p for p in _run_command().params}
+    taken, own = FIELD_COMMANDS[command]
+    params = {p.name: p for p in _command(command).params}
+    assert set(params) == taken | own
     fields = RunConfig.model_fields
-    assert set(params) - CLI_ONLY == set(fields)
     schema = RunConfig.model_json_schema()["properties"]
     problems = []
-    for name, field in fields.items():
-        option, flag = params[name], flag_of(field)
+    for name in taken:
+        field, option = fields[name], params[name]
+        flag = flag_of(field)
         if option.help != field.description or not option.help:
             problems.append(f"{name}: help {option.help!r}, field {field.description!r}")
         if not flag.argument and option.opts != [flag_name(name, field)]:
@@ -115,7 +128,7 @@ def test_the_run_command_s_options_are_the_run_configuration_s_fields():
         if option.required != field.is_required():
             problems.append(f"{name}: required {option.required}")
         given = flag.parse(option.default) if flag.parse and option.default is not None else option.default
-        if not field.is_required() and given != field.default:
+        if not field.is_required() and given != (None if command in ("gate", "report") else field.default):
             problems.append(f"{name}: default {option.default!r}, field {field.default!r}")
     assert problems == [], "\n".join(problems)
 

@@ -26,7 +26,8 @@ from typer._click.exceptions import (  # typer's own click: not exported by name
 
 from flows.cli.env import env_app
 from flows.cli.gating import gate_cmd, report_cmd
-from flows.cli.running import RunOptions, rescore_cmd, rescore_flow, run
+from flows.cli.run_options import mount
+from flows.cli.running import rescore_cmd, rescore_flow, run
 from flows.cli.runs import runs_app
 from flows.cli.server import server_app
 from flows.cli.suite import suite_app
@@ -46,10 +47,10 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="Eval harness for eval-driven development of LLM agents and code models.",
 )
-app.command("run", cls=RunOptions)(run)
-app.command("rescore")(rescore_cmd)
-app.command("gate")(gate_cmd)
-app.command("report")(report_cmd)
+mount(app, "run", run)
+mount(app, "rescore", rescore_cmd)
+mount(app, "gate", gate_cmd)
+mount(app, "report", report_cmd)
 app.command("diff")(diff)
 app.command("plan")(plan)
 app.command("compare")(compare)

@@ -17,19 +17,6 @@ UnsafeFlag = Annotated[bool, typer.Option(
     "--unsafe-no-sandbox", help="Without bubblewrap, run the suite's code unprotected instead of refusing.")]
 SuiteArg = Annotated[str, typer.Argument(help="Suite file, git URL#PATH (URL@REF#PATH), or stored version.")]
 RunArg = Annotated[str, typer.Argument(help="A run id, or an unambiguous prefix of one.")]
-MinPassOpt = Annotated[float | None, typer.Option(
-    "--min-pass-at-1", min=0.0, max=1.0, help="Block when the run's pass@1 is below this.")]
-MaxDropOpt = Annotated[float | None, typer.Option(
-    "--max-drop", min=0.0, max=1.0,
-    help="Block only when the drop in pass@1 vs the baseline is surely larger than this (CI wholly below -D).")]
-MaxNewFailuresOpt = Annotated[int | None, typer.Option(
-    "--max-new-failures", min=0, help="Block when more than N cases that always passed in the baseline now fail.")]
-MinSliceOpt = Annotated[list[str] | None, typer.Option(
-    "--min-slice", metavar="SLICE=X", help="Block when the slice's pass@1 (or mean score) is below X; repeatable.")]
-MaxIncreaseOpt = Annotated[list[str] | None, typer.Option(
-    "--max-increase", metavar="FIGURE=FRACTION",
-    help="Block when a figure per sample (turns, tool_calls, tokens, cost) grew by more than FRACTION"
-         " (0.2: 20 %) over the baseline, the whole paired CI above it; repeatable.")]
 
 
 def emit(doc: dict[str, Any], as_json: bool, human: str) -> None:

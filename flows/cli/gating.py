@@ -3,35 +3,31 @@ or written as a page (a run's own report too)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from flows.cli.common import (
-    METRIC_HELP,
-    JsonFlag,
-    MaxDropOpt,
-    MaxIncreaseOpt,
-    MaxNewFailuresOpt,
-    MinPassOpt,
-    MinSliceOpt,
-    RunArg,
-    bad_input,
-)
+from flows.cli.common import METRIC_HELP, JsonFlag, RunArg, bad_input
+from flows.cli.run_options import Fields
 from flows.diffing import FormatOpt
 from flows.output import json_doc
+
+if TYPE_CHECKING:
+    from tasks.metrics.rules import GateRules
+
+# The gate's rules, as `run` takes them; not given (None), the decision stored with the run stands.
+RuleOptions = Annotated[dict[str, Any], Fields(
+    ("min_pass_at_1", "max_drop", "max_new_failures", "min_slice", "max_increase"), unset=True)]
 
 
 def gate_cmd(
     run_id: RunArg,
+    *,
     baseline: Annotated[str, typer.Option(
         "--baseline", help="The run to compare with (id, unambiguous prefix, or 'previous').")],
-    min_pass_at_1: MinPassOpt = None,
-    max_drop: MaxDropOpt = None,
-    max_new_failures: MaxNewFailuresOpt = None,
-    min_slice: MinSliceOpt = None,
-    max_increase: MaxIncreaseOpt = None,
+    given_rules: RuleOptions,
     metric: Annotated[str, typer.Option("--metric", help=METRIC_HELP)] = "pass",
     shared_only: Annotated[bool, typer.Option("--shared-only", help="Compare only shared case hashes.")] = False,
     fmt: FormatOpt = "text",
@@ -46,7 +42,7 @@ def gate_cmd(
     from tasks.report.gate_text import gate_lines
 
     fmt = output_format(fmt, as_json)
-    rules = _rules(min_pass_at_1, max_drop, max_new_failures, min_slice, max_increase)
+    rules = _rules(given_rules)
     result, comparison = _decision(run_id, baseline, rules, check_metric(metric), shared_only, fmt)
     if fmt == "json":
         typer.echo(json_doc(result))
@@ -58,17 +54,16 @@ def gate_cmd(
         raise typer.Exit(1)
 
 
-def _rules(min_pass_at_1: float | None, max_drop: float | None, max_new_failures: int | None,
-           min_slice: list[str] | None, max_increase: list[str] | None = None):
+def _rules(given: Mapping[str, Any]) -> GateRules | None:
     """The gate rules given on the command line, or None when no rule option is (then a
     decision stored with the run is shown as it was made)."""
-    from tasks.metrics.rules import GateRules, parse_increases, parse_slice_thresholds
+    from tasks.metrics.rules import GateRules
 
-    if min_pass_at_1 is None and max_drop is None and max_new_failures is None and not min_slice and not max_increase:
+    if all(value is None for value in given.values()):
         return None
-    return GateRules(max_new_failures=max_new_failures, slice_min=parse_slice_thresholds(min_slice or ()),
-                     min_pass_at_1=min_pass_at_1, max_drop=max_drop or 0.0,
-                     max_increase=parse_increases(max_increase or ()))
+    return GateRules(max_new_failures=given["max_new_failures"], slice_min=given["min_slice"] or {},
+                     min_pass_at_1=given["min_pass_at_1"], max_drop=given["max_drop"] or 0.0,
+                     max_increase=given["max_increase"] or {})
 
 
 def _decision(run_id: str, baseline: str, rules: Any, metric: str, shared_only: bool, fmt: str):
@@ -97,15 +92,12 @@ def _decision(run_id: str, baseline: str, rules: Any, metric: str, shared_only: 
 
 def report_cmd(
     run_id: RunArg,
+    *,
     out: Annotated[Path, typer.Option("--out", help="HTML file to write.")],
     baseline: Annotated[str | None, typer.Option(
         "--baseline", help="Write the diff against this run (id, prefix or 'previous') instead: the gate's"
                            " decision, then the changed cases side by side.")] = None,
-    min_pass_at_1: MinPassOpt = None,
-    max_drop: MaxDropOpt = None,
-    max_new_failures: MaxNewFailuresOpt = None,
-    min_slice: MinSliceOpt = None,
-    max_increase: MaxIncreaseOpt = None,
+    given_rules: RuleOptions,
     metric: Annotated[str, typer.Option("--metric", help="With --baseline: " + METRIC_HELP)] = "pass",
 ) -> None:
     """Write a self-contained HTML report of a stored run (or of what changed against a baseline).
@@ -116,7 +108,7 @@ def report_cmd(
     from storage.store import Store
     from tasks.metrics.diff import check_metric
 
-    rules = _rules(min_pass_at_1, max_drop, max_new_failures, min_slice, max_increase)
+    rules = _rules(given_rules)
     if baseline is None:
         if rules is not None:
             bad_input("--min-pass-at-1, --max-drop, --max-new-failures and --min-slice go with --baseline")

@@ -1,16 +1,19 @@
-"""`evalpipe run`'s options, generated from `RunConfig`'s fields: each field's flag, help
-(`description`), default, bounds and metavar (`tasks.run.options.Flag`), so that the command,
-the flow's form and `evalpipe.evaluate` take the same options, declared once.
+"""Commands' options generated from `RunConfig`'s fields: each field's flag, help
+(`description`), default, bounds and metavar (`tasks.run.options.Flag`), so that `run`,
+`rescore`, `gate` and `report`, the flow's form and `evalpipe.evaluate` take the same options,
+declared once.
 
-Typer builds a command from its function's signature: `FieldOptions` builds that signature
-from the fields, and the command from it, when the command is first parsed or its help shown,
-not when the command line starts: the fields' module imports the core (NumPy, Arrow), which
-`evalpipe --help` and `suite hash` need not load."""
+A command states where fields go with a parameter annotated `Fields(...)`; it gets their values
+as one dict under that name. Typer builds a command from its function's signature:
+`FieldOptions` builds that signature, and the command from it, when the command is first
+parsed or its help shown, not when the command line starts: the fields' module imports the
+core (NumPy, Arrow), which `evalpipe --help` and `suite hash` need not load."""
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -21,27 +24,46 @@ if TYPE_CHECKING:
     from pydantic.fields import FieldInfo
 
 
-class FieldOptions(TyperCommand):
-    """A command taking `RunConfig`'s fields as options, besides its function's own keyword
-    options: those go after the field `own_after`, the last of them (`--json`) last. The
-    function takes the fields as `**fields` and states no other parameter."""
+@dataclass(frozen=True)
+class Fields:
+    """Where a command takes `RunConfig` fields: `names`, or those from `start` up to (not
+    including) `stop` in the fields' order. `unset`: each option defaults to None (not given),
+    for a command that tells an option not given from its default (`gate`: then the decision
+    stored with the run stands)."""
 
-    own_after = ""
+    names: tuple[str, ...] = ()
+    start: str | None = None
+    stop: str | None = None
+    unset: bool = False
+
+
+def mount(app: typer.Typer, name: str, function: Callable[..., Any]) -> None:
+    """`function` as the command `name` of `app`, its `Fields` parameters generated on first use."""
+    def declared() -> None:  # what typer inspects at start: no parameter, the function's help
+        raise AssertionError("FieldOptions calls the generated command")
+
+    declared.__doc__, declared.__wrapped__ = function.__doc__, function  # type: ignore[attr-defined]
+    declared.__signature__ = inspect.Signature()  # type: ignore[attr-defined]
+    app.command(name, cls=FieldOptions)(declared)
+
+
+class FieldOptions(TyperCommand):
+    """A command whose parameters are its function's, each `Fields` one replaced by the fields'
+    options, built when click first reads them."""
 
     def __init__(self, **kwargs: Any) -> None:
-        self._generated: typer.core.TyperCommand | None = None
+        self._generated: TyperCommand | None = None
         super().__init__(**kwargs)
 
     def _command(self) -> Any:
         if self._generated is None:
-            function = inspect.unwrap(self._bare)
             generated = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-            generated.command()(with_field_options(function, self.own_after))
+            generated.command()(with_fields(inspect.unwrap(self._declared)))
             self._generated = typer.main.get_command(generated)
         return self._generated
 
-    # Typer sets these from the function as written (its own options only); click reads them
-    # to parse and to show the help: the generated command's.
+    # Typer sets these from the function as declared (no parameter); click reads them to parse
+    # and to show the help: the generated command's.
     @property
     def params(self) -> list[Any]:
         return self._command().params
@@ -56,32 +78,48 @@ class FieldOptions(TyperCommand):
 
     @callback.setter
     def callback(self, value: Callable[..., Any]) -> None:
-        self._bare = value
+        self._declared = value
 
 
-def with_field_options(function: Callable[..., Any], own_after: str) -> Callable[..., Any]:
-    """`function` (`def f(*, own options..., **fields)`) under a signature with the fields."""
-    own = [p for p in inspect.signature(function, eval_str=True).parameters.values()
-           if p.kind is inspect.Parameter.KEYWORD_ONLY]
-    fields = field_parameters()
-    at = [p.name for p in fields].index(own_after) + 1
+def with_fields(function: Callable[..., Any]) -> Callable[..., Any]:
+    """`function` under a signature where each `Fields` parameter is the fields' parameters,
+    called with their values (read into the fields' form) gathered back under its name."""
+    parameters: list[inspect.Parameter] = []
+    groups: dict[str, list[str]] = {}
+    for parameter in inspect.signature(function, eval_str=True).parameters.values():
+        group = next((m for m in getattr(parameter.annotation, "__metadata__", ()) if isinstance(m, Fields)), None)
+        if group is None:  # keyword-only, as the fields' are: typer passes every value by name
+            parameters.append(parameter.replace(kind=inspect.Parameter.KEYWORD_ONLY))
+            continue
+        generated = field_parameters(group)
+        groups[parameter.name] = [p.name for p in generated]
+        parameters += generated
 
     def command(**given: Any) -> Any:
+        for name, members in groups.items():
+            given[name] = field_values({member: given.pop(member) for member in members})
         return function(**given)
 
     command.__doc__ = function.__doc__
-    command.__signature__ = inspect.Signature([*fields[:at], *own[:-1], *fields[at:], *own[-1:]])  # type: ignore[attr-defined]
+    command.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
     return command
 
 
-def field_parameters() -> list[inspect.Parameter]:
-    """A keyword parameter per field, in the fields' order (the order `run --help` lists them)."""
+def field_parameters(group: Fields) -> list[inspect.Parameter]:
+    """A keyword parameter per field of `group`, in the fields' order (the order help lists them)."""
     from tasks.run.config import RunConfig
 
-    return [_parameter(name, field) for name, field in RunConfig.model_fields.items()]
+    names = list(RunConfig.model_fields)
+    if not group.names:
+        names = names[names.index(group.start) if group.start else 0:
+                      names.index(group.stop) if group.stop else None]
+    unknown = set(group.names) - set(names)
+    assert not unknown, f"not fields of RunConfig: {sorted(unknown)}"
+    return [_parameter(name, RunConfig.model_fields[name], group.unset) for name in names
+            if not group.names or name in group.names]
 
 
-def _parameter(name: str, field: FieldInfo) -> inspect.Parameter:
+def _parameter(name: str, field: FieldInfo, unset: bool) -> inspect.Parameter:
     from tasks.run.options import flag_name, flag_of
 
     flag = flag_of(field)
@@ -95,6 +133,8 @@ def _parameter(name: str, field: FieldInfo) -> inspect.Parameter:
                             **_bounds(field, kind))
     if field.is_required():
         default: Any = inspect.Parameter.empty
+    elif unset:
+        default = None
     else:
         default = field.default if flag.text_default is None else flag.text_default
     annotation = kind | None if default is None else kind
@@ -126,9 +166,9 @@ def field_values(given: Mapping[str, Any]) -> dict[str, Any]:
     from tasks.run.options import flag_of
 
     values = {}
-    for name, field in RunConfig.model_fields.items():
-        parse = flag_of(field).parse
-        values[name] = parse(given[name]) if parse and given[name] is not None else given[name]
+    for name, value in given.items():
+        parse = flag_of(RunConfig.model_fields[name]).parse
+        values[name] = parse(value) if parse and value is not None else value
     return values
 
 

@@ -10,34 +10,24 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from flows.cli.common import (
-    METRIC_HELP,
-    JsonFlag,
-    MaxDropOpt,
-    MaxIncreaseOpt,
-    MaxNewFailuresOpt,
-    MinPassOpt,
-    MinSliceOpt,
-    RunArg,
-    SuiteArg,
-    UnsafeFlag,
-    run_summary_text,
-)
-from flows.cli.run_options import FieldOptions, field_values, option_name
+from flows.cli.common import JsonFlag, RunArg, run_summary_text
+from flows.cli.run_options import Fields, option_name
 from flows.output import json_doc
-from tasks.models import MAX_WORKERS
 
 if TYPE_CHECKING:
     from storage.store import Store
 
 
-class RunOptions(FieldOptions):
-    """`run`'s options: the fields of `RunConfig`, and its own."""
-
-    own_after = "metric"  # exit 4 and 5's thresholds after the gate's options, where --help has listed them
+# The exit-4 and exit-5 thresholds sit between the run's fields, after the gate's options,
+# where --help has always listed them.
+RunFields = Annotated[dict[str, Any], Fields(stop="unsafe_no_sandbox")]
+MoreRunFields = Annotated[dict[str, Any], Fields(start="unsafe_no_sandbox")]
+RESCORE_FIELDS = ("suite", "workers", "unsafe_no_sandbox", "baseline", "min_pass_at_1", "max_drop",
+                  "max_new_failures", "min_slice", "max_increase", "metric")  # the runner is threads
 
 
 def run(
+    fields: RunFields,
     *,
     max_agent_errors: Annotated[float, typer.Option(
         "--max-agent-errors", min=0.0, max=1.0, metavar="FRACTION",
@@ -47,8 +37,8 @@ def run(
         "--max-grader-errors", min=0.0, max=1.0, metavar="FRACTION",
         help="Exit 5 when more than this share of samples are error: the grader could not run,"
              " so the numbers measure nothing.")] = 0.1,
+    more_fields: MoreRunFields,
     as_json: JsonFlag = False,
-    **fields: Any,
 ) -> None:
     """Sample, grade, store and aggregate a run of AGENT on SUITE.
 
@@ -59,7 +49,7 @@ def run(
     from tasks.run import RunConfig
     from tasks.run.prepare import pinned, prepare_run
 
-    config = RunConfig.build("run", option_name, **field_values(fields))
+    config = RunConfig.build("run", option_name, **fields, **more_fields)
     # Every check of the input, once, before Prefect starts: a one-line message, not a failed
     # flow run. The flow is handed what was prepared (`prepared`), and its parameters name
     # the suite pinned (a git branch as the commit read here) and the price file found.
@@ -165,17 +155,7 @@ def _stderr_console():
 
 def rescore_cmd(
     run_id: RunArg,
-    suite: SuiteArg,
-    workers: Annotated[int | None, typer.Option("--workers", min=1, max=MAX_WORKERS)] = None,
-    unsafe_no_sandbox: UnsafeFlag = False,
-    baseline: Annotated[str | None, typer.Option(
-        "--baseline", help="Gate the rescored run against this run (id, unambiguous prefix, or 'previous').")] = None,
-    min_pass_at_1: MinPassOpt = None,
-    max_drop: MaxDropOpt = None,
-    max_new_failures: MaxNewFailuresOpt = None,
-    min_slice: MinSliceOpt = None,
-    max_increase: MaxIncreaseOpt = None,
-    metric: Annotated[str, typer.Option("--metric", help=METRIC_HELP)] = "pass",
+    fields: Annotated[dict[str, Any], Fields(RESCORE_FIELDS)],
     as_json: JsonFlag = False,
 ) -> None:
     """A new run of SUITE graded on RUN_ID's stored outputs, without calling its agent.
@@ -184,15 +164,11 @@ def rescore_cmd(
     (never drawn, never counted as failures). With --baseline it is gated by the same rules
     as `run`: exit 1 when blocked."""
     from storage.store import Store
-    from tasks.metrics.rules import parse_increases, parse_slice_thresholds
     from tasks.run.rescore import prepare_rescore
 
     store = Store.default()
     store.check()
-    options = {"suite": suite, "runner": "threads", "workers": workers, "unsafe_no_sandbox": unsafe_no_sandbox,
-               "baseline": baseline, "min_pass_at_1": min_pass_at_1, "max_drop": max_drop or 0.0,
-               "max_new_failures": max_new_failures, "min_slice": parse_slice_thresholds(min_slice or ()) or None,
-               "max_increase": parse_increases(max_increase or ()) or None, "metric": metric}
+    options = {"runner": "threads", **fields}
     # Every check of the input, once, before Prefect starts; the flow is handed what was prepared.
     prepared = prepare_rescore(run_id, store, **options)
     summary = rescore_flow(prepared, options, as_json)
