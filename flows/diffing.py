@@ -1,6 +1,6 @@
 """`evalpipe diff`: what changed between two stored runs, case by case (`tasks.metrics.diff`),
 as text for a terminal, one JSON document, or the Markdown of a pull-request comment.
-Mounted in `flows/cli.py`; storage and core imports are inside the commands, so
+Mounted in `flows/cli/__init__.py`; storage and core imports are inside the commands, so
 `evalpipe --help` loads neither DuckDB nor Arrow."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Each command is a typer wrapper over a plain function of the same purpose
 (`calibrate_judge`, `compare_runs`, `export_labels`, `import_labels`), which tests and
-other flows call directly. `flows/cli.py` mounts the apps; as there, the storage
+other flows call directly. `flows/cli/__init__.py` mounts the apps; as there, the storage
 and core imports are inside the commands, so `evalpipe --help` loads neither DuckDB nor Arrow.
 """
 

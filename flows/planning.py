@@ -1,6 +1,6 @@
 """`evalpipe plan`: how many cases × samples a comparison needs (`tasks.metrics.power`), from a
 stored baseline run's per-case pass rates or from a stated prior pass rate. Mounted in
-`flows/cli.py`; storage and core imports are inside the command, so `evalpipe --help` stays fast."""
+`flows/cli/__init__.py`; storage and core imports are inside the command, so `evalpipe --help` stays fast."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """`evalpipe suite mine` (the `mine_suite` flow, `flows/mining.py`) and `evalpipe suite export`.
-Mounted in `flows/cli.py`; Prefect, storage and core imports are inside the commands, so
+Mounted in `flows/cli/suite.py`; Prefect, storage and core imports are inside the commands, so
 `evalpipe --help` stays fast."""
 
 from __future__ import annotations
