@@ -19,9 +19,10 @@ import pytest
 
 import evalpipe
 from storage.store import Store
+from tasks.report.text import summary_text
 from tasks.trace import SampleTrace
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
 
 ROOT = Path(__file__).resolve().parent.parent
 CODING = ROOT / "examples" / "coding" / "calc.yaml"
@@ -184,6 +185,7 @@ def _turns(row: dict) -> list[dict]:
     return [e for e in SampleTrace.parse(row["trace"]).trajectory.entries if e.get("role") == "assistant"]
 
 
+@needs_bwrap
 def test_after_a_tool_change_only_the_changed_request_goes_upstream(tmp_path, endpoint):
     first, row = _run(tmp_path, 2, replay=True)
     assert endpoint.requests == 3
@@ -213,6 +215,7 @@ def test_after_a_tool_change_only_the_changed_request_goes_upstream(tmp_path, en
     assert "model_calls" not in third.to_json()
 
 
+@needs_bwrap
 def test_a_request_at_another_ordinal_is_forwarded_not_answered_from_the_record(tmp_path, endpoint):
     _run(tmp_path, 2, replay=True)
     assert endpoint.requests == 3
@@ -226,3 +229,22 @@ def test_a_request_at_another_ordinal_is_forwarded_not_answered_from_the_record(
     assert turns[1]["tool_calls"][0]["id"] == "call_4"
     assert turns[0]["request_sha256"] == turns[1]["request_sha256"]
     assert run.to_json()["model_calls"]["forwarded"] == 1
+
+
+def test_an_in_process_agent_s_calls_are_forwarded_and_the_summary_says_they_cannot_be_replayed(tmp_path, endpoint):
+    """A `python:` agent's SDK calls are captured, not answered: its call goes upstream, and the
+    summary counts the sample as one the gateway never saw, saying why, never as 0 of 0."""
+    import openai
+
+    def agent(inputs, ctx):
+        client = openai.OpenAI(max_retries=0)
+        reply = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "measure"}])
+        return reply.choices[0].message.tool_calls[0].function.name
+
+    cases = [{"id": "c", "inputs": {}, "reference": "measure", "grader": {"kind": "exact"}}]
+    run = evalpipe.evaluate(cases, agent, home=tmp_path / "home", replay_model_calls=True)
+    assert endpoint.requests == 1 and run.pass_at_k["1"] == 1.0
+    counts = run.to_json()["model_calls"]
+    assert (counts["replayed"], counts["forwarded"], counts["unseen_samples"]) == (0, 0, 1)
+    assert "python: agent's calls are observed, not answered" in counts["note"]
+    assert "model calls: 0 replayed, 0 forwarded upstream; 1 drawn sample(s)" in summary_text(run.to_json())
