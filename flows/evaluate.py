@@ -165,7 +165,7 @@ prepared_here: ContextVar[tuple[RunConfig, PreparedRun | None] | None] = Context
 def run(config: RunConfig, started: float) -> RunSummary:
     """The run `config` describes, inside the flow: prepared, then looped over Prefect's task
     runners, its summary published."""
-    steps.check_deployment_allows(config.agent, config.unsafe_no_sandbox, config.dask_address)
+    steps.check_deployment_allows(config.agent, config.unsafe_no_sandbox, config.dask_address, config.suite)
     store = Store.default()
     flow_run_id = str(flow_run.id) if flow_run.id else None
     handed = prepared_here.get()

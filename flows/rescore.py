@@ -70,6 +70,7 @@ def rescore(
             registered per-case metric by name.
     """
     started = time.perf_counter()
+    steps.check_deployment_allows(None, unsafe_no_sandbox, suite=suite)
     store = Store.default()
     options = {name: value for name, value in locals().items() if name in RunConfig.model_fields}
     handed = prepared_here.get()

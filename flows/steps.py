@@ -138,9 +138,10 @@ class ShownProgress:
         self.shown.advance(done - self.shown.done)
 
 
-def check_deployment_allows(agent: str, unsafe_no_sandbox: bool, dask_address: str | None = None) -> None:
-    """A flow run of a deployment runs code agents and the unsafe flag, and sends tasks to a
-    Dask scheduler, only as its own configuration allows (tasks.agents.trust); a run from
+def check_deployment_allows(agent: str | None, unsafe_no_sandbox: bool, dask_address: str | None = None,
+                            suite: str | None = None) -> None:
+    """A flow run of a deployment runs code agents, suites and the unsafe flag, and sends tasks
+    to a Dask scheduler, only as its own configuration allows (tasks.agents.trust); a run from
     the CLI or a notebook is the user's."""
     from prefect.client.orchestration import get_client
     from prefect.runtime import deployment
@@ -150,7 +151,8 @@ def check_deployment_allows(agent: str, unsafe_no_sandbox: bool, dask_address: s
     # Its own parameters, as deployed (`prefect.runtime.deployment.parameters` are the run's).
     with get_client(sync_client=True) as client:
         configured = client.read_deployment(deployment.id).parameters or {}
-    refusal = deployment_refusal(agent, unsafe_no_sandbox, configured, os.environ.get(ALLOW_ENV, ""), dask_address)
+    refusal = deployment_refusal(agent, unsafe_no_sandbox, configured, os.environ.get(ALLOW_ENV, ""), dask_address,
+                                 suite)
     if refusal:
         raise InputError(refusal)
 

@@ -270,6 +270,15 @@ def test_the_run_form_cannot_run_code_the_deployment_does_not_allow(stack: Stack
     assert not marker.exists()
 
 
+def test_a_deployment_takes_a_form_s_suite_only_as_its_configuration_allows(stack: Stack) -> None:
+    """(#45 item 1) The nightly deployment allows nothing in EVALPIPE_DEPLOYMENT_ALLOWS: a form
+    naming another suite (whose predicates and judges would run on the worker) is refused."""
+    run = stack.wait_final(stack.trigger("nightly", {"suite": "examples/coding/calc.yaml"}))
+    assert run["state"]["type"] == "FAILED"
+    assert "suite 'examples/coding/calc.yaml'" in run["state"]["message"], run["state"]
+    assert "EVALPIPE_DEPLOYMENT_ALLOWS=suite:" in run["state"]["message"], run["state"]
+
+
 def test_form_fields_have_descriptions(stack: Stack) -> None:
     schema = stack.deployment("on-demand")["parameter_openapi_schema"]
     assert schema["required"] == ["suite", "agent"]

@@ -191,3 +191,29 @@ def test_a_deployment_sends_its_tasks_only_to_its_own_scheduler_or_a_tls_one() -
         assert refusal and repr(address) in refusal and "tls://" in refusal, address
     for address in (None, "", "tcp://10.0.0.5:8786", "tls://scheduler.example.com:8786"):
         assert deployment_refusal("openai:m", False, own, "python", address) is None, address
+
+
+def test_a_deployment_runs_only_its_own_suite_or_one_under_a_source_it_allows(tmp_path) -> None:
+    """(#45 item 1) A deployment that allows no code agents still took a form's `suite`: a worker
+    path or a git URL whose predicates and judges then ran on the worker. Now a form's suite is
+    the deployment's own, or one under a `suite:PREFIX` of EVALPIPE_DEPLOYMENT_ALLOWS."""
+    from tasks.agents.trust import deployment_refusal
+
+    evals = tmp_path / "evals"
+    (evals / "nested").mkdir(parents=True)
+    own = {"agent": "openai:m", "suite": str(evals / "qa.yaml")}
+    allows = f"python,suite:{evals},suite:https://github.com/acme/evals"
+    for suite in (str(tmp_path / "elsewhere.yaml"), str(evals / ".." / "elsewhere.yaml"),
+                  "https://github.com/acme/evals-fork#s.yaml", "https://github.com/mallory/x#s.yaml",
+                  "git@github.com:acme/evals#s.yaml", "a" * 40):
+        refusal = deployment_refusal("openai:m", False, own, allows, suite=suite)
+        assert refusal and repr(suite) in refusal and "EVALPIPE_DEPLOYMENT_ALLOWS=suite:" in refusal, suite
+        assert deployment_refusal(None, False, own, "python", suite=suite), suite  # a rescore's form too
+    for suite in (str(evals / "qa.yaml"), str(evals / "nested" / "other.yaml"),
+                  "https://github.com/acme/evals#s.yaml", "https://github.com/acme/evals@v2#s.yaml"):
+        assert deployment_refusal("openai:m", False, own, allows, suite=suite) is None, suite
+    link = evals / "escape"
+    link.symlink_to(tmp_path)
+    assert deployment_refusal("openai:m", False, own, allows, suite=str(link / "x.yaml"))  # a link out of the folder
+    assert deployment_refusal("openai:m", False, own, "suite", suite=str(tmp_path / "any.yaml")) is None
+    assert deployment_refusal("openai:m", False, own, "", suite=own["suite"]) is None
