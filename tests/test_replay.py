@@ -81,91 +81,90 @@ open("CHANGES.md", "w").write(final + "\\n")
 """
 
 
-class Endpoint:
+class Endpoint(ThreadingHTTPServer):
     """Chat completions by the conversation's length: a `measure` call, then (streamed when
     asked) a `scale` call of what it measured, then the answer, naming the last tool result.
     Each tool call's id is the request's number here, so an answer says which request made it."""
 
+    daemon_threads = True
+
     def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Scripted)
         self.requests = 0
         self.lock = threading.Lock()
-        endpoint = self
+        self.url = f"http://127.0.0.1:{self.server_address[1]}/v1"
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
-                with endpoint.lock:
-                    endpoint.requests += 1
-                    number = endpoint.requests
-                messages = body["messages"]
-                usage = {"prompt_tokens": 100 * len(messages), "completion_tokens": 10,
-                         "total_tokens": 100 * len(messages) + 10}
-                if len(messages) == 1:
-                    message = {"role": "assistant", "content": None, "tool_calls": [
-                        {"id": f"call_{number}", "type": "function", "function": {"name": "measure", "arguments": "{}"}}]}
-                elif len(messages) == 3:
-                    message = {"role": "assistant", "content": None, "tool_calls": [
-                        {"id": f"call_{number}", "type": "function",
-                         "function": {"name": "scale", "arguments": json.dumps({"x": messages[-1]["content"]})}}]}
-                else:
-                    message = {"role": "assistant", "content": f"the answer is {messages[-1]['content']}"}
-                if body.get("stream"):
-                    self._stream(message, usage)
-                    return
-                data = json.dumps({"id": f"r{number}", "object": "chat.completion", "created": 0, "model": "m",
-                                   "choices": [{"index": 0, "finish_reason": "stop", "message": message}],
-                                   "usage": usage}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
 
-            def _stream(self, message: dict, usage: dict) -> None:
-                def chunk(delta: dict, finish: str | None = None, **extra: object) -> bytes:
-                    doc = {"id": "s", "object": "chat.completion.chunk", "created": 0, "model": "m",
-                           "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **extra}
-                    return f"data: {json.dumps(doc)}\n\n".encode()
+class _Scripted(BaseHTTPRequestHandler):
+    server: Endpoint
 
-                call = message["tool_calls"][0]
-                self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream")
-                self.send_header("Connection", "close")
-                self.end_headers()
-                self.wfile.write(chunk({"role": "assistant", "tool_calls": [
-                    {"index": 0, "id": call["id"], "type": "function",
-                     "function": {"name": call["function"]["name"], "arguments": ""}}]}))
-                self.wfile.write(chunk({"tool_calls": [
-                    {"index": 0, "function": {"arguments": call["function"]["arguments"]}}]}))
-                self.wfile.write(chunk({}, "tool_calls"))
-                end = {"id": "s", "object": "chat.completion.chunk", "created": 0, "model": "m", "choices": [],
-                       "usage": usage}
-                self.wfile.write(f"data: {json.dumps(end)}\n\ndata: [DONE]\n\n".encode())
-                self.close_connection = True
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+        with self.server.lock:
+            self.server.requests += 1
+            number = self.server.requests
+        messages = body["messages"]
+        usage = {"prompt_tokens": 100 * len(messages), "completion_tokens": 10, "total_tokens": 100 * len(messages) + 10}
+        if len(messages) == 1:
+            message = {"role": "assistant", "content": None, "tool_calls": [
+                {"id": f"call_{number}", "type": "function", "function": {"name": "measure", "arguments": "{}"}}]}
+        elif len(messages) == 3:
+            message = {"role": "assistant", "content": None, "tool_calls": [
+                {"id": f"call_{number}", "type": "function",
+                 "function": {"name": "scale", "arguments": json.dumps({"x": messages[-1]["content"]})}}]}
+        else:
+            message = {"role": "assistant", "content": f"the answer is {messages[-1]['content']}"}
+        if body.get("stream"):
+            self._stream(message, usage)
+            return
+        data = json.dumps({"id": f"r{number}", "object": "chat.completion", "created": 0, "model": "m",
+                           "choices": [{"index": 0, "finish_reason": "stop", "message": message}],
+                           "usage": usage}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
 
-            def log_message(self, *args: object) -> None:
-                pass
+    def _stream(self, message: dict, usage: dict) -> None:
+        """The tool call as server-sent events, in two deltas, then the usage and [DONE]."""
+        def event(choices: list, **extra: object) -> bytes:
+            doc = {"id": "s", "object": "chat.completion.chunk", "created": 0, "model": "m", "choices": choices,
+                   **extra}
+            return f"data: {json.dumps(doc)}\n\n".encode()
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        call = message["tool_calls"][0]
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        for delta, finish in (
+            ({"role": "assistant", "tool_calls": [{"index": 0, "id": call["id"], "type": "function",
+                                                   "function": {"name": call["function"]["name"], "arguments": ""}}]},
+             None),
+            ({"tool_calls": [{"index": 0, "function": {"arguments": call["function"]["arguments"]}}]}, None),
+            ({}, "tool_calls"),
+        ):
+            self.wfile.write(event([{"index": 0, "delta": delta, "finish_reason": finish}]))
+        self.wfile.write(event([], usage=usage) + b"data: [DONE]\n\n")
+        self.close_connection = True
 
-    def __enter__(self) -> Endpoint:
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    def log_message(self, *args: object) -> None:
+        pass
 
 
 @pytest.fixture
 def endpoint(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)  # the agent's file is in the tree its fingerprint covers
-    with Endpoint() as served:
-        monkeypatch.setenv("OPENAI_BASE_URL", served.url)
-        monkeypatch.setenv("OPENAI_API_KEY", "sk-real-key")
+    served = Endpoint()
+    threading.Thread(target=served.serve_forever, daemon=True).start()
+    monkeypatch.setenv("OPENAI_BASE_URL", served.url)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-real-key")
+    try:
         yield served
+    finally:
+        served.shutdown()
+        served.server_close()
 
 
 def _run(tmp_path: Path, factor: int, *, replay: bool, repeat: bool = False):
