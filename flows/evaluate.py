@@ -81,73 +81,67 @@ def evaluate(
     Prefect's parameter form takes its field descriptions from this section.
 
     Args:
-        suite: Suite file path; a suite in git as URL#PATH or URL@REF#PATH; or a stored
-            suite version (full or an unambiguous prefix).
-        agent: Agent spec: python:MOD:FUNC, cmd:..., replay:FILE, reference, openai:MODEL.
+        suite: Suite file, git URL#PATH (URL@REF#PATH), or stored version.
+        agent: Agent spec (python:, cmd:, replay:, reference, openai:).
         n: Samples per case.
-        k: The k of each pass@k to report.
+        k: Comma-separated k values for pass@k.
         seed: Run seed; with a deterministic agent, the same seed gives the same run.
-        baseline: A run id to gate against at the end, or 'previous': the latest completed
-            run of the suite of the same name, whatever its version or agent, on the shared
-            cases (none yet: no gate, and the summary says so).
-        min_pass_at_1: Gate threshold: block when pass@1 is below this.
-        max_drop: Gate threshold: block only when the drop in pass@1 against the baseline
-            is surely (its whole CI) larger than this.
-        max_new_failures: Gate rule: block when more than this many cases that always
-            passed in the baseline fail in some sample now.
-        min_slice: Gate rule: slice name -> the lowest pass@1 (or mean score) it may have.
-        max_increase: Gate rule: figure (turns, tool_calls, tokens, cost) -> the largest growth
-            of its mean per sample over the baseline (0.2: 20 %), the whole paired CI above it.
-        metric: What the gate's paired CI compares: pass (pass@1), score (mean score), or a
-            registered per-case metric by name (pass@1, mean_score, a plugin's).
-        runner: Task runner for sampling: threads, processes or dask.
-        workers: Parallel graders (default: CPU count): tests take a core each.
-        agent_concurrency: Agent calls in flight (default 16): they wait on an API or a
-            coding agent, not on a core.
-        dask_address: Address of an existing Dask scheduler (runner=dask).
-        batch_size: Cases per task (default: automatic, as many as fit about 2 s).
-        regrade: Grade each output this many extra times to count environment flakes.
-        unsafe_no_sandbox: Without bubblewrap, run the suite's code (python_tests,
-            repo_tests, predicate) unprotected instead of refusing. Stated in the summary.
-        max_output_bytes: Cap on each agent output in bytes (default 4 MB, or
-            EVALPIPE_MAX_OUTPUT_BYTES on the machine that runs the flow).
-        cmd_timeout: Seconds a cmd: agent may take per sample (default 300, or
-            EVALPIPE_AGENT_TIMEOUT_S).
-        openai_timeout: Seconds per request of an openai: agent (default 60, or
-            EVALPIPE_OPENAI_TIMEOUT_S).
-        openai_max_attempts: Requests an openai: agent makes per sample, retries included
-            (default 5, or EVALPIPE_OPENAI_MAX_ATTEMPTS).
-        workspace: Run a cmd: or python: coding agent per sample in a fresh checkout of the
-            case's base commit, in the sandbox; its output is the change it leaves there.
-        agent_timeout: With workspace: seconds each agent run may take (default 1800).
-        agent_memory_mb: With workspace: the agent's address-space cap in MB (default 8192,
-            or EVALPIPE_AGENT_MEMORY_MB).
-        workspace_tree_mb: With workspace: cap in MB on the files the agent leaves (default
-            4096, or EVALPIPE_WORKSPACE_TREE_MB).
-        workspace_change_bytes: With workspace: cap on the agent's change in bytes (default
-            4 MB, or EVALPIPE_WORKSPACE_CHANGE_BYTES).
-        max_trajectory_bytes: With workspace: cap on the trajectory kept, in bytes (default
-            1 MB, or EVALPIPE_MAX_TRAJECTORY_BYTES).
-        max_model_calls: Model calls one sample may make (the openai: tool loop's turns, a
-            workspace agent's calls through the gateway); past it the sample is agent_error.
+        baseline: Gate against this run (id, unambiguous prefix, or 'previous').
+        min_pass_at_1: Block when the run's pass@1 is below this.
+        max_drop: Block only when the drop in pass@1 vs the baseline is surely larger than this (CI
+            wholly below -D).
+        max_new_failures: Gate rule: block when more than N always-passing cases now fail.
+        min_slice: Gate rule: block when the slice is below X; repeatable.
+        max_increase: Block when a figure per sample (turns, tool_calls, tokens, cost) grew by more
+            than FRACTION (0.2: 20 %) over the baseline, the whole paired CI above it; repeatable.
+        metric: What the paired CI compares: pass (pass@1), score (mean score), or a registered
+            per-case metric by name (pass@1, mean_score, a plugin's).
+        runner: threads, processes or dask.
+        workers: Parallel graders (default: CPU count).
+        agent_concurrency: Agent calls in flight (default 16): they wait on an API, not on a core.
+        dask_address: With --runner dask: an existing Dask scheduler (tls://HOST:PORT).
+        batch_size: Cases per task (default: as many as fit about 2 s).
+        regrade: Re-grade each output R times.
+        unsafe_no_sandbox: Without bubblewrap, run the suite's code unprotected instead of refusing.
+        max_output_bytes: Cap on each agent output (default 4 MB; $EVALPIPE_MAX_OUTPUT_BYTES).
+        cmd_timeout: Seconds a cmd: agent may take per sample (default 300;
+            $EVALPIPE_AGENT_TIMEOUT_S).
+        openai_timeout: Seconds per request of an openai: agent (default 60;
+            $EVALPIPE_OPENAI_TIMEOUT_S).
+        openai_max_attempts: Requests an openai: agent makes per sample, retries included (default
+            5; $EVALPIPE_OPENAI_MAX_ATTEMPTS).
+        workspace: Run a cmd:/python: coding agent per sample in a fresh checkout of the case's base
+            commit, sandboxed; its output is the change it leaves there.
+        agent_timeout: With --workspace: seconds per agent run (default 1800).
+        agent_memory_mb: With --workspace: the agent's address-space cap (default 8192;
+            $EVALPIPE_AGENT_MEMORY_MB).
+        workspace_tree_mb: With --workspace: cap on the files the agent leaves (default 4096;
+            $EVALPIPE_WORKSPACE_TREE_MB).
+        workspace_change_bytes: With --workspace: cap on the agent's change (default 4 MB;
+            $EVALPIPE_WORKSPACE_CHANGE_BYTES).
+        max_trajectory_bytes: With --workspace: cap on the trajectory kept (default 1 MB;
+            $EVALPIPE_MAX_TRAJECTORY_BYTES).
+        max_model_calls: Model calls one sample may make (the openai: tool loop's turns, a workspace
+            agent's calls through the gateway); the call past it is refused and the sample is
+            agent_error naming the cap.
         max_sample_cost: USD one sample's model calls through the gateway may cost, priced as the
-            run's usage: the call that would pass it (at the dearest call so far) is refused and
-            the sample is agent_error naming the cap.
+            run's usage: the call that would pass it (at the dearest call so far) is refused and the
+            sample is agent_error naming the cap.
         model_concurrency: Model calls in flight at once across the run, through the gateway
             (default: no cap beyond --agent-concurrency).
         replay_model_calls: Keep each model call made through the gateway, and answer a call
             identical to one an earlier run of this agent spec kept for the same case, sample index
             and seed (same request body, same ordinal among identical requests) from it, with no
             upstream call.
-        max_cost: Budget in USD: no new agent call starts once the drawn samples cost this
-            much; the run ends partial, and the same run with a larger budget draws the rest.
-        max_samples: Budget in agent calls: draw at most this many samples (cached ones are free).
-        prices: A price file (YAML/JSON: model -> input_per_mtok, output_per_mtok) over
-            genai-prices' table; default: the file EVALPIPE_PRICES names, if any.
-        sequential: With a baseline: draw the cases in a seeded random order, in rounds, and
-            stop as soon as the gate's decision cannot change (an anytime-valid confidence
-            sequence); the stop is recorded under `sequential` in the summary.
-        sequential_rounds: The number of rounds (looks) of a sequential run.
+        max_cost: Start no new agent call once the drawn samples cost this much; the run ends
+            partial (exit 6). The same command with a larger budget draws the rest.
+        max_samples: Draw at most N samples from the agent (cached outputs are free); the run ends
+            partial (exit 6) if more were needed.
+        prices: Price file (YAML/JSON: model -> input_per_mtok, output_per_mtok) over genai-prices'
+            table (default: $EVALPIPE_PRICES).
+        sequential: With --baseline: draw cases in a seeded random order, in rounds, and stop as
+            soon as the gate's decision cannot change (anytime-valid).
+        sequential_rounds: Rounds (looks) of --sequential.
     """
     started = time.perf_counter()
     # The parameters, as the form shows them, are the fields of the run's configuration; those

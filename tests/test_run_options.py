@@ -19,17 +19,6 @@ from tasks.run.rescore import RESCORE_OPTIONS
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# Fields whose help the flow's docstring (flows/evaluate.py, `prefect deploy` reads it from the
-# source) still words otherwise than the field: to take the field's `description` word for word.
-# A field not named here must read the same; one named here that does is to leave the list.
-FLOW_HELP_TO_ALIGN = {
-    "suite", "agent", "k", "workers", "agent_concurrency", "runner", "dask_address", "batch_size", "regrade",
-    "baseline", "min_pass_at_1", "max_drop", "max_new_failures", "min_slice", "max_increase", "metric",
-    "unsafe_no_sandbox", "max_output_bytes", "cmd_timeout", "openai_timeout", "openai_max_attempts", "workspace",
-    "agent_timeout", "agent_memory_mb", "workspace_tree_mb", "workspace_change_bytes", "max_model_calls",
-    "max_trajectory_bytes", "max_cost", "max_samples", "prices", "sequential", "sequential_rounds",
-}
-
 
 def _bounds(schema: dict) -> dict:
     """A JSON schema property's numeric bounds, wherever pydantic put them (anyOf for Optional)."""
@@ -80,8 +69,7 @@ def test_the_flow_s_help_is_the_field_s():
     flow = evaluate.parameters.model_dump()["properties"]
     reads = {name: " ".join(flow[name].get("description", "").split()) for name in flow}
     differ = {name for name, field in RunConfig.model_fields.items() if reads[name] != field.description}
-    assert differ - FLOW_HELP_TO_ALIGN == set(), "the flow's help differs from the field's description"
-    assert FLOW_HELP_TO_ALIGN - differ == set(), "the flow reads as the field now: leave FLOW_HELP_TO_ALIGN"
+    assert differ == set(), "the flow's help differs from the field's description"
 
 
 def _command(name: str):
