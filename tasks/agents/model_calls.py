@@ -30,7 +30,8 @@ RECORDED_BYTES_CAP = 8 << 20
 
 def request_digest(request: Mapping[str, Any]) -> str:
     """The sha256 of a request body's canonical JSON (`canonical_json`: keys sorted, no
-    whitespace): what `stream_options` or a reordered key does not hide from it."""
+    whitespace), nothing left out: a reordered key is the same request, a changed
+    `temperature` or `stream_options` another."""
     return sha256_hex(canonical_json(dict(request)))
 
 
