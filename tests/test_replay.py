@@ -12,6 +12,7 @@ import json
 import shutil
 import sys
 import threading
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -19,6 +20,8 @@ import pytest
 
 import evalpipe
 from storage.store import Store
+from tasks.agents.gateway import Gateway
+from tasks.agents.model_calls import CallBook
 from tasks.report.text import summary_text
 from tasks.trace import SampleTrace
 
@@ -103,6 +106,9 @@ class _Scripted(BaseHTTPRequestHandler):
         with self.server.lock:
             self.server.requests += 1
             number = self.server.requests
+        if self.path.endswith("/responses"):
+            self._responses_stream(number)
+            return
         messages = body["messages"]
         usage = {"prompt_tokens": 100 * len(messages), "completion_tokens": 10, "total_tokens": 100 * len(messages) + 10}
         if len(messages) == 1:
@@ -147,6 +153,18 @@ class _Scripted(BaseHTTPRequestHandler):
         ):
             self.wfile.write(event([{"index": 0, "delta": delta, "finish_reason": finish}]))
         self.wfile.write(event([], usage=usage) + b"data: [DONE]\n\n")
+        self.close_connection = True
+
+    def _responses_stream(self, number: int) -> None:
+        """A Responses API stream whose text names this request's number."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        for kind, doc in (("response.output_text.delta", {"delta": f"reply {number}"}),
+                          ("response.completed", {"response": {"usage": {"input_tokens": 7, "output_tokens": 2}}})):
+            self.wfile.write(f"event: {kind}\r\ndata: {json.dumps({'type': kind, **doc})}\r\n\r\n".encode())
+            self.wfile.flush()
         self.close_connection = True
 
     def log_message(self, *args: object) -> None:
@@ -247,3 +265,30 @@ def test_an_in_process_agent_s_calls_are_forwarded_and_the_summary_says_they_can
     assert (counts["replayed"], counts["forwarded"], counts["unseen_samples"]) == (0, 0, 1)
     assert "python: agent's calls are observed, not answered" in counts["note"]
     assert "model calls: 0 replayed, 0 forwarded upstream; 1 drawn sample(s)" in summary_text(run.to_json())
+
+
+def test_a_streamed_responses_call_is_sent_again_byte_for_byte(endpoint):
+    """The gateway alone: a Responses API stream (CRLF-framed events) kept by one sample's book
+    is what a later sample with that record gets for the same request, with no upstream call;
+    another request body is forwarded."""
+    gateway = Gateway(endpoint.url, "sk-real-key", timeout_s=10)
+    try:
+        def ask(book: CallBook, text: str) -> bytes:
+            token, _ = gateway.grant(book=book)
+            body = json.dumps({"model": "m", "input": text, "stream": True}).encode()
+            request = urllib.request.Request(gateway.url + "/responses", data=body, method="POST", headers={
+                "Content-Type": "application/json", "Authorization": f"Bearer {token}"})
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                assert answer.headers["Content-Type"] == "text/event-stream"
+                return answer.read()
+
+        first = CallBook()
+        sent = ask(first, "hi")
+        assert b"reply 1" in sent and first.forwarded == 1
+        again = CallBook(first.kept)
+        assert ask(again, "hi") == sent
+        assert (again.replayed, endpoint.requests) == (1, 1)
+        assert b"reply 2" in ask(again, "hello")
+        assert (again.forwarded, endpoint.requests) == (1, 2)
+    finally:
+        gateway.close()
