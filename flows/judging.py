@@ -19,6 +19,8 @@ from tasks.models import InputError
 
 if TYPE_CHECKING:
     from storage.store import Store
+    from tasks.metrics.calibration import StoredRun
+    from tasks.metrics.labels import LabelRow
 
 judge_app = typer.Typer(
     no_args_is_help=True, help="Model judges: calibrate them before trusting them."
@@ -72,12 +74,16 @@ def calibrate_judge(
     rubric: str | None = None,
     samples: int | None = None,
     oracle: bool = False,
+    grader: str | None = None,
+    run: str | None = None,
     store: Store,
 ) -> dict[str, Any]:
     """Grade each labelled output with the judge and measure it against the truth: the
     human label, or with `oracle` the case's own (execution or assertion) grader.
-    The judge is `judge` if given, else each case's own `judge` grader; `rubric` and
-    `samples` override the case's. The result is stored under the judge's fingerprint."""
+    The judge is each case's grader named `grader` (a `judge` or `trajectory_judge`), else
+    its own deciding `judge`; `judge`, `rubric` and `samples` override the case's. With
+    `run` (the run the labels came from), each labelled sample is judged as that run stored
+    it, trajectory included. The result is stored under the judge's fingerprint."""
     from storage.suites import load_suite_ref
     from tasks.metrics.calibration import judge_calibration
     from tasks.metrics.labels import read_labels
@@ -87,9 +93,27 @@ def calibrate_judge(
         for k, v in (("function", judge), ("rubric", rubric), ("samples", samples))
         if v is not None
     }
-    doc = judge_calibration(read_labels(labels, need_output=True), load_suite_ref(suite, store), overrides,
-                            oracle=oracle, where=str(labels), workers=WORKERS)
+    rows = read_labels(labels, need_output=True)
+    doc = judge_calibration(rows, load_suite_ref(suite, store), overrides, oracle=oracle, where=str(labels),
+                            workers=WORKERS, grader=grader,
+                            run=None if run is None else _stored_run(store, run, rows))
     return store.record_calibration(doc)
+
+
+def _stored_run(store: Store, run_ref: str, rows: list[LabelRow]) -> StoredRun:
+    """The labelled rows' samples as the run stored them: output and the agent's trace."""
+    from tasks.metrics.calibration import StoredRun, StoredSample
+    from tasks.run.stored import output_text
+    from tasks.trace import SampleTrace
+
+    run_id = store.find_run(run_ref)["run_id"]
+    wanted = {(r.case_id, r.sample_index) for r in rows}
+    found = {
+        key: StoredSample(output_text(s["output"]) or "", SampleTrace.parse(s["trace"]).agent_part())
+        for s in _samples(store, run_id, ["case_id", "sample_index", "trace"])
+        if (key := (s["case_id"], s["sample_index"])) in wanted
+    }
+    return StoredRun(run_id, found)
 
 
 @judge_app.command("calibrate")
@@ -109,6 +133,14 @@ def calibrate_cmd(
     oracle: Annotated[
         bool, typer.Option("--oracle", help="Truth from the cases' own graders, not the labels.")
     ] = False,
+    grader: Annotated[
+        str | None,
+        typer.Option("--grader", help="The cases' judge grader of this name (a judge or trajectory_judge)."),
+    ] = None,
+    run: Annotated[
+        str | None,
+        typer.Option("--run", help="The run the labels came from: judge its stored samples (trajectories)."),
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Measure a judge against human labels (or an execution oracle): agreement, kappa,
@@ -117,7 +149,7 @@ def calibrate_cmd(
 
     doc = calibrate_judge(
         suite, labels, judge=judge, rubric=_read_rubric(rubric), samples=samples, oracle=oracle,
-        store=Store.default(),
+        grader=grader, run=run, store=Store.default(),
     )
     from tasks.report.judging_text import calibration_text
 

@@ -49,15 +49,21 @@ class Calibrations(Database):
         return {fp: json.loads(result) for fp, result in rows}
 
     def run_judges(self, run_id: str) -> list[dict[str, Any]]:
-        """Every judge that graded a sample of the run: its spec and fingerprint, how many
-        samples it judged (an empty output is not put to the judge) and how many of those
-        errored (the instrument broke: docs/contract.md §4 makes that `error`, not `failed`)."""
+        """Every judge that graded a sample of the run, as its deciding grader or an extra one
+        (a `trajectory_judge`): its spec and fingerprint, how many samples it judged (an empty
+        output is not put to the judge) and how many of those errored (the instrument broke:
+        docs/contract.md §4 makes that `error`, not `failed`)."""
         with self.connect(read_only=True) as con:
             rows = con.execute(
-                "SELECT json_extract_string(trace, '$.judge.fingerprint') AS fp,"
-                " any_value(json_extract_string(trace, '$.judge.spec')),"
-                " count(*) FILTER (WHERE status <> 'empty'), count(*) FILTER (WHERE status = 'error')"
-                " FROM samples WHERE run_id = ? AND fp IS NOT NULL GROUP BY fp ORDER BY fp",
+                "WITH run AS (SELECT trace, status FROM samples WHERE run_id = ?),"
+                " judged AS (SELECT json_extract_string(trace, '$.judge.fingerprint') AS fp,"
+                "  json_extract_string(trace, '$.judge.spec') AS spec, status FROM run"
+                " UNION ALL SELECT json_extract_string(g, '$.trace.judge.fingerprint'),"
+                "  json_extract_string(g, '$.trace.judge.spec'), json_extract_string(g, '$.status')"
+                "  FROM (SELECT unnest(json_extract(trace, '$.extra_graders[*]')) AS g FROM run"
+                "        WHERE trace LIKE '%\"extra_graders\"%'))"
+                " SELECT fp, any_value(spec), count(*) FILTER (WHERE status <> 'empty'),"
+                " count(*) FILTER (WHERE status = 'error') FROM judged WHERE fp IS NOT NULL GROUP BY fp ORDER BY fp",
                 [run_id],
             ).fetchall()
         return [

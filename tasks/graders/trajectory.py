@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tasks.graders.judge import case_judge, judge
-from tasks.models import EvalCase, Status, Verdict
+from tasks.models import EvalCase, Status, Verdict, canonical_json, sha256_hex
 from tasks.params import (
     ExpectedCall,
     FileAssertion,
@@ -163,14 +163,24 @@ def final_state(output: str, case: EvalCase, params: FinalStateParams, *, trace:
     return Verdict.ok(f"the world received {_made(received)}")
 
 
-@grader("trajectory_judge", params=JudgeParams, oracle=False, fingerprint=lambda case: case_judge(case).fingerprint,
-        trace=SampleTrace)
+def trajectory_fingerprint(judge_fingerprint: str) -> str:
+    """What a trajectory judge's verdicts and calibration are recorded under: its judge's
+    fingerprint, set apart from that judge over outputs alone (another instrument, whose
+    calibration says nothing about this one)."""
+    return sha256_hex(canonical_json({"trajectory_judge": judge_fingerprint}))
+
+
+@grader("trajectory_judge", params=JudgeParams, oracle=False,
+        fingerprint=lambda case: trajectory_fingerprint(case_judge(case).fingerprint), trace=SampleTrace)
 def trajectory_judge(output: str, case: EvalCase, params: JudgeParams, *, trace: SampleTrace) -> Verdict:
     """A judge (`judge`'s function, rubric and samples) over what the agent did: each turn,
     call and result, then its answer, fenced in the judge's prompt as any output is."""
     if trace.trajectory is None:
         return Verdict.fail(Status.error, NO_TRAJECTORY)
-    return judge(transcript(trace.trajectory.entries, output), case, params, trace=trace)
+    verdict = judge(transcript(trace.trajectory.entries, output), case, params, trace=trace)
+    if trace.judge is not None:
+        trace.judge = trace.judge.model_copy(update={"fingerprint": trajectory_fingerprint(trace.judge.fingerprint)})
+    return verdict
 
 
 def _files_broken(output: str, case: EvalCase, files: list[FileAssertion]) -> list[str] | Verdict:

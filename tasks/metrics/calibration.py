@@ -11,8 +11,13 @@ A rate whose condition never occurs (no failing outputs at all) is null, not 0.
 
 `judge_items` pairs each labelled output with its case and the judge to put it to;
 `judge_calibration` puts them to the judge (and the oracle) and `measure` turns the judge's
-and the truth's statuses into the calibration's figures. Reading the suite and the labels,
-and storing the result, are the caller's (`flows/judging.py`).
+and the truth's statuses into the calibration's figures. Reading the suite, the labels and
+the labelled run's stored samples, and storing the result, are the caller's
+(`flows/judging.py`).
+
+A `trajectory_judge` reads what the agent did, not only its answer: it is calibrated on the
+labelled samples as their run stored them (`StoredRun`: output and trajectory), so it is
+shown exactly what it was shown when it graded them.
 """
 
 from __future__ import annotations
@@ -26,15 +31,18 @@ import numpy as np
 from numpy.typing import NDArray
 
 from tasks.graders import grade, grader_fingerprint
-from tasks.graders.judge import case_judge
-from tasks.metrics.labels import LabelRow
+from tasks.graders.judge import Judge, case_judge
+from tasks.graders.trajectory import trajectory_fingerprint
+from tasks.metrics.labels import LabelRow, same_text
 from tasks.metrics.stats import DEFAULT_LEVEL, DEFAULT_N_BOOT, resampled_sums
 from tasks.models import EvalCase, EvalSuite, InputError, canonical_json
 from tasks.registry import grader_spec
+from tasks.trace import SampleTrace
 
 METRICS = ("agreement", "kappa", "false_pass_rate", "false_fail_rate")
 LABEL_STATUS = {True: "passed", False: "failed"}
 BINARY = ("passed", "failed")  # the statuses a calibration counts; any other is an error of its rater
+JUDGE_KINDS = ("judge", "trajectory_judge")  # the graders a calibration measures
 
 
 @dataclass(frozen=True)
@@ -118,18 +126,45 @@ def calibrate(
 
 
 @dataclass(frozen=True)
+class StoredSample:
+    """A labelled sample as its run stored it."""
+
+    output: str
+    trace: SampleTrace  # the agent's part (`SampleTrace.agent_part`): its trajectory
+
+
+@dataclass(frozen=True)
+class StoredRun:
+    """The run the labels were exported from: its samples by (case id, sample index)."""
+
+    run_id: str
+    samples: Mapping[tuple[str, int], StoredSample]
+
+
+@dataclass(frozen=True)
 class JudgeItem:
     row: LabelRow  # the labelled output
     case: EvalCase  # its case, whose own grader is the oracle
     judge_case: EvalCase  # the case graded by the judge under calibration
+    stored: StoredSample | None = None  # the sample as its run stored it, when the run is given
+
+    @property
+    def output(self) -> str:
+        return self.stored.output if self.stored is not None else self.row.output or ""
+
+    def trace(self) -> SampleTrace:
+        """A fresh trace for one grading (grading writes into it): what the agent did."""
+        return self.stored.trace.agent_part() if self.stored is not None else SampleTrace()
 
 
 def judge_items(rows: Sequence[LabelRow], suite: EvalSuite, overrides: Mapping[str, Any], *, oracle: bool,
-                where: str) -> list[JudgeItem]:
+                where: str, grader: str | None = None, run: StoredRun | None = None) -> list[JudgeItem]:
     """The outputs to calibrate on: each labelled row (every row with `oracle`, whose truth
     is the case's own grader) with its case of `suite` and that case graded by the judge:
-    the case's own `judge` grader with `overrides` (function, rubric, samples) over it.
-    `InputError` naming `where` and the line for a row no judge or oracle can grade."""
+    the case's grader named `grader` (else its deciding grader when that is a judge) with
+    `overrides` (function, rubric, samples) over it. A row whose case has no grader named
+    `grader` is left out. With `run`, each row is its stored sample (a trajectory judge needs
+    it). `InputError` naming `where` and the line for a row no judge or oracle can grade."""
     items = []
     for row in rows:
         if not oracle and row.label is None:
@@ -142,14 +177,54 @@ def judge_items(rows: Sequence[LabelRow], suite: EvalSuite, overrides: Mapping[s
             raise InputError(
                 f"{where}: line {row.line}: case {case.id!r} has no execution oracle (its grader is {case.kind})"
             )
-        own = case.grader if case.kind == "judge" else {}
+        own = _judge_grader(case, grader, f"{where}: line {row.line}")
+        if own is None:
+            continue
         if "function" not in own and "function" not in overrides:
             raise InputError(f"case {case.id!r}: no judge to calibrate (pass --judge)")
-        judge_case = EvalCase(**{**case.content(), "grader": {**own, **overrides, "kind": "judge"}})
-        items.append(JudgeItem(row, case, judge_case))
+        judge_case = case.graded_by({**own, **overrides, "kind": own.get("kind", "judge")})
+        if judge_case.kind == "trajectory_judge" and run is None:
+            raise InputError(f"case {case.id!r}: a trajectory_judge judges the stored trajectory of each labelled"
+                             " sample: pass --run RUN, the run the labels were exported from")
+        items.append(JudgeItem(row, case, judge_case, None if run is None else _stored(row, run, where)))
     if not items:
-        raise InputError(f"{where}: no labelled rows to calibrate on")
+        raise InputError(f"{where}: no labelled rows to calibrate on"
+                         + (f" (no labelled case has a grader named {grader!r})" if grader else ""))
     return items
+
+
+def _judge_grader(case: EvalCase, name: str | None, where: str) -> dict[str, Any] | None:
+    """The judge grader of `case` to calibrate: the one named `name` (None when the case has
+    none by that name), else the deciding grader when it is a judge, else none yet (`{}`:
+    `--judge` says which)."""
+    if name is None:
+        return dict(case.grader) if case.kind in JUDGE_KINDS else {}
+    named = dict(zip(case.grader_labels, (case.grader, *case.extra_graders), strict=True)).get(name)
+    if named is not None and named["kind"] not in JUDGE_KINDS:
+        raise InputError(f"{where}: case {case.id!r}: grader {name!r} is a {named['kind']} grader, not a judge")
+    return None if named is None else dict(named)
+
+
+def _stored(row: LabelRow, run: StoredRun, where: str) -> StoredSample:
+    """The row's sample as `run` stored it; `InputError` when the run has no such sample or
+    its output is not the one labelled."""
+    if row.sample_index is None:
+        raise InputError(f"{where}: line {row.line}: missing 'sample_index' (needed to find the sample in the run)")
+    stored = run.samples.get((row.case_id, row.sample_index))
+    if stored is None:
+        raise InputError(f"{where}: line {row.line}: run {run.run_id} has no sample {row.case_id}#{row.sample_index}")
+    if row.output is not None and not same_text(row.output, stored.output):
+        raise InputError(f"{where}: line {row.line}: output differs from run {run.run_id}'s sample"
+                         f" {row.case_id}#{row.sample_index}")
+    return stored
+
+
+def calibrated_judge(case: EvalCase) -> tuple[str, Judge]:
+    """The judge grading `case` and the fingerprint its verdicts are recorded under (a
+    trajectory judge's is its own: the same judge over outputs is another instrument)."""
+    judge = case_judge(case)
+    return (trajectory_fingerprint(judge.fingerprint) if case.kind == "trajectory_judge" else judge.fingerprint,
+            judge)
 
 
 def measure(items: Sequence[JudgeItem], verdicts: Sequence[tuple[str, str]], *, where: str) -> dict[str, Any]:
@@ -175,16 +250,18 @@ def measure(items: Sequence[JudgeItem], verdicts: Sequence[tuple[str, str]], *, 
 
 
 def judge_calibration(rows: Sequence[LabelRow], suite: EvalSuite, overrides: Mapping[str, Any], *, oracle: bool,
-                      where: str, workers: int) -> dict[str, Any]:
+                      where: str, workers: int, grader: str | None = None,
+                      run: StoredRun | None = None) -> dict[str, Any]:
     """The calibration document (before it is stored): each labelled row of `rows` graded by
-    the judge (`judge_items`; `workers` judge calls in flight) against its truth, the human
-    label or with `oracle` the case's own grader, and `measure`d. One judge only: cases
-    naming several are bad input, as is a judge spec that does not load."""
-    items = judge_items(rows, suite, overrides, oracle=oracle, where=where)
+    the judge (`judge_items`: the grader named `grader`, each row its sample stored in `run`
+    when given; `workers` judge calls in flight) against its truth, the human label or with
+    `oracle` the case's own grader, and `measure`d. One judge only: cases naming several are
+    bad input, as is a judge spec that does not load."""
+    items = judge_items(rows, suite, overrides, oracle=oracle, where=where, grader=grader, run=run)
     # Resolved here, once and in this thread: a bad spec is bad input (not a column of
     # `error` verdicts), and user modules are loaded before the workers need them.
     graders = {canonical_json(i.judge_case.grader): i.judge_case for i in items}.values()
-    judges = {j.fingerprint: j for j in map(case_judge, graders)}
+    judges = dict(map(calibrated_judge, graders))
     if len(judges) > 1:
         raise InputError(f"{where}: the cases use {len(judges)} different judges; pass --judge")
     ((fingerprint, the_judge),) = judges.items()
@@ -193,14 +270,20 @@ def judge_calibration(rows: Sequence[LabelRow], suite: EvalSuite, overrides: Map
             grader_fingerprint(case)
 
     def judged(item: JudgeItem) -> tuple[str, str]:
-        truth = grade(item.row.output, item.case).status.value if oracle else LABEL_STATUS[item.row.label]
-        return grade(item.row.output, item.judge_case).status.value, truth
+        truth = grade(item.output, item.case, item.trace()).status.value if oracle else LABEL_STATUS[item.row.label]
+        return grade(item.output, item.judge_case, item.trace()).status.value, truth
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
         verdicts = list(pool.map(judged, items))
+    labelled = sum(1 for r in rows if oracle or r.label is not None)
     return {
         "judge": the_judge.spec,
         "judge_fingerprint": fingerprint,
+        "kind": items[0].judge_case.kind,
+        **({"grader": grader} if grader else {}),
+        **({"run": run.run_id} if run else {}),
+        # labelled rows whose case has no grader of that name: not measured, and said so
+        "rows_without_grader": labelled - len(items),
         "suite_version": suite.version,
         "suite_name": suite.name,
         "truth": "oracle" if oracle else "human",

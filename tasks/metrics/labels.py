@@ -160,7 +160,7 @@ def _label_row(record: dict[str, Any], where: str, line: int, need_output: bool)
     return LabelRow(line, cid, index, output, parse_label(label, where), str(note))
 
 
-def _same_text(a: str, b: str) -> bool:
+def same_text(a: str, b: str) -> bool:
     # A spreadsheet round trip may turn \n into \r\n; nothing else is forgiven.
     return a.replace("\r\n", "\n") == b.replace("\r\n", "\n")
 
@@ -193,7 +193,7 @@ def labelled_samples(
                 f"{where}: line {row.line}: run {source_run} has no sample "
                 f"{row.case_id}#{row.sample_index}"
             )
-        if row.output is not None and not _same_text(row.output, text_of(sample)):
+        if row.output is not None and not same_text(row.output, text_of(sample)):
             raise InputError(
                 f"{where}: line {row.line}: output differs from run {source_run}'s "
                 f"sample {row.case_id}#{row.sample_index}"

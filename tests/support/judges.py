@@ -65,8 +65,9 @@ def flaky_pairwise(case, first, second, seed):
 
 class ChatServer:
     """`POST /v1/chat/completions` on 127.0.0.1, a free port. `reply(body) -> (status,
-    content)` decides each answer; every request body is kept in `requests`. With `usage`
-    (and `model`), each response carries them as an OpenAI server's does."""
+    content)` decides each answer (a `dict` content is the whole response, e.g. a scripted
+    agent's tool calls); every request body is kept in `requests`. With `usage` (and
+    `model`), each response carries them as an OpenAI server's does."""
 
     def __init__(self, reply, usage: dict | None = None, model: str | None = None):
         self.requests: list[dict] = []
@@ -78,7 +79,7 @@ class ChatServer:
                 body["_auth"] = self.headers.get("Authorization")
                 outer.requests.append(body)
                 status, content = reply(body)
-                doc = {"choices": [{"message": {"content": content}}]}
+                doc = content if isinstance(content, dict) else {"choices": [{"message": {"content": content}}]}
                 doc.update({k: v for k, v in (("usage", usage), ("model", model)) if v is not None})
                 data = json.dumps(doc).encode()
                 self.send_response(status)
