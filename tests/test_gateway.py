@@ -263,3 +263,45 @@ def test_a_cmd_agent_s_calls_go_through_the_gateway_recorded_capped_and_without_
     assert row["status"] == "agent_error"
     assert row["detail"] == ("agent failed: stopped at --max-model-calls 2: the agent asked for 1 more model"
                              " call(s), refused")
+
+
+WORKER_AGENT = """
+import os
+import openai
+
+CLIENT = openai.OpenAI(max_retries=0)  # made once, at import: the worker's key for its whole life
+
+
+def solve(inputs, ctx):
+    for i in range(inputs["calls"]):
+        CLIENT.chat.completions.create(model="m", messages=[{"role": "user", "content": f"{ctx.case_id} {i}"}])
+    return os.environ["OPENAI_API_KEY"][:16] + " " + str(os.getpid())
+"""
+
+
+def test_a_persistent_worker_s_calls_are_each_sample_s_through_its_lease(tmp_path, monkeypatch):
+    """`pyworker:` (issue 44 item 2, #47 item 1): a worker's environment holds one gateway token
+    for its life, granted to each sample it draws in turn, so every sample's calls are its own
+    trajectory and tokens, caps included; never the real key."""
+    (tmp_path / "agent.py").write_text(WORKER_AGENT)
+    cases = [{"id": f"c{calls}", "inputs": {"calls": calls}, "reference": "evalpipe-sample-",
+              "grader": {"kind": "contains"}} for calls in (1, 2, 3)]
+    spec = f"pyworker:{tmp_path / 'agent.py'}:solve"
+    with Endpoint() as endpoint:
+        monkeypatch.setenv("OPENAI_BASE_URL", endpoint.url)
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-real-key")
+        run = evalpipe.evaluate(cases, spec, home=tmp_path / "home", agent_concurrency=1)
+        capped_run = evalpipe.evaluate(cases, spec, home=tmp_path / "home", agent_concurrency=1, seed=1,
+                                       max_model_calls=2)
+    assert endpoint.requests == 6 + 1 + 2 + 2  # the capped run: c1's one, c2's two, c3's first two
+    rows = {r["case_id"]: r for r in Store(tmp_path / "home").run_samples(run.run_id).to_pylist()}
+    assert {r["status"] for r in rows.values()} == {"passed"}
+    assert len({r["output"].split()[1] for r in rows.values()}) == 1  # one worker drew the three
+    for calls, cid in enumerate(("c1", "c2", "c3"), start=1):
+        turns = SampleTrace.parse(rows[cid]["trace"]).trajectory.typed.turns
+        assert len(turns) == calls, cid
+        assert (rows[cid]["input_tokens"], rows[cid]["output_tokens"]) == (1000 * calls, 100 * calls)
+    capped = {r["case_id"]: r for r in Store(tmp_path / "home").run_samples(capped_run.run_id).to_pylist()}
+    assert capped["c3"]["status"] == "agent_error"
+    assert capped["c3"]["detail"].startswith("agent failed: stopped at --max-model-calls 2")
+    assert capped["c2"]["status"] == "passed"

@@ -226,6 +226,8 @@ class Gateway:
         self._slots = threading.BoundedSemaphore(concurrency) if concurrency else None
         self.in_flight = self.most_in_flight = 0  # upstream calls now, and the most at once
         self._taps: dict[str, Tap] = {}
+        # A long-lived worker's token: the tap of the sample it is drawing, None between samples.
+        self._leases: dict[str, Tap | None] = {}
         self._lock = threading.Lock()
         self.refused = 0  # requests with no valid token
         self.server = _Server(("127.0.0.1", 0), self._handler())
@@ -233,19 +235,46 @@ class Gateway:
         threading.Thread(target=self.server.serve_forever, name="evalpipe-gateway", daemon=True).start()
 
     def grant(self, max_calls: int | None = None, max_cost_usd: float | None = None,
-              cost_of: CostOf | None = None, book: CallBook | None = None) -> tuple[str, Tap]:
+              cost_of: CostOf | None = None, book: CallBook | None = None,
+              lease: str | None = None) -> tuple[str, Tap]:
         """A token good for one sample (at most `max_calls` model calls and `max_cost_usd` spent,
         priced by `cost_of`), and the tap its calls are recorded in (and `book`, with
-        `--replay-model-calls`, kept in and answered from)."""
-        token = TOKEN_PREFIX + secrets.token_urlsafe(24)
+        `--replay-model-calls`, kept in and answered from). `lease`: a worker's token (`lease`),
+        given to this sample until it is revoked."""
         tap = Tap(max_calls=max_calls, max_cost_usd=max_cost_usd, cost_of=cost_of, book=book)
         with self._lock:
+            if lease is not None:
+                if lease not in self._leases:
+                    raise KeyError("an ended lease")
+                self._leases[lease] = tap
+                return lease, tap
+            token = TOKEN_PREFIX + secrets.token_urlsafe(24)
             self._taps[token] = tap
         return token, tap
 
     def revoke(self, token: str) -> None:
+        """The sample holding `token` has ended: a sample's token is no longer good; a worker's
+        lease is good for no sample until its next grant."""
         with self._lock:
             self._taps.pop(token, None)
+            if token in self._leases:
+                self._leases[token] = None
+
+    def lease(self) -> str:
+        """A token for a worker that draws many samples one at a time (`pyworker:`, `cmdworker:`):
+        its environment holds it for its life, and its calls are the sample's it was granted to."""
+        token = TOKEN_PREFIX + secrets.token_urlsafe(24)
+        with self._lock:
+            self._leases[token] = None
+        return token
+
+    def environ(self, passed: Mapping[str, str], token: str) -> dict[str, str]:
+        """`passed` with the endpoint and key replaced by the gateway's address and `token`."""
+        return {**passed, "OPENAI_BASE_URL": self.url, "OPENAI_API_BASE": self.url, "OPENAI_API_KEY": token}
+
+    def end_lease(self, token: str) -> None:
+        with self._lock:
+            self._leases.pop(token, None)
 
     def close(self) -> None:
         self.server.shutdown()
@@ -288,7 +317,7 @@ class Gateway:
     def _tap(self, header: str | None) -> Tap | None:
         token = (header or "").removeprefix("Bearer ").strip()
         with self._lock:
-            return self._taps.get(token)
+            return self._taps.get(token) or self._leases.get(token)
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         gateway = self
@@ -491,9 +520,7 @@ class Grant:
     tap: Tap
 
     def environ(self, passed: Mapping[str, str]) -> dict[str, str]:
-        """`passed` with the endpoint and key replaced by the gateway's address and the token."""
-        return {**passed, "OPENAI_BASE_URL": self.gateway.url, "OPENAI_API_BASE": self.gateway.url,
-                "OPENAI_API_KEY": self.token}
+        return self.gateway.environ(passed, self.token)
 
     def revoke(self) -> None:
         self.gateway.revoke(self.token)  # good for this sample only, and only while it runs
@@ -549,11 +576,20 @@ def _answered_once(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return kept
 
 
-def grant_for(passed: Mapping[str, str], settings: AgentSettings, ctx: AgentContext) -> Grant | None:
+def grant_for(passed: Mapping[str, str], settings: AgentSettings, ctx: AgentContext,
+              lease: str | None = None) -> Grant | None:
     """The sample's grant when its environment (`passed`) names an OpenAI-compatible endpoint
-    or key, on the process's gateway for them; None when it names neither."""
+    or key, on the process's gateway for them; None when it names neither. `lease`: the token
+    of the worker that draws the sample, granted to it instead of a token of its own."""
+    gateway = gateway_of(passed, settings)
+    if gateway is None:
+        return None
+    token, tap = gateway.grant(settings.max_model_calls, settings.max_sample_cost, ctx.cost_of, ctx.calls, lease)
+    return Grant(gateway, token, tap)
+
+
+def gateway_of(passed: Mapping[str, str], settings: AgentSettings) -> Gateway | None:
+    """The process's gateway for the endpoint and key `passed` names; None when it names neither."""
     if "OPENAI_API_KEY" not in passed and "OPENAI_BASE_URL" not in passed:
         return None
-    gateway = gateway_for(passed.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL, passed.get("OPENAI_API_KEY"), settings)
-    token, tap = gateway.grant(settings.max_model_calls, settings.max_sample_cost, ctx.cost_of, ctx.calls)
-    return Grant(gateway, token, tap)
+    return gateway_for(passed.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL, passed.get("OPENAI_API_KEY"), settings)

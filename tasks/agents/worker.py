@@ -51,6 +51,7 @@ from tasks.agents.base import (
     spec_fingerprint,
 )
 from tasks.agents.cmd import STDERR_TAIL, CmdAgent
+from tasks.agents.gateway import Gateway, Grant, gateway_of, grant_for
 from tasks.agents.trajectory import capped
 from tasks.models import EvalCase, InputError, sha256_hex
 from tasks.redaction import redact
@@ -73,6 +74,10 @@ class _Worker:
     replies: int  # the pipe it answers on
     stderr: Path
     pending: bytes = b""
+    # Its token on the run's model gateway (its environment's OPENAI_API_KEY), granted to each
+    # sample it draws in turn; None where the environment names no endpoint.
+    gateway: Gateway | None = None
+    lease: str | None = None
 
     def ask(self, request: dict[str, Any], deadline: float, cap: int) -> dict[str, Any] | None:
         """The worker's reply to `request` (None past `deadline`); `_Gone` when it cannot."""
@@ -131,6 +136,8 @@ class _Worker:
         for fd in (self.requests, self.replies):
             os.close(fd)
         self.stderr.unlink(missing_ok=True)
+        if self.gateway is not None and self.lease is not None:
+            self.gateway.end_lease(self.lease)
 
 
 @dataclass
@@ -150,8 +157,10 @@ class _Mean:
 class WorkerPool:
     """The workers of one agent in this process (see the module)."""
 
-    def __init__(self, argv: Callable[[int, int], list[str]], cwd: Path, protocol_on_stdio: bool, handshake: bool):
+    def __init__(self, argv: Callable[[int, int], list[str]], cwd: Path, protocol_on_stdio: bool, handshake: bool,
+                 gateway: Gateway | None = None):
         self.argv, self.cwd, self.stdio, self.handshake = argv, cwd, protocol_on_stdio, handshake
+        self.gateway = gateway  # where its workers' model calls go (`_Worker.lease`)
         self.idle: list[_Worker] = []
         self.busy: set[_Worker] = set()
         self.starting = 0
@@ -162,10 +171,13 @@ class WorkerPool:
         self.cond = threading.Condition()
         self.scratch = tempfile.mkdtemp(prefix="evalpipe-workers-")
 
-    def call(self, request: dict[str, Any], timeout_s: float, cap: int) -> dict[str, Any]:
-        """A worker's reply to `request`, the worker then free for another sample; `AgentError`
-        when it cannot answer in `timeout_s` (the worker killed)."""
+    def call(self, request: dict[str, Any], timeout_s: float, cap: int,
+             grant: Callable[[str | None], Grant | None] = lambda lease: None) -> tuple[dict[str, Any], Grant | None]:
+        """A worker's reply to `request`, the worker then free for another sample, and the
+        sample's `grant(lease)` of the worker's gateway token, revoked once it answered;
+        `AgentError` when it cannot answer in `timeout_s` (the worker killed)."""
         worker = self._take(timeout_s, cap)
+        granted = grant(worker.lease)
         started = time.monotonic()
         try:
             reply = worker.ask(request, time.monotonic() + timeout_s, cap)
@@ -175,6 +187,9 @@ class WorkerPool:
         except BaseException:
             self._drop(worker)  # stopped mid-call: its state is unknown
             raise
+        finally:
+            if granted is not None:
+                granted.revoke()
         if reply is None:
             self._drop(worker)
             raise AgentError(f"timed out after {timeout_s:g} s (--cmd-timeout); its worker was killed")
@@ -183,7 +198,7 @@ class WorkerPool:
             self.busy.discard(worker)
             self.idle.append(worker)
             self.cond.notify_all()
-        return reply
+        return reply, granted
 
     def _take(self, timeout_s: float, cap: int) -> _Worker:
         cores = len(os.sched_getaffinity(0))
@@ -228,10 +243,12 @@ class WorkerPool:
         req_r, req_w = os.pipe()
         rep_r, rep_w = os.pipe()
         stderr = Path(tempfile.mktemp(dir=self.scratch, suffix=".stderr"))  # noqa: S306 - in our own folder
+        lease = self.gateway.lease() if self.gateway is not None else None
+        env = self.gateway.environ(os.environ, lease) if self.gateway is not None and lease else None
         try:
             with open(stderr, "ab") as err:  # appended: truncating it between samples leaves no hole
                 proc = subprocess.Popen(
-                    self.argv(req_r, rep_w), cwd=self.cwd, stderr=err, start_new_session=True,
+                    self.argv(req_r, rep_w), cwd=self.cwd, stderr=err, start_new_session=True, env=env,
                     stdin=req_r if self.stdio else subprocess.DEVNULL,
                     stdout=rep_w if self.stdio else subprocess.DEVNULL,
                     pass_fds=() if self.stdio else (req_r, rep_w),
@@ -239,10 +256,12 @@ class WorkerPool:
         except OSError as exc:
             for fd in (req_r, req_w, rep_r, rep_w):
                 os.close(fd)
+            if lease is not None:
+                self.gateway.end_lease(lease)
             raise AgentError(f"cannot start the worker: {exc.strerror or exc}") from None
         os.close(req_r)
         os.close(rep_w)
-        worker = _Worker(proc, req_w, rep_r, stderr)
+        worker = _Worker(proc, req_w, rep_r, stderr, gateway=self.gateway, lease=lease)
         if not self.handshake:
             return worker
         try:
@@ -303,8 +322,14 @@ class _Persistent(Reloadable):
         cap = self.settings.max_output_bytes + 1  # one byte over tells the sampler to truncate
         request = {"id": case.id, "case_id": case.id, "inputs": case.inputs, "index": ctx.index,
                    "seed": ctx.seed, "n": ctx.n, "cap": cap}
-        reply = pool.call(request, self.settings.cmd_timeout, cap + self.settings.max_trajectory_bytes + REPLY_SLACK)
-        return _apply(reply, ctx, self.settings.max_trajectory_bytes)
+        reply, grant = pool.call(request, self.settings.cmd_timeout,
+                                 cap + self.settings.max_trajectory_bytes + REPLY_SLACK,
+                                 lambda lease: grant_for(os.environ, self.settings, ctx, lease) if lease else None)
+        try:
+            return _apply(reply, ctx, self.settings.max_trajectory_bytes)
+        finally:  # what the gateway saw of the sample's calls: its usage, and its trajectory unless it recorded turns
+            if grant is not None:
+                ctx.trace.trajectory = grant.settle(ctx, ctx.trace.trajectory, self.settings.max_trajectory_bytes)
 
 
 def _apply(reply: dict[str, Any], ctx: AgentContext, trajectory_cap: int) -> str:
@@ -374,7 +399,8 @@ class PyWorkerAgent(_Persistent):
         def argv(requests: int, replies: int) -> list[str]:
             return [self.python, str(WORKER_SCRIPT), str(requests), str(replies), self.file, self.func]
 
-        return WorkerPool(argv, self.base, protocol_on_stdio=False, handshake=True)
+        return WorkerPool(argv, self.base, protocol_on_stdio=False, handshake=True,
+                          gateway=gateway_of(os.environ, self.settings))
 
 
 @agent_kind("cmdworker", runs_code=True)
@@ -390,7 +416,8 @@ class CmdWorkerAgent(_Persistent):
         return cls(spec, inner.fingerprint, base, argv=inner.argv)
 
     def _pool(self) -> WorkerPool:
-        return WorkerPool(lambda _r, _w: list(self.argv), self.base, protocol_on_stdio=True, handshake=False)
+        return WorkerPool(lambda _r, _w: list(self.argv), self.base, protocol_on_stdio=True, handshake=False,
+                          gateway=gateway_of(os.environ, self.settings))
 
 
 def _top_level_names(tree: ast.Module) -> set[str]:
