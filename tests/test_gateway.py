@@ -305,3 +305,29 @@ def test_a_persistent_worker_s_calls_are_each_sample_s_through_its_lease(tmp_pat
     assert capped["c3"]["status"] == "agent_error"
     assert capped["c3"]["detail"].startswith("agent failed: stopped at --max-model-calls 2")
     assert capped["c2"]["status"] == "passed"
+
+
+def test_a_streamed_responses_call_through_the_gateway_counts_its_tokens():
+    """The Responses API streamed (the Agents SDK's default): the last event holds the whole
+    answer, its usage and its function calls, which the sample's tap records."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("scripted_responses",
+                                                  ROOT / "examples/agents_sdk/scripted_responses.py")
+    scripted = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(scripted)
+    with scripted.ScriptedResponses() as endpoint:
+        gateway = Gateway(endpoint.url, "sk-real", timeout_s=10)
+        try:
+            token, tap = gateway.grant()
+            client = _client(gateway, token)
+            events = list(client.responses.create(model="support-good", input="Where is my order 1234?",
+                                                  stream=True))
+            final = events[-1].response
+        finally:
+            gateway.close()
+    (used,) = endpoint.usage
+    assert (tap.calls, tap.input_tokens, tap.output_tokens) == (1, used["input_tokens"], used["output_tokens"])
+    (turn,) = [e for e in tap.entries if e.get("role") == "assistant"]
+    assert [c["function"]["name"] for c in turn.get("tool_calls", [])] == [
+        item.name for item in final.output if item.type == "function_call"]

@@ -179,7 +179,8 @@ def _turn(reply: dict[str, Any]) -> dict[str, Any]:
 
 
 def _streamed(body: bytes) -> dict[str, Any]:
-    """A chat completion rebuilt from its server-sent events: content, tool calls, usage."""
+    """A chat completion rebuilt from its server-sent events: content, tool calls, usage; or a
+    streamed Responses API answer, whose last event (`response.completed`) holds it whole."""
     content: list[str] = []
     calls: dict[int, dict[str, Any]] = {}
     reply: dict[str, Any] = {}
@@ -190,6 +191,10 @@ def _streamed(body: bytes) -> dict[str, Any]:
             event = json.loads(line[5:])
         except ValueError:
             continue
+        if not isinstance(event, dict):
+            continue
+        if event.get("type") == "response.completed" and isinstance(event.get("response"), dict):
+            return event["response"]
         reply["model"] = event.get("model", reply.get("model"))
         if isinstance(event.get("usage"), dict):
             reply["usage"] = event["usage"]
