@@ -26,9 +26,13 @@ asks for `trace` without declaring a model is given a plain dict, whose keys are
 the trace's top level (docs/graders.md lists the keys the built-in graders write).
 
 A metric is `fn(tallies) -> float` over one `tasks.metrics.tallies.Tally` per case (`.n`,
-`.passes`, `.scores`); with `per_case=True`, `fn(tallies)` returns one value per case and the
-metric is their mean. Either way the run reports its value with a CI clustered by case
-(`tasks.metrics.tallies.metric_values`), in `run --json` under `metrics`.
+`.passes`, `.scores`, each sample's record in `.samples`); with `per_case=True`, `fn(tallies)`
+returns one value per case and the metric is their mean. Either way the run reports its value
+with a CI clustered by case (`tasks.metrics.tallies.metric_values`), in `run --json` under
+`metrics`. A name holding `{k}` registers a family, `fn(tallies, k)`: one metric per k the run
+asks (`RunConfig.k`), named with k in place of `{k}` (the built-in `pass@{k}` and `pass^{k}`,
+whose members are the summary's `pass_at_k` and `pass_hat_k`). `listed=False` keeps a metric
+out of `metrics` (the headline reports it under its own keys).
 
 An agent kind is an `--agent` scheme (`python:`, `cmd:`, `openai:`...): a class or function
 `load(spec, rest, base)` decorated with `agent_kind(scheme, runs_code=..., sees=...)`; the
@@ -46,6 +50,7 @@ comma-separated). A plugin that fails to import is an `InputError` naming it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import importlib.metadata
@@ -54,7 +59,7 @@ import inspect
 import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,6 +77,7 @@ PLUGINS_ENV = "EVALPIPE_PLUGINS"
 BUILTIN_GRADERS = "tasks.graders"
 BUILTIN_METRICS = "tasks.metrics.standard"
 BUILTIN_AGENTS = "tasks.agents"
+K = "{k}"  # in a metric's name: a family, one member per k the run asks
 
 
 @dataclass(frozen=True)
@@ -116,6 +122,24 @@ class MetricSpec:
     fn: Callable[[Any], Any]
     per_case: bool  # fn returns one value per case; the metric is their mean
     percent: bool  # a fraction, shown as a percentage (else as a plain number)
+    listed: bool = True  # reported under `metrics` in `run --json`
+
+
+@dataclass(frozen=True)
+class MetricFamily:
+    """Metrics with a parameter k (`name` holds `{k}`, `fn(tallies, k)`): one member per k a
+    run asks, since a run's k values are its configuration, not the metric's."""
+
+    name: str
+    fn: Callable[[Any, int], Any]
+    per_case: bool
+    percent: bool
+    listed: bool = True
+
+    def at(self, k: int) -> MetricSpec:
+        """The member at `k`: a metric like any other, named with k in place of `{k}`."""
+        return MetricSpec(self.name.replace(K, str(k)), functools.partial(self.fn, k=k), self.per_case,
+                          self.percent, self.listed)
 
 
 @dataclass(frozen=True)
@@ -151,6 +175,7 @@ class AgentKindSpec:
 
 _GRADERS: dict[str, GraderSpec] = {}
 _METRICS: dict[str, MetricSpec] = {}
+_FAMILIES: dict[str, MetricFamily] = {}
 _AGENTS: dict[str, AgentKindSpec] = {}
 _TOOLS: dict[str, ToolSpec] = {}
 _LOCK = threading.RLock()
@@ -211,13 +236,20 @@ def _check_trace_model(kind: str, model: Any) -> None:
                          f"{exc.errors()[0]['loc']}") from None
 
 
-def metric(name: str, *, per_case: bool = False, percent: bool = True) -> Callable[[Callable], Callable]:
-    """Decorator: `fn(tallies)` is the metric `name` (see the module's docstring)."""
+def metric(name: str, *, per_case: bool = False, percent: bool = True,
+           listed: bool = True) -> Callable[[Callable], Callable]:
+    """Decorator: `fn(tallies)` is the metric `name`, or with `{k}` in `name`, `fn(tallies, k)`
+    is a family of them (see the module's docstring)."""
     if not isinstance(name, str) or not name or name != name.strip():
         raise ValueError(f"metric name must be a non-empty name, got {name!r}")
 
     def decorate(fn: Callable) -> Callable:
-        _add(_METRICS, "metric", name, MetricSpec(name, fn, per_case, percent))
+        if K in name:
+            if "k" not in inspect.signature(fn).parameters:
+                raise ValueError(f"metric family {name!r}: its function takes no `k` parameter")
+            _add(_FAMILIES, "metric", name, MetricFamily(name, fn, per_case, percent, listed))
+        else:
+            _add(_METRICS, "metric", name, MetricSpec(name, fn, per_case, percent, listed))
         return fn
 
     return decorate
@@ -317,7 +349,7 @@ def agent_kind_spec(scheme: str) -> AgentKindSpec | None:
 
 
 def _add(table: dict[str, Any], what: str, name: str,
-         spec: GraderSpec | MetricSpec | AgentKindSpec | ToolSpec) -> None:
+         spec: GraderSpec | MetricSpec | MetricFamily | AgentKindSpec | ToolSpec) -> None:
     with _LOCK:
         old = table.get(name)
         # The same function registering again (its module reloaded) replaces itself.
@@ -327,7 +359,7 @@ def _add(table: dict[str, Any], what: str, name: str,
         table[name] = spec
 
 
-def _code(spec: GraderSpec | MetricSpec | AgentKindSpec | ToolSpec) -> Callable:
+def _code(spec: GraderSpec | MetricSpec | MetricFamily | AgentKindSpec | ToolSpec) -> Callable:
     return spec.load if isinstance(spec, AgentKindSpec) else spec.fn
 
 
@@ -359,11 +391,22 @@ def runs_code(kind: str) -> bool:
     return spec is not None and spec.runs_code
 
 
-def metrics() -> dict[str, MetricSpec]:
-    """Every registered metric by name, the built-ins first."""
+def metrics(ks: Sequence[int] = ()) -> dict[str, MetricSpec]:
+    """Every registered metric by name, the built-ins first; then each family's members at
+    `ks` (a run's k values), but for a name a metric of its own already has."""
     _load_builtin(BUILTIN_METRICS)
     load_plugins()
-    return dict(_METRICS)
+    found = dict(_METRICS)
+    for family in _FAMILIES.values():
+        for spec in map(family.at, ks):
+            found.setdefault(spec.name, spec)
+    return found
+
+
+def metric_family(name: str) -> MetricFamily:
+    """The registered family `name` (holding `{k}`); `KeyError` when there is none."""
+    _load_builtin(BUILTIN_METRICS)
+    return _FAMILIES[name]
 
 
 def _load_builtin(module: str) -> None:

@@ -18,16 +18,17 @@ import pyarrow.compute as pc
 from numpy.typing import NDArray
 
 from tasks.metrics.graders import grader_metrics
-from tasks.metrics.stats import (
-    DEFAULT_LEVEL,
-    DEFAULT_N_BOOT,
-    bootstrap_mean_ci,
-    pass_at_k,
-    pass_hat_k,
-    standard_error,
+from tasks.metrics.stats import DEFAULT_LEVEL, DEFAULT_N_BOOT, standard_error
+from tasks.metrics.tallies import (
+    SampleRecord,
+    Tallies,
+    metric_values,
+    per_case_figure,
+    per_case_values,
 )
-from tasks.metrics.tallies import SampleRecord, Tallies, metric_values
 from tasks.models import InputError
+from tasks.registry import metric_family
+from tasks.registry import metrics as registered_metrics
 
 ALL_SLICE = "__all__"  # the overall slice's name in the `aggregates` table
 
@@ -178,10 +179,11 @@ def aggregate(
     c = np.bincount(case_index, weights=passed, minlength=len(case_ids)).astype(np.int64)
 
     boot = {"seed": seed, "n_boot": n_boot, "level": level}
-    per_case = {k: pass_at_k(n, c, k) if k <= n.min() else None for k in ks}
-    hat = {k: pass_hat_k(n, c, k) if k <= n.min() else None for k in ks}
     tallies = Tallies.of_samples(case_ids, case_index, n, c, _sample_scores(samples), lambda: _records(samples))
-    scores = tallies.mean_scores
+    # The headline's figures are registered metrics' per-case values, as a plugin's are.
+    per_case = {k: per_case_values(metric_family("pass@{k}").at(k), tallies) for k in ks}
+    hat = {k: per_case_values(metric_family("pass^{k}").at(k), tallies) for k in ks}
+    scores = per_case_values(registered_metrics()["mean_score"], tallies)
     overall = _metrics(per_case, hat, scores, np.arange(len(case_ids)), **boot)
     members_of = _slice_members(case_ids, case_slices)
     slices = {name: _metrics(per_case, hat, scores, members, **boot) for name, members in members_of.items()}
@@ -199,7 +201,7 @@ def aggregate(
         flaky_case_ids=tuple(np.asarray(case_ids, dtype=object)[flaky]),
         status_counts=_status_counts(samples["status"]),
         safety_violations=_safety_violations(samples),
-        metrics={**metric_values(tallies, **boot), **graded},
+        metrics={**metric_values(tallies, ks, **boot), **graded},
         # Each extra grader's pass rate per slice too, where the run has extra graders.
         slice_graders={name: grader_metrics(tallies.take(members), **boot) for name, members in members_of.items()}
         if graded else {},
@@ -285,11 +287,10 @@ def _metrics(
 ) -> Metrics:
     def means_cis(arrays: Mapping[int, NDArray[np.float64] | None]):
         values = {k: None if v is None else v[members] for k, v in arrays.items()}
-        means = {k: None if v is None else float(v.mean()) for k, v in values.items()}
-        cis = {
-            k: None if v is None else bootstrap_mean_ci(v, seed=seed, n_boot=n_boot, level=level)
-            for k, v in values.items()
-        }
+        figures = {k: None if v is None else per_case_figure(v, seed=seed, n_boot=n_boot, level=level)
+                   for k, v in values.items()}
+        means = {k: None if f is None else f[0] for k, f in figures.items()}
+        cis = {k: None if f is None else f[1] for k, f in figures.items()}
         return values, means, cis
 
     values, means, cis = means_cis(per_case)

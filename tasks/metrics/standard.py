@@ -14,12 +14,28 @@ if TYPE_CHECKING:
     from tasks.metrics.tallies import SampleRecord, Tallies, Tally
 
 
-@metric("pass@1", per_case=True)
-def pass_at_1(tallies: Tallies) -> NDArray:
-    """Each case's unbiased pass@1 (its pass rate), averaged over the cases."""
+# The headline's figures (docs/statistics.md): `aggregate` reports these members at the run's
+# k values under `pass_at_k` and `pass_hat_k`, per slice too, so they are not listed again.
+@metric("pass@{k}", per_case=True, listed=False)
+def pass_at(tallies: Tallies, k: int) -> NDArray | None:
+    """Each case's unbiased pass@k; none where k exceeds some case's n (the run notes why)."""
     from tasks.metrics.stats import pass_at_k
 
-    return pass_at_k(tallies.n, tallies.passes, 1)
+    return pass_at_k(tallies.n, tallies.passes, k) if k <= tallies.n.min() else None
+
+
+@metric("pass^{k}", per_case=True, listed=False)
+def pass_hat(tallies: Tallies, k: int) -> NDArray | None:
+    """Each case's unbiased pass^k (all k of k samples pass); none where k exceeds some case's n."""
+    from tasks.metrics.stats import pass_hat_k
+
+    return pass_hat_k(tallies.n, tallies.passes, k) if k <= tallies.n.min() else None
+
+
+@metric("pass@1", per_case=True)
+def pass_at_1(tallies: Tallies) -> NDArray | None:
+    """pass@{k}'s member every run has (k always holds 1), under `metrics` as before families."""
+    return pass_at(tallies, 1)
 
 
 @metric("mean_score", per_case=True)

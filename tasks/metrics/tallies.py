@@ -169,11 +169,20 @@ class Tallies(Sequence[Tally]):
 
 
 def metric_values(
-    tallies: Tallies, *, seed: int = 0, n_boot: int = DEFAULT_N_BOOT, level: float = DEFAULT_LEVEL
+    tallies: Tallies, ks: Sequence[int] = (), *, seed: int = 0, n_boot: int = DEFAULT_N_BOOT,
+    level: float = DEFAULT_LEVEL,
 ) -> dict[str, dict[str, Any]]:
-    """Every registered metric: {name: {value, ci, percent[, error]}}. The CI is None for a
-    single case (nothing to resample) and for a metric with no value."""
-    return {name: _one(spec, tallies, seed, n_boot, level) for name, spec in metrics().items()}
+    """Every listed registered metric, the families' members at `ks` (the run's k values):
+    {name: {value, ci, percent[, error]}}. The CI is None for a single case (nothing to
+    resample) and for a metric with no value."""
+    return {name: _one(spec, tallies, seed, n_boot, level) for name, spec in metrics(ks).items() if spec.listed}
+
+
+def per_case_figure(values: NDArray[np.float64], *, seed: int, n_boot: int,
+                    level: float) -> tuple[float, tuple[float, float]]:
+    """A per-case metric's value over these cases (the mean of its per-case values) and its
+    bootstrap CI clustered by case: one computation for the headline and every other metric."""
+    return float(values.mean()), bootstrap_mean_ci(values, seed=seed, n_boot=n_boot, level=level)
 
 
 def _one(spec: MetricSpec, tallies: Tallies, seed: int, n_boot: int, level: float) -> dict[str, Any]:
@@ -183,9 +192,10 @@ def _one(spec: MetricSpec, tallies: Tallies, seed: int, n_boot: int, level: floa
             values = per_case_values(spec, tallies)
             if values is None:
                 return doc
-            doc["value"] = float(values.mean())
+            value, ci = per_case_figure(values, seed=seed, n_boot=n_boot, level=level)
+            doc["value"] = value
             if len(tallies) > 1:
-                doc["ci"] = list(bootstrap_mean_ci(values, seed=seed, n_boot=n_boot, level=level))
+                doc["ci"] = list(ci)
             return doc
         value = _finite(spec.fn(tallies))
         if value is None:
