@@ -331,3 +331,56 @@ def test_a_streamed_responses_call_through_the_gateway_counts_its_tokens():
     (turn,) = [e for e in tap.entries if e.get("role") == "assistant"]
     assert [c["function"]["name"] for c in turn.get("tool_calls", [])] == [
         item.name for item in final.output if item.type == "function_call"]
+
+
+IN_PROCESS_RUNAWAY = """
+import asyncio
+import openai
+
+
+def solve(inputs, ctx):
+    client = openai.OpenAI(max_retries=0)
+    for i in range(50):
+        try:
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": f"again {i}"}])
+        except openai.PermissionDeniedError as exc:
+            return "refused: " + exc.message
+    return "never refused"
+
+
+def solve_async(inputs, ctx):
+    async def loop():
+        client = openai.AsyncOpenAI(max_retries=0)
+        for i in range(50):
+            await client.chat.completions.create(model="m", messages=[{"role": "user", "content": f"again {i}"}])
+    asyncio.run(loop())  # raises the refusal: the sample fails as it would
+    return "never refused"
+"""
+
+
+@pytest.mark.parametrize(("func", "caps", "calls", "cap"), [
+    ("solve", {"max_model_calls": 3}, 3, "--max-model-calls 3"),
+    ("solve_async", {"max_model_calls": 2}, 2, "--max-model-calls 2"),
+    ("solve", {"max_sample_cost": 0.015}, 2, "--max-sample-cost $0.015 ($0.012000 spent)"),
+])
+def test_an_in_process_agent_s_call_past_a_cap_raises_before_anything_is_sent(tmp_path, monkeypatch, func, caps,
+                                                                              calls, cap):
+    """(issue 44, item 3) A python: agent's own SDK client, captured in process: the call past
+    `--max-model-calls` or `--max-sample-cost` raises the SDK's 403 error and is never sent; the
+    sample is agent_error naming the cap."""
+    pytest.importorskip("openinference.instrumentation.openai")
+    (tmp_path / "runaway.py").write_text(IN_PROCESS_RUNAWAY)
+    prices = tmp_path / "prices.yaml"
+    prices.write_text(yaml.safe_dump({"m": {"input_per_mtok": 4.0, "output_per_mtok": 20.0}}))
+    cases = [{"id": "c", "inputs": {}, "reference": "x", "grader": {"kind": "contains"}}]
+    with Endpoint() as endpoint:
+        monkeypatch.setenv("OPENAI_BASE_URL", endpoint.url)
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-real")
+        run = evalpipe.evaluate(cases, f"python:{tmp_path / 'runaway.py'}:{func}", home=tmp_path / "home",
+                                prices=str(prices), **caps)
+    assert endpoint.requests == calls
+    (row,) = Store(tmp_path / "home").run_samples(run.run_id).to_pylist()
+    assert row["status"] == "agent_error"
+    assert row["detail"].startswith(f"agent failed: stopped at {cap}: the agent asked for 1 more model call(s)")
+    assert len(SampleTrace.parse(row["trace"]).trajectory.typed.turns) == calls
+    assert (row["input_tokens"], row["output_tokens"]) == (1000 * calls, 100 * calls)

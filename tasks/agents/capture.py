@@ -10,6 +10,11 @@ around the agent's call, read when a span starts (a thread or an asyncio task of
 inherits it; another sample's never does). A model call's span carries its request and answer
 as JSON, which the gateway's `Tap` turns into trajectory entries and usage, as for an
 out-of-process agent; a function tool's span becomes a tool result.
+
+The run's caps on a sample (`--max-model-calls`, `--max-sample-cost`) hold here as at the
+gateway: the SDK's `request` is wrapped, outside the instrumentation's own wrapper, so the call
+past a cap raises the SDK's 403 error before anything is sent, and the sample is `agent_error`
+naming the cap.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
-from tasks.agents.base import AgentContext
+from tasks.agents.base import AgentContext, AgentError
 from tasks.agents.gateway import Tap, tapped
 from tasks.agents.settings import AgentSettings
 
@@ -33,26 +38,29 @@ log = logging.getLogger("evalpipe")
 # What capture needs; `openai-agents` only adds its function-tool spans.
 NEEDED = ("opentelemetry.sdk", "openinference.instrumentation.openai")
 INSTALL_HINT = "pip install 'evalpipe[agents]'"
-DEFAULT_CAP = AgentSettings.model_fields["max_trajectory_bytes"].default
 
 _SAMPLE: ContextVar[Tap | None] = ContextVar("evalpipe_captured_sample", default=None)
 
 
 @contextmanager
-def captured(ctx: AgentContext, cap: int = DEFAULT_CAP) -> Iterator[None]:
+def captured(ctx: AgentContext, settings: AgentSettings | None = None) -> Iterator[None]:
     """Record the model calls made while the block runs (the agent's call) as `ctx`'s sample's:
     its usage, and its trajectory unless the agent recorded model turns itself (`ctx.record`),
-    the same rule as the gateway's. `cap`: the trajectory's bytes (`max_trajectory_bytes`)."""
+    the same rule as the gateway's; `settings`: the run's (the trajectory's cap, the caps on the
+    sample's calls). `AgentError` naming the cap that refused a call, if one did."""
     if _instrumented() is None:
         yield
         return
-    tap = Tap()
+    settings = settings or AgentSettings()
+    tap = Tap(max_calls=settings.max_model_calls, max_cost_usd=settings.max_sample_cost, cost_of=ctx.cost_of)
     token = _SAMPLE.set(tap)
     try:
         yield
     finally:
         _SAMPLE.reset(token)
-        ctx.trace.trajectory = tapped(tap, ctx, ctx.trace.trajectory, cap)
+        ctx.trace.trajectory = tapped(tap, ctx, ctx.trace.trajectory, settings.max_trajectory_bytes)
+        if (stopped := tap.stop_reason()) is not None:  # what the refusal made the agent raise, said plainly
+            raise AgentError(stopped)
 
 
 def unavailable() -> str | None:
@@ -90,6 +98,7 @@ class _Installed:
         self.config = TraceConfig(hide_inputs=False, hide_outputs=False)
         self.agents = False
         OpenAIInstrumentor().instrument(tracer_provider=self.provider, config=self.config)
+        _refuse_past_caps()
 
     def follow_agents_sdk(self) -> None:
         agents = sys.modules.get("agents")
@@ -106,6 +115,37 @@ class _Installed:
         OpenAIAgentsInstrumentor().instrument(tracer_provider=self.provider, config=self.config,
                                               exclusive_processor=False)
         self.agents = True
+
+
+def _refuse_past_caps() -> None:
+    """The SDK's clients' `request`, wrapped outside the instrumentation's wrapper: a call of a
+    captured sample past its cap raises the SDK's own 403 error, and nothing is sent."""
+    import httpx
+    import openai
+    import wrapt
+
+    def refused(instance: Any) -> openai.PermissionDeniedError | None:
+        tap = _SAMPLE.get()
+        why = tap.refuse_past_cap() if tap is not None else None
+        if why is None:
+            return None
+        message = f"evalpipe: {why} reached for this sample: no more model calls"
+        answer = httpx.Response(403, request=httpx.Request("POST", str(instance.base_url)),
+                                json={"error": {"message": message, "type": "evalpipe_cap"}})
+        return openai.PermissionDeniedError(message, response=answer, body={"message": message})
+
+    def sync_request(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        if (error := refused(instance)) is not None:
+            raise error
+        return wrapped(*args, **kwargs)
+
+    async def async_request(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        if (error := refused(instance)) is not None:
+            raise error
+        return await wrapped(*args, **kwargs)
+
+    wrapt.wrap_function_wrapper("openai", "OpenAI.request", sync_request)
+    wrapt.wrap_function_wrapper("openai", "AsyncOpenAI.request", async_request)
 
 
 _INSTALLED: list[_Installed | None] = []

@@ -82,20 +82,33 @@ class Tap:
 
     def admit(self) -> str | None:
         """None when one more call may go out (counted as it is admitted: calls at once too),
-        else why not."""
+        else why not (counted as refused)."""
         with self.lock:
-            why = None
-            if self.max_calls is not None and self.calls + self.pending >= self.max_calls:
-                why = f"--max-model-calls {self.max_calls}"
-            elif (self.max_cost_usd is not None and self.dearest_usd
-                  and self.cost_usd + (self.pending + 1) * self.dearest_usd > self.max_cost_usd):
-                why = f"--max-sample-cost ${self.max_cost_usd:g} (${self.cost_usd:.6f} spent)"
-            if why is not None:
-                self.refused += 1
-                self.refusal = why
-                return why
-            self.pending += 1
-            return None
+            why = self._refused()
+            if why is None:
+                self.pending += 1
+            return why
+
+    def refuse_past_cap(self) -> str | None:
+        """Why the next call must not go out (counted as refused), or None, admitting nothing:
+        an in-process call is checked before its SDK sends it, and admitted as its span starts."""
+        with self.lock:
+            return self._refused()
+
+    def _refused(self) -> str | None:
+        why = self._cap_reached()
+        if why is not None:
+            self.refused += 1
+            self.refusal = why
+        return why
+
+    def _cap_reached(self) -> str | None:
+        if self.max_calls is not None and self.calls + self.pending >= self.max_calls:
+            return f"--max-model-calls {self.max_calls}"
+        if (self.max_cost_usd is not None and self.dearest_usd
+                and self.cost_usd + (self.pending + 1) * self.dearest_usd > self.max_cost_usd):
+            return f"--max-sample-cost ${self.max_cost_usd:g} (${self.cost_usd:.6f} spent)"
+        return None
 
     def stop_reason(self) -> str | None:
         """The agent error of a sample a cap stopped, naming the cap; None when none did."""

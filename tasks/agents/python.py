@@ -47,7 +47,7 @@ class PythonAgent(Reloadable):
 
     def generate(self, case: EvalCase, ctx: AgentContext) -> Any:
         # A copy: the case is a frozen value shared by every sample.
-        with captured(ctx, self.settings.max_trajectory_bytes):
+        with captured(ctx, self.settings):
             return call_user_code(self.func, inputs_copy(case.inputs), ctx)
 
 
