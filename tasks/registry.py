@@ -393,7 +393,7 @@ def runs_code(kind: str) -> bool:
 
 def metrics(ks: Sequence[int] = ()) -> dict[str, MetricSpec]:
     """Every registered metric by name, the built-ins first; then each family's members at
-    `ks` (a run's k values), but for a name a metric of its own already has."""
+    `ks` (a run's k values), where no metric above has the member's name."""
     _load_builtin(BUILTIN_METRICS)
     load_plugins()
     found = dict(_METRICS)

@@ -2,8 +2,11 @@
 
 The reduction keeps structure: pass@k per k, per-slice rates with their own CIs, the
 flaky cases, status counts, and the safety verdict beside the means, never inside them.
-Everything is computed on per-case arrays (n, c) built with pyarrow/numpy, so a million
-samples cost a few vectorized passes, not a Python loop per sample.
+pass@k, pass^k and the mean score are the registered metrics `pass@{k}`, `pass^{k}` and
+`mean_score` (tasks/metrics/standard.py): their per-case values, over the suite and each
+slice, as every registered metric's. Everything is computed on per-case arrays (n, c) built
+with pyarrow/numpy, so a million samples cost a few vectorized passes, not a Python loop per
+sample.
 """
 
 from __future__ import annotations
@@ -87,7 +90,8 @@ class Aggregate:
     flaky_case_ids: tuple[str, ...]
     status_counts: dict[str, int]
     safety_violations: tuple[dict[str, Any], ...]
-    # Every registered metric (tasks.registry): {name: {value, ci, percent[, error]}}.
+    # Every listed registered metric (tasks.registry), families at the run's k values:
+    # {name: {value, ci, percent[, error]}}.
     metrics: dict[str, dict[str, Any]]
     # slice → `grader:NAME` → its figure (`tasks.metrics.graders`); {} without extra graders.
     slice_graders: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
