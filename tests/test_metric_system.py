@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from math import comb
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -44,6 +45,7 @@ def table() -> pa.Table:
 
 
 SEED, N_BOOT = 5, 500
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -125,6 +127,27 @@ def test_a_family_is_checked_when_registered_and_a_failing_member_is_reported(sc
     assert "hidden@3" not in out and "pass@3" not in out and "pass@1" in out
     assert out["fails@3"] == {"value": None, "ci": None, "percent": False,
                               "error": "metric fails@3 raised RuntimeError: no figure at k=3"}
+
+
+def test_a_run_reports_a_plugin_family_at_each_k_it_asks_beside_the_headline(scratch_registry, tmp_path) -> None:
+    import evalpipe
+    from tasks.report.text import summary_text
+
+    @registry.metric("all_of^{k}", per_case=True)
+    def all_of(tallies: Tallies, k: int) -> list[float]:
+        """pass^k from each sample's record: the share of k-subsets that all pass."""
+        return [comb(sum(s.passed for s in t.samples), k) / comb(len(t.samples), k) for t in tallies]
+
+    run = evalpipe.evaluate(str(ROOT / "examples/qa.yaml"), f"python:{ROOT}/examples/agents/demo_agent.py:answer",
+                            n=5, k=[1, 3], seed=7, home=tmp_path / "home")
+    assert 0 < run.pass_hat_k["3"] < run.pass_at_k["1"] < 1  # the demo agent is right only some of the time
+    for k in ("1", "3"):
+        assert run.metrics[f"all_of^{k}"].value == approx(run.pass_hat_k[k], abs=1e-12)
+    assert "all_of^5" not in run.metrics and "pass@3" not in run.metrics and "pass^3" not in run.metrics
+    doc = run.to_json()
+    assert list(doc["metrics"])[:2] == ["pass@1", "mean_score"] and list(doc["metrics"])[-2:] == ["all_of^1", "all_of^3"]
+    figure = run.metrics["all_of^3"]
+    assert f"all_of^3 {100 * figure.value:.1f}%  [{100 * figure.ci[0]:.1f}%, {100 * figure.ci[1]:.1f}%]" in summary_text(doc)
 
 
 def flat(figures: object) -> list[float]:
