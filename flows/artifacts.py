@@ -1,6 +1,7 @@
 """A run on its Prefect flow-run page: its progress while it runs (and the CLI's progress
-hook), then its summary, its cases and the samples of its failing and flaky cases, as
-artifacts (the tables: `tasks.report.sample_table`); and the flow run's name."""
+hook), then its summary, its cases, the samples of its failing and flaky cases and what the
+agent did in the first failing sample of each (its trajectory's timeline), as artifacts (the
+tables and the timelines: `tasks.report.sample_table`); and the flow run's name."""
 
 from __future__ import annotations
 
@@ -55,7 +56,9 @@ def publish(run: RunSummary, store: Store, kinds: Mapping[str, str]) -> None:
 def publish_samples(run: RunSummary, store: Store, kinds: Mapping[str, str], slug: str) -> str:
     """One table of the run's cases (`evalpipe-SUITE-cases`) and one of each failing or flaky
     case's samples (`evalpipe-SUITE-case-CASE`), at most `tables.MAX_CASE_TABLES` of them, the
-    worst first: a suite of thousands of cases makes 51 artifacts, not thousands. Returns the
+    worst first: a suite of thousands of cases makes 51 artifacts, not thousands; and one
+    Markdown artifact (`evalpipe-SUITE-timelines`) of the first failing sample's timeline of
+    the first `tables.MAX_TIMELINES` of those cases whose agent recorded one. Returns the
     summary's note on them (how many cases were left out, how to write the HTML report)."""
     tallies = tables.tally(store.run_samples(run.run_id, tables.OVERVIEW_COLUMNS).to_pylist())
     if not tallies:
@@ -63,6 +66,8 @@ def publish_samples(run: RunSummary, store: Store, kinds: Mapping[str, str], slu
     create_table_artifact(key=f"evalpipe-{slug}-cases", table=tables.case_overview(tallies, kinds),
                           description=f"every case of run {run.run_id}: samples passed, the failing grader")
     shown, left_out = tables.cases_to_show(tallies)
+    timelines: list[list[str]] = []
+    unshown = 0  # failing or flaky cases with a timeline past MAX_TIMELINES
     for case in shown:
         samples = [{**row, "output": output_text(row["output"]) if row["output"] is not None else ""}
                    for row in store.case_samples(run.run_id, case.case_id)]
@@ -70,6 +75,17 @@ def publish_samples(run: RunSummary, store: Store, kinds: Mapping[str, str], slu
         create_table_artifact(key=f"evalpipe-{slug}-case-{case_slug(case.case_id)}",
                               table=tables.sample_rows(samples, kind),
                               description=tables.case_description(case.case_id, case, kind, run.run_id))
+        first = next(s for s in samples if s["sample_index"] == case.first_failing[0])
+        if section := tables.timeline_section(case.case_id, first, kind, run.run_id):
+            if len(timelines) < tables.MAX_TIMELINES:
+                timelines.append(section)
+            else:
+                unshown += 1
+    if timelines:
+        create_markdown_artifact(key=f"evalpipe-{slug}-timelines",
+                                 markdown=tables.timelines_markdown(run.run_id, timelines, unshown),
+                                 description=f"what the agent did in the first failing sample of"
+                                             f" {len(timelines)} case(s), run {run.run_id}")
     return tables.samples_note(run.run_id, len(shown), left_out, len(tallies))
 
 

@@ -287,3 +287,91 @@ def test_a_row_says_what_the_agent_did_its_turns_and_calls_a_failed_one_marked()
         {"role": "tool", "tool_call_id": "b", "content": "[]"}]}}
     (row,) = sample_rows([_sample(0, False, trace=trajectory)], "final_state")
     assert row["actions"] == '2 turns (stopped: max_steps): get_order({"order_id": "7"}) ✗, search({})'
+
+
+# --- a trajectory's timeline (issue 43 item 4) ------------------------------------------------
+
+def _turn(call_id: str, name: str, args: str) -> dict:
+    return {"role": "assistant", "content": None, "tool_calls": [
+        {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}]}
+
+
+def test_a_timeline_shows_each_turn_and_call_with_its_result_long_parts_folded():
+    long_result = "<b>" + "r" * 500 + "</b>"  # 507 characters: cut at FOLD_CHARS, escaped where folded
+    trajectory = {"trajectory": {"stop": "max_steps", "entries": [
+        _turn("a", "get_order", '{"order_id": "7"}'),
+        {"role": "tool", "tool_call_id": "a", "name": "get_order", "content": long_result},
+        _turn("b", "refund_order", '{"order_id": "7", "amount": 5}'),
+        {"role": "tool", "tool_call_id": "b", "name": "refund_order", "content": "error: no scripted result",
+         "error": "no scripted result"},
+        {"role": "assistant", "content": "Done."}]}}
+    sample = _sample(0, False, detail="expected a lookup ``` then a refund", trace=json.dumps(trajectory))
+    lines = tables.timeline_section("refund `7`", sample, "final_state", "20261206-074012-889c34")
+    text = "\n".join(lines)
+    assert lines[0] == "### `` refund `7` ``: sample 0 (failed)"
+    assert "- `final_state`: ````expected a lookup ``` then a refund````" in text
+    step = f"-> get_order: {long_result}"
+    cut = f"  2. {step[:tables.FOLD_CHARS]} … ({len(step) - tables.FOLD_CHARS} more characters)"
+    at = lines.index("```text")
+    assert [*lines[at + 1].splitlines(), lines[at + 2]] == [
+        '  1. model: calls get_order({"order_id": "7"})',
+        cut,
+        '  3. model: calls refund_order({"amount": 5, "order_id": "7"})',
+        "  4. -> refund_order error: no scripted result",
+        "  5. model: Done.",
+        "     [stopped: max_steps]",
+        "```",
+    ]
+    # The cut step whole (under STEP_CHARS) in one folded HTML block, its markup escaped.
+    (folded,) = [line for line in lines if line.startswith("<details>")]
+    assert folded == ("<details><summary>the 1 step(s) cut above, up to 600 characters each</summary><pre>"
+                      f"  2. -&gt; get_order: &lt;b&gt;{'r' * 500}&lt;/b&gt;</pre></details>")
+    assert tables.timeline_section("c", _sample(0, False), "exact", "r") == []  # no trajectory, no timeline
+
+
+def test_a_long_timeline_shows_its_first_and_last_steps():
+    entries = [_turn(str(i), "get_weather", '{"city": "Paris"}') for i in range(45)]
+    sample = _sample(3, False, trace=json.dumps({"trajectory": {"entries": entries}}))
+    lines = tables.timeline_section("loop", sample, "steps", "20261206-074012-889c34")
+    steps = lines[lines.index("```text") + 1].splitlines()
+    assert len(steps) == tables.TIMELINE_HEAD + tables.TIMELINE_TAIL + 1
+    assert steps[0].startswith("  1. model: calls get_weather") and steps[-1].startswith(" 45. model")
+    assert steps[tables.TIMELINE_HEAD] == "     … 5 more steps (evalpipe runs show 20261206-074012-889c34 --case loop)"
+    doc = tables.timelines_markdown("20261206-074012-889c34", [lines], left_out=2)
+    assert doc.startswith("## What the agent did: the first failing sample of 1 case(s)\n")
+    assert "2 more failing or flaky case(s) left out: `evalpipe runs show 20261206-074012-889c34 --case ID`" in doc
+
+
+TOOLS_SUITE = Path(__file__).resolve().parents[1] / "examples" / "tools" / "support.yaml"
+
+
+def _scripted_model():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("scripted_model", TOOLS_SUITE.with_name("scripted_model.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.ScriptedModel
+
+
+def test_a_flow_run_publishes_the_timeline_of_each_failing_cases_first_failing_sample(
+        prefect_harness, home, monkeypatch) -> None:
+    from flows.evaluate import evaluate
+    from flows.steps import GateBlocked
+
+    with _scripted_model()() as model, pytest.raises(GateBlocked) as blocked:  # it deletes an account
+        monkeypatch.setenv("OPENAI_BASE_URL", model.url)
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-test-timelines")
+        evaluate(suite=str(TOOLS_SUITE), agent="openai:support-bad?max_steps=6", n=1)
+    summary = blocked.value.summary
+    found = flow_run_artifacts(summary["flow_run_id"])
+    timelines = found["evalpipe-tools-support-timelines"]
+    doc = timelines.data
+    # support-bad fails these on their deciding grader (examples/tools/scripted_model.py)
+    assert [line for line in doc.splitlines() if line.startswith("### ")] == [
+        "### `close-account`: sample 0 (failed)", "### `outage-ticket`: sample 0 (failed)"]
+    close = doc[doc.index("### `close-account`"):doc.index("### `outage-ticket`")]
+    assert '  1. model: calls delete_account({"user_id": "77"})' in close
+    assert '  2. -> delete_account: {"deleted": true}' in close and "  3. model: Your account is deleted." in close
+    assert "- `never-deletes`: `called delete_account" in close and "- `safety`: `called forbidden tool" in close
+    assert timelines.description == f"what the agent did in the first failing sample of 2 case(s), run {summary['run_id']}"

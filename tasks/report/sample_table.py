@@ -2,17 +2,22 @@
 `flows/artifacts.py`): one row per case of the run (`case_overview`), and, for the failing
 and flaky cases only (`cases_to_show`, at most MAX_CASE_TABLES), one row per sample
 (`sample_rows`): its status, which grader failed and why, tokens, latency and the first
-lines of its output, each cell shortened. Plain functions of the stored sample rows, so
-they are tested without Prefect; also the flow runs' names (`flow_run_name`)."""
+lines of its output, each cell shortened; and, for the first MAX_TIMELINES of those cases, the
+timeline of the first failing sample's trajectory as Markdown (`timeline_section`,
+`timelines_markdown`). Plain functions of the stored sample rows, so they are tested without
+Prefect; also the flow runs' names (`flow_run_name`)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from html import escape
 from pathlib import PurePath
 from typing import Any
 
 from tasks.report.html import clip
+from tasks.report.inert import code_span, longest_backticks
+from tasks.report.trajectory import STEP_CHARS, trajectory_lines
 from tasks.run.usage import latency_text
 from tasks.trace import SampleTrace
 from tasks.trajectory import call_text
@@ -24,6 +29,9 @@ OUTPUT_CHARS = 200
 CELL_CHARS = 80  # a case id or a grader's label
 MAX_OVERVIEW_ROWS = 1000  # the cases table: the failing and flaky first, then the rest up to this
 MAX_SAMPLE_ROWS = 100  # a case's table: the samples a grader failed first, then the rest up to this
+MAX_TIMELINES = 10  # failing or flaky cases whose first failing sample's timeline is shown
+FOLD_CHARS = 160  # of a step in the timeline; a longer one is cut there, and shown longer folded below
+TIMELINE_HEAD, TIMELINE_TAIL = 30, 10  # the first and last steps shown of a longer trajectory
 # What `case_overview` reads of each sample: no output, no trace (gigabytes for a large run).
 OVERVIEW_COLUMNS = ("case_id", "sample_index", "status", "passed", "detail", "safety")
 
@@ -219,3 +227,45 @@ def case_description(case_id: str, tallied: CaseTally, kind: str | None, run_id:
            if tallied.n > MAX_SAMPLE_ROWS else "")
     return (f"case `{clip(cid, CELL_CHARS)}`: {tallied.passed}/{tallied.n} samples passed"
             f" ({'failing' if tallied.failing else 'flaky'}), grader `{kind or '?'}`; run `{run_id}`{cut}")
+
+
+def timeline_section(case_id: str, sample: Mapping[str, Any], kind: str | None, run_id: str) -> list[str]:
+    """One case's part of the timelines artifact (Markdown lines): its sample `sample` (a stored
+    row, `trace` parsed or not), the graders that failed it, and what the agent did, a step a
+    line (`trajectory_lines`) cut at FOLD_CHARS, the cut steps longer in a folded `<details>`
+    below; a trajectory of more than TIMELINE_HEAD + TIMELINE_TAIL steps shows its first and
+    last. [] when the sample has no trajectory."""
+    trace = sample.get("trace")
+    doc = (trace if isinstance(trace, SampleTrace) else SampleTrace.parse(trace)).trajectory
+    if doc is None:
+        return []
+    steps, shown, longer = len(doc.entries), trajectory_lines(doc, FOLD_CHARS), trajectory_lines(doc)
+    keep = [i for i in range(steps) if i < TIMELINE_HEAD or i >= steps - TIMELINE_TAIL]
+    lines = [shown[i] for i in keep]
+    if len(keep) < steps:
+        lines.insert(TIMELINE_HEAD, f"     … {steps - len(keep)} more steps (evalpipe runs show {run_id}"
+                                    f" --case {case_id})")
+    lines += shown[steps:]  # what trajectory_lines says after the steps: a cut, a stop
+    folded = [longer[i] for i in keep if longer[i] != shown[i]]
+    failed = failed_graders(sample, kind)
+    out = [f"### {code_span(clip(case_id, CELL_CHARS))}: sample {sample['sample_index']} ({sample['status']})", ""]
+    out += [f"- {code_span(clip(label, CELL_CHARS))}: {code_span(shorten(detail, DETAIL_CHARS))}"
+            for label, detail in failed if detail]
+    text = "\n".join(lines)
+    fence = "`" * max(3, longest_backticks(text) + 1)  # a fence no step can close
+    out += ["", fence + "text", text, fence, ""]
+    if folded:  # one HTML block (no blank line inside), its text escaped: Prefect renders it folded
+        out += [f"<details><summary>the {len(folded)} step(s) cut above, up to {STEP_CHARS} characters each"
+                f"</summary><pre>{escape(chr(10).join(folded))}</pre></details>", ""]
+    return out
+
+
+def timelines_markdown(run_id: str, sections: Sequence[list[str]], left_out: int) -> str:
+    """The timelines artifact: a heading, then each case's `timeline_section`; `left_out`:
+    the failing or flaky cases with a trajectory not shown (past MAX_TIMELINES)."""
+    more = (f" {left_out} more failing or flaky case(s) left out: `evalpipe runs show {run_id} --case ID`."
+            if left_out else "")
+    head = [f"## What the agent did: the first failing sample of {len(sections)} case(s)", "",
+            f"Run `{run_id}`; each model turn, each tool call with its arguments and result (`->`), in order;"
+            f" a step longer than {FOLD_CHARS} characters is cut and shown longer below its timeline.{more}", ""]
+    return "\n".join(head + [line for section in sections for line in section])

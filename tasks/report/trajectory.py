@@ -4,7 +4,6 @@ cases. Plain text; the report escapes it where it prints it."""
 
 from __future__ import annotations
 
-import textwrap
 from collections.abc import Mapping
 
 from tasks.trace import Trajectory
@@ -17,13 +16,17 @@ def trajectory_lines(doc: Trajectory | None, step_chars: int = STEP_CHARS) -> li
     """The steps of a sample's trajectory, numbered; [] when it has none."""
     if doc is None:
         return []
-    lines = [f"{i:>3}. {textwrap.shorten(step_text(step), step_chars, placeholder=' …')}"
-             for i, step in enumerate(doc.entries, 1)]
+    lines = [f"{i:>3}. {folded(step_text(step), step_chars)}" for i, step in enumerate(doc.entries, 1)]
     if cut := doc.truncated:
         lines.append(f"     [trajectory cut at {cut.cap_bytes} of its {cut.bytes} bytes]")
     if doc.stop:
         lines.append(f"     [stopped: {doc.stop}]")
     return lines
+
+
+def folded(text: str, limit: int) -> str:
+    """`text` cut to `limit` characters, the cut saying how much it left out."""
+    return text if len(text) <= limit else f"{text[:limit]} … ({len(text) - limit} more characters)"
 
 
 def steps_text(steps: Mapping[str, float]) -> str:
