@@ -384,3 +384,41 @@ def test_an_in_process_agent_s_call_past_a_cap_raises_before_anything_is_sent(tm
     assert row["detail"].startswith(f"agent failed: stopped at {cap}: the agent asked for 1 more model call(s)")
     assert len(SampleTrace.parse(row["trace"]).trajectory.typed.turns) == calls
     assert (row["input_tokens"], row["output_tokens"]) == (1000 * calls, 100 * calls)
+
+
+THREE_CALLS = """
+import openai, sys
+client = openai.OpenAI(max_retries=0)
+for i in range(3):
+    try:
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": f"call {i}"}])
+    except openai.PermissionDeniedError as exc:
+        print("refused:", exc.message, file=sys.stderr)
+        sys.exit(1)
+print("evalpipe-sample-done")
+"""
+
+
+def test_the_run_s_max_cost_refuses_the_call_that_would_pass_it_and_no_sample_starts_after(tmp_path, monkeypatch):
+    """`--max-cost` where the money is spent (issue 44, item 3): the run's priced calls, all its
+    samples', are counted as they are answered; the call that would pass the budget (at the
+    dearest call so far) is refused, and no new sample starts. $0.006 a call, $0.015: the first
+    sample's third call is refused; the other two samples are left undrawn (the run partial)."""
+    prices = tmp_path / "prices.yaml"
+    prices.write_text(yaml.safe_dump({"m": {"input_per_mtok": 4.0, "output_per_mtok": 20.0}}))
+    (tmp_path / "agent.py").write_text(THREE_CALLS)
+    cases = [{"id": f"c{i}", "inputs": {}, "reference": "evalpipe-sample-", "grader": {"kind": "contains"}}
+             for i in range(3)]
+    with Endpoint() as endpoint:
+        monkeypatch.setenv("OPENAI_BASE_URL", endpoint.url)
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-real")
+        run = evalpipe.evaluate(cases, f"cmd:{sys.executable} {tmp_path / 'agent.py'}", home=tmp_path / "home",
+                                agent_concurrency=1, max_cost=0.015, prices=str(prices))
+    assert endpoint.requests == 2
+    (row,) = Store(tmp_path / "home").run_samples(run.run_id).to_pylist()
+    assert row["status"] == "agent_error"
+    assert row["detail"] == ("agent failed: stopped at --max-cost $0.015 ($0.012000 spent by the run's calls): the"
+                             " agent asked for 1 more model call(s), refused")
+    assert run.partial and run.undrawn_samples == 2
+    assert run.budget.stopped == "--max-cost $0.015 ($0.012000 spent by the run's calls)"
+    assert run.budget.spent_usd == pytest.approx(0.012)

@@ -15,6 +15,7 @@ from typing import Any, Protocol, Self
 from pydantic import ValidationError
 
 from tasks.agents.model_calls import CallBook
+from tasks.agents.purse import Purse
 from tasks.agents.settings import AgentSettings
 from tasks.models import EvalCase, InputError, Usage, canonical_json, sha256_hex
 from tasks.trace import SampleTrace, Trajectory
@@ -47,6 +48,8 @@ class AgentContext:
     # cap on a sample's spending (`--max-sample-cost`) counts with.
     cost_of: Callable[[str | None, int | None, int | None], float | None] | None = field(
         default=None, compare=False, repr=False)
+    # The run's `--max-cost`, spent by each priced call of its samples as it is answered.
+    purse: Purse | None = field(default=None, compare=False, repr=False)
     # `--replay-model-calls`: the sample's calls through the gateway, kept, and answered from
     # an earlier run's where identical (`tasks.agents.model_calls`); None without the option.
     calls: CallBook | None = field(default=None, compare=False, repr=False)

@@ -52,7 +52,8 @@ def captured(ctx: AgentContext, settings: AgentSettings | None = None) -> Iterat
         yield
         return
     settings = settings or AgentSettings()
-    tap = Tap(max_calls=settings.max_model_calls, max_cost_usd=settings.max_sample_cost, cost_of=ctx.cost_of)
+    tap = Tap(max_calls=settings.max_model_calls, max_cost_usd=settings.max_sample_cost, cost_of=ctx.cost_of,
+              purse=ctx.purse)
     token = _SAMPLE.set(tap)
     try:
         yield

@@ -38,6 +38,7 @@ from typing import Any
 from tasks.agents.base import AgentContext, AgentError
 from tasks.agents.model_calls import CallBook, RecordedCall
 from tasks.agents.openai_client import DEFAULT_BASE_URL
+from tasks.agents.purse import Purse
 from tasks.agents.settings import AgentSettings
 from tasks.agents.trajectory import capped
 from tasks.redaction import redact
@@ -70,6 +71,7 @@ class Tap:
     seen_messages: int = 0  # how many of the conversation's messages are recorded
     max_calls: int | None = None  # `--max-model-calls`: the call past it is refused
     max_cost_usd: float | None = None  # `--max-sample-cost`
+    purse: Purse | None = field(default=None, repr=False)  # the run's `--max-cost`, across its samples
     cost_of: CostOf | None = field(default=None, repr=False)  # the run's prices
     cost_usd: float = 0.0  # what the answered calls cost, where priced
     dearest_usd: float = 0.0  # the dearest call so far: what the next one may cost
@@ -108,7 +110,7 @@ class Tap:
         if (self.max_cost_usd is not None and self.dearest_usd
                 and self.cost_usd + (self.pending + 1) * self.dearest_usd > self.max_cost_usd):
             return f"--max-sample-cost ${self.max_cost_usd:g} (${self.cost_usd:.6f} spent)"
-        return None
+        return self.purse.refusal(self.pending) if self.purse is not None else None
 
     def stop_reason(self) -> str | None:
         """The agent error of a sample a cap stopped, naming the cap; None when none did."""
@@ -156,13 +158,17 @@ class Tap:
             if self.cost_of is not None and (inp is not None or out is not None):
                 cost = self.cost_of(self.model, inp, out)
                 if cost is None:
-                    if self.max_cost_usd is not None and self.unpriced is None:
-                        self.entries.append({"note": f"no price for model {self.model!r}: --max-sample-cost"
+                    caps = [name for name, on in (("--max-sample-cost", self.max_cost_usd is not None),
+                                                  ("--max-cost", self.purse is not None)) if on]
+                    if caps and self.unpriced is None:
+                        self.entries.append({"note": f"no price for model {self.model!r}: {' and '.join(caps)}"
                                                      " cannot count this sample's calls"})
                     self.unpriced = self.model
                 else:
                     self.cost_usd += cost
                     self.dearest_usd = max(self.dearest_usd, cost)
+                    if self.purse is not None:
+                        self.purse.spend(cost)
             self.entries.append({**turn, "usage": {"input_tokens": inp, "output_tokens": out},
                                  "latency_s": round(latency_s, 6), "model": self.model, **marks})
             self.seen_messages = len(messages) + 1
@@ -254,12 +260,13 @@ class Gateway:
 
     def grant(self, max_calls: int | None = None, max_cost_usd: float | None = None,
               cost_of: CostOf | None = None, book: CallBook | None = None,
-              lease: str | None = None) -> tuple[str, Tap]:
+              lease: str | None = None, purse: Purse | None = None) -> tuple[str, Tap]:
         """A token good for one sample (at most `max_calls` model calls and `max_cost_usd` spent,
         priced by `cost_of`), and the tap its calls are recorded in (and `book`, with
         `--replay-model-calls`, kept in and answered from). `lease`: a worker's token (`lease`),
-        given to this sample until it is revoked."""
-        tap = Tap(max_calls=max_calls, max_cost_usd=max_cost_usd, cost_of=cost_of, book=book)
+        given to this sample until it is revoked. `purse`: the run's `--max-cost`, which its calls
+        spend from."""
+        tap = Tap(max_calls=max_calls, max_cost_usd=max_cost_usd, cost_of=cost_of, book=book, purse=purse)
         with self._lock:
             if lease is not None:
                 if lease not in self._leases:
@@ -569,6 +576,8 @@ def tapped(tap: Tap, ctx: AgentContext, own: Trajectory | None, cap: int) -> Tra
     (`own`) when that holds its model turns (it knows its tools' results), else the tapped calls
     (each tool call's first result only) followed by what it wrote, up to `cap` bytes."""
     if not tap.calls:
+        if tap.refused:  # it asked, and a cap refused every call: it used nothing, which is known
+            ctx.report_usage(input_tokens=0, output_tokens=0)
         return own
     ctx.report_usage(input_tokens=tap.input_tokens, output_tokens=tap.output_tokens, model=tap.model)
     ctx.report_latency(tap.latency_s)
@@ -602,7 +611,8 @@ def grant_for(passed: Mapping[str, str], settings: AgentSettings, ctx: AgentCont
     gateway = gateway_of(passed, settings)
     if gateway is None:
         return None
-    token, tap = gateway.grant(settings.max_model_calls, settings.max_sample_cost, ctx.cost_of, ctx.calls, lease)
+    token, tap = gateway.grant(settings.max_model_calls, settings.max_sample_cost, ctx.cost_of, ctx.calls, lease,
+                               ctx.purse)
     return Grant(gateway, token, tap)
 
 

@@ -62,6 +62,8 @@ class PriceTable:
         """(cost in USD, None), or (None, why there is no cost)."""
         if input_tokens is None and output_tokens is None:
             return None, "the agent reported no token counts"
+        if not input_tokens and not output_tokens:  # nothing used (every call refused): free whatever the model
+            return 0.0, None
         if model is None:
             return None, "the agent reported tokens but no model to price them by"
         price = self.user.get(model)

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tasks.agents.purse import Purse
 from tasks.run.sampling import PlannedSample
 from tasks.run.summary import BudgetSummary
 
@@ -44,6 +45,9 @@ class Meter:
 
     def __init__(self, budget: Budget) -> None:
         self.budget = budget
+        # The same limit where the money is spent: each priced model call of the run's samples,
+        # as it is answered (the gateway, in-process capture), the call past it refused.
+        self.purse = Purse(budget.max_cost_usd) if budget.max_cost_usd is not None else None
         self.drawn = 0
         self.cost_usd = 0.0
         self.dearest = 0.0  # the dearest call so far
@@ -68,6 +72,8 @@ class Meter:
 
     @property
     def may_draw(self) -> bool:
+        if self.stopped is None and self.purse is not None and (why := self.purse.refusal(0)) is not None:
+            self.stopped = why  # a sample's next call would be refused: no new sample starts
         return self.stopped is None
 
 

@@ -44,6 +44,7 @@ import pyarrow as pa
 
 from tasks.agents.base import makes_calls
 from tasks.agents.model_calls import RecordedCall
+from tasks.agents.purse import Purse
 from tasks.agents.settings import AgentSettings
 from tasks.graders import graded_inline
 from tasks.graders.judge import judging
@@ -185,6 +186,7 @@ class DrawTask:
     inline: InlineGrading | None = None
     unsafe: bool = False  # the run's --unsafe-no-sandbox (a tool that runs code; inline graders)
     prices: PriceTable | None = None  # the run's, for a cap on a sample's spending
+    purse: Purse | None = None  # the run's --max-cost, spent call by call (`Meter.purse`)
 
     @property
     def label(self) -> str:
@@ -211,7 +213,8 @@ class DrawTask:
                     handed.append(drawn)
 
             def draw(p: PlannedSample) -> None:
-                drawn = draw_output(self.agent, by_id[p.case_id], p, self.n, self.cap, secrets, self.prices)
+                drawn = draw_output(self.agent, by_id[p.case_id], p, self.n, self.cap, secrets, self.prices,
+                                    self.purse)
                 if append is not None:
                     append(drawn)
                 take(drawn)
@@ -465,7 +468,7 @@ class _Scheduler:
             log = self.store.output_log(self.spec.run_id)
             task = DrawTask(self.agent, batch_cases(self.cases, planned), planned, self.spec.n,
                             self.config.output_cap, DRAW_BUDGET_S, log, self.inline, self.config.unsafe_no_sandbox,
-                            self.prices)
+                            self.prices, self.meter.purse)
             self._start("draw", planned, self.stages.draw(task), log)
 
     def _ready(self, timeout: float | None) -> list[tuple[tuple[str, list, float, OutputLog | None], Any]]:

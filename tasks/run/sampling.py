@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 from tasks.agents import AgentContext, AgentError, seen_beyond_inputs
 from tasks.agents.model_calls import TRACE_KEY as MODEL_CALLS_KEY
 from tasks.agents.model_calls import CallBook, RecordedCall
+from tasks.agents.purse import Purse
 from tasks.agents.settings import DEFAULT_MAX_OUTPUT_BYTES
 from tasks.graders import grade, grader_fingerprint
 from tasks.metrics.cost import PriceTable
@@ -194,10 +195,12 @@ def stored_output(planned: PlannedSample) -> Drawn:
 
 
 def draw_output(agent, case: EvalCase, planned: PlannedSample, n: int, cap: int,
-                secrets: Sequence[str] | None = None, prices: PriceTable | None = None) -> Drawn:
+                secrets: Sequence[str] | None = None, prices: PriceTable | None = None,
+                purse: Purse | None = None) -> Drawn:
     """Draw one output from the agent. Never raises: a failed call is a `Drawn` with its
     `error`. `cap`: the output limit in bytes (`RunConfig.output_cap`); `secrets`: see `storable`;
-    `prices`: the run's, which a cap on a sample's spending counts with."""
+    `prices`: the run's, which a cap on a sample's spending counts with; `purse`: the run's
+    `--max-cost`, which each priced model call spends from as it is answered."""
     if planned.output is not None:
         return stored_output(planned)
     started = time.perf_counter()
@@ -205,7 +208,7 @@ def draw_output(agent, case: EvalCase, planned: PlannedSample, n: int, cap: int,
     calls = CallBook(planned.replay) if planned.replay is not None else None
     ctx = AgentContext(case_id=case.id, index=planned.index, seed=planned.seed, n=n, trace=trace,
                        cost_of=None if prices is None else (lambda model, i, o: prices.cost(model, i, o)[0]),
-                       calls=calls)
+                       calls=calls, purse=purse)
     try:
         try:
             raw = agent.generate(case, ctx)
