@@ -422,3 +422,67 @@ def test_the_run_s_max_cost_refuses_the_call_that_would_pass_it_and_no_sample_st
     assert run.partial and run.undrawn_samples == 2
     assert run.budget.stopped == "--max-cost $0.015 ($0.012000 spent by the run's calls)"
     assert run.budget.spent_usd == pytest.approx(0.012)
+
+
+KEY_HUNTER = """
+import json, os, pathlib, time
+KEY = ("sk-real-" + "secret").encode()  # not the key's bytes in this file
+found = []
+for pid in os.listdir("/proc"):
+    if pid.isdigit():
+        try:
+            if KEY in pathlib.Path(f"/proc/{pid}/environ").read_bytes():
+                found.append(f"/proc/{pid}/environ")
+        except OSError:
+            pass
+for root in (pathlib.Path.cwd(), pathlib.Path.home(), pathlib.Path("/tmp")):
+    for path in root.rglob("*"):
+        try:
+            if path.is_file() and KEY in path.read_bytes():
+                found.append(str(path))
+        except OSError:
+            pass
+pathlib.Path("FOUND.md").write_text(json.dumps(found) + "\\n")
+time.sleep(3)  # while the test reads this process's environment from outside
+"""
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+def test_no_sandboxed_process_holds_the_real_key(tmp_path, monkeypatch):
+    """(issue 44 target) The real key is in no environment of a process in the agent's sandbox
+    (read from /proc outside, while it runs, and inside), nor in the files it sees."""
+    import threading
+
+    agent = tmp_path / "agents" / "hunter.py"
+    agent.parent.mkdir()
+    agent.write_text(KEY_HUNTER)
+    seen: list[bytes] = []
+    done = threading.Event()
+
+    def watch() -> None:  # the sample's processes, found by the case id evalpipe gives them
+        while not done.is_set():
+            for entry in Path("/proc").iterdir():
+                try:
+                    environ = (entry / "environ").read_bytes()
+                except OSError:
+                    continue
+                if b"EVALPIPE_CASE_ID=" in environ and b"EVALPIPE_WORKSPACE=" in environ:
+                    seen.append(environ)
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    with Endpoint() as endpoint:
+        monkeypatch.setenv("OPENAI_BASE_URL", endpoint.url)
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-real-secret")
+        try:
+            run = evalpipe.evaluate(str(CODING), f"cmd:{sys.executable} {agent}", n=1, home=tmp_path / "home",
+                                    workspace=True)
+        finally:
+            done.set()
+            watcher.join(10)
+    (row,) = Store(tmp_path / "home").run_samples(run.run_id).to_pylist()
+    assert '+[]' in row["output"], row["output"][:500]  # FOUND.md, as the agent wrote it: nothing found inside
+    assert seen, "the sample's processes were never seen from outside"
+    assert not [e for e in seen if b"sk-real-secret" in e]
+    assert all(b"OPENAI_API_KEY=evalpipe-sample-" in e for e in seen)
