@@ -486,3 +486,47 @@ def test_no_sandboxed_process_holds_the_real_key(tmp_path, monkeypatch):
     assert seen, "the sample's processes were never seen from outside"
     assert not [e for e in seen if b"sk-real-secret" in e]
     assert all(b"OPENAI_API_KEY=evalpipe-sample-" in e for e in seen)
+
+
+def test_a_stream_that_stalls_past_the_timeout_is_cut_and_recorded():
+    """(issue 44, hostile agents and endpoints) An answer that stops arriving is cut at
+    `--openai-timeout`: the agent's connection ends, and the sample's trajectory says so."""
+    release = threading.Event()
+
+    class Stalling(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            chunk = {"model": "m", "choices": [{"index": 0, "delta": {"content": "Hel"}}]}
+            self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            self.wfile.flush()
+            release.wait(10)  # then nothing more
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Stalling)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    gateway = Gateway(f"http://127.0.0.1:{server.server_address[1]}/v1", "sk-real", timeout_s=1.0)
+    try:
+        token, tap = gateway.grant()
+        started = time.monotonic()
+        with pytest.raises(openai.APIError):
+            stream = _client(gateway, token).chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "hi"}], stream=True)
+            for _ in stream:
+                pass
+        assert time.monotonic() - started < 8
+        deadline = time.monotonic() + 5
+        while not tap.calls and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        release.set()
+        gateway.close()
+        server.shutdown()
+        server.server_close()
+    assert tap.entries[-1]["error"].startswith("the endpoint's answer stalled past --openai-timeout 1 s after ")
+    assert tap.pending == 0 and tap.calls == 1

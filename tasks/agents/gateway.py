@@ -124,7 +124,7 @@ class Tap:
             self.entries.append({"note": f"endpoint answered {status} on attempt {attempt} of {attempts};"
                                          f" retried after {pause_s:.2f} s"})
 
-    def record(self, request: dict[str, Any], reply: dict[str, Any] | None, latency_s: float, status: int, *,
+    def record(self, request: dict[str, Any], reply: dict[str, Any] | None, latency_s: float, status: int | str, *,
                digest: str | None = None, replayed: bool = False) -> None:
         """One answered call (`replayed`: from an earlier run's record, so its tokens are shown
         on its turn but not spent, nor priced); `digest`: its request's, on its turn."""
@@ -136,8 +136,9 @@ class Tap:
             # The conversation so far arrives whole each time: only what is new is recorded.
             fresh = messages[self.seen_messages:] if len(messages) > self.seen_messages else messages[-1:]
             self.entries += [m for m in fresh if isinstance(m, dict) and m.get("role") != "assistant"]
-            if reply is None:
-                self.entries.append({"error": f"HTTP {status} from the endpoint", "model": request.get("model")})
+            if reply is None:  # `status`: an HTTP status, or what went wrong instead
+                why = f"HTTP {status} from the endpoint" if isinstance(status, int) else status
+                self.entries.append({"error": why, "model": request.get("model")})
                 return
             turn = _turn(reply)
             inp, out = usage_counts(reply.get("usage"))
@@ -403,21 +404,30 @@ class Gateway:
                     self.send_header("Content-Type", answer.headers.get("Content-Type") or "application/json")
                     self.send_header("Connection", "close")
                     self.end_headers()
-                    got, size, cut = [], 0, False
-                    while chunk := answer.read1(65536) if hasattr(answer, "read1") else answer.read(65536):
-                        size += len(chunk)
-                        if size > MAX_RESPONSE_BYTES:
-                            cut = True
-                            break
-                        self.wfile.write(chunk)
-                        self.wfile.flush()  # a stream reaches the agent as it arrives
-                        got.append(chunk)
+                    got, size, cut, broken = [], 0, False, None
+                    try:
+                        while chunk := answer.read1(65536) if hasattr(answer, "read1") else answer.read(65536):
+                            size += len(chunk)
+                            if size > MAX_RESPONSE_BYTES:
+                                cut = True
+                                break
+                            self.wfile.write(chunk)
+                            self.wfile.flush()  # a stream reaches the agent as it arrives
+                            got.append(chunk)
+                    except TimeoutError:
+                        broken = (f"the endpoint's answer stalled past --openai-timeout {gateway.timeout_s:g} s"
+                                  f" after {size:,} bytes: cut")
+                        if request.get("stream"):  # an error event: the SDKs raise it, not a short answer
+                            error = {"error": {"message": f"evalpipe gateway: {broken}", "type": "evalpipe_gateway"}}
+                            self.wfile.write(f"data: {json.dumps(error)}\n\n".encode())
+                    except OSError as exc:  # the agent hung up, or the endpoint's connection broke
+                        broken = f"the answer broke off after {size:,} bytes: {exc.strerror or exc}"
                     self.close_connection = True
                 data = b"".join(got)
                 if suffix == "/models":
                     return
-                if answer.status >= 400:
-                    tap.record(request, None, time.perf_counter() - started, answer.status)
+                if answer.status >= 400 or broken is not None:
+                    tap.record(request, None, time.perf_counter() - started, broken or answer.status)
                     if tap.book is not None:
                         tap.book.forwarded_unkept()
                     return
