@@ -187,16 +187,26 @@ def test_each_cap_is_a_run_option_with_its_documented_variable():
     assert env_overrides(env) == {"max_sample_cost": 0.25, "model_concurrency": 4, "max_model_calls": 7}
 
 
-RUNAWAY = """
-import openai, sys
+CALLING_AGENT = """
+import json, os, sys
+import openai
 client = openai.OpenAI(max_retries=0)
-for i in range(50):
+for i in range(int(sys.argv[1])):  # calls to make
     try:
-        client.chat.completions.create(model="priced-model", messages=[{"role": "user", "content": "again"}])
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": f"call {i}"}])
     except openai.PermissionDeniedError as exc:
         print("refused:", exc.message, file=sys.stderr)
-        break
+        sys.exit(1)
+print(json.dumps({"key": os.environ["OPENAI_API_KEY"], "base": os.environ["OPENAI_BASE_URL"]}))
 """
+
+
+def calling_agent(tmp_path: Path, calls: int) -> str:
+    """A `cmd:` agent (its own OpenAI client) making `calls` calls; it prints the key and endpoint it held."""
+    agent = tmp_path / "agents" / "calling.py"
+    agent.parent.mkdir(exist_ok=True)
+    agent.write_text(CALLING_AGENT)
+    return f"cmd:{sys.executable} {agent} {calls}"
 
 
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
@@ -205,13 +215,10 @@ def test_a_runaway_workspace_agent_is_stopped_at_its_sample_cost(tmp_path, monke
     at $4 and $20 per million are $0.006 a call, so a $0.015 cap lets two calls out of 50."""
     prices = tmp_path / "prices.yaml"
     prices.write_text(yaml.safe_dump({"m": {"input_per_mtok": 4.0, "output_per_mtok": 20.0}}))
-    agent = tmp_path / "agents" / "runaway.py"
-    agent.parent.mkdir()
-    agent.write_text(RUNAWAY)
     with Endpoint() as endpoint:
         monkeypatch.setenv("OPENAI_BASE_URL", endpoint.url)
         monkeypatch.setenv("OPENAI_API_KEY", "sk-real")
-        run = evalpipe.evaluate(str(CODING), f"cmd:{sys.executable} {agent}", n=1, home=tmp_path / "home",
+        run = evalpipe.evaluate(str(CODING), calling_agent(tmp_path, 50), n=1, home=tmp_path / "home",
                                 workspace=True, max_sample_cost=0.015, prices=str(prices))
     assert endpoint.requests == 2
     (row,) = Store(tmp_path / "home").run_samples(run.run_id).to_pylist()
@@ -222,31 +229,15 @@ def test_a_runaway_workspace_agent_is_stopped_at_its_sample_cost(tmp_path, monke
     assert row["cost_usd"] == pytest.approx(0.012)
 
 
-CMD_AGENT = """
-import json, os, sys
-import openai
-client = openai.OpenAI(max_retries=0)
-for i in range(5):
-    try:
-        client.chat.completions.create(model="m", messages=[{"role": "user", "content": f"call {i}"}])
-    except openai.PermissionDeniedError as exc:
-        print("refused:", exc.message, file=sys.stderr)
-        break
-print(json.dumps({"key": os.environ["OPENAI_API_KEY"], "base": os.environ["OPENAI_BASE_URL"]}))
-"""
-
-
 def test_a_cmd_agent_s_calls_go_through_the_gateway_recorded_capped_and_without_the_key(tmp_path, monkeypatch):
     """Outside a workspace too (issue 44, item 2): a `cmd:` agent's environment names the
     gateway and a token of its sample's, its calls are its trajectory and its tokens the
     endpoint's, and `--max-model-calls` stops it with no more calls upstream."""
-    agent = tmp_path / "agent.py"
-    agent.write_text(CMD_AGENT)
     cases = [{"id": "c", "inputs": {}, "reference": "evalpipe-sample-", "grader": {"kind": "contains"}}]
     with Endpoint() as endpoint:
         monkeypatch.setenv("OPENAI_BASE_URL", endpoint.url)
         monkeypatch.setenv("OPENAI_API_KEY", "sk-real-key")
-        run = evalpipe.evaluate(cases, f"cmd:{sys.executable} {agent}", home=tmp_path / "home")
+        run = evalpipe.evaluate(cases, calling_agent(tmp_path, 5), home=tmp_path / "home")
         assert endpoint.requests == 5
         (row,) = Store(tmp_path / "home").run_samples(run.run_id).to_pylist()
         seen = json.loads(row["output"])
@@ -256,7 +247,7 @@ def test_a_cmd_agent_s_calls_go_through_the_gateway_recorded_capped_and_without_
         assert [t.content for t in turns] == ["ok"] * 5
         assert (row["input_tokens"], row["output_tokens"]) == (5000, 500)
 
-        capped_run = evalpipe.evaluate(cases, f"cmd:{sys.executable} {agent}", home=tmp_path / "home",
+        capped_run = evalpipe.evaluate(cases, calling_agent(tmp_path, 5), home=tmp_path / "home",
                                        max_model_calls=2, seed=1)
         assert endpoint.requests == 5 + 2
     (row,) = Store(tmp_path / "home").run_samples(capped_run.run_id).to_pylist()
@@ -386,19 +377,6 @@ def test_an_in_process_agent_s_call_past_a_cap_raises_before_anything_is_sent(tm
     assert (row["input_tokens"], row["output_tokens"]) == (1000 * calls, 100 * calls)
 
 
-THREE_CALLS = """
-import openai, sys
-client = openai.OpenAI(max_retries=0)
-for i in range(3):
-    try:
-        client.chat.completions.create(model="m", messages=[{"role": "user", "content": f"call {i}"}])
-    except openai.PermissionDeniedError as exc:
-        print("refused:", exc.message, file=sys.stderr)
-        sys.exit(1)
-print("evalpipe-sample-done")
-"""
-
-
 def test_the_run_s_max_cost_refuses_the_call_that_would_pass_it_and_no_sample_starts_after(tmp_path, monkeypatch):
     """`--max-cost` where the money is spent (issue 44, item 3): the run's priced calls, all its
     samples', are counted as they are answered; the call that would pass the budget (at the
@@ -406,13 +384,12 @@ def test_the_run_s_max_cost_refuses_the_call_that_would_pass_it_and_no_sample_st
     sample's third call is refused; the other two samples are left undrawn (the run partial)."""
     prices = tmp_path / "prices.yaml"
     prices.write_text(yaml.safe_dump({"m": {"input_per_mtok": 4.0, "output_per_mtok": 20.0}}))
-    (tmp_path / "agent.py").write_text(THREE_CALLS)
     cases = [{"id": f"c{i}", "inputs": {}, "reference": "evalpipe-sample-", "grader": {"kind": "contains"}}
              for i in range(3)]
     with Endpoint() as endpoint:
         monkeypatch.setenv("OPENAI_BASE_URL", endpoint.url)
         monkeypatch.setenv("OPENAI_API_KEY", "sk-real")
-        run = evalpipe.evaluate(cases, f"cmd:{sys.executable} {tmp_path / 'agent.py'}", home=tmp_path / "home",
+        run = evalpipe.evaluate(cases, calling_agent(tmp_path, 3), home=tmp_path / "home",
                                 agent_concurrency=1, max_cost=0.015, prices=str(prices))
     assert endpoint.requests == 2
     (row,) = Store(tmp_path / "home").run_samples(run.run_id).to_pylist()
