@@ -59,7 +59,8 @@ def captured(ctx: AgentContext, settings: AgentSettings | None = None) -> Iterat
         yield
     finally:
         _SAMPLE.reset(token)
-        ctx.trace.trajectory = tapped(tap, ctx, ctx.trace.trajectory, settings.max_trajectory_bytes)
+        if (kept := tapped(tap, ctx, ctx.trace.trajectory, settings.max_trajectory_bytes)) is not ctx.trace.trajectory:
+            ctx.trace.trajectory = kept  # set only when there is one: an unset section is not stored
         if (stopped := tap.stop_reason()) is not None:  # what the refusal made the agent raise, said plainly
             raise AgentError(stopped)
 

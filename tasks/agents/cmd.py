@@ -119,8 +119,8 @@ class CmdAgent(Reloadable):
             if grant is not None:
                 grant.revoke()
         mask = grant.masked if grant is not None else redact
-        if grant is not None:
-            ctx.trace.trajectory = grant.settle(ctx, None, self.settings.max_trajectory_bytes)
+        if grant is not None and (tapped := grant.settle(ctx, None, self.settings.max_trajectory_bytes)) is not None:
+            ctx.trace.trajectory = tapped
         if timed_out:
             raise AgentError(f"timed out after {self.settings.cmd_timeout:g} s")
         if proc.returncode != 0:

@@ -328,8 +328,9 @@ class _Persistent(Reloadable):
         try:
             return _apply(reply, ctx, self.settings.max_trajectory_bytes)
         finally:  # what the gateway saw of the sample's calls: its usage, and its trajectory unless it recorded turns
-            if grant is not None:
-                ctx.trace.trajectory = grant.settle(ctx, ctx.trace.trajectory, self.settings.max_trajectory_bytes)
+            if grant is not None and (tapped := grant.settle(ctx, ctx.trace.trajectory,
+                                                             self.settings.max_trajectory_bytes)) is not None:
+                ctx.trace.trajectory = tapped
 
 
 def _apply(reply: dict[str, Any], ctx: AgentContext, trajectory_cap: int) -> str:
