@@ -507,3 +507,20 @@ def test_a_stream_that_stalls_past_the_timeout_is_cut_and_recorded():
         server.server_close()
     assert tap.entries[-1]["error"].startswith("the endpoint's answer stalled past --openai-timeout 1 s after ")
     assert tap.pending == 0 and tap.calls == 1
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="needs Node.js")
+def test_an_agent_in_another_language_needs_only_the_endpoint_its_environment_names(tmp_path, monkeypatch):
+    """(issue 44, item 5) examples/agents/node_agent.mjs: Node.js, no package, no evalpipe code.
+    Its call goes through the run's gateway: its turn and tokens are the sample's, the key stays out."""
+    cases = [{"id": "q", "inputs": {"question": "Say ok"}, "reference": "ok", "grader": {"kind": "exact"}}]
+    with Endpoint() as endpoint:
+        monkeypatch.setenv("OPENAI_BASE_URL", endpoint.url)
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-real")
+        run = evalpipe.evaluate(cases, f"cmd:node {ROOT / 'examples/agents/node_agent.mjs'}", home=tmp_path / "home")
+    assert endpoint.requests == 1
+    (row,) = Store(tmp_path / "home").run_samples(run.run_id).to_pylist()
+    assert (row["status"], row["output"]) == ("passed", "ok")
+    (turn,) = SampleTrace.parse(row["trace"]).trajectory.typed.turns
+    assert turn.content == "ok"
+    assert (row["input_tokens"], row["output_tokens"]) == (1000, 100)
