@@ -52,19 +52,17 @@ class Endpoint:
                     endpoint.now += 1
                     endpoint.most = max(endpoint.most, endpoint.now)
                     status = endpoint.failures.pop(0) if endpoint.failures else 200
-                try:
-                    time.sleep(endpoint.delay_s)
-                    body = json.dumps(REPLY if status == 200 else {"error": {"message": "slow down"}}).encode()
-                    self.send_response(status)
-                    if status != 200 and endpoint.retry_after is not None:
-                        self.send_header("Retry-After", endpoint.retry_after)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
-                finally:
-                    with endpoint.lock:
-                        endpoint.now -= 1
+                time.sleep(endpoint.delay_s)
+                with endpoint.lock:  # done before it answers: the caller can free its slot only after
+                    endpoint.now -= 1
+                body = json.dumps(REPLY if status == 200 else {"error": {"message": "slow down"}}).encode()
+                self.send_response(status)
+                if status != 200 and endpoint.retry_after is not None:
+                    self.send_header("Retry-After", endpoint.retry_after)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
 
             def log_message(self, *args: object) -> None:
                 pass

@@ -351,6 +351,7 @@ def _in_child(net: int, user: int, destinations: Destinations) -> None:
         try:
             os.close(read)
             if os.fstat(user).st_ino != os.stat("/proc/self/ns/user").st_ino:
+                _alone()
                 _join(user, _CLONE_NEWUSER)
             _join(net, _CLONE_NEWNET)
             _add_local_routes(destinations)
@@ -365,6 +366,18 @@ def _in_child(net: int, user: int, destinations: Destinations) -> None:
     _, status = os.waitpid(child, 0)
     if status != 0:
         raise OSError(reason or f"the child's wait status {status}")
+
+
+def _alone(timeout_s: float = 2.0) -> None:
+    """Wait until this forked child is its only thread: a user namespace takes no multithreaded
+    caller (EINVAL), and a library's fork handler may start threads in every child (OpenTelemetry's
+    tracer provider refreshes its resource on worker threads: in-process capture installs one)."""
+    deadline = time.monotonic() + timeout_s
+    while len(os.listdir("/proc/self/task")) > 1:
+        if time.monotonic() > deadline:
+            raise OSError("threads a fork handler started in the child did not end: it cannot join the"
+                          " sandbox's user namespace")
+        time.sleep(0.001)
 
 
 def _join(fd: int, kind: int) -> None:
