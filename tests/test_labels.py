@@ -137,8 +137,8 @@ def test_labels_round_trip(run, tmp_path, suffix):
 
 
 def test_a_label_never_clears_safety_and_the_gate_blocks(run, tmp_path):
-    from service.gate import decision, pair_runs
     from flows.judging import export_labels, import_labels
+    from service.gate import decision, pair_runs
     from tasks.metrics.rules import GateRules
 
     out = tmp_path / "labels.jsonl"

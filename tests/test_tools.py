@@ -431,8 +431,8 @@ def test_diff_shows_the_tool_calls_that_appeared_or_disappeared_on_each_changed_
     assert cases["password-help"]["tool_calls"] == {"search_kb": [1, 0]}
     text = diff_text(doc, limit=20)
     assert "tool calls per sample: -create_ticket 1 -> 0, +delete_account 0 -> 1" in text
-    from service.gate import decision, pair_runs
     from flows.report import write_diff_report
+    from service.gate import decision, pair_runs
 
     comparison = pair_runs(bad.run_id, good.run_id, store=store)
     gate = decision(comparison, None, store=store, shared_only=True)
