@@ -10,7 +10,9 @@ the configured endpoint (never a URL the agent names) with the real key and no h
 agent's, passes the answer back (a streamed one as it arrives), and records the call into the
 sample's tap: the new messages of the request and the model's turn, with its usage and
 latency, in the trajectory's OpenAI shape (`tasks.trajectory`). A forged, revoked or another
-sample's token is a 401; nothing is forwarded.
+sample's token is a 401; nothing is forwarded. The same token lets the agent's OpenTelemetry
+exporter send its spans to the gateway (`/v1/traces`, `tasks.agents.otlp`): its tool spans join
+the sample's trajectory as tool results.
 
 Where the money is spent, the gateway holds the run's limits: a sample's calls past
 `--max-model-calls`, or past `--max-sample-cost` (the call that would pass it, at the dearest
@@ -38,6 +40,7 @@ from typing import Any
 from tasks.agents.base import AgentContext, AgentError
 from tasks.agents.model_calls import CallBook, RecordedCall
 from tasks.agents.openai_client import DEFAULT_BASE_URL
+from tasks.agents.otlp import TRACES_PATH, Refused, ToolRun, answer, loads_or_none, read, tool_runs
 from tasks.agents.purse import Purse
 from tasks.agents.settings import AgentSettings
 from tasks.agents.trajectory import capped
@@ -50,6 +53,9 @@ FORWARDED = ("/chat/completions", "/responses", "/models", "/embeddings", "/comp
 MAX_REQUEST_BYTES = 8 << 20
 MAX_RESPONSE_BYTES = 64 << 20
 TOKEN_PREFIX = "evalpipe-sample-"
+# An exporter's trace-only settings, which win over the general ones the agent is given.
+OTLP_OVERRIDES = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+                  "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
 # Upstream answers worth asking again (the OpenAI SDK's own list), and the longest pause taken.
 RETRIED = frozenset({408, 409, 429, 500, 502, 503, 504})
 MAX_PAUSE_S = 60.0
@@ -80,6 +86,9 @@ class Tap:
     refusal: str | None = None  # the cap that refused them
     pending: int = 0  # admitted, not yet answered
     book: CallBook | None = None  # `--replay-model-calls`: the sample's calls kept, and answered from
+    max_span_bytes: int | None = None  # what the agent's own spans may add to the trajectory
+    span_bytes: int = 0
+    spans_cut: int = 0  # tool runs left out past `max_span_bytes`
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def admit(self) -> str | None:
@@ -123,6 +132,49 @@ class Tap:
         with self.lock:
             self.entries.append({"note": f"endpoint answered {status} on attempt {attempt} of {attempts};"
                                          f" retried after {pause_s:.2f} s"})
+
+    def ran(self, run: ToolRun) -> None:
+        """A tool's run reported by a span, with its duration and error: joined to the model's
+        call it names (`call_id`), else to the earliest call of that tool with those arguments
+        that no span has answered yet. It adds them to the result already sent back to the model
+        (the next request's tool message, as sent), else it is that call's result, else it
+        stands at the end."""
+        entry = run.entry(run.call_id)
+        size = len(json.dumps(entry, ensure_ascii=False, default=str).encode("utf-8"))
+        with self.lock:
+            if self.max_span_bytes is not None and self.span_bytes + size > self.max_span_bytes:
+                if not self.spans_cut:
+                    self.entries.append({"note": f"the agent's spans passed {self.max_span_bytes:,} bytes"
+                                                 " (--max-trajectory-bytes): later tool runs not recorded"})
+                self.spans_cut += 1
+                return
+            self.span_bytes += size
+            call_id = run.call_id or self._unjoined_call(run)
+            entry["tool_call_id"] = call_id
+            at = next((i for i, e in enumerate(self.entries)
+                       if call_id and any(c.get("id") == call_id for c in _calls(e))), None)
+            sent = next((e for e in self.entries if call_id and e.get("role") == "tool"
+                         and e.get("tool_call_id") == call_id), None)
+            if sent is not None:  # what the model saw stays; the span says how it ran
+                sent.update({k: v for k, v in entry.items() if k not in sent or sent[k] in (None, "")})
+            elif at is not None:
+                at += 1
+                while at < len(self.entries) and self.entries[at].get("role") == "tool":
+                    at += 1
+                self.entries.insert(at, entry)
+            else:
+                self.entries.append(entry)
+
+    def _unjoined_call(self, run: ToolRun) -> str | None:
+        joined = {e.get("tool_call_id") for e in self.entries if e.get("role") == "tool" and "duration_s" in e}
+        arguments = run.parsed_arguments()
+        for entry in self.entries:
+            for call in _calls(entry):
+                function = call.get("function") or {}
+                if (call.get("id") not in joined and function.get("name") == run.name
+                        and loads_or_none(function.get("arguments")) == arguments):
+                    return call.get("id")
+        return None
 
     def record(self, request: dict[str, Any], reply: dict[str, Any] | None, latency_s: float, status: int | str, *,
                digest: str | None = None, replayed: bool = False) -> None:
@@ -173,6 +225,11 @@ class Tap:
             self.entries.append({**turn, "usage": {"input_tokens": inp, "output_tokens": out},
                                  "latency_s": round(latency_s, 6), "model": self.model, **marks})
             self.seen_messages = len(messages) + 1
+
+
+def _calls(entry: dict[str, Any]) -> list[dict[str, Any]]:
+    calls = entry.get("tool_calls") if entry.get("role") == "assistant" else None
+    return [c for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
 
 
 def _turn(reply: dict[str, Any]) -> dict[str, Any]:
@@ -261,13 +318,15 @@ class Gateway:
 
     def grant(self, max_calls: int | None = None, max_cost_usd: float | None = None,
               cost_of: CostOf | None = None, book: CallBook | None = None,
-              lease: str | None = None, purse: Purse | None = None) -> tuple[str, Tap]:
+              lease: str | None = None, purse: Purse | None = None,
+              max_span_bytes: int | None = None) -> tuple[str, Tap]:
         """A token good for one sample (at most `max_calls` model calls and `max_cost_usd` spent,
         priced by `cost_of`), and the tap its calls are recorded in (and `book`, with
         `--replay-model-calls`, kept in and answered from). `lease`: a worker's token (`lease`),
         given to this sample until it is revoked. `purse`: the run's `--max-cost`, which its calls
-        spend from."""
-        tap = Tap(max_calls=max_calls, max_cost_usd=max_cost_usd, cost_of=cost_of, book=book, purse=purse)
+        spend from. `max_span_bytes`: what the agent's own spans may add to its trajectory."""
+        tap = Tap(max_calls=max_calls, max_cost_usd=max_cost_usd, cost_of=cost_of, book=book, purse=purse,
+                  max_span_bytes=max_span_bytes)
         with self._lock:
             if lease is not None:
                 if lease not in self._leases:
@@ -295,8 +354,16 @@ class Gateway:
         return token
 
     def environ(self, passed: Mapping[str, str], token: str) -> dict[str, str]:
-        """`passed` with the endpoint and key replaced by the gateway's address and `token`."""
-        return {**passed, "OPENAI_BASE_URL": self.url, "OPENAI_API_BASE": self.url, "OPENAI_API_KEY": token}
+        """`passed` with the endpoint and key replaced by the gateway's address and `token`, and
+        an OpenTelemetry exporter's endpoint and headers (the standard variables) naming the
+        gateway and `token` too: a trace-only endpoint or header of `passed` would send the
+        sample's spans, and its token, elsewhere, so it is dropped."""
+        kept = {k: v for k, v in passed.items() if k not in OTLP_OVERRIDES}
+        otlp = {"OTEL_EXPORTER_OTLP_ENDPOINT": self.url.removesuffix("/v1"),
+                "OTEL_EXPORTER_OTLP_HEADERS": f"authorization=Bearer%20{token}"}  # percent-encoded, as specified
+        if passed.get("OTEL_EXPORTER_OTLP_PROTOCOL", "").startswith("grpc"):
+            otlp["OTEL_EXPORTER_OTLP_PROTOCOL"] = "http/protobuf"  # the gateway speaks OTLP/HTTP only
+        return {**kept, "OPENAI_BASE_URL": self.url, "OPENAI_API_BASE": self.url, "OPENAI_API_KEY": token, **otlp}
 
     def end_lease(self, token: str) -> None:
         with self._lock:
@@ -352,21 +419,44 @@ class Gateway:
             protocol_version = "HTTP/1.1"
 
             def do_GET(self) -> None:
-                self._forward(b"")
+                if (tap := self._sample()) is not None:
+                    self._forward(tap, b"")
 
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 if length > MAX_REQUEST_BYTES:
                     self._fail(413, f"request body over {MAX_REQUEST_BYTES} bytes")
                     return
-                self._forward(self.rfile.read(length))
+                body = self.rfile.read(length)
+                if (tap := self._sample()) is None:
+                    return
+                if self.path.split("?", 1)[0] == TRACES_PATH:
+                    self._traces(tap, body)
+                else:
+                    self._forward(tap, body)
 
-            def _forward(self, body: bytes) -> None:
+            def _sample(self) -> Tap | None:
+                """The sample the request's token is good for; None, answered 401, when none is."""
                 tap = gateway._tap(self.headers.get("Authorization"))
                 if tap is None:
                     gateway.refused += 1
                     self._fail(401, "evalpipe gateway: unknown, expired or another sample's token")
+                return tap
+
+            def _traces(self, tap: Tap, body: bytes) -> None:
+                """An OTLP trace export of the agent's: its tool spans are the sample's tool runs."""
+                content_type = self.headers.get("Content-Type")
+                try:
+                    spans = read(body, content_type, self.headers.get("Content-Encoding"), MAX_REQUEST_BYTES,
+                                 tap.max_span_bytes or MAX_REQUEST_BYTES)
+                except Refused as exc:
+                    self._fail(exc.status, f"evalpipe gateway: {exc}")
                     return
+                for run in tool_runs(spans):
+                    tap.ran(run)
+                self._send(200, *answer(content_type))
+
+            def _forward(self, tap: Tap, body: bytes) -> None:
                 suffix = self.path.split("?", 1)[0].removeprefix("/v1")
                 if suffix not in FORWARDED:
                     self._fail(404, f"evalpipe gateway: {suffix!r} is not forwarded")
@@ -476,9 +566,12 @@ class Gateway:
                 tap.book.keep(recorded, replayed=True, tokens=usage_counts(reply.get("usage")))
 
             def _fail(self, status: int, message: str) -> None:
-                data = json.dumps({"error": {"message": message, "type": "evalpipe_gateway"}}).encode()
+                self._send(status, json.dumps({"error": {"message": message, "type": "evalpipe_gateway"}}).encode(),
+                           "application/json")
+
+            def _send(self, status: int, data: bytes, content_type: str) -> None:
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
@@ -622,7 +715,7 @@ def grant_for(passed: Mapping[str, str], settings: AgentSettings, ctx: AgentCont
     if gateway is None:
         return None
     token, tap = gateway.grant(settings.max_model_calls, settings.max_sample_cost, ctx.cost_of, ctx.calls, lease,
-                               ctx.purse)
+                               ctx.purse, settings.max_trajectory_bytes)
     return Grant(gateway, token, tap)
 
 
