@@ -7,6 +7,7 @@ nothing (the gateway counted those calls). Against the scripted model on loopbac
 from __future__ import annotations
 
 import gzip
+import http.client
 import importlib.util
 import json
 import sys
@@ -183,6 +184,23 @@ def test_a_malformed_export_is_refused_in_one_line_and_nothing_recorded(gateway,
     got, answer = _export(gateway, body, token, content_type, encoding)
     message = json.loads(answer)["error"]["message"]
     assert got == status and said in message and "\n" not in message
+    assert tap.entries == []
+
+
+@pytest.mark.parametrize("length", ["-5", "lots"])
+def test_a_content_length_that_is_not_one_is_refused_without_waiting_for_a_body(gateway, length):
+    token, tap = gateway.grant()
+    connection = http.client.HTTPConnection("127.0.0.1", gateway.server.server_address[1], timeout=10)
+    try:
+        connection.putrequest("POST", "/v1/traces")
+        for name, value in (("Content-Length", length), ("Content-Type", "application/json"),
+                            ("Authorization", f"Bearer {token}")):
+            connection.putheader(name, value)
+        connection.endheaders(b"{}")
+        answer = connection.getresponse()
+        assert answer.status == 400 and b"Content-Length is not a length" in answer.read()
+    finally:
+        connection.close()
     assert tap.entries == []
 
 

@@ -423,9 +423,15 @@ class Gateway:
                     self._forward(tap, b"")
 
             def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                if length > MAX_REQUEST_BYTES:
-                    self._fail(413, f"request body over {MAX_REQUEST_BYTES} bytes")
+                try:
+                    length = int(self.headers.get("Content-Length") or 0)
+                except ValueError:
+                    length = -1
+                if not 0 <= length <= MAX_REQUEST_BYTES:
+                    self.close_connection = True  # the body is left unread: nothing more is read from it
+                    status = 400 if length < 0 else 413
+                    self._fail(status, "Content-Length is not a length" if length < 0
+                               else f"request body over {MAX_REQUEST_BYTES} bytes")
                     return
                 body = self.rfile.read(length)
                 if (tap := self._sample()) is None:
