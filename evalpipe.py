@@ -1,7 +1,9 @@
 """evalpipe's Python API: `from evalpipe import evaluate, rescore` (docs/python-api.md).
 
 `evaluate(suite, agent, **options)` makes the run `evalpipe run` makes, with the same options
-(`RunConfig`), stored the same way in EVALPIPE_HOME, and returns its typed summary. It runs
+(`RunConfig`), stored the same way in EVALPIPE_HOME, and returns its typed summary. This machine's settings
+(`tasks.settings.MachineSettings`: the sandbox, EVALPIPE_HOME, ...) are read from the
+environment once a call, and carried by that run alone. It runs
 the one run service (`service.run.execute`) on thread pools of the calling process, without a
 Prefect server: a notebook pays neither the server nor Prefect's import, and a Python
 callable can be the agent. The run has no flow run (`flow_run_id` is null) and so no
@@ -12,11 +14,13 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from storage.store import Store
+    from tasks.settings import MachineSettings
 
 __all__ = ["evaluate", "rescore"]
 
@@ -50,14 +54,17 @@ def evaluate(suite: SuiteLike, agent: AgentLike, *, name: str = "suite",
     from tasks.run.prepare import prepare_run
 
     started = time.perf_counter()
-    store = _store(home)
-    ref = _suite_ref(suite, name, store)
-    own = None if isinstance(agent, str) else CallableAgent.of(agent)
-    config = RunConfig.build("evaluate", suite=ref, agent=agent if own is None else own.spec, **options)
-    if own is not None and config.workspace:
-        raise InputError("evaluate: workspace runs take a cmd: or python: agent spec, not a callable")
-    _threads_only("evaluate", config)
-    summary = execute(prepare_run(config, store, agent=own), config, store, Shell(progress=progress), started=started)
+    with _machine() as machine:
+        store = _store(home)
+        ref = _suite_ref(suite, name, store)
+        own = None if isinstance(agent, str) else CallableAgent.of(agent)
+        config = RunConfig.build("evaluate", suite=ref, agent=agent if own is None else own.spec,
+                                 environ=os.environ, **options)
+        if own is not None and config.workspace:
+            raise InputError("evaluate: workspace runs take a cmd: or python: agent spec, not a callable")
+        _threads_only("evaluate", config)
+        summary = execute(prepare_run(config, store, agent=own), config, store, Shell(progress=progress),
+                          machine=machine, started=started)
     return RunSummary.read(summary.to_json())
 
 
@@ -75,12 +82,24 @@ def rescore(run_id: str, suite: SuiteLike, *, name: str = "suite",
     from tasks.run.rescore import prepare_rescore
 
     started = time.perf_counter()
-    store = _store(home)
-    prepared = prepare_rescore(run_id, store, **{"suite": _suite_ref(suite, name, store), **options})
-    _threads_only("rescore", prepared.config)
-    summary = execute(prepared.run, prepared.config, store, Shell(progress=progress), started=started,
-                      rescoring=prepared.plan)
+    with _machine() as machine:
+        store = _store(home)
+        prepared = prepare_rescore(run_id, store, **{"suite": _suite_ref(suite, name, store), **options})
+        _threads_only("rescore", prepared.config)
+        summary = execute(prepared.run, prepared.config, store, Shell(progress=progress), machine=machine,
+                          started=started, rescoring=prepared.plan)
     return RunSummary.read(summary.to_json())
+
+
+@contextmanager
+def _machine() -> Iterator[MachineSettings]:
+    """This machine's settings, read from the environment here, once a call, and entered for
+    the call (its preparation included); the run carries them on (`service.run.execute`)."""
+    from tasks.settings import MachineSettings, using
+
+    machine = MachineSettings.from_environ(os.environ)
+    with using(machine):
+        yield machine
 
 
 def _threads_only(command: str, config: Any) -> None:

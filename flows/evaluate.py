@@ -9,6 +9,7 @@ mapped, so a cache hit costs a row copy, not a Prefect task.
 
 from __future__ import annotations
 
+import os
 import time
 from contextvars import ContextVar
 from dataclasses import replace
@@ -28,6 +29,7 @@ from tasks.report.sample_table import flow_run_name
 from tasks.run import RunConfig, RunSummary, run_title
 from tasks.run.config import Runner
 from tasks.run.prepare import PreparedRun, prepare_run
+from tasks.settings import MachineSettings, using
 
 
 def _run_name() -> str:
@@ -145,10 +147,13 @@ def evaluate(
     """
     started = time.perf_counter()
     # The parameters, as the form shows them, are the fields of the run's configuration; those
-    # not given take this machine's documented overrides (a deployment's worker), read here.
-    config = RunConfig.build("evaluate", **{name: value for name, value in locals().items()
-                                            if name in RunConfig.model_fields})
-    return steps.final_state(run(config, started))
+    # not given take this machine's documented overrides (a deployment's worker), read here
+    # with its settings (`MachineSettings`), which the run carries on.
+    config = RunConfig.build("evaluate", environ=os.environ, **{name: value for name, value in locals().items()
+                                                                if name in RunConfig.model_fields})
+    machine = MachineSettings.from_environ(os.environ)
+    with using(machine):
+        return steps.final_state(run(config, machine, started))
 
 
 # The run as `evalpipe run` prepared it in this process, with its configuration: the flow
@@ -156,9 +161,9 @@ def evaluate(
 prepared_here: ContextVar[tuple[RunConfig, PreparedRun | None] | None] = ContextVar("prepared_here", default=None)
 
 
-def run(config: RunConfig, started: float) -> RunSummary:
-    """The run `config` describes, inside the flow: prepared, then looped over Prefect's task
-    runners, its summary published."""
+def run(config: RunConfig, machine: MachineSettings, started: float) -> RunSummary:
+    """The run `config` describes on a machine of settings `machine`, inside the flow:
+    prepared, then looped over Prefect's task runners, its summary published."""
     steps.check_deployment_allows(config.agent, config.unsafe_no_sandbox, config.dask_address, config.suite)
     store = Store.default()
     flow_run_id = str(flow_run.id) if flow_run.id else None
@@ -171,7 +176,7 @@ def run(config: RunConfig, started: float) -> RunSummary:
     get_run_logger().info("run %s: suite %s (%s, %d cases), agent %s, n=%d%s", run.spec.run_id, run.suite.name,
                           run.suite.version[:12], len(run.suite.cases), run.spec.agent, run.spec.n,
                           f", gated against {run.baseline.run_id}" if run.baseline else "")
-    summary = execute(run, config, store, steps.prefect_shell(), started=started)
+    summary = execute(run, config, store, steps.prefect_shell(), machine=machine, started=started)
     publish(summary, store, {case.id: case.kind for case in run.suite.cases})
     steps.log_headline(summary)
     return summary

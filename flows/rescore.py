@@ -9,6 +9,7 @@ then reduces and gates by the same rules as a run.
 
 from __future__ import annotations
 
+import os
 import time
 from contextvars import ContextVar
 from dataclasses import replace
@@ -28,6 +29,7 @@ from tasks.report.sample_table import rescore_run_name
 from tasks.run import RunConfig
 from tasks.run.config import Runner
 from tasks.run.rescore import PreparedRescore, prepare_rescore
+from tasks.settings import MachineSettings, using
 
 
 def _run_name() -> str:
@@ -70,9 +72,16 @@ def rescore(
             registered per-case metric by name.
     """
     started = time.perf_counter()
-    steps.check_deployment_allows(None, unsafe_no_sandbox, suite=suite)
+    machine = MachineSettings.from_environ(os.environ)  # this machine's (a deployment's worker), carried on
+    with using(machine):
+        return _rescored(run_id, suite, machine, started, {name: value for name, value in locals().items()
+                                                              if name in RunConfig.model_fields})
+
+
+def _rescored(run_id: str, suite: str, machine: MachineSettings, started: float,
+              options: dict[str, Any]) -> dict[str, Any]:
+    steps.check_deployment_allows(None, options["unsafe_no_sandbox"], suite=suite)
     store = Store.default()
-    options = {name: value for name, value in locals().items() if name in RunConfig.model_fields}
     handed = prepared_here.get()
     if handed is not None and handed[0] == (run_id, options):
         rescoring = handed[1]
@@ -82,8 +91,8 @@ def rescore(
     config, prepared = rescoring.config, rescoring.run
     spec = prepared.spec.model_copy(update={"flow_run_id": flow_run_id})  # its summary links this flow run
     name_flow_run(flow_run_id, rescore_run_name(prepared.suite.name, rescoring.plan.source_run, spec.run_id))
-    summary = execute(replace(prepared, spec=spec), config, store, steps.prefect_shell(), started=started,
-                      rescoring=rescoring.plan)
+    summary = execute(replace(prepared, spec=spec), config, store, steps.prefect_shell(), machine=machine,
+                      started=started, rescoring=rescoring.plan)
     publish(summary, store, {case.id: case.kind for case in prepared.suite.cases})
     steps.log_headline(summary)
     return steps.final_state(summary)

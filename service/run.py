@@ -20,6 +20,7 @@ from tasks.run.rescore import RescorePlan
 from tasks.run.spec import RunSpec
 from tasks.run.summary import Measured
 from tasks.sandbox import allowing_unsafe
+from tasks.settings import MachineSettings, using
 
 
 def snapshot_if_missing(suite: EvalSuite, store: Store) -> None:
@@ -43,17 +44,20 @@ class Shell:
 
 
 def execute(run: PreparedRun, config: RunConfig, store: Store, shell: Shell = Shell(), *,
-            started: float | None = None, rescoring: RescorePlan | None = None) -> RunSummary:
+            machine: MachineSettings, started: float | None = None,
+            rescoring: RescorePlan | None = None) -> RunSummary:
     """Run `run` as `config` says, kept in `store`: the suite snapshotted, the stages entered
-    with the run's sandbox setting, the loop (plain, sequential, or `rescoring` another run's
+    with the run's sandbox setting and `machine`, the settings the caller's edge read (each
+    stage task carries them where it runs), the loop (plain, sequential, or `rescoring` another run's
     stored outputs, with no agent called), the reduction and the gate, then the stored summary.
     `started`: when the caller began (`time.perf_counter()`), for the summary's duration."""
     started = time.perf_counter() if started is None else started
-    shell.snapshot(run.suite, store)
-    if rescoring is not None and (origin := store.imported_from(rescoring.source_run)) is not None:
-        store.record_imported_outputs(run.spec.run_id, origin)  # before any of its samples is stored
-    with allowing_unsafe(config.unsafe_no_sandbox), shell.stages(config) as stages:
-        return run_loop(run.spec, config, run.suite, run.agent, store, stages,
-                        prices=run.prices, progress=shell.progress, gate=run_gate(run, config, store),
-                        no_baseline=run.no_baseline, log=shell.log, reduce=shell.reduce, started=started,
-                        rescoring=rescoring, stopping=shell.stopping)
+    with using(machine):
+        shell.snapshot(run.suite, store)
+        if rescoring is not None and (origin := store.imported_from(rescoring.source_run)) is not None:
+            store.record_imported_outputs(run.spec.run_id, origin)  # before any of its samples is stored
+        with allowing_unsafe(config.unsafe_no_sandbox), shell.stages(config) as stages:
+            return run_loop(run.spec, config, run.suite, run.agent, store, stages,
+                            prices=run.prices, progress=shell.progress, gate=run_gate(run, config, store),
+                            no_baseline=run.no_baseline, log=shell.log, reduce=shell.reduce, started=started,
+                            rescoring=rescoring, stopping=shell.stopping)

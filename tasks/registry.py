@@ -56,7 +56,6 @@ import importlib
 import importlib.metadata
 import importlib.util
 import inspect
-import os
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -67,13 +66,14 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from tasks.errors import InputError
+from tasks.settings import ENV, current
 from tasks.trace import SampleTrace
 
 # `tasks.models.EvalCase` and `Verdict`, named loosely: the models import this module.
 EvalCase = Verdict = Any
 
 PLUGIN_GROUP = "evalpipe.plugins"
-PLUGINS_ENV = "EVALPIPE_PLUGINS"
+PLUGINS_ENV = ENV["plugins"]  # `MachineSettings.plugins`: read at the edge, carried with the run
 BUILTIN_GRADERS = "tasks.graders"
 BUILTIN_METRICS = "tasks.metrics.standard"
 BUILTIN_AGENTS = "tasks.agents"
@@ -446,7 +446,7 @@ def _plugins() -> list[tuple[str, Callable[[], Any]]]:
         (f"{ep.name} ({ep.value}, entry point)", ep.load)
         for ep in sorted(importlib.metadata.entry_points(group=PLUGIN_GROUP), key=lambda ep: ep.name)
     ]
-    for item in filter(None, (part.strip() for part in os.environ.get(PLUGINS_ENV, "").split(","))):
+    for item in current().plugins:
         if item.endswith(".py"):
             found.append((f"{item} ({PLUGINS_ENV})", lambda path=item: _import_file(Path(path))))
         else:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import gc
 import logging
+import os
 from concurrent.futures import BrokenExecutor
 
 import typer
@@ -38,6 +39,7 @@ from flows.planning import plan
 from flows.prefect_api import loading_heap
 from tasks.models import InputError, PlatformError
 from tasks.registry import load_plugins
+from tasks.settings import MachineSettings, using
 
 __all__ = ["app", "main", "rescore_flow", "run"]
 
@@ -119,9 +121,12 @@ def main(argv: list[str] | None = None) -> int:
     loading_heap()  # a slow collector until Prefect is loaded (flows.prefect_api)
     restore_signals = stop_on_signals()  # Ctrl-C and SIGTERM: exit 130 within seconds, the run resumable
     try:
-        # Plugins register their graders and metrics before any suite is read (tasks.registry).
-        load_plugins()
-        code = app(args=argv, prog_name="evalpipe", standalone_mode=False) or 0
+        # This machine's settings (the sandbox, EVALPIPE_HOME, the plugins, ...), read once here
+        # for the whole command; a run carries them on to its tasks (`tasks.settings`).
+        with using(MachineSettings.from_environ(os.environ)):
+            # Plugins register their graders and metrics before any suite is read (tasks.registry).
+            load_plugins()
+            code = app(args=argv, prog_name="evalpipe", standalone_mode=False) or 0
     except UsageError as exc:
         # A bad flag or value is bad input like any other: one line, exit 2 (click's own
         # form is a usage block and a boxed message).

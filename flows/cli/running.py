@@ -3,6 +3,7 @@ progress beside it, its summary printed and its exit status read off the summary
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from contextlib import contextmanager
@@ -49,7 +50,7 @@ def run(
     from tasks.run import RunConfig
     from tasks.run.prepare import pinned, prepare_run
 
-    config = RunConfig.build("run", option_name, **fields, **more_fields)
+    config = RunConfig.build("run", option_name, environ=os.environ, **fields, **more_fields)
     # Every check of the input, once, before Prefect starts: a one-line message, not a failed
     # flow run. The flow is handed what was prepared (`prepared`), and its parameters name
     # the suite pinned (a git branch as the commit read here) and the price file found.

@@ -54,6 +54,7 @@ from tasks.repos.worktrees import RepoError, case_repo, is_url, missing_repo
 from tasks.sandbox import DiskCap, Limits, Mounts, SandboxError, bwrap_available, run_command
 from tasks.sandbox.namespace import runtime_dirs
 from tasks.sandbox.network import agent_network
+from tasks.settings import ENV, current
 from tasks.trace import ProcessRun, WorkspaceChange
 
 DEFAULT_AGENT_TIMEOUT_S = 1800.0
@@ -63,7 +64,7 @@ WORKSPACE_SYSTEM = ("You work in a git checkout of a repository, at its root. Us
                     " its files until the task is done, then answer with a short summary of the change.")
 AGENT_MAX_PROCS = 512
 AGENT_FILE_SIZE_MB = 1024
-EXTRA_ENV = "EVALPIPE_AGENT_ENV"  # more variable names to pass, comma-separated
+EXTRA_ENV = ENV["agent_env"]  # more variable names to pass (`MachineSettings.agent_env`)
 # What reaches the agent from the harness's environment besides PATH and the locale: the
 # model endpoints' keys and addresses, and proxies.
 PASSED_ENV = (
@@ -86,11 +87,9 @@ TASK_WORD = "{task}"
 
 
 def passed_env_names() -> tuple[str, ...]:
-    extra = [n.strip() for n in os.environ.get(EXTRA_ENV, "").split(",") if n.strip()]
-    bad = [n for n in extra if not n.replace("_", "").isalnum()]
-    if bad:
-        raise InputError(f"{EXTRA_ENV}: {bad[0]!r} is not a variable name")
-    return tuple(dict.fromkeys([*PASSED_ENV, *extra]))
+    """The names of the harness's variables a workspace agent is handed: PASSED_ENV and those
+    the machine's settings add."""
+    return tuple(dict.fromkeys([*PASSED_ENV, *current().agent_env]))
 
 
 @dataclass(frozen=True)
@@ -140,7 +139,6 @@ class WorkspaceAgent:
             raise InputError(f"agent {spec!r}: --workspace takes a cmd:, python: or openai: agent")
         if timeout_s <= 0:
             raise InputError(f"--agent-timeout {timeout_s:g}: must be positive")
-        passed_env_names()  # a bad name is refused before any work
         if bwrap_available():
             agent_network({})  # no pasta and no EVALPIPE_AGENT_NETWORK=host: refused before any work
         settings = settings or AgentSettings()

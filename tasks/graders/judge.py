@@ -28,7 +28,6 @@ where it may call an endpoint.
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -40,7 +39,7 @@ from typing import Any, Literal
 
 from tasks.agents import PROMPT_FIELDS, AgentError, call_user_code
 from tasks.agents.openai_client import EndpointError, OpenAIClient
-from tasks.agents.settings import AgentSettings, env_overrides
+from tasks.agents.settings import AgentSettings
 from tasks.callables import load_callable, own_code, source_dirs
 from tasks.fences import inert_tokens, strip_fence_ends
 from tasks.models import (
@@ -56,15 +55,12 @@ from tasks.params import JudgeParams
 from tasks.redaction import redact
 from tasks.registry import grader
 from tasks.sandbox import call_in_sandbox
+from tasks.settings import current
 from tasks.trace import JudgeDraw, JudgeTrace, SampleTrace
 
 Preference = Literal["first", "second", "tie"]
 
 RATIONALE_CHARS = 2000  # per draw in the trace: enough to read, not a second output column
-# The machine's policy (docs/contract.md §10): a suite's judge callables that run in the
-# harness, comma-separated PATH:FUNCTION (a file, absolute or from the working directory).
-HARNESS_JUDGES_ENV = "EVALPIPE_HARNESS_JUDGES"
-
 # The candidate's text reaches the judge between markers it cannot forge (`delimit`), and
 # the verdict is read only from the reply as a whole (`parse_reply`), so a candidate can
 # neither instruct the judge nor have its own text taken for the judge's answer.
@@ -157,7 +153,7 @@ def judge_params(case: EvalCase) -> tuple[str, str | None, int, dict[str, Any]]:
 
 # The run's settings where a run grades (`judging`): a judge made on a worker (a Dask
 # machine) takes its timeout and attempts from the run, never that machine's environment.
-# Outside a run (`judge calibrate`, a script) this process's documented overrides apply.
+# Outside a run (`judge calibrate`, a script) the machine's settings (its documented overrides) apply.
 judge_settings: ContextVar[AgentSettings | None] = ContextVar("judge_settings", default=None)
 
 
@@ -169,6 +165,12 @@ def judging(settings: AgentSettings | None) -> Iterator[None]:
         yield
     finally:
         judge_settings.reset(token)
+
+
+def _outside_a_run() -> AgentSettings:
+    machine = current()
+    given = {"openai_timeout": machine.judge_openai_timeout, "openai_max_attempts": machine.judge_openai_max_attempts}
+    return AgentSettings(**{name: value for name, value in given.items() if value is not None})
 
 
 def load_judge(
@@ -214,10 +216,11 @@ def load_judge(
 
 
 def _harness_judge(spec: str, source: Path) -> bool:
-    """Whether `EVALPIPE_HARNESS_JUDGES` names the file `source` and the function of `spec`:
+    """Whether the machine's settings (`EVALPIPE_HARNESS_JUDGES`: comma-separated PATH:FUNCTION,
+    a file absolute or from the working directory) name the file `source` and the function of `spec`:
     the code itself, so another suite writing the same reference is not let in."""
     function = spec.rpartition(":")[2]
-    for entry in filter(None, (e.strip() for e in os.environ.get(HARNESS_JUDGES_ENV, "").split(","))):
+    for entry in current().harness_judges:
         path, _, name = entry.rpartition(":")
         if name == function and path and Path(path).resolve() == source:
             return True
@@ -265,7 +268,7 @@ def _openai_judge(spec: str, rubric: str | None, samples: int, params: dict[str,
     reserved = sorted({"model", "messages", "seed", "n", "stream"} & set(params))
     if reserved:
         raise InputError(f"judge {spec!r}: params {', '.join(reserved)} are set by evalpipe")
-    settings = judge_settings.get() or AgentSettings(**env_overrides(os.environ))
+    settings = judge_settings.get() or _outside_a_run()
     client = OpenAIClient.from_env()
     client = _shared_client(client.base_url, client.api_key, settings.openai_timeout, settings.openai_max_attempts)
     identity = {

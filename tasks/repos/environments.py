@@ -51,20 +51,21 @@ from tasks.redaction import MIN_SECRET_CHARS, redact
 from tasks.repos.worktrees import RepoError, checkout, ensure_commit, mirror, source_of
 from tasks.sandbox import Limits, Mounts, SandboxError, SandboxResult, bwrap_available, run_command
 from tasks.sandbox.network import OwnNetwork, agent_network
-from tasks.trace import EnvironmentTrace, SampleTrace
+from tasks.settings import ENV, current
+from tasks.trace import EnvironmentTrace, RepoTestsTrace
 
 # Where every tree appears inside the sandbox, at build and at test time (a path under
 # the sandbox's private /tmp: bubblewrap cannot create one in the read-only root).
 TESTBED = "/tmp/testbed"
-# "pip" builds with `python -m venv` + pip even when uv is installed.
-INSTALLER_ENV = "EVALPIPE_ENV_INSTALLER"
+# "pip" builds with `python -m venv` + pip even when uv is installed (`MachineSettings.env_installer`).
+INSTALLER_ENV = ENV["env_installer"]
 BUILD_MEMORY_MB = 8192
 BUILD_FILE_SIZE_MB = 4096  # wheels of big packages are larger than the tests' cap
 # A failed build is not retried by the same process for this long (a run with many
 # samples of one environment reports the failure once per sample instead of rebuilding).
 FAILURE_MEMO_S = 300.0
 # The host settings a build may need to reach a package index (never passed to tests):
-# these names, in any case, and the ones a user lists in BUILD_PASS_ENV. Everything else of
+# these names, in any case, and the ones the machine's settings list (BUILD_PASS_ENV). Everything else of
 # the host's environment (publish tokens, cache and config locations) stays out.
 _INDEX_VARS = frozenset({
     "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_TRUSTED_HOST", "PIP_CERT",
@@ -73,7 +74,7 @@ _INDEX_VARS = frozenset({
     "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE",
     "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY",
 })
-BUILD_PASS_ENV = "EVALPIPE_BUILD_PASS_ENV"
+BUILD_PASS_ENV = ENV["build_pass_env"]
 # What an interpreter is: run in the sandbox for a named python, in-process for our own.
 _DESCRIBE = (
     "def describe():\n"
@@ -165,7 +166,7 @@ HOST = Runtime(python=sys.executable, env={})
 
 
 def runtime_for(spec: Environment | None, repo: str, base_commit: str, *, needs_pytest: bool,
-                trace: SampleTrace | None = None, home: Path | None = None) -> Runtime:
+                trace: RepoTestsTrace | None = None, home: Path | None = None) -> Runtime:
     """The runtime for a sample's tests: HOST without a spec; otherwise the environment,
     built first if it is not yet. Raises `EnvironmentFailed`."""
     if spec is None:
@@ -270,7 +271,7 @@ def _this_interpreter() -> Interpreter:
 
 
 def _uv() -> str | None:
-    if os.environ.get(INSTALLER_ENV, "uv") == "pip":
+    if current().env_installer == "pip":
         return None
     try:
         from uv import find_uv_bin
@@ -436,10 +437,11 @@ def _build_env(ident: Identity, path: Path, venv: Path) -> dict[str, str]:
 
 
 def build_pass_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The host variables a build receives: the package-index settings (`_INDEX_VARS`) and
-    those named, comma-separated, in EVALPIPE_BUILD_PASS_ENV."""
+    """The host variables a build receives (their values from `environ`, default this process's
+    environment): the package-index settings (`_INDEX_VARS`) and those the machine's settings
+    name (EVALPIPE_BUILD_PASS_ENV)."""
     environ = os.environ if environ is None else environ
-    extra = {n.strip().upper() for n in environ.get(BUILD_PASS_ENV, "").split(",") if n.strip()}
+    extra = current().build_pass_env
     return {k: v for k, v in environ.items() if k.upper() in _INDEX_VARS | extra}
 
 

@@ -79,6 +79,7 @@ from tasks.run.summary import (
 )
 from tasks.run.usage import priced
 from tasks.sandbox.policy import allowing_unsafe
+from tasks.settings import MachineSettings, current, using
 from tasks.trace import SampleTrace
 
 BATCH_BUDGET_S = 2.0
@@ -169,6 +170,14 @@ class Drew:
     count: int
 
 
+@contextmanager
+def _as_the_run(settings: AgentSettings | None, unsafe: bool, machine: MachineSettings | None) -> Iterator[None]:
+    """Inside: what a stage task carries of its run (its judges' settings, its
+    --unsafe-no-sandbox, its machine settings), wherever the task runs."""
+    with judging(settings), allowing_unsafe(unsafe), using(machine) if machine is not None else nullcontext():
+        yield
+
+
 @dataclass(frozen=True)
 class DrawTask:
     """Draw a prefix of `planned` within `budget_s`, each output appended to `log` as the
@@ -187,13 +196,14 @@ class DrawTask:
     unsafe: bool = False  # the run's --unsafe-no-sandbox (a tool that runs code; inline graders)
     prices: PriceTable | None = None  # the run's, for a cap on a sample's spending
     purse: Purse | None = None  # the run's --max-cost, spent call by call (`Meter.purse`)
+    machine: MachineSettings | None = None  # the run's machine settings, as `GradeTask`'s
 
     @property
     def label(self) -> str:
         return batch_label(self.planned)
 
     def __call__(self) -> Drew:
-        with judging(self.inline.settings if self.inline is not None else None), allowing_unsafe(self.unsafe):
+        with _as_the_run(self.inline.settings if self.inline is not None else None, self.unsafe, self.machine):
             return self._drawn()
 
     def _drawn(self) -> Drew:
@@ -247,13 +257,16 @@ class GradeTask:
     # The run's --unsafe-no-sandbox, entered where the task runs (a thread, a worker process, a
     # Dask worker): a setting of this run, not of the process, which may hold others.
     unsafe: bool = False
+    # The machine settings the run's edge read (`tasks.settings`), entered where the task runs:
+    # never those of the worker's own environment. None: those of where it runs.
+    machine: MachineSettings | None = None
 
     @property
     def label(self) -> str:
         return batch_label([d.planned for d in self.drawn])
 
     def __call__(self) -> pa.Table:
-        with judging(self.settings), allowing_unsafe(self.unsafe):
+        with _as_the_run(self.settings, self.unsafe, self.machine):
             return self._graded()
 
     def _graded(self) -> pa.Table:
@@ -398,6 +411,8 @@ class _Scheduler:
     running: dict[Any, tuple[str, list, float, OutputLog | None]] = field(default_factory=dict)
     draw_pace: _Pace = field(default_factory=_Pace)
     grade_pace: _Pace = field(default_factory=_Pace)
+    # The machine settings the run entered (`service.run.execute`), carried by each task.
+    machine: MachineSettings = field(default_factory=current)
     # A drawn output's log (by output key), and how many outputs of each log are not stored yet.
     log_of: dict[str, OutputLog] = field(default_factory=dict)
     unstored: dict[OutputLog, int] = field(default_factory=dict)
@@ -458,7 +473,7 @@ class _Scheduler:
             drawn = self._to_grade(slots)
             task = GradeTask(self.spec.run_id, batch_cases(self.cases, [d.planned for d in drawn]), drawn,
                              self.spec.regrade, BATCH_BUDGET_S, self.config.agent_settings,
-                             self.config.unsafe_no_sandbox)
+                             self.config.unsafe_no_sandbox, self.machine)
             self._start("grade", drawn, self.stages.grade(task))
         while (self.to_draw and self.meter.may_draw and self.in_flight("draw") < self._draw_limit()
                and self._backlog_ok()):
@@ -468,7 +483,7 @@ class _Scheduler:
             log = self.store.output_log(self.spec.run_id)
             task = DrawTask(self.agent, batch_cases(self.cases, planned), planned, self.spec.n,
                             self.config.output_cap, DRAW_BUDGET_S, log, self.inline, self.config.unsafe_no_sandbox,
-                            self.prices, self.meter.purse)
+                            self.prices, self.meter.purse, self.machine)
             self._start("draw", planned, self.stages.draw(task), log)
 
     def _ready(self, timeout: float | None) -> list[tuple[tuple[str, list, float, OutputLog | None], Any]]:

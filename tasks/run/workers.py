@@ -10,8 +10,9 @@ runs the plain task, never Prefect: the task run stays on a thread of the run's 
 which waits for its worker, so the UI and the loop see the same task runs as with threads.
 
 The forkserver outlives a run (one per process), so each pool hands its workers the
-environment of the run that made it (EVALPIPE_HOME, the sandbox's settings), never the one
-the server was started with. A worker that dies (killed, out of memory) breaks the pool:
+environment of the process that made it (for the programs they start: PATH, the endpoints'
+keys), never the one the server was started with. The run's settings are not taken from it:
+each task carries them (`tasks.settings.MachineSettings`, the agent's and judges' settings). A worker that dies (killed, out of memory) breaks the pool:
 the task's wait raises `BrokenProcessPool`, the run fails (exit 3) with every output it
 drew stored, and the pool's end kills every worker left, one CPython started as it broke
 included (a submit racing the breakage starts one that nothing would stop, and the pool's

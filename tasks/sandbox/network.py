@@ -51,9 +51,10 @@ from urllib.parse import urlsplit
 from tasks.errors import InputError
 from tasks.sandbox.forkserver import die_with
 from tasks.sandbox.limits import SandboxError
+from tasks.settings import ENV, current
 
 PASTA = "pasta"
-NETWORK_ENV = "EVALPIPE_AGENT_NETWORK"  # "own" (the default) or "host"
+NETWORK_ENV = ENV["agent_network"]  # "own" (the default) or "host": `MachineSettings.agent_network`
 _LOOPBACK_NAMES = ("localhost", "::1")
 _SETUP_TIMEOUT_S = 30.0
 _LIBC = ctypes.CDLL(None, use_errno=True)
@@ -85,12 +86,9 @@ def agent_network(env: Mapping[str, str]) -> OwnNetwork | bool:
     """What network a workspace agent gets: its own (reaching the loopback endpoints named
     in `env`, the user's variables passed to it: never evalpipe's own, which carry the
     case's id and paths), or True, the host's, where `EVALPIPE_AGENT_NETWORK=host`
-    asks for it. `InputError` for another value, or for its own without pasta."""
-    mode = os.environ.get(NETWORK_ENV) or "own"
-    if mode == "host":
+    asks for it (the run's machine settings). `InputError` for its own without pasta."""
+    if current().agent_network == "host":
         return True
-    if mode != "own":
-        raise InputError(f"{NETWORK_ENV}={mode!r}: expected own or host")
     if shutil.which(PASTA) is None:
         raise InputError(
             f"the workspace agent's own network needs {PASTA} (Debian/Ubuntu package passt), which is not"

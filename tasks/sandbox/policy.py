@@ -1,12 +1,13 @@
 """Whether a run may run the suite's code, and what protects it: bubblewrap when it starts
-here (probed once per process), else the rlimits fallback only where the run allowed it
+here (probed once per process) and the machine's settings do not force the fallback
+(`EVALPIPE_SANDBOX=rlimits`), else the rlimits fallback only where the run allowed it
 (`--unsafe-no-sandbox`: carried by each of the run's tasks, which enter `allowing_unsafe`, so two
-runs in one process each keep their own) or the machine does (`EVALPIPE_UNSAFE_NO_SANDBOX=1`)."""
+runs in one process each keep their own) or the machine does (`EVALPIPE_UNSAFE_NO_SANDBOX=1`).
+The machine's two are `tasks.settings.MachineSettings`, read at the edge and carried with the run."""
 
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import subprocess
 from collections.abc import Iterable, Iterator
@@ -18,15 +19,14 @@ from tasks.registry import runs_code
 from tasks.sandbox import seccomp
 from tasks.sandbox.limits import Limits, SandboxUnavailable
 from tasks.sandbox.namespace import BWRAP, bwrap_argv
+from tasks.settings import ENV, current
 
 log = logging.getLogger("tasks.sandbox")
 
-# "auto" uses bubblewrap when it works; "rlimits" forces the fallback (for tests, or
-# machines where user namespaces are forbidden and the probe would be noisy).
-MODE_ENV = "EVALPIPE_SANDBOX"
-# "1": this machine lets every run use the fallback (its policy, read, never written; a run's
-# own --unsafe-no-sandbox is `_run_allows`, set where its tasks run).
-UNSAFE_ENV = "EVALPIPE_UNSAFE_NO_SANDBOX"
+# The machine's variables (`MachineSettings.sandbox`, `.unsafe_no_sandbox`): named where a
+# child process is handed them. A run's own --unsafe-no-sandbox is `_run_allows`, set where its tasks run.
+MODE_ENV = ENV["sandbox"]
+UNSAFE_ENV = ENV["unsafe_no_sandbox"]
 _run_allows: ContextVar[bool] = ContextVar("unsafe_no_sandbox", default=False)
 # What every summary, report and artifact of such a run says about it.
 UNSAFE_NOTE = ("run with --unsafe-no-sandbox and no bubblewrap: the suite's code ran unprotected "
@@ -35,18 +35,23 @@ UNSAFE_NOTE = ("run with --unsafe-no-sandbox and no bubblewrap: the suite's code
 
 def bwrap_available() -> bool:
     """Whether bubblewrap (with our seccomp filter) starts here."""
-    return _bwrap_problem() is None
+    return _problem() is None
 
 
-@lru_cache(maxsize=1)
-def _bwrap_problem() -> str | None:
-    """Why bubblewrap cannot be used, or None; probed once per process."""
+def _problem() -> str | None:
+    """Why bubblewrap cannot be used by the run here (its machine's sandbox mode), or None."""
+    return _bwrap_problem(current().sandbox)
+
+
+@lru_cache(maxsize=2)
+def _bwrap_problem(mode: str) -> str | None:
+    """Why bubblewrap cannot be used in sandbox `mode`, or None; probed once per process."""
+    if mode == "rlimits":
+        return f"{MODE_ENV}=rlimits: not using bubblewrap"
     return _probe_bwrap()
 
 
 def _probe_bwrap() -> str | None:
-    if os.environ.get(MODE_ENV, "auto") == "rlimits":
-        return f"{MODE_ENV}=rlimits: not using bubblewrap"
     if shutil.which(BWRAP) is None:
         return "bwrap not found"
     if seccomp.installer() is None:
@@ -68,7 +73,7 @@ def _probe_bwrap() -> str | None:
 
 
 def unsafe_allowed() -> bool:
-    return _run_allows.get() or os.environ.get(UNSAFE_ENV) == "1"
+    return _run_allows.get() or current().unsafe_no_sandbox
 
 
 @contextmanager
@@ -87,14 +92,14 @@ def isolation() -> str:
     if bwrap_available():
         return "bwrap"
     if unsafe_allowed():
-        log_once("unsafe", "sandbox: %s; running code UNPROTECTED (allowed)", _bwrap_problem())
+        log_once("unsafe", "sandbox: %s; running code UNPROTECTED (allowed)", _problem())
         return "rlimits"
     raise SandboxUnavailable(_refusal())
 
 
 def _refusal() -> str:
     return (
-        f"no sandbox ({_bwrap_problem()}); untrusted code runs only under bubblewrap: "
+        f"no sandbox ({_problem()}); untrusted code runs only under bubblewrap: "
         "install it, or pass --unsafe-no-sandbox to run it unprotected"
     )
 
