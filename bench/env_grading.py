@@ -44,7 +44,7 @@ def per_sample(case, output: str, samples: int) -> tuple[list[float], list[float
         verdict = grade(output, case, trace)
         total = time.perf_counter() - start
         assert verdict.passed, verdict.detail
-        timings = trace["timings"]
+        timings = trace["repo_tests"]["timings"]
         env_step.append(timings.get("environment", 0.0))
         tests.append(timings["tests"])
         overhead.append(total - timings["tests"])

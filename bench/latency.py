@@ -1,7 +1,7 @@
 """Agent latency as stored, against an `openai:` endpoint that answers in 0.3 s: each of the
 first calls of a fresh process (the SDK imported and the client started on the first). The
 stored `latency_s` should read the endpoint's time on every call, the first included; the
-whole draw (`agent_s` in the trace) shows what the first call's start-up costs besides.
+whole draw (`output.agent_s` in the trace) shows what the first call's start-up costs besides.
 
 The peer is main before issue 31: 2.68 s for the first call's latency (the SDK's import and
 the client's start counted), 0.32 s after.

@@ -3,7 +3,7 @@
 50 samples on the calc example (the fix as search/replace blocks, the clamp trap, and the
 fix as a unified diff, in turn).
 Overhead = checkout + apply + scope + restore + disk + parse, read from each sample's
-`trace["timings"]`; test time = the sandboxed pytest run. Targets (printed, not asserted):
+`trace["repo_tests"]["timings"]`; test time = the sandboxed pytest run. Targets (printed, not asserted):
 overhead <= 150 ms per sample and <= 20% of the test time. The peer, measured in the same
 run: a fresh `git clone` of the mirror per sample plus `git apply` (what a harness without
 a worktree pool pays before its tests start).
@@ -77,8 +77,9 @@ def main() -> None:
         trace: dict = {}
         verdict = grade(outputs[i % len(outputs)], case, trace)
         statuses.append(verdict.status.value)
-        overheads.append(sum(trace["timings"].get(s, 0.0) for s in OVERHEAD_STEPS))
-        tests.append(trace["test_run"]["duration_s"])
+        graded = trace["repo_tests"]
+        overheads.append(sum(graded["timings"].get(s, 0.0) for s in OVERHEAD_STEPS))
+        tests.append(graded["test_run"]["duration_s"])
 
     mirror_path = mirror(str(tmp / "calc"))
     peer = [peer_overhead(mirror_path, sha, diff, tmp / f"peer-{i}") for i in range(args.samples)]
@@ -90,7 +91,7 @@ def main() -> None:
     )
     print(f"harness overhead per sample: median {over:.1f} ms, max {max(overheads) * ms:.1f} ms")
     for step in OVERHEAD_STEPS:
-        print(f"  {step:9s} (last sample) {trace['timings'].get(step, 0.0) * ms:6.2f} ms")
+        print(f"  {step:9s} (last sample) {graded['timings'].get(step, 0.0) * ms:6.2f} ms")
     print(f"test command per sample:     median {test:.1f} ms")
     print(
         f"overhead / test time:        {over / test:.1%}  (target <= 20%; overhead target <= 150 ms)"

@@ -116,7 +116,7 @@ def main() -> None:
         trace: dict = {}
         verdict = grade(patch, case, trace)
         assert verdict.passed, verdict.detail
-        rounds["grading"].append(sum(trace["timings"].get(step, 0.0) for step in SETUP_STEPS))
+        rounds["grading"].append(sum(trace["repo_tests"]["timings"].get(step, 0.0) for step in SETUP_STEPS))
         rounds["read"].append(timed(edit_and_read))
         rounds["clone"].append(timed(clone))
     ws_s, checkout_s, grading_s, clone_s = (statistics.median(rounds[k]) for k in ("ws", "checkout", "grading", "clone"))

@@ -1,12 +1,19 @@
 """A sample's trace: what its agent, the bounding of its output and its graders recorded,
 one typed section per writer (docs/contract.md §1.2).
 
-Stored as JSON in `samples.trace` with the keys and nesting every evalpipe wrote: a section
-is stored only when its writer set it (`to_dict` dumps what was set, nothing defaulted),
-so old stores, exports and the SQL that reads a key (`$.judge.fingerprint`) still read.
+Stored as JSON in `samples.trace`, one top-level key per writer, in the order they write:
+the agent's (`agent_run`, `trajectory`, `workspace`), the output's bounding (`output`), the
+deciding grader's (`judge`, `python_tests`, `repo_tests`, `grader_steps`), the extra graders'
+(`extra_graders`), `--regrade`'s (`regrade`) and a human label's (`human`). A section is
+stored only when its writer set it (`to_dict` dumps what was set, nothing defaulted), so
+the SQL that reads a key (`$.judge.fingerprint`) finds it where it always was.
+
 Reading is tolerant (`SampleTrace.parse`): unknown keys are kept (and stored again as they
 came), a missing key is the field's default, and a section that does not fit its model is
-left out rather than failing the report that reads the rest.
+left out rather than failing the report that reads the rest. Traces stored before the
+bounding, `repo_tests`, `--regrade` and labels had a section each kept their keys at the top
+level (`agent_s`, `timings`, `env_flaky`, `labeller`, ...): reading folds them into their
+sections (`_FLAT_KEYS`), so an older home reads as a new one does.
 
 A registered grader declaring `trace=Model` records a section of its own, stored under its
 kind and read back with `trace.section(kind, Model)` (`tasks.registry`).
@@ -112,12 +119,52 @@ class PythonTestsTrace(Section):
     stderr_truncated: bool = False
 
 
+class OutputTrace(Section):
+    """`output`: what bounding the drawn output changed (`tasks.run.sampling`) and how long
+    drawing it took."""
+
+    replaced_chars: int | None = None  # characters no encoding could store, replaced
+    redacted: int | None = None  # secrets masked
+    truncated: Truncation | None = None
+    agent_s: float | None = None  # seconds the draw took
+
+
 class EnvironmentTrace(Section):
     """The built environment a repository's tests ran in (`tasks.repos.environments`)."""
 
     name: str = ""
     python: str | None = None
     pytest: str | None = None
+
+
+class RepoTestsTrace(Section):
+    """`repo_tests`: what grading a patch by a repository's tests recorded
+    (`tasks.graders.repo_tests`), each key set as its step is reached."""
+
+    timings: dict[str, float] | None = None  # seconds per step
+    steps: list[str] | None = None  # what happened, in order
+    environment: EnvironmentTrace | None = None
+    edited_files: list[str] | None = None
+    test_run: ProcessRun | None = None
+    tests: dict[str, str] | None = None  # each graded test id's outcome
+
+
+class RegradeTrace(Section):
+    """`regrade` (`run --regrade R`): the statuses of the same output graded R times again,
+    and whether any differed from the first (an environment flake)."""
+
+    statuses: list[Status] = []
+    env_flaky: bool = False
+
+
+class HumanLabel(Section):
+    """`human`: a label brought in by `labels import` (`tasks.metrics.labels`): who gave it,
+    on which run's sample, the label and the labeller's note (stored even when null)."""
+
+    labeller: str = ""
+    source_run: str = ""
+    label: Literal["pass", "fail"] | None = None
+    note: str | None = None
 
 
 class NumericCheck(Section):
@@ -166,6 +213,50 @@ class ExtraGrader(Section):
 # The sections the agent writes (what it did), which every grader of the sample sees.
 AGENT_SECTIONS = ("agent_run", "trajectory", "workspace")
 
+# Keys stored at the top level before their writer had a section: where each one now goes.
+_FLAT_KEYS = {
+    "output_replaced_chars": ("output", "replaced_chars"),
+    "output_redacted": ("output", "redacted"),
+    "output_truncated": ("output", "truncated"),
+    "agent_s": ("output", "agent_s"),
+    "timings": ("repo_tests", "timings"),
+    "steps": ("repo_tests", "steps"),
+    "environment": ("repo_tests", "environment"),
+    "edited_files": ("repo_tests", "edited_files"),
+    "test_run": ("repo_tests", "test_run"),
+    "tests": ("repo_tests", "tests"),
+    "regrade": ("regrade", "statuses"),
+    "env_flaky": ("regrade", "env_flaky"),
+    "labeller": ("human", "labeller"),
+    "source_run": ("human", "source_run"),
+    "label": ("human", "label"),
+    "note": ("human", "note"),
+}
+# Repo_tests' keys are folded only beside `timings` (its clock starts before any other is
+# written), a label's beside `labeller`: an undeclared grader's own `steps` or `note` stays.
+_FOLDED_WITH = {"repo_tests": "timings", "human": "labeller"}
+
+
+def _stored_flat(data: Mapping[str, Any], key: str, section: str) -> bool:
+    if key == "regrade":
+        return isinstance(data[key], list)  # the section is a mapping
+    mark = _FOLDED_WITH.get(section)
+    return mark is None or mark in data
+
+
+def _folded(data: Mapping[str, Any]) -> Mapping[str, Any]:
+    """`data` with the keys an older evalpipe stored flat (`_FLAT_KEYS`) in their sections;
+    `data` itself when it has none (every trace written since)."""
+    flat = [k for k, (section, _) in _FLAT_KEYS.items() if k in data and _stored_flat(data, k, section)]
+    if not flat:
+        return data
+    rest = {k: v for k, v in data.items() if k not in flat}
+    for key in flat:
+        section, name = _FLAT_KEYS[key]
+        held = rest.get(section)
+        rest[section] = {**(held if isinstance(held, Mapping) else {}), name: data[key]}
+    return rest
+
 
 class SampleTrace(Section):
     """Every section, in the order their writers write them (the stored key order).
@@ -176,30 +267,21 @@ class SampleTrace(Section):
     trajectory: Trajectory | None = None
     workspace: WorkspaceChange | None = None
     # What bounding the output changed (tasks.run.sampling).
-    output_replaced_chars: int | None = None
-    output_redacted: int | None = None
-    output_truncated: Truncation | None = None
-    agent_s: float | None = None  # seconds the draw took
+    output: OutputTrace | None = None
     # The deciding grader's sections.
     judge: JudgeTrace | None = None
     python_tests: PythonTestsTrace | None = None
-    timings: dict[str, float] | None = None  # repo_tests: seconds per step
-    steps: list[str] | None = None  # repo_tests: what happened, in order
-    environment: EnvironmentTrace | None = None
-    edited_files: list[str] | None = None
-    test_run: ProcessRun | None = None
-    tests: dict[str, str] | None = None  # repo_tests: each graded test id's outcome
+    repo_tests: RepoTestsTrace | None = None
     grader_steps: list[GraderStep] | None = None
     extra_graders: list[ExtraGrader] | None = None
-    # `--regrade`: the statuses of the same output graded again, and whether any differed.
-    regrade: list[Status] | None = None
-    env_flaky: bool | None = None
-    # A human label (`labels import`, tasks.metrics.labels): who gave it, on which run's
-    # sample, the label and the labeller's note (stored even when null).
-    labeller: str | None = None
-    source_run: str | None = None
-    label: Literal["pass", "fail"] | None = None
-    note: str | None = None
+    # After grading: `--regrade`'s (tasks.run.sampling); a label's (`labels import`).
+    regrade: RegradeTrace | None = None
+    human: HumanLabel | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fold_flat_keys(cls, data: Any) -> Any:
+        return _folded(data) if isinstance(data, Mapping) else data
 
     @classmethod
     def parse(cls, stored: str | Mapping[str, Any] | None) -> SampleTrace:
@@ -208,6 +290,7 @@ class SampleTrace(Section):
         data = json.loads(stored) if isinstance(stored, str) else stored
         if not isinstance(data, Mapping):
             return cls()
+        data = _folded(data)  # so that what does not fit is named as it is stored now
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
@@ -227,14 +310,18 @@ class SampleTrace(Section):
     def record(self, kind: str, own: BaseModel | Mapping[str, Any]) -> None:
         """What a registered grader recorded (`tasks.registry`): a declared section under
         its kind unless it is still the model's default; an undeclared grader's mapping
-        key by key at the top level (a known section's key is checked against its model)."""
+        key by key at the top level (a known section's key, or one that was stored flat
+        before it, is checked against its model)."""
         if isinstance(own, BaseModel):
             if own != type(own)():
                 setattr(self, kind, own.model_dump())
             return
         for key, value in own.items():
-            if key in type(self).model_fields:
-                value = getattr(type(self).model_validate({key: value}), key)
+            if key in type(self).model_fields or key in _FLAT_KEYS:
+                # Raises (the grader's error) where it does not fit the section that holds
+                # it, or would hold it once read back (a key stored flat before sections).
+                checked = type(self).model_validate({key: value})
+                value = getattr(checked, key) if key in type(self).model_fields else value
             setattr(self, key, value)
 
     def agent_part(self) -> SampleTrace:

@@ -670,7 +670,7 @@ def test_a_lone_surrogate_from_any_agent_is_stored_and_the_run_goes_on(
                 " ORDER BY case_id", [summary["run_id"]]
             ).fetchall()
         assert all("\ufffd" in output for _, output, _, _ in rows), (spec, rows)
-        assert all(json.loads(trace)["output_replaced_chars"] == 1 for *_, trace in rows)
+        assert all(json.loads(trace)["output"]["replaced_chars"] == 1 for *_, trace in rows)
         judged = json.loads(rows[1][3])["judge"]["draws"][0]["rationale"]
         assert judged == "fine \ufffd by me" and "fine \ufffd by me" in rows[1][2]
 
@@ -689,18 +689,18 @@ def test_bounded_output_is_always_storable_and_keeps_what_it_can(text: str, cap:
     try:
         data = text.encode()
     except UnicodeEncodeError:
-        assert notes.output_replaced_chars >= 1
+        assert notes.output.replaced_chars >= 1
     else:
-        assert notes.output_replaced_chars is None
+        assert notes.output is None or notes.output.replaced_chars is None
         if len(data) <= cap:
             assert output == text and not notes.to_dict()
         else:
-            assert data.startswith(kept.encode()) and notes.output_truncated.bytes == len(data)
+            assert data.startswith(kept.encode()) and notes.output.truncated.bytes == len(data)
 
 
 def test_a_valid_surrogate_pair_becomes_its_character(hostile: Path) -> None:
     sample = draw(load_agent("python:hostile.py:pair"))
-    assert sample.output == "😀" and sample.trace.output_replaced_chars is None
+    assert sample.output == "😀" and sample.trace.output.replaced_chars is None
 
 
 @pytest.mark.parametrize(("func", "kind"), [("as_bytes", "bytes"), ("nothing", "NoneType")])
@@ -854,12 +854,12 @@ def test_outputs_over_the_cap_are_truncated_with_a_marker(
         assert sample.output.endswith(truncation_marker(1001)), spec
         kept = sample.output.removesuffix(truncation_marker(1001))
         assert len(kept.encode()) in (1000, 1001) and len(set(kept)) == 1  # no half "é"
-        assert sample.trace.output_truncated.cap_bytes == 1001
-        assert sample.trace.output_truncated.bytes > 1001
+        assert sample.trace.output.truncated.cap_bytes == 1001
+        assert sample.trace.output.truncated.bytes > 1001
         assert sample.verdict.status is Status.failed  # graded, as truncated
         stored = PlannedSample("c1", 0, 7, "key", case().case_hash, output=sample.output)
         regraded = draw_sample(None, case(), stored, 1, cap=1001)  # `--regrade`
-        assert regraded.output == sample.output and regraded.trace.output_truncated is None
+        assert regraded.output == sample.output and regraded.trace.output.truncated is None
     monkeypatch.setenv("EVALPIPE_MAX_OUTPUT_BYTES", "4MB")
     with pytest.raises(InputError, match="EVALPIPE_MAX_OUTPUT_BYTES='4MB' is not a whole"):
         RunConfig.build("run", suite="s.yaml", agent="python:hostile.py:huge")

@@ -158,8 +158,8 @@ def test_gold_resolves_empty_and_breaking_patches_fail(repo, env_home: Path) -> 
     trace = SampleTrace()
     verdict = grade(GOLD, case, trace)
     assert verdict.status is Status.passed, verdict.detail
-    name = trace.environment.name
-    assert SampleTrace.parse(trace.to_json()).environment == trace.environment  # stored, parsed back
+    name = trace.repo_tests.environment.name
+    assert SampleTrace.parse(trace.to_json()).repo_tests.environment == trace.repo_tests.environment  # parsed back
     built = json.loads((env_home / "envs" / name / "env.json").read_text())
     assert built["pytest"] == importlib.metadata.version("pytest")
 
@@ -175,7 +175,7 @@ def test_gold_resolves_empty_and_breaking_patches_fail(repo, env_home: Path) -> 
     trace = SampleTrace()
     assert grade(GOLD, case, trace).passed
     assert json.loads((env_home / "envs" / name / "env.json").read_text())["built_at"] == built["built_at"]
-    assert trace.timings["environment"] < 1.0
+    assert trace.repo_tests.timings["environment"] < 1.0
 
 
 @pytest.mark.slow
@@ -200,7 +200,7 @@ def test_pip_fallback_without_uv(repo, tmp_path: Path, monkeypatch: pytest.Monke
     trace = SampleTrace()
     verdict = grade(GOLD, make_case(repo), trace)
     assert verdict.status is Status.passed, verdict.detail
-    meta = json.loads((tmp_path / "home/envs" / trace.environment.name / "env.json").read_text())
+    meta = json.loads((tmp_path / "home/envs" / trace.repo_tests.environment.name / "env.json").read_text())
     assert meta["installer"] == "pip"
 
 
@@ -357,6 +357,6 @@ def test_the_worked_example_with_its_pinned_pytest_from_pypi(tmp_path: Path, mon
     assert case.grader["base_commit"] == sha  # instances.jsonl pins the commit the script builds
     trace = SampleTrace()
     assert grade(case.reference, case, trace).status is Status.passed
-    assert trace.environment.pytest == "7.4.4" != importlib.metadata.version("pytest")
+    assert trace.repo_tests.environment.pytest == "7.4.4" != importlib.metadata.version("pytest")
     assert grade_base(case).status is Status.failed
 

@@ -274,10 +274,9 @@ def test_regrade_counts_environment_flakes_apart_from_the_agent(prefect_harness,
     assert again["env_flaky_samples"] == 8
     traces = dict(query(home, "SELECT case_id || '#' || sample_index, trace FROM samples WHERE run_id = ?",
                         out["run_id"]))
-    assert json.loads(traces["stable0#0"])["regrade"] == ["passed", "passed"]
-    assert json.loads(traces["stable0#0"])["env_flaky"] is False
-    unstable = json.loads(traces["unstable0#1"])
-    assert unstable["env_flaky"] is True and len(unstable["regrade"]) == 2
+    assert json.loads(traces["stable0#0"])["regrade"] == {"statuses": ["passed", "passed"], "env_flaky": False}
+    unstable = json.loads(traces["unstable0#1"])["regrade"]
+    assert unstable["env_flaky"] is True and len(unstable["statuses"]) == 2
     html = write_report(out["run_id"], tmp_path / "report.html", Store(home)).read_text()
     assert "environment flakes" in html
 

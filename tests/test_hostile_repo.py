@@ -86,7 +86,7 @@ def case_for(repo: tuple[Path, str], **grader: object) -> EvalCase:
 def _grade_into(queue, output: str, case: EvalCase) -> None:
     trace = SampleTrace()
     verdict = grade_repo_tests(output, case, case.params, trace=trace)
-    queue.put((verdict.status.value, verdict.detail, trace.steps or []))
+    queue.put((verdict.status.value, verdict.detail, (trace.repo_tests and trace.repo_tests.steps) or []))
 
 
 def bounded(target, args: tuple, timeout: float, what: str):

@@ -126,11 +126,13 @@ def test_labels_round_trip(run, tmp_path, suffix):
         )
         assert s["cache_key"] != src["cache_key"]
         trace = json.loads(s["trace"])
-        assert trace["labeller"] == "ada" and trace["source_run"] == run["run_id"]
-        assert s["passed"] == (trace["label"] == "pass") and "human label by ada" in s["detail"]
-        # Stored as before the trace was typed: these four keys, in this order, a null note kept.
-        assert list(trace) == ["labeller", "source_run", "label", "note"]
-        assert SampleTrace.parse(s["trace"]).label == trace["label"]
+        assert list(trace) == ["human"]  # the label's own section, and nothing else
+        label = trace["human"]
+        assert label["labeller"] == "ada" and label["source_run"] == run["run_id"]
+        assert s["passed"] == (label["label"] == "pass") and "human label by ada" in s["detail"]
+        # These four keys, in this order, a null note kept.
+        assert list(label) == ["labeller", "source_run", "label", "note"]
+        assert SampleTrace.parse(s["trace"]).human.label == label["label"]
     stored = Store.default().get_run(summary["run_id"])
     assert stored["status"] == "completed" and stored["config"]["derived_from"] == run["run_id"]
     assert stored["config"]["labeller"] == "ada"

@@ -36,7 +36,7 @@ def with_grader(case: EvalCase, **changes: object) -> EvalCase:
     return case.model_copy(update={"grader": grader})
 
 
-def grade(output: str, case: EvalCase) -> tuple[Verdict, dict]:
+def grade(output: str, case: EvalCase) -> tuple[Verdict, SampleTrace]:
     trace = SampleTrace()
     return grade_repo_tests(output, case, case.params, trace=trace), trace
 
@@ -83,19 +83,20 @@ def test_the_reference_fix_resolves(calc: EvalCase, home: Path) -> None:
     verdict, trace = grade(calc.reference, calc)
     assert verdict.status is Status.passed and verdict.passed and not verdict.safety
     assert verdict.detail == "1 FAIL_TO_PASS and 2 PASS_TO_PASS tests passed"
-    assert set(trace.tests.values()) == {"passed"} and len(trace.tests) == 3
-    assert trace.edited_files == ["calc.py"]
-    assert {"checkout", "apply", "scope", "restore", "tests", "parse"} <= set(trace.timings)
-    # Stored and parsed back: the same sections, under the keys repo_tests always wrote.
-    assert SampleTrace.parse(trace.to_json()) == trace and trace.test_run.returncode == 0
-    assert list(trace.to_dict()) == ["timings", "steps", "edited_files", "test_run", "tests"]
+    assert set(trace.repo_tests.tests.values()) == {"passed"} and len(trace.repo_tests.tests) == 3
+    assert trace.repo_tests.edited_files == ["calc.py"]
+    assert {"checkout", "apply", "scope", "restore", "tests", "parse"} <= set(trace.repo_tests.timings)
+    # Stored and parsed back: one section, its keys in the order they are written.
+    assert SampleTrace.parse(trace.to_json()) == trace and trace.repo_tests.test_run.returncode == 0
+    assert list(trace.to_dict()) == ["repo_tests"]
+    assert list(trace.to_dict()["repo_tests"]) == ["timings", "steps", "edited_files", "test_run", "tests"]
 
 
 def test_the_clamp_trap_greens_f2p_but_breaks_p2p(calc: EvalCase, home: Path) -> None:
     verdict, trace = grade(CLAMP, calc)
     assert verdict.status is Status.failed
     assert verdict.detail == "PASS_TO_PASS failed: test_calc.py::test_positive (failed)"
-    assert trace.tests["test_calc.py::test_negative"] == "passed"
+    assert trace.repo_tests.tests["test_calc.py::test_negative"] == "passed"
 
 
 def test_a_search_block_that_does_not_match_is_not_applied(calc: EvalCase, home: Path) -> None:
@@ -204,7 +205,7 @@ def test_a_conftest_that_forces_passes_is_removed(
     exploit = block("conftest.py", "", FORCE_PASS) + block("tests/conftest.py", "", FORCE_PASS)
     verdict, trace = grade(exploit + CLAMP, unscoped)
     assert verdict.status is Status.failed and "test_positive (failed)" in verdict.detail
-    assert "restored from base: conftest.py, tests/conftest.py" in trace.steps
+    assert "restored from base: conftest.py, tests/conftest.py" in trace.repo_tests.steps
     # With allowed_files in force, the same patch never gets that far.
     assert (
         grade(exploit, with_grader(unscoped, allowed_files=["calc.py"]))[0].status
@@ -218,7 +219,7 @@ def test_a_runner_config_that_loads_a_plugin_is_undone(unscoped: EvalCase, home:
     exploit += block("force_pass.py", "", FORCE_PASS)
     verdict, trace = grade(exploit + CLAMP, unscoped)
     assert verdict.status is Status.failed and "test_positive (failed)" in verdict.detail
-    assert "restored from base: pytest.ini" in trace.steps
+    assert "restored from base: pytest.ini" in trace.repo_tests.steps
 
 
 def test_editing_the_f2p_test_to_pass_is_undone(unscoped: EvalCase, home: Path) -> None:
@@ -226,7 +227,7 @@ def test_editing_the_f2p_test_to_pass_is_undone(unscoped: EvalCase, home: Path) 
     verdict, trace = grade(cheat, unscoped)
     assert verdict.status is Status.failed
     assert verdict.detail == "FAIL_TO_PASS failed: test_calc.py::test_negative (failed)"
-    assert "restored from base: test_calc.py" in trace.steps
+    assert "restored from base: test_calc.py" in trace.repo_tests.steps
 
 
 def test_deleting_the_test_file_is_undone(unscoped: EvalCase, calc_repo, home: Path) -> None:
@@ -235,7 +236,7 @@ def test_deleting_the_test_file_is_undone(unscoped: EvalCase, calc_repo, home: P
     assert "deleted file mode" in delete
     verdict, trace = grade(delete + CLAMP, unscoped)
     assert verdict.status is Status.failed and "test_positive (failed)" in verdict.detail
-    assert trace.tests["test_calc.py::test_negative"] == "passed"  # the tests did run
+    assert trace.repo_tests.tests["test_calc.py::test_negative"] == "passed"  # the tests did run
 
 
 @pytest.mark.parametrize(
@@ -344,7 +345,7 @@ def test_swebench_round_trip(tmp_path: Path, home: Path) -> None:
     case = load_suite(out).case("acme__mini-1")
     verdict, trace = grade(case.reference, case)
     assert verdict.status is Status.passed, verdict.detail
-    assert trace.tests == dict.fromkeys(f2p + p2p, "passed")
+    assert trace.repo_tests.tests == dict.fromkeys(f2p + p2p, "passed")
     assert grade("", case)[0].status is Status.empty
     verdict, _ = grade(wrong, case)
     assert verdict.status is Status.failed

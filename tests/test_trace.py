@@ -16,7 +16,7 @@ from evalpipe import evaluate
 from flows.cli import main
 from tasks import registry
 from tasks.models import EvalCase, Status, Verdict
-from tasks.trace import JudgeDraw, SampleTrace
+from tasks.trace import JudgeDraw, RegradeTrace, SampleTrace
 
 LONG = "x" * 3000
 PROGRAM = "    return x + 1\n"
@@ -52,13 +52,13 @@ def test_each_section_round_trips_from_its_writer_through_the_store(home):
     assert {c: t.to_json() for c, t in parsed.items()} == traces
 
     for trace in parsed.values():  # the sampler's sections, on every sample
-        assert trace.agent_s > 0 and trace.regrade == [Status.passed] and trace.env_flaky is False
+        assert trace.output.agent_s > 0 and trace.regrade == RegradeTrace(statuses=[Status.passed], env_flaky=False)
 
     numeric = parsed["numeric"].grader_steps
     assert [(s.numeric.parsed, s.numeric.reference) for s in numeric] == [(5.0, 5.0)]
 
     judged = parsed["judged"]
-    assert judged.output_replaced_chars == 1
+    assert judged.output.replaced_chars == 1
     assert judged.judge.spec == ref("says_yes") and len(judged.judge.fingerprint) == 64
     assert judged.judge.passes == 3 and judged.judge.agreement == 1.0 and judged.judge.errors == 0
     assert all(isinstance(d, JudgeDraw) and d.passed and d.rationale == "r" for d in judged.judge.draws)
@@ -67,17 +67,18 @@ def test_each_section_round_trips_from_its_writer_through_the_store(home):
     assert (contains.kind, contains.verdict.status, contains.trace) == ("contains", Status.passed, None)
     assert coin.kind == "judge" and coin.trace.judge.spec == ref("coin") and len(coin.trace.judge.draws) == 2
     assert coin.verdict.passed == (coin.trace.judge.passes == 2)
-    # The stored shape every evalpipe wrote: the same keys in the same order, the extra
-    # graders' verdicts flat beside their kind.
+    # The stored shape: one key per writer, in the order they write; the extra graders'
+    # verdicts flat beside their kind.
     raw = json.loads(traces["judged"])
-    assert list(raw) == ["output_replaced_chars", "agent_s", "judge", "extra_graders", "regrade", "env_flaky"]
+    assert list(raw) == ["output", "judge", "extra_graders", "regrade"]
+    assert list(raw["output"]) == ["replaced_chars", "agent_s"] and list(raw["regrade"]) == ["statuses", "env_flaky"]
     assert list(raw["judge"]) == ["spec", "fingerprint", "seeds", "draws", "passes", "errors", "agreement"]
     assert list(raw["extra_graders"][0]) == ["kind", "passed", "score", "status", "detail", "safety"]
     # A second unnamed grader of the deciding one's kind is labelled apart (`judge#2`).
     assert list(raw["extra_graders"][1]) == ["kind", "name", "passed", "score", "status", "detail", "safety", "trace"]
     assert raw["extra_graders"][1]["name"] == coin.label == "judge#2"
 
-    assert parsed["long"].output_truncated.cap_bytes == 2000 and parsed["long"].output_truncated.bytes == 3000
+    assert parsed["long"].output.truncated.cap_bytes == 2000 and parsed["long"].output.truncated.bytes == 3000
 
     program = parsed["program"].python_tests
     assert program.completed and program.returncode == 0 and program.isolation in ("bwrap", "rlimits")
@@ -89,8 +90,9 @@ def test_each_section_round_trips_from_its_writer_through_the_store(home):
     assert fingerprint == judged.judge.fingerprint
 
 
-# A trace as an older evalpipe stored it: a coding agent's run and trajectory, the keys of a
-# human label (which no section models) and a judge that was an extra grader.
+# A trace as an older evalpipe stored it: a coding agent's run and trajectory, the draw's
+# time and the labeller stored flat (before they had a section each), a judge that was an
+# extra grader, and a key no section models.
 OLD_TRACE = {
     "agent_run": {"returncode": 0, "duration_s": 1.5, "isolation": "bwrap", "stdout_tail": "done\n",
                   "stderr_tail": ""},
@@ -102,6 +104,7 @@ OLD_TRACE = {
     "extra_graders": [{"kind": "judge", "passed": False, "score": 0.0, "status": "failed", "detail": "no",
                        "safety": [], "trace": {"judge": {"spec": "s", "fingerprint": "f"}}}],
     "labeller": "ada",
+    "kept": {"by": "a newer evalpipe"},
 }
 
 
@@ -127,13 +130,15 @@ def test_an_old_shape_trace_in_the_store_still_renders(home, capsys, tmp_path):
     assert "no fix found" in out.read_text()  # the trajectory beside the regressed output
 
     parsed = SampleTrace.parse(old)
-    assert parsed.to_json() == old and parsed.labeller == "ada"  # an unknown key is kept
+    assert parsed.output.agent_s == 1.6 and parsed.human.labeller == "ada"  # flat keys, in their sections
+    assert list(parsed.to_dict()) == ["agent_run", "trajectory", "workspace", "output", "extra_graders", "human",
+                                      "kept"]  # stored again in the writers' order, an unknown key kept
     assert parsed.extra_graders[0].trace.judge.draws == []  # a key it lacks is the default
 
 
 def test_a_section_that_does_not_fit_is_left_out_and_the_rest_read():
     parsed = SampleTrace.parse('{"trajectory": "garbled", "agent_s": 2.0, "env_flaky": true}')
-    assert parsed.trajectory is None and parsed.agent_s == 2.0 and parsed.env_flaky is True
+    assert parsed.trajectory is None and parsed.output.agent_s == 2.0 and parsed.regrade.env_flaky is True
     assert SampleTrace.parse(None) == SampleTrace.parse("[]") == SampleTrace()
 
 
@@ -190,12 +195,14 @@ def test_a_trace_model_the_registry_cannot_store_is_refused_at_registration(monk
     with pytest.raises(ValueError, match="needs a default for every field"):
         registry.grader("needs", params=WordsParams, trace=Required)(takes)
     with pytest.raises(ValueError, match="names a built-in trace section"):
+        registry.grader("trajectory", params=WordsParams, trace=WordsTrace)(takes)
+    with pytest.raises(ValueError, match="already registered"):
         registry.grader("steps", params=WordsParams, trace=WordsTrace)(takes)
     with pytest.raises(ValueError, match="must be a pydantic model class"):
         registry.grader("plain", params=WordsParams, trace=dict)(takes)
     with pytest.raises(ValueError, match="takes no `trace` parameter"):
         registry.grader("deaf", params=WordsParams, trace=WordsTrace)(lambda output, case, params: None)
-    assert not {"needs", "plain", "deaf"} & registry.grader_kinds()
+    assert not {"needs", "trajectory", "plain", "deaf"} & registry.grader_kinds()
     assert registry.grader_spec("steps").fn.__module__ == "tasks.graders.trajectory"  # the built-in kind, kept
 
 
@@ -214,8 +221,8 @@ def test_an_undeclared_graders_dict_lands_at_the_top_level_checked_where_it_name
     assert grade('{"words": 4, "steps": ["counted"]}', case, trace).passed
     assert trace.steps == ["counted"] and trace.to_dict() == {"words": 4, "steps": ["counted"]}
     # A key that names a section must fit it: what does not is the grader's error, not a bad row.
-    verdict = grade('{"env_flaky": "sometimes"}', case, trace := SampleTrace())
-    assert verdict.status is Status.error and "env_flaky" in verdict.detail and trace.env_flaky is None
+    verdict = grade('{"env_flaky": "sometimes"}', case, trace := SampleTrace())  # stored flat before `regrade`
+    assert verdict.status is Status.error and "env_flaky" in verdict.detail and trace.to_dict() == {}
 
 
 def test_grade_given_a_plain_dict_fills_it_as_the_trace_is_stored():

@@ -205,8 +205,8 @@ echo 'not json' >> "$EVALPIPE_TRAJECTORY"
         "steps": 2, "entries": [{"tool": "bash", "input": "sed"}, {"text": "not json"}]}
     # Stored and parsed back: the agent's sections, then the sampler's and the grader's.
     assert SampleTrace.parse(sample.trace.to_json()) == sample.trace
-    assert list(sample.trace.to_dict()) == ["agent_run", "trajectory", "workspace", "agent_s", "timings", "steps",
-                                            "edited_files", "test_run", "tests"]
+    assert list(sample.trace.to_dict()) == ["agent_run", "trajectory", "workspace", "output", "repo_tests"]
+    assert list(sample.trace.to_dict()["repo_tests"]) == ["timings", "steps", "edited_files", "test_run", "tests"]
 
 
 def test_the_database_other_workspaces_and_the_host_are_out_of_reach(home, calc_repo, tmp_path, bwrap,

@@ -11,9 +11,9 @@ The verdict follows docs/contract.md §4 step by step, and each step fails close
    the tree, JUnit read: `passed` only if every FAIL_TO_PASS and PASS_TO_PASS test
    passed; a missing, skipped or errored test, or no JUnit report at all, is a failure.
 
-The trace (`tasks.trace.SampleTrace`) gets `steps` (what happened), `timings` (seconds per
-step), `edited_files`, `environment`, `test_run` and `tests` (the outcome of every graded
-test id).
+The trace gets a `repo_tests` section (`tasks.trace.RepoTestsTrace`): `timings` (seconds per
+step), `steps` (what happened), `environment`, `edited_files`, `test_run` and `tests` (the
+outcome of every graded test id).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from tasks.repos.worktrees import (
     scan_tree,
 )
 from tasks.sandbox import Limits, SandboxError
-from tasks.trace import ProcessRun, SampleTrace
+from tasks.trace import ProcessRun, RepoTestsTrace, SampleTrace
 
 DEFAULT_TEST_FILES = ("tests/**", "test_*.py", "*_test.py", "conftest.py")
 # What decides how pytest starts (options, plugins, code run before any test), at any
@@ -157,7 +157,7 @@ def is_runner_file(path: str) -> bool:
 class _Clock:
     """Seconds per step, into `trace.timings`."""
 
-    def __init__(self, trace: SampleTrace) -> None:
+    def __init__(self, trace: RepoTestsTrace) -> None:
         if trace.timings is None:
             trace.timings = {}
         self.timings = trace.timings
@@ -171,7 +171,14 @@ class _Clock:
             self.timings[step] = self.timings.get(step, 0.0) + time.perf_counter() - start
 
 
-def _steps(trace: SampleTrace) -> list[str]:
+def _section(trace: SampleTrace) -> RepoTestsTrace:
+    """The sample's `repo_tests` section, begun if it is not yet."""
+    if trace.repo_tests is None:
+        trace.repo_tests = RepoTestsTrace()
+    return trace.repo_tests
+
+
+def _steps(trace: RepoTestsTrace) -> list[str]:
     """`trace.steps`, begun if it is not yet."""
     if trace.steps is None:
         trace.steps = []
@@ -184,7 +191,7 @@ def report_of(case: EvalCase, patch: str | None) -> tuple[Verdict, Report | None
     `grade_base`), `test_patch` after. Returns the verdict and the whole JUnit report (every
     test of those files, not only the graded ids); None when no report was read (the patch
     did not apply, the environment or setup failed, the run timed out or crashed)."""
-    trace, reports = SampleTrace(), []
+    trace, reports = RepoTestsTrace(), []
     params = parse_params(case)
     clock = _Clock(trace)
     try:
@@ -201,11 +208,11 @@ def report_of(case: EvalCase, patch: str | None) -> tuple[Verdict, Report | None
 def grade_base(case: EvalCase, trace: SampleTrace | None = None) -> Verdict:
     """The tests at the base commit with no candidate edit. `suite validate` expects this
     to fail: a FAIL_TO_PASS test that already passes makes the case vacuous."""
-    trace = SampleTrace() if trace is None else trace
+    own = _section(SampleTrace() if trace is None else trace)
     params = parse_params(case)
-    clock = _Clock(trace)
+    clock = _Clock(own)
     with checkout(params.repo, params.base_commit) as tree:
-        return _test_tree(tree, params, {}, trace, clock)
+        return _test_tree(tree, params, {}, own, clock)
 
 
 @grader("repo_tests", params=RepoTestsParams, runs_code=True, baseline=grade_base, trace=SampleTrace)
@@ -217,19 +224,20 @@ def grade_repo_tests(output: str, case: EvalCase, typed: RepoTestsParams, *, tra
         params = parse_params(case)
     except InputError as exc:
         return Verdict.fail(Status.error, str(exc))
-    clock = _Clock(trace)
+    own = _section(trace)
+    clock = _Clock(own)
     try:
         with ExitStack() as held:
             with clock("checkout"):
                 tree = held.enter_context(checkout(params.repo, params.base_commit))
-            _steps(trace).append(f"checked out {params.base_commit[:12]}")
-            return _grade_tree(tree, output, params, case, trace, clock)
+            _steps(own).append(f"checked out {params.base_commit[:12]}")
+            return _grade_tree(tree, output, params, case, own, clock)
     except RepoError as exc:
         return Verdict.fail(Status.error, f"checkout failed: {exc}")
 
 
 def _grade_tree(
-    tree: Path, output: str, params: Params, case: EvalCase, trace: SampleTrace, clock: _Clock,
+    tree: Path, output: str, params: Params, case: EvalCase, trace: RepoTestsTrace, clock: _Clock,
     reports: list[Report] | None = None,
 ) -> Verdict:
     steps = _steps(trace)
@@ -260,7 +268,7 @@ def _grade_tree(
     return _test_tree(tree, params, changed, trace, clock, reports)
 
 
-def _test_tree(tree: Path, params: Params, changed: dict, trace: SampleTrace, clock: _Clock,
+def _test_tree(tree: Path, params: Params, changed: dict, trace: RepoTestsTrace, clock: _Clock,
                reports: list[Report] | None = None) -> Verdict:
     """Restore test files, apply test_patch, run setup and the tests: the part of grading
     after the candidate's edits are on disk. The parsed report goes to `reports` too."""
@@ -342,7 +350,7 @@ def _test_argv(params: Params, junit: str, python: str) -> list[str]:
 
 
 def _run_tests(
-    tree: Path, params: Params, limits: Limits, trace: SampleTrace, clock: _Clock, runtime: Runtime,
+    tree: Path, params: Params, limits: Limits, trace: RepoTestsTrace, clock: _Clock, runtime: Runtime,
     reports: list[Report] | None = None,
 ) -> Verdict:
     # The report goes to a directory made just now under a random name (no file from the

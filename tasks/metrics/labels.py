@@ -6,8 +6,8 @@ Import reads the filled file back. A label is pass/fail (1/0, yes/no, true/false
 blank label means "not labelled" and is skipped. Each labelled row becomes a sample of a
 *derived run*: the same case, index, seed and output as the source sample, the verdict
 from the label, the source sample's safety violations kept (a label never clears
-safety), and the trace's label fields (`SampleTrace`: labeller, source_run, label,
-note). The derived run is stored and aggregated like any other run, so the gate and the
+safety), and the trace's `human` section (`tasks.trace.HumanLabel`: labeller, source_run,
+label, note). The derived run is stored and aggregated like any other run, so the gate and the
 report read it unchanged.
 
 A malformed file is refused as a whole with an `InputError` naming the file and line:
@@ -32,7 +32,7 @@ from tasks.graders.judge import render
 from tasks.models import EvalCase, InputError, canonical_json, sha256_hex
 from tasks.suites.cells import cell_text, inert_cell
 from tasks.suites.jsonl import object_lines
-from tasks.trace import SampleTrace
+from tasks.trace import HumanLabel, SampleTrace
 
 COLUMNS = ("case_id", "sample_index", "prompt", "output", "label", "note")
 FORMATS = (".csv", ".jsonl")
@@ -201,8 +201,8 @@ def labelled_samples(
         if row.label is None:
             continue
         verdict = label_verdict(row.label, labeller, row.note).with_safety(sample["safety"] or [])
-        trace = SampleTrace(labeller=labeller, source_run=source_run, label="pass" if row.label else "fail",
-                            note=row.note)
+        trace = SampleTrace(human=HumanLabel(labeller=labeller, source_run=source_run,
+                                             label="pass" if row.label else "fail", note=row.note))
         out.append(
             {
                 **sample,

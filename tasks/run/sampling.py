@@ -41,7 +41,7 @@ from tasks.models import (
 )
 from tasks.redaction import MASK, redact, secret_values
 from tasks.run.stored import StoredOutput, output_text
-from tasks.trace import SampleTrace, Truncation
+from tasks.trace import OutputTrace, RegradeTrace, SampleTrace, Truncation
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -138,17 +138,20 @@ def bounded_output(output: Any, cap: int, trace: SampleTrace, secrets: Sequence[
     missing `return` would grade as "None"). `secrets`: see `storable`."""
     if not isinstance(output, str):
         raise AgentError(f"returned {type(output).__name__}, expected str")
+    bounding = OutputTrace()
     text, replaced = encodable(output)
     if replaced:
-        trace.output_replaced_chars = replaced
+        bounding.replaced_chars = replaced
     masked = redact(text, secrets=secrets)
     if masked != text:
-        trace.output_redacted = masked.count(MASK) - text.count(MASK)
+        bounding.redacted = masked.count(MASK) - text.count(MASK)
     data = masked.encode("utf-8")
     if len(data) > cap:
-        trace.output_truncated = Truncation(cap_bytes=cap, bytes=len(data))
+        bounding.truncated = Truncation(cap_bytes=cap, bytes=len(data))
         # `ignore` drops a character cut in half at the cap.
         masked = data[:cap].decode("utf-8", "ignore") + truncation_marker(cap)
+    if bounding.model_fields_set:
+        trace.output = bounding
     return masked
 
 
@@ -231,13 +234,14 @@ def grade_drawn(case: EvalCase, drawn: Drawn, regrade: int = 0, secrets: Sequenc
     if drawn.error is not None:
         verdict = Verdict.fail(Status.agent_error, drawn.error)
     else:
-        trace.agent_s = round(drawn.draw_s, 6)
+        # A copy: the drawn trace's section is shared with `trace` (a shallow copy).
+        took = {"agent_s": round(drawn.draw_s, 6)}
+        trace.output = trace.output.model_copy(update=took) if trace.output else OutputTrace(**took)
         verdict = grade(output, case, trace)
         if regrade:
             # Same output graded again: any disagreement is the environment's flakiness.
             again = [grade(output, case).status for _ in range(regrade)]
-            trace.regrade = again
-            trace.env_flaky = any(s != verdict.status for s in again)
+            trace.regrade = RegradeTrace(statuses=again, env_flaky=any(s != verdict.status for s in again))
     # Graders and judges write text of their own (an exception, a judge's rationale).
     secrets = secret_values() if secrets is None else secrets
     detail, safety = storable(verdict.detail, secrets), tuple(storable(v, secrets) for v in verdict.safety)

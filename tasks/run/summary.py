@@ -315,7 +315,7 @@ def summarize(spec: RunSpec, suite: EvalSuite, samples: pa.Table,
 
 
 def _env_flakes(samples: pa.Table) -> int:
-    return sum(bool(SampleTrace.parse(t).env_flaky) for t in samples["trace"].to_pylist())
+    return sum(bool((r := SampleTrace.parse(t).regrade) and r.env_flaky) for t in samples["trace"].to_pylist())
 
 
 def _agent_steps(samples: pa.Table) -> dict[str, float] | None:
