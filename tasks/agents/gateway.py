@@ -133,48 +133,58 @@ class Tap:
             self.entries.append({"note": f"endpoint answered {status} on attempt {attempt} of {attempts};"
                                          f" retried after {pause_s:.2f} s"})
 
-    def ran(self, run: ToolRun) -> None:
-        """A tool's run reported by a span, with its duration and error: joined to the model's
-        call it names (`call_id`), else to the earliest call of that tool with those arguments
-        that no span has answered yet. It adds them to the result already sent back to the model
-        (the next request's tool message, as sent), else it is that call's result, else it
-        stands at the end."""
-        entry = run.entry(run.call_id)
-        size = len(json.dumps(entry, ensure_ascii=False, default=str).encode("utf-8"))
+    def ran(self, runs: list[ToolRun]) -> None:
+        """Tools' runs reported by spans, with their duration and error, each joined to the
+        model's call it names (`call_id`), else to the earliest call of that tool with those
+        arguments that no span has answered yet. A run adds them to the result already sent back
+        to the model (the next request's tool message, as sent), else it is that call's result,
+        placed after it, else it stands at the end. One pass over the trajectory per export: an
+        agent's batch holds hundreds of spans."""
         with self.lock:
-            if self.max_span_bytes is not None and self.span_bytes + size > self.max_span_bytes:
-                if not self.spans_cut:
-                    self.entries.append({"note": f"the agent's spans passed {self.max_span_bytes:,} bytes"
-                                                 " (--max-trajectory-bytes): later tool runs not recorded"})
-                self.spans_cut += 1
-                return
-            self.span_bytes += size
-            call_id = run.call_id or self._unjoined_call(run)
-            entry["tool_call_id"] = call_id
-            at = next((i for i, e in enumerate(self.entries)
-                       if call_id and any(c.get("id") == call_id for c in _calls(e))), None)
-            sent = next((e for e in self.entries if call_id and e.get("role") == "tool"
-                         and e.get("tool_call_id") == call_id), None)
-            if sent is not None:  # what the model saw stays; the span says how it ran
-                sent.update({k: v for k, v in entry.items() if k not in sent or sent[k] in (None, "")})
-            elif at is not None:
-                at += 1
+            turn_of: dict[Any, int] = {}  # call id -> the index of the model turn that made it
+            sent: dict[Any, dict[str, Any]] = {}  # call id -> the result sent back to the model
+            open_calls: list[tuple[Any, Any, Any]] = []  # (id, tool, arguments) of every call, in order
+            for i, entry in enumerate(self.entries):
+                for call in _calls(entry):
+                    function = call.get("function") or {}
+                    turn_of.setdefault(call.get("id"), i)
+                    open_calls.append((call.get("id"), function.get("name"), loads_or_none(function.get("arguments"))))
+                if entry.get("role") == "tool" and entry.get("tool_call_id"):
+                    sent.setdefault(entry["tool_call_id"], entry)
+            joined = {e.get("tool_call_id") for e in self.entries if e.get("role") == "tool" and "duration_s" in e}
+            after: dict[int, list[dict[str, Any]]] = {}  # results placed after a turn, in the order they came
+            for run in runs:
+                if not self._room_for(run):
+                    continue
+                wanted = run.parsed_arguments() if run.call_id is None else None
+                call_id = run.call_id or next((i for i, name, arguments in open_calls
+                                               if i not in joined and name == run.name and arguments == wanted), None)
+                joined.add(call_id)
+                entry = run.entry(call_id)
+                if call_id in sent:  # what the model saw stays; the span says how it ran
+                    sent[call_id].update({k: v for k, v in entry.items() if sent[call_id].get(k) in (None, "")})
+                elif call_id in turn_of:
+                    after.setdefault(turn_of[call_id], []).append(entry)
+                else:
+                    self.entries.append(entry)
+            for turn in sorted(after, reverse=True):  # from the end: the indexes before stay good
+                at = turn + 1
                 while at < len(self.entries) and self.entries[at].get("role") == "tool":
                     at += 1
-                self.entries.insert(at, entry)
-            else:
-                self.entries.append(entry)
+                self.entries[at:at] = after[turn]
 
-    def _unjoined_call(self, run: ToolRun) -> str | None:
-        joined = {e.get("tool_call_id") for e in self.entries if e.get("role") == "tool" and "duration_s" in e}
-        arguments = run.parsed_arguments()
-        for entry in self.entries:
-            for call in _calls(entry):
-                function = call.get("function") or {}
-                if (call.get("id") not in joined and function.get("name") == run.name
-                        and loads_or_none(function.get("arguments")) == arguments):
-                    return call.get("id")
-        return None
+    def _room_for(self, run: ToolRun) -> bool:
+        """Whether `run` fits under the sample's cap on what spans add (counted if it does); the
+        first that does not leaves a note."""
+        size = len(json.dumps(run.entry(run.call_id), ensure_ascii=False, default=str).encode("utf-8"))
+        if self.max_span_bytes is None or self.span_bytes + size <= self.max_span_bytes:
+            self.span_bytes += size
+            return True
+        if not self.spans_cut:
+            self.entries.append({"note": f"the agent's spans passed {self.max_span_bytes:,} bytes"
+                                         " (--max-trajectory-bytes): later tool runs not recorded"})
+        self.spans_cut += 1
+        return False
 
     def record(self, request: dict[str, Any], reply: dict[str, Any] | None, latency_s: float, status: int | str, *,
                digest: str | None = None, replayed: bool = False) -> None:
@@ -458,8 +468,7 @@ class Gateway:
                 except Refused as exc:
                     self._fail(exc.status, f"evalpipe gateway: {exc}")
                     return
-                for run in tool_runs(spans):
-                    tap.ran(run)
+                tap.ran(tool_runs(spans))
                 self._send(200, *answer(content_type))
 
             def _forward(self, tap: Tap, body: bytes) -> None:
