@@ -10,6 +10,7 @@ import gzip
 import http.client
 import importlib.util
 import json
+import shutil
 import sys
 import urllib.error
 import urllib.request
@@ -112,6 +113,22 @@ def test_an_agent_s_own_tool_spans_join_its_sample_s_trajectory_and_its_tokens_a
     assert main(["runs", "show", run.run_id, "--case", "atlantis"]) == 0
     shown = capsys.readouterr().out
     assert "get_weather" in shown and "no weather for Atlantis" in shown
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+def test_a_sandboxed_workspace_agent_s_spans_reach_the_gateway_through_its_own_network(model, tmp_path, monkeypatch):
+    """A workspace agent's exporter reaches the gateway the way its model calls do: the
+    endpoint its environment names on the loopback is the one port forwarded into the sandbox."""
+    monkeypatch.setenv("OPENAI_BASE_URL", model.url)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-real")
+    run = evalpipe.evaluate(str(ROOT / "examples/coding/calc.yaml"), AGENT, n=1, home=tmp_path, workspace=True)
+    (row,) = Store(tmp_path).run_samples(run.run_id).to_pylist()
+    trace = SampleTrace.parse(row["trace"])
+    assert trace.agent_run.returncode == 0, trace.agent_run.stderr_tail
+    assert trace.agent_run.isolation == "bwrap"
+    (action,) = trace.trajectory.typed.actions()
+    assert action.name == "get_weather" and action.result.duration_s > 0
+    assert json.loads(action.result.content) == {"sky": "sunny"}
 
 
 def test_otlp_json_gzipped_or_not_is_taken_and_a_span_without_a_call_id_joins_by_tool_and_arguments(model, gateway):

@@ -31,7 +31,8 @@ def get_weather(city: str) -> dict:
 def main() -> None:
     case = json.load(sys.stdin)
     client = openai.OpenAI(max_retries=0)
-    messages = [{"role": "user", "content": case["inputs"]["question"]}]
+    # A coding case has no question: the weather is asked all the same (what is tested is its spans).
+    messages = [{"role": "user", "content": case["inputs"].get("question") or "What's the weather in Paris?"}]
     while True:
         with tracer.start_as_current_span("chat support-good") as span:
             span.set_attribute("gen_ai.operation.name", "chat")
