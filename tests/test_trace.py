@@ -5,9 +5,11 @@ a registered grader's declared section lands typed under its kind."""
 from __future__ import annotations
 
 import json
+import tarfile
 from pathlib import Path
 
 import duckdb
+import pyarrow.parquet as pq
 import pytest
 from pydantic import BaseModel
 from support.judges import ref
@@ -234,3 +236,104 @@ def test_grade_given_a_plain_dict_fills_it_as_the_trace_is_stored():
     typed, plain = SampleTrace(), {}
     assert grade("4", case, typed) == grade("4", case, plain)
     assert plain == typed.to_dict() and plain["extra_graders"][0]["kind"] == "numeric"
+
+
+def old_shape(trace: dict) -> dict:
+    """`trace` as evalpipe stored it before the output's bounding, repo_tests, `--regrade`
+    and labels had a section each: their keys flat, where the section is now."""
+    flat: dict = {}
+    for key, value in trace.items():
+        if key == "output":
+            flat.update({k if k == "agent_s" else f"output_{k}": v for k, v in value.items()})
+        elif key in ("repo_tests", "human"):
+            flat.update(value)
+        elif key == "regrade":
+            flat.update(regrade=value["statuses"], env_flaky=value["env_flaky"])
+        elif key == "extra_graders":
+            flat[key] = [{**g, "trace": old_shape(g["trace"])} if "trace" in g else g for g in value]
+        else:
+            flat[key] = value
+    return flat
+
+
+FLAT_KEYS = {"output_replaced_chars", "output_redacted", "output_truncated", "agent_s", "timings", "steps",
+             "environment", "edited_files", "test_run", "tests", "env_flaky", "labeller", "source_run", "label",
+             "note"}
+
+
+def test_a_home_written_before_sections_shows_what_it_showed(home, calc_repo, capsys, tmp_path):
+    from flows.judging import export_labels, import_labels
+    from storage.store import Store
+    from tasks.suites.dataset import load_suite
+
+    path, _ = calc_repo
+    fix = load_suite(Path(__file__).parents[1] / "examples/calc/calc.yaml").case("add-bug")
+    cases = [
+        {"id": "add-bug", "inputs": {"say": fix.reference}, "reference": fix.reference,
+         "grader": {**fix.grader, "repo": str(path)},
+         "extra_graders": [{"kind": "repo_tests", **fix.grader, "repo": str(path)}]},
+        # A replaced character fails `exact`; the extra grader every sample must pass blocks the gate.
+        {"id": "judged", "inputs": {"say": "yes"}, "reference": "yes", "grader": {"kind": "exact"},
+         "extra_graders": [{"kind": "exact", "must_pass": True}]},
+        {"id": "long", "inputs": {"say": LONG}, "reference": "x", "grader": {"kind": "contains"}},
+    ]
+    base = evaluate(cases, lambda inputs, ctx: inputs["say"], max_output_bytes=2000).run_id
+    run = evaluate(cases, answer, regrade=1, max_output_bytes=2000).run_id
+    store, labels = Store.default(), tmp_path / "labels.jsonl"
+    export_labels(run, labels, store)
+    rows = [{**json.loads(line), "label": "pass", "note": "ok"} for line in labels.read_text().splitlines()]
+    labels.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    labelled = import_labels(run, labels, "ada", store)["run_id"]
+
+    def shown() -> dict[str, tuple[int, str]]:
+        """What a user reads of the home: each command's exit status and output."""
+        seen = {}
+        for args in (["runs", "show", run], ["runs", "show", labelled], ["runs", "list"],
+                     *(["runs", "show", run, "--case", c["id"], *json_] for c in cases for json_ in ([], ["--json"])),
+                     ["runs", "show", labelled, "--case", "judged", "--json"],
+                     ["diff", run, base], ["diff", run, base, "--json"], ["diff", labelled, run, "--json"],
+                     ["gate", run, "--baseline", base, "--min-pass-at-1", "0", "--json"],
+                     ["gate", labelled, "--baseline", base, "--min-pass-at-1", "0", "--json"]):
+            code = main(args)
+            seen[" ".join(args)] = (code, capsys.readouterr().out)
+        for name, args in (("report", []), ("diff report", ["--baseline", base])):
+            out = tmp_path / f"{name}.html"
+            code = main(["report", run, "--out", str(out), *args])
+            seen[name] = (code, capsys.readouterr().out + out.read_text())
+        return seen
+
+    written = shown()
+    with duckdb.connect(str(home / "evalpipe.duckdb")) as con:
+        stored = con.execute("SELECT run_id, case_id, sample_index, trace FROM samples").fetchall()
+        new = [json.loads(t) for *_, t in stored]
+        # A run writes sections only: none of the keys that used to sit at the top level.
+        assert not any(FLAT_KEYS & set(t) or any(FLAT_KEYS & set(g.get("trace", {})) for g in t.get("extra_graders", ()))
+                       for t in new)
+        assert {"output", "repo_tests", "regrade", "human"} <= {key for t in new for key in t}
+        assert any("repo_tests" in g.get("trace", {}) for t in new for g in t.get("extra_graders", ()))
+        old = {tuple(key): json.dumps(old_shape(t)) for (*key, _), t in zip(stored, new, strict=True)}
+        for (run_id, case_id, index), text in old.items():
+            con.execute("UPDATE samples SET trace = ? WHERE run_id = ? AND case_id = ? AND sample_index = ?",
+                        [text, run_id, case_id, index])
+
+    # The same home as an older evalpipe left it: read into the sections it has now...
+    for (*key, _), trace in zip(stored, new, strict=True):
+        assert json.loads(SampleTrace.parse(old[tuple(key)]).to_json()) == trace
+    # ... and every command shows what it showed; `--json` prints each trace as stored.
+    before = shown()
+    for command, (code, out) in written.items():
+        if "--case" not in command or "--json" not in command:
+            assert before[command] == (code, out), command
+            continue
+        then, now = json.loads(out), json.loads(before[command][1])
+        traces = [s.pop("trace") for s in now["samples"]]
+        assert traces == [old_shape(s.pop("trace")) for s in then["samples"]]  # as stored: flat
+        assert now == then
+
+    # An export carries the traces as they are stored.
+    exported = tmp_path / "run.tar"
+    assert main(["runs", "export", run, "--out", str(exported)]) == 0
+    with tarfile.open(exported) as tar:
+        samples = pq.read_table(tar.extractfile("samples.parquet")).to_pylist()
+    assert {(run, s["case_id"], s["sample_index"]): s["trace"] for s in samples} == {
+        key: text for key, text in old.items() if key[0] == run}
