@@ -232,6 +232,8 @@ _FLAT_KEYS = {
     "label": ("human", "label"),
     "note": ("human", "note"),
 }
+# Any of these in a trace means it was stored flat (`regrade` only as a list: `_stored_flat`).
+_OLD_KEYS = frozenset(_FLAT_KEYS) - {"regrade"}
 # Repo_tests' keys are folded only beside `timings` (its clock starts before any other is
 # written), a label's beside `labeller`: an undeclared grader's own `steps` or `note` stays.
 _FOLDED_WITH = {"repo_tests": "timings", "human": "labeller"}
@@ -247,6 +249,8 @@ def _stored_flat(data: Mapping[str, Any], key: str, section: str) -> bool:
 def _folded(data: Mapping[str, Any]) -> Mapping[str, Any]:
     """`data` with the keys an older evalpipe stored flat (`_FLAT_KEYS`) in their sections;
     `data` itself when it has none (every trace written since)."""
+    if _OLD_KEYS.isdisjoint(data) and not isinstance(data.get("regrade"), list):
+        return data  # the common case, read for every sample of a report: no copy
     flat = [k for k, (section, _) in _FLAT_KEYS.items() if k in data and _stored_flat(data, k, section)]
     if not flat:
         return data
@@ -290,10 +294,10 @@ class SampleTrace(Section):
         data = json.loads(stored) if isinstance(stored, str) else stored
         if not isinstance(data, Mapping):
             return cls()
-        data = _folded(data)  # so that what does not fit is named as it is stored now
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
+            data = _folded(data)  # what does not fit is named as it is stored now
             unfit = {e["loc"][0] for e in exc.errors() if e["loc"]}
             return cls.model_validate({k: v for k, v in data.items() if k not in unfit})
 
