@@ -232,7 +232,7 @@ _FLAT_KEYS = {
     "label": ("human", "label"),
     "note": ("human", "note"),
 }
-# Any of these in a trace means it was stored flat (`regrade` only as a list: `_stored_flat`).
+# A trace with none of these, and no `regrade` list, has nothing to fold (`_folded`'s fast path).
 _OLD_KEYS = frozenset(_FLAT_KEYS) - {"regrade"}
 # Repo_tests' keys are folded only beside `timings` (its clock starts before any other is
 # written), a label's beside `labeller`: an undeclared grader's own `steps` or `note` stays.
@@ -270,7 +270,7 @@ class SampleTrace(Section):
     agent_run: ProcessRun | None = None
     trajectory: Trajectory | None = None
     workspace: WorkspaceChange | None = None
-    # What bounding the output changed (tasks.run.sampling).
+    # What bounding the output changed, and the draw's time (tasks.run.sampling).
     output: OutputTrace | None = None
     # The deciding grader's sections.
     judge: JudgeTrace | None = None
