@@ -245,3 +245,22 @@ def test_a_call_the_endpoint_refuses_is_counted_and_says_what_failed():
     assert user == {"role": "user", "content": "hi"} and failed["model"] == "support-good"
     assert failed["error"].startswith("InternalServerError: Error code: 500") and "overloaded" in failed["error"]
     assert ctx.reported["latency_s"] > 0 and "input_tokens" not in ctx.reported  # unknown, not 0
+
+
+@pytest.mark.parametrize("cap", [2, None])
+def test_model_concurrency_holds_in_process_calls_across_the_run_s_samples(monkeypatch, tmp_path, cap):
+    """`--model-concurrency 2`: six samples drawn at once (sync and async clients, streamed or
+    not) never have more than 2 calls at the endpoint; without the cap they have more."""
+    with scripted.ScriptedModel(delay_s=0.3) as chat:
+        monkeypatch.setenv("CHAT_URL", chat.url)
+        cases = [{"id": f"q{i}", "inputs": {"api": "chat", "client": ("sync", "async")[i % 2], "stream": i % 3 == 0,
+                                            "question": q},
+                  "reference": "", "grader": {"kind": "contains"}} for i, q in enumerate([*QUESTIONS, *QUESTIONS][:6])]
+        run = evalpipe.evaluate(cases, OWN_CLIENT, n=1, home=tmp_path, agent_concurrency=6, model_concurrency=cap)
+    samples = _samples(tmp_path, run.run_id)
+    assert [s["status"] for s in samples.values()] == ["passed"] * 6
+    assert len(chat.requests) == 12  # a tool call and the answer, each
+    if cap is None:
+        assert chat.most_in_flight > 2
+    else:
+        assert chat.most_in_flight == cap

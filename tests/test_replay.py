@@ -71,16 +71,26 @@ def streamed(messages):
             **({{"tool_calls": [calls[i] for i in sorted(calls)]}} if calls else {{}})}}
 
 
-messages = [{{"role": "user", "content": "measure, then scale it"}}]
-first = turn(client.chat.completions.create(model="m", messages=messages, tools=TOOLS).choices[0].message)
-if REPEAT_FIRST:  # the same request again: the second of its kind in this sample
-    client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
-messages += [first, {{"role": "tool", "tool_call_id": first["tool_calls"][0]["id"], "content": measure()}}]
-second = streamed(messages)
-x = json.loads(second["tool_calls"][0]["function"]["arguments"])["x"]
-messages += [second, {{"role": "tool", "tool_call_id": second["tool_calls"][0]["id"], "content": scale(x)}}]
-final = client.chat.completions.create(model="m", messages=messages, tools=TOOLS).choices[0].message.content
-open("CHANGES.md", "w").write(final + "\\n")
+def converse():
+    messages = [{{"role": "user", "content": "measure, then scale it"}}]
+    first = turn(client.chat.completions.create(model="m", messages=messages, tools=TOOLS).choices[0].message)
+    if REPEAT_FIRST:  # the same request again: the second of its kind in this sample
+        client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
+    messages += [first, {{"role": "tool", "tool_call_id": first["tool_calls"][0]["id"], "content": measure()}}]
+    second = streamed(messages)
+    x = json.loads(second["tool_calls"][0]["function"]["arguments"])["x"]
+    messages += [second, {{"role": "tool", "tool_call_id": second["tool_calls"][0]["id"], "content": scale(x)}}]
+    return client.chat.completions.create(model="m", messages=messages, tools=TOOLS).choices[0].message.content
+"""
+# Run as a command in a workspace: the answer goes into the checkout.
+CMD_AGENT = AGENT + """
+open("CHANGES.md", "w").write(converse() + "\\n")
+"""
+# Imported as a `python:` agent: its own client's calls, in evalpipe's process.
+PY_AGENT = AGENT + """
+
+def solve(inputs, ctx):
+    return converse()
 """
 
 
@@ -94,6 +104,7 @@ class Endpoint(ThreadingHTTPServer):
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), _Scripted)
         self.requests = 0
+        self.fail_answers = False  # a 500 instead of the final answer
         self.lock = threading.Lock()
         self.url = f"http://127.0.0.1:{self.server_address[1]}/v1"
 
@@ -118,6 +129,9 @@ class _Scripted(BaseHTTPRequestHandler):
             message = {"role": "assistant", "content": None, "tool_calls": [
                 {"id": f"call_{number}", "type": "function",
                  "function": {"name": "scale", "arguments": json.dumps({"x": messages[-1]["content"]})}}]}
+        elif self.server.fail_answers:
+            self.send_error(500)
+            return
         else:
             message = {"role": "assistant", "content": f"the answer is {messages[-1]['content']}"}
         if body.get("stream"):
@@ -185,14 +199,20 @@ def endpoint(monkeypatch, tmp_path):
         served.server_close()
 
 
-def _run(tmp_path: Path, factor: int, *, replay: bool, repeat: bool = False):
+def _run(tmp_path: Path, factor: int, *, replay: bool, repeat: bool = False, in_process: bool = False):
     """One run of the agent whose `scale` multiplies by `factor` (the same spec every time:
-    only its file's content, and so its fingerprint, changes), and its one sample's row."""
+    only its file's content, and so its fingerprint, changes), and its one sample's row: a
+    `--workspace` `cmd:` agent, or (`in_process`) a `python:` one on a case of its own."""
     agent = tmp_path / "agents" / "tools.py"
     agent.parent.mkdir(exist_ok=True)
-    agent.write_text(AGENT.format(factor=factor, repeat=repeat))
-    run = evalpipe.evaluate(str(CODING), f"cmd:{sys.executable} agents/tools.py", home=tmp_path / "home",
-                            workspace=True, replay_model_calls=replay)
+    agent.write_text((PY_AGENT if in_process else CMD_AGENT).format(factor=factor, repeat=repeat))
+    if in_process:
+        cases = [{"id": "scale", "inputs": {}, "reference": "the answer", "grader": {"kind": "contains"}}]
+        run = evalpipe.evaluate(cases, "python:agents/tools.py:solve", home=tmp_path / "home",
+                                replay_model_calls=replay)
+    else:
+        run = evalpipe.evaluate(str(CODING), f"cmd:{sys.executable} agents/tools.py", home=tmp_path / "home",
+                                workspace=True, replay_model_calls=replay)
     (row,) = Store(tmp_path / "home").run_samples(run.run_id).to_pylist()
     assert row["status"] != "agent_error", row["detail"]
     return run, row
@@ -202,15 +222,18 @@ def _turns(row: dict) -> list[dict]:
     return [e for e in SampleTrace.parse(row["trace"]).trajectory.entries if e.get("role") == "assistant"]
 
 
-@needs_bwrap
-def test_after_a_tool_change_only_the_changed_request_goes_upstream(tmp_path, endpoint):
-    first, row = _run(tmp_path, 2, replay=True)
+@pytest.mark.parametrize("in_process", [pytest.param(False, marks=needs_bwrap), True],
+                         ids=["workspace-cmd", "in-process-python"])
+def test_after_a_tool_change_only_the_changed_request_goes_upstream(tmp_path, endpoint, in_process):
+    """The same for an agent in the sandbox (through the gateway) and for a `python:` agent's
+    own OpenAI client in evalpipe's process (its SDK's requests answered before they leave)."""
+    first, row = _run(tmp_path, 2, replay=True, in_process=in_process)
     assert endpoint.requests == 3
     assert "the answer is 82" in row["output"]
     assert first.to_json()["model_calls"] == {"replayed": 0, "forwarded": 3, "replayed_input_tokens": None,
                                               "replayed_output_tokens": None, "unseen_samples": 0, "note": None}
 
-    second, row = _run(tmp_path, 3, replay=True)  # the tool's code changed: its result enters call 3
+    second, row = _run(tmp_path, 3, replay=True, in_process=in_process)  # the tool's code changed: its result enters call 3
     assert endpoint.requests == 3 + 1
     assert "the answer is 123" in row["output"]
     turns = _turns(row)
@@ -227,7 +250,7 @@ def test_after_a_tool_change_only_the_changed_request_goes_upstream(tmp_path, en
                                   "replayed_output_tokens": 20, "unseen_samples": 0, "note": None}
     assert doc["usage"]["input_tokens"] == 500
 
-    third, _ = _run(tmp_path, 4, replay=False)  # without the option: every call goes upstream
+    third, _ = _run(tmp_path, 4, replay=False, in_process=in_process)  # without the option: every call goes upstream
     assert endpoint.requests == 4 + 3
     assert "model_calls" not in third.to_json()
 
@@ -248,22 +271,53 @@ def test_a_request_at_another_ordinal_is_forwarded_not_answered_from_the_record(
     assert run.to_json()["model_calls"]["forwarded"] == 1
 
 
-def test_an_in_process_agent_s_calls_are_forwarded_and_the_summary_says_they_cannot_be_replayed(tmp_path, endpoint):
-    """A `python:` agent's SDK calls are captured, not answered: its call goes upstream, and the
-    summary counts the sample as one the gateway never saw, saying why, never as 0 of 0."""
-    import openai
+TOOL_CASE = {"id": "scale", "reference": "the answer is 82", "grader": {"kind": "contains"},
+             "inputs": {"prompt": "measure, then scale it",
+                        "tools": [{"name": "measure", "parameters": {"type": "object", "properties": {}}},
+                                  {"name": "scale", "parameters": {"type": "object",
+                                                                   "properties": {"x": {"type": "string"}}}}],
+                        "world": {"measure": [{"result": "41"}], "scale": [{"result": "82"}]}}}
 
+
+def test_an_openai_agent_s_tool_loop_failed_at_its_last_call_pays_only_for_that_call_again(tmp_path, endpoint):
+    """`openai:`'s own loop: its third call fails (HTTP 500), so the sample is an agent error
+    and is drawn again by the next run, whose first two requests are answered from the record."""
+    home = tmp_path / "home"
+    endpoint.fail_answers = True
+    first = evalpipe.evaluate([TOOL_CASE], "openai:m", home=home, replay_model_calls=True, openai_max_attempts=1)
+    (row,) = Store(home).run_samples(first.run_id).to_pylist()
+    assert row["status"] == "agent_error" and "HTTP 500" in row["detail"]
+    assert (endpoint.requests, first.to_json()["model_calls"]["forwarded"]) == (3, 3)
+
+    endpoint.fail_answers = False
+    second = evalpipe.evaluate([TOOL_CASE], "openai:m", home=home, replay_model_calls=True, openai_max_attempts=1)
+    assert endpoint.requests == 3 + 1
+    (row,) = Store(home).run_samples(second.run_id).to_pylist()
+    assert row["status"] == "passed" and row["output"] == "the answer is 82"
+    turns = _turns(row)
+    assert [t.get("replayed", False) for t in turns] == [True, True, False]
+    assert all(len(t["request_sha256"]) == 64 for t in turns)
+    assert (row["input_tokens"], row["output_tokens"]) == (500, 10)
+    assert second.to_json()["model_calls"] == {"replayed": 2, "forwarded": 1, "replayed_input_tokens": 400,
+                                               "replayed_output_tokens": 20, "unseen_samples": 0, "note": None}
+
+
+def test_an_agent_calling_its_endpoint_by_other_means_is_counted_unseen_and_the_summary_says_why(tmp_path, endpoint):
+    """A `python:` agent that posts to its endpoint with urllib, not the SDK: its call goes
+    upstream, and the summary counts the sample as one evalpipe could not answer, never as 0 of 0."""
     def agent(inputs, ctx):
-        client = openai.OpenAI(max_retries=0)
-        reply = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "measure"}])
-        return reply.choices[0].message.tool_calls[0].function.name
+        request = urllib.request.Request(endpoint.url + "/chat/completions", method="POST", data=json.dumps(
+            {"model": "m", "messages": [{"role": "user", "content": "measure"}]}).encode(),
+            headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return json.load(answer)["choices"][0]["message"]["tool_calls"][0]["function"]["name"]
 
     cases = [{"id": "c", "inputs": {}, "reference": "measure", "grader": {"kind": "exact"}}]
     run = evalpipe.evaluate(cases, agent, home=tmp_path / "home", replay_model_calls=True)
     assert endpoint.requests == 1 and run.pass_at_k["1"] == 1.0
     counts = run.to_json()["model_calls"]
     assert (counts["replayed"], counts["forwarded"], counts["unseen_samples"]) == (0, 0, 1)
-    assert "python: agent's calls are observed, not answered" in counts["note"]
+    assert "by other means" in counts["note"]
     assert "model calls: 0 replayed, 0 forwarded upstream; 1 drawn sample(s)" in summary_text(run.to_json())
 
 

@@ -19,6 +19,7 @@ import argparse
 import json
 import re
 import threading
+import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -126,11 +127,14 @@ def _parsed(content: Any) -> Any:
 
 class ScriptedModel:
     """The model served on 127.0.0.1 (`port` 0: a free one) until `close()`; `requests` holds
-    every request body, in order."""
+    every request body, in order. `delay_s`: how long each answer takes, as a real model's
+    would; `most_in_flight`: the most requests it was answering at once."""
 
-    def __init__(self, port: int = 0):
+    def __init__(self, port: int = 0, delay_s: float = 0.0):
         self.requests: list[dict[str, Any]] = []
         self.auth: list[str | None] = []  # each request's Authorization header
+        self.in_flight = self.most_in_flight = 0
+        lock = threading.Lock()
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -138,6 +142,15 @@ class ScriptedModel:
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
                 outer.requests.append(body)
                 outer.auth.append(self.headers.get("Authorization"))
+                with lock:
+                    outer.in_flight += 1
+                    outer.most_in_flight = max(outer.most_in_flight, outer.in_flight)
+                time.sleep(delay_s)
+                with lock:  # done before it answers: its client may ask again as soon as it has the answer
+                    outer.in_flight -= 1
+                self._answer(body)
+
+            def _answer(self, body: dict[str, Any]) -> None:
                 answer = reply(body)
                 if body.get("stream"):
                     self._stream(answer, body)
@@ -191,7 +204,9 @@ class ScriptedModel:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=8765)
-    served = ScriptedModel(parser.parse_args().port)
+    parser.add_argument("--delay", type=float, default=0.0, help="seconds each answer takes")
+    args = parser.parse_args()
+    served = ScriptedModel(args.port, args.delay)
     print(f"serving {', '.join(POLICIES)} at {served.url} (Ctrl-C stops)", flush=True)
     try:
         served._thread.join()

@@ -14,7 +14,9 @@ out-of-process agent; a function tool's span becomes a tool result.
 The run's caps on a sample (`--max-model-calls`, `--max-sample-cost`) hold here as at the
 gateway: the SDK's `request` is wrapped, outside the instrumentation's own wrapper, so the call
 past a cap raises the SDK's 403 error before anything is sent, and the sample is `agent_error`
-naming the cap.
+naming the cap. Below it, httpx's transports are wrapped for the SDK's requests of a captured
+sample (`tasks.agents.sdk_calls`): `--model-concurrency` holds them, and `--replay-model-calls`
+answers the recorded ones, whose spans are then recorded as replayed (their tokens not bought).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
+from tasks.agents import sdk_calls
 from tasks.agents.base import AgentContext, AgentError
 from tasks.agents.gateway import Tap, tapped
 from tasks.agents.settings import AgentSettings
@@ -56,7 +59,8 @@ def captured(ctx: AgentContext, settings: AgentSettings | None = None) -> Iterat
               purse=ctx.purse)
     token = _SAMPLE.set(tap)
     try:
-        yield
+        with sdk_calls.routing(sdk_calls.sample_calls(ctx.calls, settings.model_concurrency)):
+            yield
     finally:
         _SAMPLE.reset(token)
         if (kept := tapped(tap, ctx, ctx.trace.trajectory, settings.max_trajectory_bytes)) is not ctx.trace.trajectory:
@@ -139,15 +143,27 @@ def _refuse_past_caps() -> None:
     def sync_request(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         if (error := refused(instance)) is not None:
             raise error
-        return wrapped(*args, **kwargs)
+        with sdk_calls.calling():
+            return wrapped(*args, **kwargs)
 
     async def async_request(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         if (error := refused(instance)) is not None:
             raise error
-        return await wrapped(*args, **kwargs)
+        with sdk_calls.calling():
+            return await wrapped(*args, **kwargs)
+
+    def sync_send(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        return sdk_calls.route(args[0] if args else kwargs["request"], wrapped)
+
+    async def async_send(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        return await sdk_calls.route_async(args[0] if args else kwargs["request"], wrapped)
 
     wrapt.wrap_function_wrapper("openai", "OpenAI.request", sync_request)
     wrapt.wrap_function_wrapper("openai", "AsyncOpenAI.request", async_request)
+    # The SDK's HTTP library's (httpx2), every client's: an agent may give its SDK client its own.
+    # Nothing but a captured sample's SDK request is routed (`tasks.agents.sdk_calls`).
+    wrapt.wrap_function_wrapper("httpx2", "HTTPTransport.handle_request", sync_send)
+    wrapt.wrap_function_wrapper("httpx2", "AsyncHTTPTransport.handle_async_request", async_send)
 
 
 _INSTALLED: list[_Installed | None] = []
@@ -172,7 +188,7 @@ class _ToSample:
     """The span processor: a span started under a sample is recorded into its `Tap` when it ends."""
 
     def __init__(self) -> None:
-        self._open: dict[tuple[int, int], Tap] = {}
+        self._open: dict[tuple[int, int], tuple[Tap, sdk_calls.CallMark | None]] = {}
         self._lock = threading.Lock()
 
     def on_start(self, span: Any, parent_context: Any = None) -> None:
@@ -181,15 +197,15 @@ class _ToSample:
             return
         if _kind(span) == "model":
             tap.admit()  # counted in flight as the gateway counts it
-        with self._lock:
-            self._open[(span.context.trace_id, span.context.span_id)] = tap
+        with self._lock:  # the SDK request's mark: whether its answer was replayed
+            self._open[(span.context.trace_id, span.context.span_id)] = (tap, sdk_calls.current_mark())
 
     def on_end(self, span: Any) -> None:
         with self._lock:
-            tap = self._open.pop((span.context.trace_id, span.context.span_id), None)
+            tap, mark = self._open.pop((span.context.trace_id, span.context.span_id), (None, None))
         kind = _kind(span) if tap is not None else None
         if kind == "model":
-            _record_call(tap, span)
+            _record_call(tap, span, mark)
         elif kind == "tool":
             _record_tool(tap, span)
 
@@ -219,7 +235,7 @@ def _kind(span: Any) -> str | None:
     return None
 
 
-def _record_call(tap: Tap, span: Any) -> None:
+def _record_call(tap: Tap, span: Any, mark: sdk_calls.CallMark | None) -> None:
     from openinference.semconv.trace import SpanAttributes
     from opentelemetry.trace import StatusCode
 
@@ -239,7 +255,9 @@ def _record_call(tap: Tap, span: Any) -> None:
             tap.entries.append({"error": span.status.description or "the model call failed",
                                 "model": request.get("model")})
         return
-    tap.record(request, _json(attributes.get(SpanAttributes.OUTPUT_VALUE)), latency_s, 200)
+    mark = mark or sdk_calls.CallMark()
+    tap.record(request, _json(attributes.get(SpanAttributes.OUTPUT_VALUE)), latency_s, 200,
+               digest=mark.request_sha256, replayed=mark.replayed)
 
 
 def _record_tool(tap: Tap, span: Any) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl
 
+from tasks.agents import sdk_calls
 from tasks.agents.base import AgentContext, AgentError, Reloadable
 from tasks.agents.openai_client import ChatReply, EndpointError, OpenAIClient
 from tasks.agents.settings import AgentSettings
@@ -75,10 +76,13 @@ class OpenAIAgent(Reloadable):
 
     def generate(self, case: EvalCase, ctx: AgentContext) -> str:
         messages = chat_messages(case.inputs, self.system)
-        if "tools" in case.inputs:
-            return self.run_tools(Toolbox.for_case(case), messages, ctx)
-        reply = self._ask(messages, ctx, None)
-        ctx.report_usage(input_tokens=reply.input_tokens, output_tokens=reply.output_tokens, model=reply.model)
+        with sdk_calls.routing(sdk_calls.sample_calls(ctx.calls, self.settings.model_concurrency)):
+            if "tools" in case.inputs:
+                return self.run_tools(Toolbox.for_case(case), messages, ctx)
+            reply = self._ask(messages, ctx, None)
+        spent: dict[str, Any] = {"input_tokens": None, "output_tokens": None, "latency_s": 0.0, "model": None}
+        _add_usage(spent, reply)
+        ctx.report_usage(input_tokens=spent["input_tokens"], output_tokens=spent["output_tokens"], model=reply.model)
         if reply.latency_s is not None:
             ctx.report_latency(reply.latency_s)
         return reply.content
@@ -109,7 +113,9 @@ class OpenAIAgent(Reloadable):
                 messages.append(said)
                 entries.append({**said, "usage": {"input_tokens": reply.input_tokens,
                                                   "output_tokens": reply.output_tokens},
-                                "latency_s": reply.latency_s, "model": reply.model})
+                                **({"replayed": True} if reply.replayed else {}),
+                                "latency_s": reply.latency_s, "model": reply.model,
+                                **({"request_sha256": reply.request_sha256} if reply.request_sha256 else {})})
                 if not reply.tool_calls:
                     return reply.content
                 for call in map(parse_call, reply.tool_calls):
@@ -128,9 +134,12 @@ class OpenAIAgent(Reloadable):
 
 
 def _add_usage(spent: dict[str, Any], reply: ChatReply) -> None:
-    """A turn's tokens and latency added to the loop's (a count no turn reported stays None)."""
+    """A turn's tokens and latency added to the loop's (a count no turn reported stays None;
+    a replayed turn's tokens were not bought: known, and none)."""
     for key, value in (("input_tokens", reply.input_tokens), ("output_tokens", reply.output_tokens)):
-        if value is not None:
+        if reply.replayed:
+            spent[key] = spent[key] or 0
+        elif value is not None:
             spent[key] = (spent[key] or 0) + value
     spent["latency_s"] += reply.latency_s or 0.0
     spent["model"] = reply.model

@@ -38,7 +38,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from tasks.agents.base import AgentContext, AgentError
-from tasks.agents.model_calls import CallBook, RecordedCall
+from tasks.agents.model_calls import CallBook, RecordedCall, body_text, reply_of
 from tasks.agents.openai_client import DEFAULT_BASE_URL
 from tasks.agents.otlp import TRACES_PATH, Refused, ToolRun, answer, loads_or_none, read, tool_runs
 from tasks.agents.purse import Purse
@@ -263,42 +263,6 @@ def _turn(reply: dict[str, Any]) -> dict[str, Any]:
             if isinstance(part, dict) and isinstance(part.get("text"), str):
                 texts.append(part["text"])
     return {"role": "assistant", "content": "".join(texts) or None, **({"tool_calls": calls} if calls else {})}
-
-
-def _streamed(body: bytes) -> dict[str, Any]:
-    """A chat completion rebuilt from its server-sent events: content, tool calls, usage; or a
-    streamed Responses API answer, whose last event (`response.completed`) holds it whole."""
-    content: list[str] = []
-    calls: dict[int, dict[str, Any]] = {}
-    reply: dict[str, Any] = {}
-    for line in body.decode("utf-8", "replace").splitlines():
-        if not line.startswith("data:") or line[5:].strip() == "[DONE]":
-            continue
-        try:
-            event = json.loads(line[5:])
-        except ValueError:
-            continue
-        if not isinstance(event, dict):
-            continue
-        if event.get("type") == "response.completed" and isinstance(event.get("response"), dict):
-            return event["response"]
-        reply["model"] = event.get("model", reply.get("model"))
-        if isinstance(event.get("usage"), dict):
-            reply["usage"] = event["usage"]
-        for choice in event.get("choices") or []:
-            delta = choice.get("delta") or {}
-            content.append(delta.get("content") or "")
-            for part in delta.get("tool_calls") or []:
-                call = calls.setdefault(part.get("index", 0), {"id": None, "type": "function",
-                                                               "function": {"name": "", "arguments": ""}})
-                call["id"] = part.get("id") or call["id"]
-                function = part.get("function") or {}
-                call["function"]["name"] += function.get("name") or ""
-                call["function"]["arguments"] += function.get("arguments") or ""
-    message = {"role": "assistant", "content": "".join(content) or None}
-    if calls:
-        message["tool_calls"] = [calls[i] for i in sorted(calls)]
-    return {**reply, "choices": [{"message": message}]}
 
 
 class _Server(ThreadingHTTPServer):
@@ -536,15 +500,11 @@ class Gateway:
                     if tap.book is not None:
                         tap.book.forwarded_unkept()
                     return
-                try:
-                    reply = _streamed(data) if request.get("stream") else json.loads(data)
-                except ValueError:
-                    reply = {}
-                tap.record(request, reply if isinstance(reply, dict) else {}, time.perf_counter() - started,
+                tap.record(request, reply_of(data, bool(request.get("stream"))), time.perf_counter() - started,
                            answer.status, digest=digest)
                 if tap.book is not None:
                     # Kept as the endpoint sent it, to be sent again as it was; one cut at the cap is not.
-                    kept = None if cut else _text(data)
+                    kept = None if cut else body_text(data)
                     if kept is None or digest is None or ordinal is None:
                         tap.book.forwarded_unkept()
                     else:
@@ -570,11 +530,7 @@ class Gateway:
                     self.send_header("Content-Length", str(len(data)))
                     self.end_headers()
                     self.wfile.write(data)
-                try:
-                    reply = _streamed(data) if recorded.streamed else json.loads(data)
-                except ValueError:
-                    reply = {}
-                reply = reply if isinstance(reply, dict) else {}
+                reply = recorded.reply()
                 tap.record(request, reply, time.perf_counter() - started, 200, digest=recorded.request_sha256,
                            replayed=True)
                 assert tap.book is not None  # a record comes from the book
@@ -614,14 +570,6 @@ class _Held:
         if self._slot is not None:
             slot, self._slot = self._slot, None
             self._gateway._release(slot)
-
-
-def _text(data: bytes) -> str | None:
-    """A reply body as text to keep; None when it is not UTF-8 (it could not be sent again as it was)."""
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
 
 
 def _pause(headers: Any, attempt: int) -> float:

@@ -13,6 +13,7 @@ the first changed request on.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -53,6 +54,64 @@ class RecordedCall:
     @property
     def streamed(self) -> bool:
         return self.content_type.startswith("text/event-stream")
+
+    def reply(self) -> dict[str, Any]:
+        """The reply the recorded body holds (`reply_of`)."""
+        return reply_of(self.body.encode("utf-8"), self.streamed)
+
+
+def reply_of(body: bytes, streamed: bool) -> dict[str, Any]:
+    """The reply a model call's body holds: its JSON object, or (`streamed`) the one its
+    server-sent events rebuild; {} when it holds neither."""
+    try:
+        reply = streamed_reply(body) if streamed else json.loads(body)
+    except ValueError:
+        return {}
+    return reply if isinstance(reply, dict) else {}
+
+
+def streamed_reply(body: bytes) -> dict[str, Any]:
+    """A chat completion rebuilt from its server-sent events: content, tool calls, usage; or a
+    streamed Responses API answer, whose last event (`response.completed`) holds it whole."""
+    content: list[str] = []
+    calls: dict[int, dict[str, Any]] = {}
+    reply: dict[str, Any] = {}
+    for line in body.decode("utf-8", "replace").splitlines():
+        if not line.startswith("data:") or line[5:].strip() == "[DONE]":
+            continue
+        try:
+            event = json.loads(line[5:])
+        except ValueError:
+            continue
+        if not isinstance(event, dict):
+            continue
+        if event.get("type") == "response.completed" and isinstance(event.get("response"), dict):
+            return event["response"]
+        reply["model"] = event.get("model", reply.get("model"))
+        if isinstance(event.get("usage"), dict):
+            reply["usage"] = event["usage"]
+        for choice in event.get("choices") or []:
+            delta = choice.get("delta") or {}
+            content.append(delta.get("content") or "")
+            for part in delta.get("tool_calls") or []:
+                call = calls.setdefault(part.get("index", 0), {"id": None, "type": "function",
+                                                               "function": {"name": "", "arguments": ""}})
+                call["id"] = part.get("id") or call["id"]
+                function = part.get("function") or {}
+                call["function"]["name"] += function.get("name") or ""
+                call["function"]["arguments"] += function.get("arguments") or ""
+    message = {"role": "assistant", "content": "".join(content) or None}
+    if calls:
+        message["tool_calls"] = [calls[i] for i in sorted(calls)]
+    return {**reply, "choices": [{"message": message}]}
+
+
+def body_text(data: bytes) -> str | None:
+    """A reply body as text to keep; None when it is not UTF-8 (it could not be sent again as it was)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
 
 
 def recorded_calls(section: Any) -> tuple[RecordedCall, ...]:

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from tasks.agents import sdk_calls
 from tasks.redaction import redact
 
 if TYPE_CHECKING:
@@ -42,6 +43,10 @@ class ChatReply:
     latency_s: float | None = None  # the request itself, the SDK's import and client's start left out
     # The message's `tool_calls` as OpenAI's chat messages write them ({id, type, function}).
     tool_calls: tuple[dict[str, Any], ...] = ()
+    # Under `--replay-model-calls`: its request's digest, and whether it was answered from an
+    # earlier run's record (its tokens not bought).
+    request_sha256: str | None = None
+    replayed: bool = False
 
 
 class EndpointError(Exception):
@@ -103,14 +108,15 @@ class OpenAIClient:
         completions = self._client().chat.completions
         started = time.perf_counter()
         try:
-            completion = completions.create(
-                model=model,
-                messages=messages,  # type: ignore[arg-type] - plain role/content dicts
-                seed=openai.omit if seed is None else seed,
-                extra_body=params or None,
-                extra_headers=headers,
-                tools=tools or openai.omit,  # type: ignore[arg-type] - plain function-tool dicts
-            )
+            with sdk_calls.calling() as mark:
+                completion = completions.create(
+                    model=model,
+                    messages=messages,  # type: ignore[arg-type] - plain role/content dicts
+                    seed=openai.omit if seed is None else seed,
+                    extra_body=params or None,
+                    extra_headers=headers,
+                    tools=tools or openai.omit,  # type: ignore[arg-type] - plain function-tool dicts
+                )
         except openai.OpenAIError as exc:
             raise EndpointError(self._reason(exc)) from None
         latency = time.perf_counter() - started
@@ -131,18 +137,25 @@ class OpenAIClient:
             named if isinstance(named, str) and named else model,
             latency,
             calls,
+            mark.request_sha256,
+            mark.replayed,
         )
 
     def _client(self) -> openai.OpenAI:
+        import httpx2
         import openai
 
         with self._lock:
             if self._sdk is None:
+                # Its requests routed as a sample's model calls (`tasks.agents.sdk_calls`): held
+                # by `--model-concurrency`, answered by `--replay-model-calls`.
+                transport = sdk_calls.Routed(httpx2.HTTPTransport(limits=openai.DEFAULT_CONNECTION_LIMITS))
                 self._sdk = openai.OpenAI(
                     base_url=self.base_url,
                     api_key=self.api_key or "none",
                     timeout=self.timeout_s,
                     max_retries=self.max_attempts - 1,
+                    http_client=openai.DefaultHttpxClient(transport=transport),
                 )
             return self._sdk
 

@@ -18,9 +18,10 @@ from tasks.agents.model_calls import TRACE_KEY
 
 class ModelCallCounts(BaseModel):
     """`model_calls`: the calls of the samples drawn in this run (not those from the cache)
-    that went through the gateway. `unseen_samples`: drawn samples whose calls it did not see
-    (an in-process `python:` agent is observed, never answered; `openai:` calls the endpoint
-    itself), which are neither replayed nor counted here; `note` says so."""
+    that went through the gateway or, in evalpipe's process, through the OpenAI SDK.
+    `unseen_samples`: drawn samples none of whose calls went either way (an agent calling its
+    endpoint by other means, or making no call), which are neither replayed nor counted here;
+    `note` says so."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -50,16 +51,16 @@ def model_call_counts(samples: pa.Table) -> ModelCallCounts:
                 tokens[i] = (tokens[i] or 0) + spent[key]
     note = None
     if unseen:
-        note = (f"{unseen} drawn sample(s) made no call through the gateway: an in-process python: agent's calls"
-                " are observed, not answered, and an openai: agent calls the endpoint itself; none of their calls"
-                " can be replayed, and they are not counted here")
+        note = (f"{unseen} drawn sample(s) made no model call through the gateway or the OpenAI SDK in"
+                " evalpipe's process (an agent calling its endpoint by other means, or making no call): none of"
+                " their calls can be replayed, and they are not counted here")
     return ModelCallCounts(replayed=replayed, forwarded=forwarded, replayed_input_tokens=tokens[0],
                            replayed_output_tokens=tokens[1], unseen_samples=unseen, note=note)
 
 
 def _section(trace: Any) -> Mapping[str, Any] | None:
     """A stored trace's `model_calls` section: None where the draw kept none, or kept one for
-    a sample that made no call through the gateway."""
+    a sample that made no call evalpipe could answer."""
     doc = json.loads(trace) if isinstance(trace, str) else trace
     section = doc.get(TRACE_KEY) if isinstance(doc, Mapping) else None
     if not isinstance(section, Mapping) or not (section.get("replayed") or section.get("forwarded")):
