@@ -34,6 +34,7 @@ from typing import Any
 from tasks.agents import sdk_calls
 from tasks.agents.base import AgentContext, AgentError
 from tasks.agents.gateway import Tap, tapped
+from tasks.agents.otlp import ToolRun
 from tasks.agents.settings import AgentSettings
 
 log = logging.getLogger("evalpipe")
@@ -261,30 +262,18 @@ def _record_call(tap: Tap, span: Any, mark: sdk_calls.CallMark | None) -> None:
 
 
 def _record_tool(tap: Tap, span: Any) -> None:
+    """A function tool's span as its run (`Tap.ran`: joined to the model's call as an OTLP
+    span's is; this one has no call id)."""
     from openinference.semconv.trace import SpanAttributes
     from opentelemetry.trace import StatusCode
 
     attributes = span.attributes or {}
-    name = str(attributes.get(SpanAttributes.TOOL_NAME) or span.name)
-    arguments = _json(attributes.get(SpanAttributes.INPUT_VALUE))
-    result = {"role": "tool", "tool_call_id": None, "name": name,
-              "content": attributes.get(SpanAttributes.OUTPUT_VALUE, ""),
-              "duration_s": round((span.end_time - span.start_time) / 1e9, 6)}
-    if span.status.status_code is StatusCode.ERROR:
-        result["error"] = span.status.description or "the tool failed"
-    with tap.lock:
-        # The span has no call id: the latest unanswered call of this tool with these arguments.
-        answered = {e.get("tool_call_id") for e in tap.entries if e.get("role") == "tool"}
-        for entry in reversed(tap.entries):
-            for call in reversed(entry.get("tool_calls") or []):
-                function = call.get("function") or {}
-                if (call.get("id") not in answered and function.get("name") == name
-                        and _json(function.get("arguments")) == arguments):
-                    result["tool_call_id"] = call.get("id")
-                    break
-            if result["tool_call_id"]:
-                break
-        tap.entries.append(result)
+    failed = span.status.status_code is StatusCode.ERROR
+    tap.ran([ToolRun(name=str(attributes.get(SpanAttributes.TOOL_NAME) or span.name), call_id=None,
+                     arguments=attributes.get(SpanAttributes.INPUT_VALUE),
+                     content=str(attributes.get(SpanAttributes.OUTPUT_VALUE, "")),
+                     duration_s=(span.end_time - span.start_time) / 1e9,
+                     error=(span.status.description or "the tool failed") if failed else None)])
 
 
 def _json(text: Any) -> dict[str, Any]:
