@@ -101,6 +101,7 @@ STAGES = (
         "tasks.tools",
         "tasks.params",
         "tasks.home",
+        "tasks.settings",
         "tasks.callables",
         "tasks.redaction",
         "tasks.fences",
