@@ -86,7 +86,7 @@ def calibrate_judge(
     it, trajectory included. The result is stored under the judge's fingerprint."""
     from storage.suites import load_suite_ref
     from tasks.metrics.calibration import judge_calibration
-    from tasks.metrics.labels import read_labels
+    from tasks.metrics.labels import labelled_run, read_labels
 
     overrides = {
         k: v
@@ -94,6 +94,11 @@ def calibrate_judge(
         if v is not None
     }
     rows = read_labels(labels, need_output=True)
+    exported_from = labelled_run(rows, str(labels))
+    if run is None and exported_from is not None and store.get_run(exported_from) is not None:
+        run = exported_from  # the run `labels export` wrote the file from, kept in this home
+    elif run is not None and exported_from is not None and store.find_run(run)["run_id"] != exported_from:
+        raise InputError(f"{labels}: the labels were exported from run {exported_from}, not --run {run}")
     doc = judge_calibration(rows, load_suite_ref(suite, store), overrides, oracle=oracle, where=str(labels),
                             workers=WORKERS, grader=grader,
                             run=None if run is None else _stored_run(store, run, rows))
@@ -139,7 +144,8 @@ def calibrate_cmd(
     ] = None,
     run: Annotated[
         str | None,
-        typer.Option("--run", help="The run the labels came from: judge its stored samples (trajectories)."),
+        typer.Option("--run", help="The run the labels came from: judge its stored samples (trajectories)."
+                                   " Default: the run the label file names (its run_id column), when this home holds it."),
     ] = None,
     as_json: JsonFlag = False,
 ) -> None:
@@ -217,7 +223,7 @@ def export_labels(run_id: str, out: Path, store: Store) -> int:
     run = store.find_run(run_id)
     run_id = run["run_id"]
     cases = {c.id: c for c in _run_suite(run, store).cases}
-    return write_label_file(export_rows(_samples(store, run_id, ["case_id", "sample_index"]), cases), out)
+    return write_label_file(export_rows(_samples(store, run_id, ["case_id", "sample_index"]), cases, run_id), out)
 
 
 def import_labels(

@@ -98,6 +98,7 @@ def test_labels_round_trip(run, tmp_path, suffix):
             "output": "yes",
             "label": "",
             "note": "",
+            "run_id": run["run_id"],
         }
         rows = _fill(rows)
         out.write_text("".join(json.dumps(r) + "\n" for r in rows))

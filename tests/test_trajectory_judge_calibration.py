@@ -134,10 +134,33 @@ def test_the_same_judge_over_outputs_alone_is_another_instrument(labelled, endpo
     assert judge["judge_fingerprint"] != doc["judge_fingerprint"] and judge["calibration"] is None
 
 
+def test_the_label_file_names_its_run_so_calibrate_needs_no_run(labelled, endpoint):
+    """`labels export` writes each row's run (`run_id`): calibrate judges that run's stored
+    samples without `--run`, and refuses a `--run` that is another run."""
+    suite, labels, run_id, store = labelled
+    doc = calibrate_judge(str(suite), labels, grader="judged", store=store)
+    assert doc["kind"] == "trajectory_judge" and doc["run"] == run_id
+    assert doc["confusion"] == {"tp": 9, "fp": 1, "fn": 1, "tn": 1}
+    other = evalpipe.evaluate(str(suite), "openai:support-bad?max_steps=6", n=1, home=store.home, seed=7)
+    with pytest.raises(InputError, match=rf"labels.csv: the labels were exported from run {run_id}, not --run"):
+        calibrate_judge(str(suite), labels, grader="judged", run=other.run_id, store=store)
+    from tasks.report.judging_text import calibration_text
+
+    assert calibration_text(doc).startswith(f"trajectory judge openai:{JUDGE} (")
+    assert " on 12 trajectories of 12 cases" in calibration_text(doc)
+
+
 def test_a_trajectory_judge_without_its_run_or_its_samples_is_bad_input(labelled, tmp_path):
     suite, labels, run_id, store = labelled
+    with labels.open(newline="") as fh:  # a file written before label files named their run
+        rows = [{k: v for k, v in row.items() if k != "run_id"} for row in csv.DictReader(fh)]
+    unnamed = tmp_path / "unnamed.csv"
+    with unnamed.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
     with pytest.raises(InputError, match="a trajectory_judge judges the stored trajectory .* pass --run RUN"):
-        calibrate_judge(str(suite), labels, grader="judged", store=store)
+        calibrate_judge(str(suite), unnamed, grader="judged", store=store)
     with pytest.raises(InputError, match="grader 'never-deletes' is a tool_called grader, not a judge"):
         calibrate_judge(str(suite), labels, grader="never-deletes", run=run_id, store=store)
     text = labels.read_text()

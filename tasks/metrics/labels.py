@@ -19,7 +19,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,7 @@ from tasks.suites.cells import cell_text, inert_cell
 from tasks.suites.jsonl import object_lines
 from tasks.trace import HumanLabel, SampleTrace
 
-COLUMNS = ("case_id", "sample_index", "prompt", "output", "label", "note")
+COLUMNS = ("case_id", "sample_index", "prompt", "output", "label", "note", "run_id")
 FORMATS = (".csv", ".jsonl")
 
 
@@ -46,17 +46,18 @@ class LabelRow:
     output: str | None
     label: bool | None  # None: left blank
     note: str = ""
+    run_id: str | None = None  # the run the row was exported from (a file written before: None)
 
 
-def export_rows(samples: Iterable[dict[str, Any]], cases: dict[str, EvalCase]) -> Iterator[dict[str, Any]]:
+def export_rows(samples: Iterable[dict[str, Any]], cases: dict[str, EvalCase], run_id: str) -> Iterator[dict[str, Any]]:
     """One blank-labelled row per sample row (`case_id`, `sample_index`, `output`: a `str`,
-    or a stored output whose `str` reads it), in their order, each output read as its row
-    is made."""
+    or a stored output whose `str` reads it) of run `run_id`, in their order, each output
+    read as its row is made."""
     for sample in samples:
         cid = sample["case_id"]
         prompt = render("{prompt}", cases[cid]) if cid in cases else ""
         yield {"case_id": cid, "sample_index": sample["sample_index"], "prompt": prompt,
-               "output": str(sample["output"] or ""), "label": "", "note": ""}
+               "output": str(sample["output"] or ""), "label": "", "note": "", "run_id": run_id}
 
 
 def _format(path: Path) -> str:
@@ -157,7 +158,21 @@ def _label_row(record: dict[str, Any], where: str, line: int, need_output: bool)
     if not isinstance(label, str):
         raise InputError(f"{where}: label {label!r} is not pass/fail")
     note = record.get("note") or ""
-    return LabelRow(line, cid, index, output, parse_label(label, where), str(note))
+    run_id = record.get("run_id") or None
+    if run_id is not None and not isinstance(run_id, str):
+        raise InputError(f"{where}: run_id must be a string")
+    return LabelRow(line, cid, index, output, parse_label(label, where), str(note), run_id)
+
+
+def labelled_run(rows: Sequence[LabelRow], where: str) -> str | None:
+    """The run the rows were exported from, when they name one (`run_id`); `InputError` when
+    they name several."""
+    named = {row.run_id: row.line for row in rows if row.run_id is not None}
+    if len(named) > 1:
+        (a, line_a), (b, line_b) = sorted(named.items(), key=lambda item: item[1])[:2]
+        raise InputError(f"{where}: the labels come from several runs ({a} on line {line_a}, {b} on line {line_b});"
+                         " calibrate on one run's labels at a time")
+    return next(iter(named), None)
 
 
 def same_text(a: str, b: str) -> bool:

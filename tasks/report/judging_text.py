@@ -13,7 +13,9 @@ def calibration_text(doc: Mapping[str, Any]) -> str:
     """A judge's calibration against the truth: agreement, kappa, the error rates, the confusion."""
     c = doc["confusion"]
     return "\n".join([
-        f"judge {doc['judge']} ({doc['judge_fingerprint'][:12]}) vs {doc['truth']} on {doc['items']} outputs"
+        f"{'trajectory judge' if doc.get('kind') == 'trajectory_judge' else 'judge'} {doc['judge']}"
+        f" ({doc['judge_fingerprint'][:12]}) vs {doc['truth']} on {doc['items']}"
+        f" {'trajectories' if doc.get('kind') == 'trajectory_judge' else 'outputs'}"
         f" of {doc['cases']} cases; {int(doc['ci_level'] * 100)}% CIs",
         f"agreement       {with_ci(doc, 'agreement')}",
         f"Cohen's kappa   {with_ci(doc, 'kappa')}",
