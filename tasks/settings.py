@@ -81,7 +81,6 @@ ENV: dict[str, str] = {
 
 @lru_cache(maxsize=32)
 def _parsed(raw: tuple[tuple[str, str], ...]) -> MachineSettings:
-    # Cached on the variables' text: code entered by no edge asks once per sandboxed program.
     return MachineSettings(**{name: _value(name, ENV[name], text) for name, text in raw if text})
 
 
@@ -134,4 +133,13 @@ def current() -> MachineSettings:
     carried = _carried.get()
     if carried is not None:
         return carried
-    return _parsed(tuple((name, os.environ.get(var, "").strip()) for name, var in ENV.items()))
+    return _own(tuple(map(os.environ.get, _VARIABLES)))
+
+
+_VARIABLES = tuple(ENV.values())
+
+
+@lru_cache(maxsize=32)
+def _own(values: tuple[str | None, ...]) -> MachineSettings:
+    # Keyed on the raw values: every sandboxed program of a process entered by no edge asks.
+    return _parsed(tuple((name, (value or "").strip()) for name, value in zip(ENV, values, strict=True)))
