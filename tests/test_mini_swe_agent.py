@@ -1,14 +1,17 @@
 """mini-swe-agent (PyPI, on litellm), unchanged and in its own venv, as a `--workspace` coding agent
-on examples/coding (#47 item 1, #44 item 5): no wrapper script. Its model is a scripted
-OpenAI-compatible endpoint on loopback that answers with the bash tool calls mini-swe-agent
-expects, then its submit command; the agent reaches it only through the run's gateway.
+on examples/coding and on a suite mined from a repository built here (#47 item 1, #44 item 5):
+no wrapper script. Its model is a scripted OpenAI-compatible endpoint on loopback that answers
+with the bash tool calls mini-swe-agent expects, then its submit command; the agent reaches it
+only through the run's gateway.
 
 The venv is built from PyPI once per pinned version and kept under the user's cache."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -16,17 +19,33 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import duckdb
+import git
 import pytest
+import yaml
+from support.git_repos import commit
 
+from tasks.agents.gateway import TOKEN_PREFIX
 from tasks.sandbox import policy as sandbox
+from tasks.suites.dataset import load_suite
 
 ROOT = Path(__file__).resolve().parent.parent
 MINI_SWE_AGENT = "2.4.6"
 REAL_KEY = "sk-real-key-never-in-the-sandbox"
-# The scripted model's bash actions, one per turn: look, fix, submit.
-ACTIONS = ("cat calc.py", "sed -i 's/return abs(a) + b/return a + b/' calc.py",
-           "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT")
+SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+# The scripted model's bash actions on examples/coding, one per turn: look, fix, submit.
+ACTIONS = ("cat calc.py", "sed -i 's/return abs(a) + b/return a + b/' calc.py", SUBMIT)
 TOKENS = (100, 7)  # what each of its answers reports: in, out
+AGENT = "cmd:{venv}/bin/mini -y --exit-immediately -m openai/scripted-coder -t {{task}}"
+
+# The mined repository: `sub` is right, a later commit breaks it (no test: not a candidate),
+# the next fixes it with the test that shows it: the one case the miner keeps.
+CALC = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n"
+CALC_BROKEN = CALC.replace("return a - b", "return b - a")
+TESTS = "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"
+TESTS_SUB = TESTS.replace("import add", "import add, sub") + "\n\ndef test_sub():\n    assert sub(5, 3) == 2\n"
+# On the mined case the agent also prints the key it was given: the endpoint, which sees every
+# observation, must see the sample's token there, never the real key.
+MINED_ACTIONS = ("cat calc.py", "printenv OPENAI_API_KEY", "sed -i 's/return b - a/return a - b/' calc.py", SUBMIT)
 
 
 @pytest.fixture(scope="module")
@@ -41,20 +60,40 @@ def mini_venv() -> Path:
     return venv
 
 
-class BashModel:
-    """A chat-completions endpoint answering each turn with the next of `ACTIONS` as a `bash`
-    tool call (the tool mini-swe-agent gives its model); it keeps each request's headers."""
+@pytest.fixture
+def workspace_sandbox(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The workspace runs in bubblewrap, as a user's does; mini-swe-agent's own settings are
+    passed into it by name: no first-run set-up prompt, no price for a model litellm does not
+    know, litellm's price map from its package."""
+    monkeypatch.delenv(sandbox.MODE_ENV, raising=False)
+    sandbox._bwrap_problem.cache_clear()
+    if not sandbox.bwrap_available():
+        pytest.skip("bubblewrap does not run here")
+    monkeypatch.setenv("OPENAI_API_KEY", REAL_KEY)
+    monkeypatch.setenv("MSWEA_CONFIGURED", "true")
+    monkeypatch.setenv("MSWEA_COST_TRACKING", "ignore_errors")
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    monkeypatch.setenv("EVALPIPE_AGENT_ENV", "MSWEA_CONFIGURED,MSWEA_COST_TRACKING,LITELLM_LOCAL_MODEL_COST_MAP")
+    monkeypatch.chdir(ROOT)
 
-    def __init__(self) -> None:
+
+class BashModel:
+    """A chat-completions endpoint answering each turn with the next of `actions` as a `bash`
+    tool call (the tool mini-swe-agent gives its model), the last one again once they run out;
+    it keeps each request's Authorization header, tools and raw body."""
+
+    def __init__(self, actions: tuple[str, ...]) -> None:
         self.seen: list[dict] = []
         model = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                model.seen.append({"auth": self.headers.get("Authorization"), "tools": body.get("tools")})
+                raw = self.rfile.read(int(self.headers["Content-Length"]))
+                body = json.loads(raw)
+                model.seen.append({"auth": self.headers.get("Authorization"), "tools": body.get("tools"),
+                                   "body": raw.decode()})
                 turn = sum(1 for m in body["messages"] if m["role"] == "assistant")
-                action = ACTIONS[min(turn, len(ACTIONS) - 1)]
+                action = actions[min(turn, len(actions) - 1)]
                 reply = {
                     "id": f"c{turn}", "object": "chat.completion", "created": 0, "model": body["model"],
                     "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
@@ -84,45 +123,116 @@ class BashModel:
         self.server.server_close()
 
 
-@pytest.mark.slow
-def test_mini_swe_agent_in_its_own_venv_passes_examples_coding_in_a_workspace(mini_venv, tmp_path, monkeypatch):
+def _run(suite: str, actions: tuple[str, ...], venv: Path, home: Path, monkeypatch: pytest.MonkeyPatch,
+         seed: int = 0):
+    """One sample of mini-swe-agent on `suite` in a workspace, its model answering `actions`:
+    (the run's summary, the model's record of what it was sent)."""
     import evalpipe
 
-    monkeypatch.delenv(sandbox.MODE_ENV, raising=False)
-    sandbox._bwrap_problem.cache_clear()
-    if not sandbox.bwrap_available():
-        pytest.skip("bubblewrap does not run here")
-    model = BashModel()
+    model = BashModel(actions)
     monkeypatch.setenv("OPENAI_BASE_URL", model.url)
-    monkeypatch.setenv("OPENAI_API_KEY", REAL_KEY)
-    # mini-swe-agent's own settings, passed into the sandbox by name: no first-run set-up
-    # prompt, no price for a model litellm does not know, litellm's price map from its package.
-    monkeypatch.setenv("MSWEA_CONFIGURED", "true")
-    monkeypatch.setenv("MSWEA_COST_TRACKING", "ignore_errors")
-    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    monkeypatch.setenv("EVALPIPE_AGENT_ENV", "MSWEA_CONFIGURED,MSWEA_COST_TRACKING,LITELLM_LOCAL_MODEL_COST_MAP")
-    monkeypatch.chdir(ROOT)
-    home = tmp_path / "home"
-    agent = f"cmd:{mini_venv}/bin/mini -y --exit-immediately -m openai/scripted-coder -t {{task}}"
     try:
-        run = evalpipe.evaluate("examples/coding/calc.yaml", agent, n=1, workspace=True, home=home)
+        run = evalpipe.evaluate(suite, AGENT.format(venv=venv), n=1, seed=seed, workspace=True, home=home)
     finally:
         model.close()
-    assert run.status_counts == {"passed": 1}, _detail(home, run.run_id)
-    # Every call came through the gateway with the sample's token, never the real key.
-    assert len(model.seen) == len(ACTIONS) and all(s["tools"][0]["function"]["name"] == "bash" for s in model.seen)
+    return run, model
+
+
+def _assert_recorded(model: BashModel, home: Path, run_id: str, case: str, actions: tuple[str, ...]) -> None:
+    """Every call came through the gateway with the sample's token: the endpoint got the real
+    key only in the gateway's own header, never in what the agent sent; the sample's tokens
+    are what the endpoint reported; the stored trace holds no key; `runs show --case` shows
+    each bash step."""
+    assert len(model.seen) == len(actions) and all(s["tools"][0]["function"]["name"] == "bash" for s in model.seen)
     assert all(s["auth"] == f"Bearer {REAL_KEY}" for s in model.seen)  # the gateway's, upstream
+    assert not any(REAL_KEY in s["body"] for s in model.seen)
     with duckdb.connect(str(home / "evalpipe.duckdb"), read_only=True) as con:
-        (inp, out, trace), = con.execute("SELECT input_tokens, output_tokens, trace FROM samples WHERE run_id = ?",
-                                         [run.run_id]).fetchall()
-    assert (inp, out) == (TOKENS[0] * len(ACTIONS), TOKENS[1] * len(ACTIONS))
-    assert REAL_KEY not in trace
-    shown = subprocess.run([sys.executable, "-m", "flows.cli", "runs", "show", run.run_id, "--case", "add-bug"],
+        (inp, out), = con.execute("SELECT input_tokens, output_tokens FROM samples WHERE run_id = ?",
+                                  [run_id]).fetchall()
+    assert (inp, out) == (TOKENS[0] * len(actions), TOKENS[1] * len(actions))
+    assert REAL_KEY not in _trace(home, run_id)
+    shown = subprocess.run([sys.executable, "-m", "flows.cli", "runs", "show", run_id, "--case", case],
                            cwd=ROOT, env={**os.environ, "EVALPIPE_HOME": str(home)}, capture_output=True,
                            text=True, timeout=120)
     assert shown.returncode == 0, shown.stderr
-    for action in ACTIONS:
+    for action in actions:
         assert action in shown.stdout, shown.stdout
+
+
+@pytest.mark.slow
+def test_mini_swe_agent_in_its_own_venv_passes_examples_coding_in_a_workspace(
+        mini_venv, workspace_sandbox, tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    run, model = _run("examples/coding/calc.yaml", ACTIONS, mini_venv, home, monkeypatch)
+    assert run.status_counts == {"passed": 1}, _detail(home, run.run_id)
+    _assert_recorded(model, home, run.run_id, "add-bug", ACTIONS)
+
+
+@pytest.fixture(scope="module")
+def mined(tmp_path_factory: pytest.TempPathFactory, prefect_harness) -> tuple[Path, Path]:
+    """A repository whose history breaks `sub` and then fixes it with a test, mined into a
+    suite by `evalpipe suite mine` (the environment from pytest's wheels in the repository, so
+    it builds offline): (the suite file, the home that built its environment)."""
+    spec = importlib.util.spec_from_file_location("build_pricing", ROOT / "examples/pricing/build_repo.py")
+    pricing = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pricing)
+    work = tmp_path_factory.mktemp("mined-for-mini")
+    repo = git.Repo.init(work / "calc", initial_branch="main")
+    wheels = {f"vendor/{name}": data for name, data in map(pricing.wheel_of_installed, pricing.PYTEST_DISTS)}
+    for name, data in wheels.items():
+        (work / "calc" / name).parent.mkdir(exist_ok=True)
+        (work / "calc" / name).write_bytes(data)
+    repo.index.add(sorted(wheels))
+    commit(repo, {"calc.py": CALC, "tests/test_calc.py": TESTS}, "calc")
+    commit(repo, {"calc.py": CALC_BROKEN}, "Tidy sub")
+    commit(repo, {"calc.py": CALC, "tests/test_calc.py": TESTS_SUB}, "Fix sub: sub(5, 3) returned -2, not 2")
+    environment = work / "env.yaml"
+    environment.write_text(yaml.safe_dump({"install": [
+        "pip install --no-index --find-links vendor " + " ".join(pricing.PYTEST_DISTS)]}))
+    suite, home = work / "mined.yaml", work / "home"
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "suite", "mine", str(work / "calc"), "--out", str(suite),
+                           "--environment", str(environment)], cwd=ROOT, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "PREFECT_API_URL": prefect_harness,
+                               "EVALPIPE_HOME": str(home)})
+    assert done.returncode == 0, done.stderr
+    return suite, home
+
+
+@pytest.mark.slow
+def test_mini_swe_agent_fixes_a_case_mined_from_a_repository_s_history(
+        mini_venv, workspace_sandbox, mined, monkeypatch):
+    suite, home = mined
+    (case,) = load_suite(suite).cases
+    assert case.grader["fail_to_pass"] == ["tests/test_calc.py::test_sub"]  # the miner's own grader
+    run, model = _run(str(suite), MINED_ACTIONS, mini_venv, home, monkeypatch)
+    assert run.status_counts == {"passed": 1}, _detail(home, run.run_id)
+    _assert_recorded(model, home, run.run_id, case.id, MINED_ACTIONS)
+    # The agent printed the key in its environment: the endpoint saw the sample's token there,
+    # and the stored trace holds neither.
+    (token,) = re.findall(re.escape(TOKEN_PREFIX) + r"[\w-]+", json.loads(model.seen[2]["body"])["messages"][-1]["content"])
+    assert token not in _trace(home, run.run_id)
+
+
+@pytest.mark.slow
+def test_mini_swe_agent_that_does_not_fix_the_mined_case_fails_it(mini_venv, workspace_sandbox, mined, monkeypatch):
+    """The same agent, its model scripted not to fix the bug. New seeds: a stored sample of the
+    same agent would be reused, its scripted model never asked."""
+    suite, home = mined
+    # An edit that leaves the bug: the repository's own test fails it.
+    wrong = ("cat calc.py", "sed -i 's/return b - a/return -(a - b)/' calc.py", SUBMIT)
+    run, model = _run(str(suite), wrong, mini_venv, home, monkeypatch, seed=1)
+    assert run.status_counts == {"failed": 1}, _detail(home, run.run_id)
+    assert "tests/test_calc.py::test_sub" in _detail(home, run.run_id) and len(model.seen) == len(wrong)
+    # Submitting at once changes nothing: an empty patch, a failure too.
+    run, model = _run(str(suite), (SUBMIT,), mini_venv, home, monkeypatch, seed=2)
+    assert run.status_counts == {"empty": 1}, _detail(home, run.run_id)
+    assert len(model.seen) == 1
+
+
+def _trace(home: Path, run_id: str) -> str:
+    with duckdb.connect(str(home / "evalpipe.duckdb"), read_only=True) as con:
+        (trace,), = con.execute("SELECT trace FROM samples WHERE run_id = ?", [run_id]).fetchall()
+    return trace
 
 
 def _detail(home: Path, run_id: str) -> str:

@@ -38,7 +38,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from tasks.agents.base import AgentContext, AgentError
-from tasks.agents.model_calls import CallBook, RecordedCall, body_text, reply_of
+from tasks.agents.model_calls import MODEL_PATHS, CallBook, RecordedCall, body_text, reply_of
 from tasks.agents.openai_client import DEFAULT_BASE_URL
 from tasks.agents.otlp import TRACES_PATH, Refused, ToolRun, answer, loads_or_none, read, tool_runs
 from tasks.agents.purse import Purse
@@ -49,7 +49,7 @@ from tasks.trace import Trajectory
 from tasks.trajectory import usage_counts
 
 # The API paths forwarded (below the gateway's /v1): what the OpenAI SDKs and most agents use.
-FORWARDED = ("/chat/completions", "/responses", "/models", "/embeddings", "/completions")
+FORWARDED = (*MODEL_PATHS, "/models")  # the model calls, and the listing of models
 MAX_REQUEST_BYTES = 8 << 20
 MAX_RESPONSE_BYTES = 64 << 20
 TOKEN_PREFIX = "evalpipe-sample-"
@@ -626,9 +626,9 @@ class Grant:
         else the gateway's calls followed by what it wrote. `AgentError` naming the cap that
         stopped it, if one did."""
         tap = self.tap
-        if own is not None:
-            own = Trajectory.model_validate(json.loads(self.masked(own.model_dump_json())))
         own = tapped(tap, ctx, own, cap)
+        if own is not None:  # the calls' messages hold what the agent's tools printed: the token too
+            own = Trajectory.model_validate(json.loads(self.masked(own.model_dump_json())))
         if (stopped := tap.stop_reason()) is not None:
             if own is not None:
                 ctx.trace.trajectory = own
