@@ -15,6 +15,7 @@ from tasks.metrics.diff import (
     check_metric,
     check_same_suite,
     diff_runs,
+    needs_records,
     with_metric,
 )
 from tasks.metrics.gate import gate_alone, gate_diff
@@ -92,8 +93,9 @@ def pair_runs(run_id: str, baseline: str, *, metric: str = "pass", store: Store,
     if require_same_suite:
         check_same_suite(run, base)
     metric = check_metric(metric)
-    results = with_metric(store.case_results(run["run_id"]), metric, f"run {run['run_id']}")
-    diff = diff_runs(results, store.case_results(base["run_id"]),
+    records = needs_records(metric)
+    results = with_metric(store.case_results(run["run_id"], records=records), metric, f"run {run['run_id']}")
+    diff = diff_runs(results, store.case_results(base["run_id"], records=records),
                      run_id=run["run_id"], baseline_id=base["run_id"], metric=metric, seed=run["seed"])
     return Comparison(run, base, diff, results, store)
 
@@ -118,8 +120,9 @@ def run_gate(run: PreparedRun, config: RunConfig, store: Store) -> Gate:
 def unpaired_decision(run: PreparedRun, config: RunConfig, store: Store, measured: Measured) -> dict[str, Any] | None:
     """A run's decision without a baseline, from its stored results."""
     run_id, slice_values = run.spec.run_id, measured.slice_values(config.metric)
-    results = store.case_results(run_id)
-    if slice_values is None and run.rules.slice_min:  # a registered metric's slices: its value per case
+    computed = slice_values is None and bool(run.rules.slice_min)  # a registered metric's slices: per case
+    results = store.case_results(run_id, records=computed and needs_records(config.metric))
+    if computed:
         results = with_metric(results, config.metric, f"run {run_id}")
     return gate_alone(results, run_id=run_id, metric=config.metric, safety_failed=measured.safety_failed,
                       must_pass=frozenset(c.id for c in run.suite.cases if c.must_pass),

@@ -35,8 +35,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from storage import disk_full, process
+from tasks.metrics.aggregate import RECORD_COLUMNS, sample_records
 from tasks.metrics.diff import CaseResult
 from tasks.metrics.graders import extra_grader_counts, must_pass_graders
+from tasks.metrics.tallies import SampleRecord
 from tasks.models import EvalSuite, InputError, PlatformError
 from tasks.run import RunSpec, RunSummary
 from tasks.run.samples import SAMPLE_COLUMNS, SAMPLE_SCHEMA, output_ddl, sample_ddl
@@ -778,9 +780,11 @@ class Database:
             ).fetchone()
         return hits > 0
 
-    def case_results(self, run_id: str) -> list[CaseResult]:
+    def case_results(self, run_id: str, *, records: bool = False) -> list[CaseResult]:
         """One `CaseResult` per case of a run (counts, mean score, the case's slices in the run's
-        suite, each sample's score for a registered metric): what `diff` and the gate's rules read."""
+        suite, each sample's score for a registered metric): what `diff` and the gate's rules read.
+        With `records`, each case's sample records too (`needs_records`: a registered metric
+        computed on them)."""
         with self.connect(read_only=True) as con:
             rows = con.execute(
                 "SELECT s.case_id, s.case_hash, count(*), count(*) FILTER (WHERE s.passed),"
@@ -800,10 +804,16 @@ class Database:
             for cid, name, count in con.execute(
                     "SELECT case_id, name, count(*) FROM tool_calls WHERE run_id = ? GROUP BY ALL", [run_id]).fetchall():
                 calls.setdefault(cid, {})[str(name)] = int(count)
+            kept: dict[str, list[SampleRecord]] = {}
+            if records:
+                table = con.sql(f"SELECT case_id, {', '.join(RECORD_COLUMNS)} FROM samples WHERE run_id = $run"
+                                " ORDER BY case_id, sample_index", params={"run": run_id}).to_arrow_table()
+                for cid, record in zip(table["case_id"].to_pylist(), sample_records(table), strict=True):
+                    kept.setdefault(cid, []).append(record)
         return [CaseResult(cid, h, int(n), int(c), float(score), tuple(slices or ()), tuple(map(float, scores)),
                            graders=extra_grader_counts(extras or ()), must_pass_graders=must_pass_graders(extras or ()),
                            tools=calls.get(cid, {}), unsafe=int(unsafe),
-                           figures=_figures(turns, calls.get(cid), tokens, cost))
+                           figures=_figures(turns, calls.get(cid), tokens, cost), records=tuple(kept.get(cid, ())))
                 for cid, h, n, c, score, slices, scores, extras, unsafe, turns, tokens, cost in rows]
 
     def latest_completed_run_of_suite(self, suite_name: str, *, before: str | None = None) -> str | None:

@@ -403,6 +403,27 @@ def metrics(ks: Sequence[int] = ()) -> dict[str, MetricSpec]:
     return found
 
 
+def metric_named(name: str) -> MetricSpec | None:
+    """The metric `name` names: a registered one, or a family's member at the k it names
+    (`pass@3` of `pass@{k}`, k ≥ 1); None when none does."""
+    known = metrics()
+    if name in known:
+        return known[name]
+    for family in metric_families():
+        head, _, tail = family.name.partition(K)
+        k = name[len(head):len(name) - len(tail)] if name.startswith(head) and name.endswith(tail) else ""
+        if k.isascii() and k.isdigit() and int(k) >= 1 and str(int(k)) == k:
+            return family.at(int(k))
+    return None
+
+
+def metric_families() -> list[MetricFamily]:
+    """Every registered family of metrics (`{k}` in its name), the built-ins first."""
+    _load_builtin(BUILTIN_METRICS)
+    load_plugins()
+    return list(_FAMILIES.values())
+
+
 def metric_family(name: str) -> MetricFamily:
     """The registered family `name` (holding `{k}`); `KeyError` when there is none."""
     _load_builtin(BUILTIN_METRICS)

@@ -137,7 +137,7 @@ def test_the_gate_decides_on_a_registered_metric_s_case_paired_ci(home, plugin, 
 
 @pytest.mark.parametrize(("metric", "message"), [
     ("nope", "--metric: unknown metric 'nope' (expected pass, score or a registered per-case metric: mean_score,"
-             " nothing, pass@1, perfect)"),
+             " nothing, pass@1, perfect, pass@{k}, pass^{k})"),
     ("perfect_share", "--metric perfect_share: it has no per-case values (it is computed over the whole run)"),
     ("nothing", "--metric nothing: it has no per-case values on run "),
 ])

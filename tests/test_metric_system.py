@@ -168,3 +168,39 @@ def _tallies() -> Tallies:
                for c in ids for i, (ok, score) in enumerate(TABLE[c])]
     scores = np.array([r.score for r in records])
     return Tallies.of_samples(ids, np.repeat(np.arange(len(ids)), n), n, passes, scores, lambda: records)
+
+
+def test_diff_and_gate_name_a_plugin_family_s_member(scratch_registry, tmp_path) -> None:
+    """`--metric all_of^3`: a member of a plugin family at the k it names pairs case by case
+    (its values computed on each case's samples); a k that is not a whole number >= 1 is not one."""
+    import evalpipe
+    from storage.store import Store
+    from tasks.metrics.diff import check_metric, with_metric
+    from tasks.models import InputError
+
+    @registry.metric("all_of^{k}", per_case=True)
+    def all_of(tallies: Tallies, k: int) -> list[float]:
+        return [comb(sum(s.passed for s in t.samples), k) / comb(len(t.samples), k) for t in tallies]
+
+    home = tmp_path / "home"
+    agent = f"python:{ROOT}/examples/agents/demo_agent.py:answer"
+    base = evalpipe.evaluate(str(ROOT / "examples/qa.yaml"), agent, n=5, seed=7, home=home)
+    run = evalpipe.evaluate(str(ROOT / "examples/qa.yaml"), agent, n=5, seed=8, home=home)
+    assert check_metric("all_of^3") == "all_of^3"  # k=3 was never asked by the runs
+    # Computed on each case's sample records, as the run's own figures are (the plugin reads
+    # `t.samples`: with counts alone it would have none).
+    results = with_metric(Store(home).case_results(run.run_id, records=True), "all_of^3", "run")
+    assert [r.values["all_of^3"] for r in results] == approx([comb(r.c, 3) / comb(r.n, 3) for r in results])
+    assert len({r.values["all_of^3"] for r in results}) > 1
+    # The gate's and diff's path: both sides paired on the member.
+    from service.gate import pair_runs
+
+    diff = pair_runs(run.run_id, base.run_id, metric="all_of^3", store=Store(home)).diff
+    assert diff.metric == "all_of^3" and len(diff.cases) == len(results)
+    assert [c.after.values["all_of^3"] for c in diff.cases if c.after] == approx(
+        [comb(c.after.c, 3) / comb(c.after.n, 3) for c in diff.cases if c.after])
+    for bad in ("all_of^0", "all_of^x", "all_of^03", "all_of^", "any_of^2"):
+        with pytest.raises(InputError, match="unknown metric"):
+            check_metric(bad)
+    with pytest.raises(InputError, match=r"all_of\^\{k\}"):  # the families are listed with the choices
+        check_metric("nope")

@@ -22,6 +22,9 @@ from typing import Any
 
 from tasks.models import canonical_json, sha256_hex
 
+# The API paths of model calls (what replay answers and `--model-concurrency` holds), the
+# longest first where one ends another.
+MODEL_PATHS = ("/chat/completions", "/responses", "/embeddings", "/completions")
 # The trace key the section is stored under.
 TRACE_KEY = "model_calls"
 # The reply bodies kept per sample: past it a call is still answered and counted, but not

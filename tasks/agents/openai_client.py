@@ -18,14 +18,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tasks.agents import sdk_calls
+from tasks.agents.settings import DEFAULT_MAX_ATTEMPTS, DEFAULT_TIMEOUT_S
 from tasks.redaction import redact
 
 if TYPE_CHECKING:
     import openai
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
-DEFAULT_TIMEOUT_S = 60.0  # per request
-DEFAULT_MAX_ATTEMPTS = 5  # the first request and up to 4 retries
 ERROR_CHARS = 300  # of the server's error body kept in the message
 # What the SDK retries, so that a failure can say whether it was retried.
 RETRIED_STATUSES = frozenset({408, 409, 429})
@@ -100,6 +99,7 @@ class OpenAIClient:
         SDK does not know (`top_k` for vLLM) reaches the server too.
         """
         import openai  # here, not at the top: importing the SDK takes about a second
+
 
         # No key (a local server): the SDK would send a placeholder; send no header.
         headers = None if self.api_key else {"Authorization": openai.omit}

@@ -26,13 +26,9 @@ from functools import cache
 
 import httpx2 as httpx  # the OpenAI SDK's HTTP library (an httpx of its own)
 
-from tasks.agents.gateway import FORWARDED
-from tasks.agents.model_calls import CallBook, RecordedCall, body_text
+from tasks.agents.model_calls import MODEL_PATHS, CallBook, RecordedCall, body_text
 from tasks.trajectory import usage_counts
 
-# The paths of model calls (what `--model-concurrency` holds and replay answers); `/models` is
-# a listing, not a call.
-MODEL_PATHS = tuple(path for path in FORWARDED if path != "/models")
 # How often an async call waiting for a slot looks again (a thread would hold a worker of the
 # event loop's executor for the whole wait).
 _SLOT_POLL_S = 0.002

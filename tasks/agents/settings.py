@@ -16,11 +16,12 @@ from typing import Annotated, Any, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tasks.agents.openai_client import DEFAULT_MAX_ATTEMPTS, DEFAULT_TIMEOUT_S
 from tasks.models import InputError
 from tasks.repos.workspaces import DEFAULT_CHANGE_BYTES, DEFAULT_TREE_MB, Caps
 
 DEFAULT_MAX_OUTPUT_BYTES = 4 << 20
+DEFAULT_TIMEOUT_S = 60.0  # per request to an OpenAI-compatible endpoint
+DEFAULT_MAX_ATTEMPTS = 5  # the first request and up to 4 retries
 DEFAULT_CMD_TIMEOUT_S = 300.0
 
 

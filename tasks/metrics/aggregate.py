@@ -183,7 +183,7 @@ def aggregate(
     c = np.bincount(case_index, weights=passed, minlength=len(case_ids)).astype(np.int64)
 
     boot = {"seed": seed, "n_boot": n_boot, "level": level}
-    tallies = Tallies.of_samples(case_ids, case_index, n, c, _sample_scores(samples), lambda: _records(samples))
+    tallies = Tallies.of_samples(case_ids, case_index, n, c, _sample_scores(samples), lambda: sample_records(samples))
     # The headline's figures are registered metrics' per-case values, as a plugin's are.
     per_case = {k: per_case_values(metric_family("pass@{k}").at(k), tallies) for k in ks}
     hat = {k: per_case_values(metric_family("pass^{k}").at(k), tallies) for k in ks}
@@ -252,7 +252,7 @@ def _slice_members(
     }
 
 
-def _records(samples: pa.Table) -> list[SampleRecord]:
+def sample_records(samples: pa.Table) -> list[SampleRecord]:
     """Each sample's record, in the table's order, from the columns it has (a metric reads
     what it needs: usage columns and the trace are there when the run's reduce read them)."""
     have = set(samples.column_names)

@@ -22,10 +22,10 @@ from typing import Any, Literal
 import numpy as np
 
 from tasks.metrics.stats import DEFAULT_LEVEL, DEFAULT_N_BOOT, bootstrap_mean_ci
-from tasks.metrics.tallies import Tallies, per_case_values
+from tasks.metrics.tallies import SampleRecord, Tallies, per_case_values
 from tasks.models import InputError
 from tasks.params import GRADER_NAME
-from tasks.registry import metrics
+from tasks.registry import metric_families, metric_named, metrics
 
 # What a diff and the gate compare: "pass", "score", or a registered per-case metric's name.
 Metric = str
@@ -67,6 +67,9 @@ class CaseResult:
     # What its samples took, summed (`INCREASE_FIGURES`: model turns, tool calls, tokens, cost;
     # a figure no sample reported is absent): `--max-increase` compares their means per sample.
     figures: Mapping[str, float] = field(default_factory=dict, compare=False)
+    # Each sample's record in index order, where a registered metric computed here reads them
+    # (`needs_records`); () otherwise.
+    records: tuple[SampleRecord, ...] = field(default=(), compare=False, repr=False)
 
     def value(self, metric: Metric) -> float:
         if metric == "pass":
@@ -195,10 +198,10 @@ def check_metric(metric: str) -> Metric:
         if not GRADER_NAME.match(metric.removeprefix(GRADER_PREFIX)):
             raise InputError(f"--metric {metric}: not a grader's name (grader:NAME, NAME as a case's grader has it)")
         return metric
-    known = metrics()
-    paired = sorted(name for name, spec in known.items() if spec.per_case and spec.percent)
-    choices = f"pass, score or a registered per-case metric: {', '.join(paired) or 'none'}"
-    spec = known.get(metric)
+    paired = sorted(name for name, spec in metrics().items() if spec.per_case and spec.percent)
+    families = sorted(f.name for f in metric_families() if f.per_case and f.percent)
+    choices = f"pass, score or a registered per-case metric: {', '.join(paired + families) or 'none'}"
+    spec = metric_named(metric)
     if spec is None:
         raise InputError(f"--metric: unknown metric {metric!r} (expected {choices})")
     if not spec.per_case:
@@ -208,6 +211,13 @@ def check_metric(metric: str) -> Metric:
         raise InputError(f"--metric {metric}: it is a plain number, not a fraction: the gate's CI, --max-drop and"
                          f" thresholds are in percentage points (expected {choices})")
     return metric
+
+
+def needs_records(metric: Metric) -> bool:
+    """Whether comparing on `metric` may compute a registered metric here, over each case's
+    sample records (`CaseResult.records`): not for `pass`, `score` nor a grader's."""
+    metric = ALIASES.get(metric, metric)
+    return metric not in METRICS and not metric.startswith(GRADER_PREFIX)
 
 
 def with_metric(results: Iterable[CaseResult], metric: Metric, side: str) -> list[CaseResult]:
@@ -229,10 +239,14 @@ def with_metric(results: Iterable[CaseResult], metric: Metric, side: str) -> lis
     n = np.array([r.n for r in results], dtype=np.int64)
     scores = (np.array([s for r in results for s in r.scores], dtype=np.float64)
               if all(len(r.scores) == r.n for r in results) else None)
+    recorded = all(len(r.records) == r.n for r in results)
     tallies = Tallies.of_samples([r.case_id for r in results], np.repeat(np.arange(len(results)), n), n,
-                                 np.array([r.c for r in results], dtype=np.int64), scores)
+                                 np.array([r.c for r in results], dtype=np.int64), scores,
+                                 (lambda: [s for r in results for s in r.records]) if recorded else None)
     try:
-        values = per_case_values(metrics()[metric], tallies)
+        spec = metric_named(metric)
+        assert spec is not None  # checked by check_metric
+        values = per_case_values(spec, tallies)
     except Exception as exc:  # noqa: BLE001 - a plugin's failure, said in one line
         raise InputError(f"--metric {metric}: on {side}'s cases it raised {type(exc).__name__}: "
                          + " ".join(str(exc).split())[:300]) from None

@@ -19,7 +19,7 @@ from typing import Protocol
 
 import numpy as np
 
-from tasks.metrics.diff import CaseResult, with_metric
+from tasks.metrics.diff import CaseResult, needs_records, with_metric
 from tasks.metrics.percent import signed_points
 from tasks.metrics.rules import GateRules, settled_blocks
 from tasks.metrics.sequential import Look, SequentialRecord, look_points, sequential_looks
@@ -73,7 +73,9 @@ def draw_sequentially(
     rules = replace(rules, must_pass=frozenset(c.id for c in suite.cases if c.must_pass))
     alpha, early = 1 - DEFAULT_LEVEL, can_pass_early(rules)
     metric, max_drop = config.metric, rules.max_drop
-    base_results = {r.case_hash: r for r in with_metric(store.case_results(baseline), metric, f"baseline {baseline}")}
+    records = needs_records(metric)
+    base_results = {r.case_hash: r for r in with_metric(store.case_results(baseline, records=records), metric,
+                                                        f"baseline {baseline}")}
     base = {h: r.value(metric) for h, r in base_results.items()}
     by_hash: dict[str, list[PlannedSample]] = {}
     for p in planned:
@@ -107,7 +109,7 @@ def draw_sequentially(
                      len(looks) + 1, len(points), undrawn)
             break
         drawn = point
-        results = with_metric(store.case_results(spec.run_id), metric, f"run {spec.run_id}")
+        results = with_metric(store.case_results(spec.run_id, records=records), metric, f"run {spec.run_id}")
         values = {r.case_hash: r.value(metric) for r in results}
         diffs = np.array([values[h] - base[h] for h in paired[:drawn]])
         # Replayed from the first look: the same data, so only the latest look can newly decide.
