@@ -206,10 +206,12 @@ def test_mini_swe_agent_fixes_a_case_mined_from_a_repository_s_history(
     assert case.grader["fail_to_pass"] == ["tests/test_calc.py::test_sub"]  # the miner's own grader
     run, model = _run(str(suite), MINED_ACTIONS, mini_venv, home, monkeypatch)
     assert run.status_counts == {"passed": 1}, _detail(home, run.run_id)
+    assert _detail(home, run.run_id).startswith("passed: 1 FAIL_TO_PASS and 1 PASS_TO_PASS tests passed")
     _assert_recorded(model, home, run.run_id, case.id, MINED_ACTIONS)
     # The agent printed the key in its environment: the endpoint saw the sample's token there,
     # and the stored trace holds neither.
-    (token,) = re.findall(re.escape(TOKEN_PREFIX) + r"[\w-]+", json.loads(model.seen[2]["body"])["messages"][-1]["content"])
+    printed = json.loads(model.seen[2]["body"])["messages"][-1]["content"]
+    (token,) = re.findall(re.escape(TOKEN_PREFIX) + r"[\w-]+", printed)
     assert token not in _trace(home, run.run_id)
 
 
@@ -222,7 +224,8 @@ def test_mini_swe_agent_that_does_not_fix_the_mined_case_fails_it(mini_venv, wor
     wrong = ("cat calc.py", "sed -i 's/return b - a/return -(a - b)/' calc.py", SUBMIT)
     run, model = _run(str(suite), wrong, mini_venv, home, monkeypatch, seed=1)
     assert run.status_counts == {"failed": 1}, _detail(home, run.run_id)
-    assert "tests/test_calc.py::test_sub" in _detail(home, run.run_id) and len(model.seen) == len(wrong)
+    assert _detail(home, run.run_id).startswith("failed: FAIL_TO_PASS failed: tests/test_calc.py::test_sub (failed)")
+    assert len(model.seen) == len(wrong)
     # Submitting at once changes nothing: an empty patch, a failure too.
     run, model = _run(str(suite), (SUBMIT,), mini_venv, home, monkeypatch, seed=2)
     assert run.status_counts == {"empty": 1}, _detail(home, run.run_id)
