@@ -1,12 +1,16 @@
 """evalpipe's command line as a user's shell runs it, and the processes it leaves: shared by
-the tests of the servers evalpipe starts (tests/test_server.py, tests/test_warm.py)."""
+the tests of the servers evalpipe starts (tests/test_server.py, tests/test_warm.py); and
+`in_process`, the same command run in the test's own process."""
 
 from __future__ import annotations
 
+import gc
+import io
 import os
 import subprocess
 import sys
 import time
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -40,6 +44,34 @@ def client_env(work: Path, home: Path, **extra: str) -> dict[str, str]:
 def evalpipe(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run([str(EVALPIPE), *args], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=600)
+
+
+def in_process(args: list[str], env: dict[str, str], cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """`python -m flows.cli ARGS` with environment `env` in `cwd`, run by `flows.cli.main` in
+    this process: the same parser, code, output and exit status, without the ~0.6 s (CPU) a
+    fresh interpreter spends importing evalpipe. For the commands that read the store (gate,
+    diff, report, runs): a command that runs a flow leaves the process's logging silenced
+    (flows/prefect_api.py), so `run` and `rescore` stay subprocesses, as does every test of
+    what a process does (signals, exit on a hostile file, a full disk)."""
+    from flows.cli import main
+
+    saved_env, saved_cwd, saved_gc = dict(os.environ), os.getcwd(), gc.get_threshold()
+    out, err = io.StringIO(), io.StringIO()
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
+    try:
+        with redirect_stdout(out), redirect_stderr(err):
+            try:
+                code = main(list(args))
+            except SystemExit as exc:  # click's own exits (--help)
+                code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+        os.chdir(saved_cwd)
+        gc.set_threshold(*saved_gc)  # main slows the collector for a command's imports
+    return subprocess.CompletedProcess(["evalpipe", *args], code, out.getvalue(), err.getvalue())
 
 
 def run_args(work: Path, *extra: str) -> list[str]:
