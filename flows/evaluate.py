@@ -72,6 +72,7 @@ def evaluate(
     max_sample_cost: Annotated[float | None, Field(gt=0)] = None,
     model_concurrency: Annotated[int | None, Field(ge=1)] = None,
     replay_model_calls: bool = False,
+    fresh: bool = False,
     max_cost: Annotated[float | None, Field(gt=0)] = None,
     max_samples: Annotated[int | None, Field(ge=1)] = None,
     prices: str | None = None,
@@ -129,12 +130,15 @@ def evaluate(
         max_sample_cost: USD one sample's model calls through the gateway may cost, priced as the
             run's usage: the call that would pass it (at the dearest call so far) is refused and the
             sample is agent_error naming the cap.
-        model_concurrency: Model calls in flight at once across the run, through the gateway
-            (default: no cap beyond --agent-concurrency).
-        replay_model_calls: Keep each model call made through the gateway, and answer a call
-            identical to one an earlier run of this agent spec kept for the same case, sample index
-            and seed (same request body, same ordinal among identical requests) from it, with no
-            upstream call.
+        model_concurrency: Model calls in flight at once across the run (default: no cap beyond
+            --agent-concurrency), through the gateway and an in-process agent's OpenAI SDK.
+        replay_model_calls: Keep each model call made through the gateway or an in-process agent's
+            OpenAI SDK, and answer a call identical to one an earlier run of this agent spec kept for
+            the same case, sample index and seed (same request body, same ordinal among identical
+            requests) from it, with no upstream call.
+        fresh: Draw every sample from the agent again, taking no output nor verdict from the cache
+            (what the cache cannot see changed: a venv's packages, a model behind the same
+            endpoint); the outputs drawn are kept, and later runs reuse them.
         max_cost: Start no new agent call once the drawn samples cost this much; the run ends
             partial (exit 6). The same command with a larger budget draws the rest.
         max_samples: Draw at most N samples from the agent (cached outputs are free); the run ends

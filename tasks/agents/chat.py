@@ -28,7 +28,7 @@ DEFAULT_MAX_STEPS = 10  # model turns of a tool loop (`openai:MODEL?max_steps=N`
 # Inputs that configure the tool loop, never shown to the model as the case's text.
 TOOL_INPUTS = ("tools", "world")
 # Inputs tried in order for the user message when a case has no `messages`.
-PROMPT_FIELDS = ("prompt", "question", "issue", "input", "text")
+PROMPT_FIELDS = ("prompt", "question", "issue", "problem_statement", "input", "text")
 
 
 @agent_kind("openai")

@@ -118,13 +118,18 @@ class RunConfig(BaseModel):
                           " agent_error naming the cap."),
         Flag(metavar="USD", env=AGENT_ENV["max_sample_cost"])] = None
     model_concurrency: Annotated[int | None, Field(
-        ge=1, description="Model calls in flight at once across the run, through the gateway (default: no cap"
-                          " beyond --agent-concurrency)."),
+        ge=1, description="Model calls in flight at once across the run (default: no cap beyond"
+                          " --agent-concurrency), through the gateway and an in-process agent's OpenAI SDK."),
         Flag(metavar="N", env=AGENT_ENV["model_concurrency"])] = None
     replay_model_calls: Annotated[bool, Field(
-        description="Keep each model call made through the gateway, and answer a call identical to one an earlier"
-                    " run of this agent spec kept for the same case, sample index and seed (same request body, same"
-                    " ordinal among identical requests) from it, with no upstream call.")] = False
+        description="Keep each model call made through the gateway or an in-process agent's OpenAI SDK, and answer"
+                    " a call identical to one an earlier run of this agent spec kept for the same case, sample index"
+                    " and seed (same request body, same ordinal among identical requests) from it, with no upstream"
+                    " call.")] = False
+    fresh: Annotated[bool, Field(
+        description="Draw every sample from the agent again, taking no output nor verdict from the cache (what"
+                    " the cache cannot see changed: a venv's packages, a model behind the same endpoint); the"
+                    " outputs drawn are kept, and later runs reuse them.")] = False
     max_trajectory_bytes: Annotated[int | None, Field(
         ge=1, description="With --workspace: cap on the trajectory kept (default 1 MB;"
                           " $EVALPIPE_MAX_TRAJECTORY_BYTES)."),
@@ -251,4 +256,5 @@ class RunConfig(BaseModel):
                 "suite_ref": self.suite, "workspace": self.workspace, "agent_timeout_s": self.agent_timeout_s,
                 "max_cost": self.max_cost, "max_samples": self.max_samples,
                 **({"replay_model_calls": True} if self.replay_model_calls else {}),
+                **({"fresh": True} if self.fresh else {}),
                 "agent_settings": self.agent_settings.model_dump(), **resolved}

@@ -337,7 +337,9 @@ def reuse_cached(spec: RunSpec, planned: list[PlannedSample], store: SampleStore
     `prices` (a price file given after the draw). `meter` (a budgeted run's): counts the
     reused outputs that runs which never finished bought (`SampleStore.bought_unfinished`,
     and the outputs drawn and never graded), so that a resumed run's budget covers what the
-    run it resumes spent."""
+    run it resumes spent. A `--fresh` run reuses nothing: every planned sample is drawn."""
+    if spec.config.get("fresh"):
+        return list(planned)
     prices = prices or PriceTable()
     store.fold_logs()  # the outputs a killed run (or a lost worker) logged and never stored
     stored = store.cached_samples([(p.output_key, p.cache_key) for p in planned])
