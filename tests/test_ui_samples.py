@@ -221,62 +221,70 @@ def wrong_detail(run_id: str, case_id: str) -> str:
 
 # --- the UI of a real server, in headless Chromium -------------------------------------------
 
+@pytest.fixture(scope="module")
+def ui_server(tmp_path_factory: pytest.TempPathFactory):
+    """A real `prefect server` with its UI, one for the module's UI tests (a start costs ~15 s
+    of CPU); each test's run and flow run are its own, found by their ids."""
+    from server.local import start_server
+
+    logs = tmp_path_factory.mktemp("ui-server")
+    server = start_server(prefect_home=logs / "prefect-server", log=(logs / "server.log").open("ab"), timeout_s=240)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.mark.slow
-def test_the_ui_shows_a_failing_samples_detail(tmp_path: Path) -> None:
+def test_the_ui_shows_a_failing_samples_detail(tmp_path: Path, ui_server) -> None:
     suite, agent = write_work(tmp_path)
 
     def detail_shown(run_id: str) -> str:
         detail = next(s["detail"] for s in _stored(tmp_path / "home", run_id, "always-wrong") if not s["passed"])
         return tables.shorten(detail, tables.DETAIL_CHARS)
 
-    text, shot = _artifact_in_the_ui(tmp_path, ["run", str(suite), "--agent", agent, "-n", "4", "--json"], {},
+    text, shot = _artifact_in_the_ui(ui_server, tmp_path, ["run", str(suite), "--agent", agent, "-n", "4", "--json"], {},
                                      "evalpipe-ui-samples-case-always-wrong", detail_shown)
     assert "Lyon, surely ⏎ second line" in text and "exact" in text
     assert shot.read_bytes().startswith(b"\x89PNG")
 
 
 @pytest.mark.slow
-def test_the_ui_shows_a_failing_samples_timeline(tmp_path: Path) -> None:
+def test_the_ui_shows_a_failing_samples_timeline(tmp_path: Path, ui_server) -> None:
     with _scripted_model()() as model:
         text, _ = _artifact_in_the_ui(
-            tmp_path, ["run", str(TOOLS_SUITE), "--agent", "openai:support-bad?max_steps=6", "-n", "1", "--json"],
+            ui_server, tmp_path, ["run", str(TOOLS_SUITE), "--agent", "openai:support-bad?max_steps=6", "-n", "1", "--json"],
             {"OPENAI_BASE_URL": model.url, "OPENAI_API_KEY": "sk-test-timelines"},
             "evalpipe-tools-support-timelines", lambda run_id: '1. model: calls delete_account({"user_id": "77"})')
     assert '2. -> delete_account: {"deleted": true}' in text and "3. model: Your account is deleted." in text
     assert "What the agent did: the first failing sample of 2 case(s)" in text
 
 
-def _artifact_in_the_ui(tmp_path: Path, args: list[str], env: dict[str, str], key: str, shown) -> tuple[str, Path]:
-    """Run the CLI (`args`) against a real `prefect server`, open the flow run's artifact `key`
-    in headless Chromium and wait until the page shows `shown(run_id)`: the page's text and a
-    screenshot."""
+def _artifact_in_the_ui(server, tmp_path: Path, args: list[str], env: dict[str, str], key: str,
+                        shown) -> tuple[str, Path]:
+    """Run the CLI (`args`) against `server`, a real `prefect server`, open the flow run's
+    artifact `key` in headless Chromium and wait until the page shows `shown(run_id)`: the
+    page's text and a screenshot."""
     from support.browser import Browser
     from support.cli import client_env, evalpipe
 
-    from server.local import start_server
-
     logs = tmp_path / "logs"
     logs.mkdir()
-    server = start_server(prefect_home=tmp_path / "prefect-server", log=(logs / "server.log").open("ab"),
-                          timeout_s=240)
+    ran = evalpipe(*args, env=client_env(tmp_path, tmp_path / "home", PREFECT_API_URL=server.api_url, **env))
+    doc = json.loads(ran.stdout)  # a blocked gate exits 1, its document printed all the same
+    assert "flow_run_id" in doc, ran.stderr
+    wanted = shown(doc["run_id"])
+    (tmp_path / "profile").mkdir()
+    browser = Browser(tmp_path / "profile", logs / "chromium.log")
     try:
-        ran = evalpipe(*args, env=client_env(tmp_path, tmp_path / "home", PREFECT_API_URL=server.api_url, **env))
-        doc = json.loads(ran.stdout)  # a blocked gate exits 1, its document printed all the same
-        assert "flow_run_id" in doc, ran.stderr
-        wanted = shown(doc["run_id"])
-        (tmp_path / "profile").mkdir()
-        browser = Browser(tmp_path / "profile", logs / "chromium.log")
-        try:
-            browser.open(f"{server.url}/runs/flow-run/{doc['flow_run_id']}")
-            browser.wait_for(_click("li.p-tab", "Artifacts"), timeout_s=60)
-            browser.wait_for(_click("a, .artifact-card, [class*=card]", key), timeout_s=60)
-            text = browser.wait_for(f"document.body.innerText.includes({json.dumps(wanted)}) && document.body.innerText",
-                                    timeout_s=60)
-            return text, browser.screenshot(tmp_path / "artifact.png")
-        finally:
-            browser.close()
+        browser.open(f"{server.url}/runs/flow-run/{doc['flow_run_id']}")
+        browser.wait_for(_click("li.p-tab", "Artifacts"), timeout_s=60)
+        browser.wait_for(_click("a, .artifact-card, [class*=card]", key), timeout_s=60)
+        text = browser.wait_for(f"document.body.innerText.includes({json.dumps(wanted)}) && document.body.innerText",
+                                timeout_s=60)
+        return text, browser.screenshot(tmp_path / "artifact.png")
     finally:
-        server.stop()
+        browser.close()
 
 
 def _stored(home: Path, run_id: str, case_id: str) -> list[dict]:
