@@ -25,6 +25,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.cli import wait_gone
+from support.waiting import serve_in_background
 
 from tasks.agents import (
     AgentContext,
@@ -474,7 +475,7 @@ class Endpoint:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        serve_in_background(self.server)
 
     def close(self) -> None:
         self.server.shutdown()

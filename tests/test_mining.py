@@ -14,7 +14,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -24,6 +23,7 @@ import git
 import pytest
 import yaml
 from support.git_repos import commit
+from support.waiting import serve_in_background
 
 from tasks.graders.derivation import classify, runnable_files
 from tasks.graders.junit import Report
@@ -413,7 +413,7 @@ class _FakeGitHub(ThreadingHTTPServer):
         self.url = f"http://127.0.0.1:{self.server_address[1]}"
 
     def __enter__(self) -> _FakeGitHub:
-        threading.Thread(target=self.serve_forever, daemon=True).start()
+        serve_in_background(self)
         return self
 
     def __exit__(self, *exc) -> None:
