@@ -187,7 +187,9 @@ class ScriptedModel:
         self.server.daemon_threads = True
         self.server.socket.listen(256)  # many agents at once (the default backlog is 5)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        # close() waits for the loop's next check: every 20 ms, not the default 0.5 s.
+        self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.02},
+                                        daemon=True)
         self._thread.start()
 
     def close(self) -> None:
