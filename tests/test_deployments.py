@@ -214,7 +214,10 @@ def test_nightly_has_its_schedule_and_gates_on_the_previous_run(stack: Stack) ->
 
 
 def test_the_run_form_takes_the_gate_s_rules_and_a_blocked_run_is_failed(stack: Stack, on_demand: dict) -> None:
-    """The deployment is one more mode of the one run service: the same rules, the same decision."""
+    """The deployment is one more mode of the one run service: the same rules, the same
+    decision. Its one row of the rule matrix: the rest run on the local loop
+    (tests/test_one_decision.py), the threshold's and the budget's flow run states in a flow
+    call (tests/test_evaluate.py)."""
     params = {"suite": "examples/qa.yaml", "agent": DEMO_AGENT, "n": 3, "k": [1, 3], "seed": 7,
               "baseline": "previous", "min_slice": {"hard": 1.0}, "max_new_failures": 0}
     final = stack.wait_final(stack.trigger("on-demand", params))
@@ -223,24 +226,6 @@ def test_the_run_form_takes_the_gate_s_rules_and_a_blocked_run_is_failed(stack: 
     assert gate["decision"] == "block" and gate["rules"]["min_slice"] == {"hard": 1.0}
     assert gate["rules"]["max_new_failures"] == 0 and gate["baseline_choice"].startswith("previous:")
     assert "slice_threshold" in [b["rule"] for b in gate["blocks"]]
-
-
-def test_the_run_form_s_threshold_and_sample_budget_hold_as_in_every_other_mode(stack: Stack, on_demand: dict) -> None:
-    """Two more rows of the rule matrix (tests/test_one_decision.py) through the form, side by
-    side on the pool's workers: pass@1 below `min_pass_at_1` blocks; `max_samples` draws that
-    many and ends Partial."""
-    base = {"suite": "examples/qa.yaml", "agent": DEMO_AGENT, "n": 3, "k": [1, 3]}
-    below = stack.trigger("on-demand", base | {"seed": 7, "baseline": "previous", "min_pass_at_1": 0.99})
-    budget = stack.trigger("on-demand", base | {"seed": 8, "max_samples": 5})
-    final = stack.wait_final(below)
-    assert (final["state"]["type"], final["state"]["name"]) == ("FAILED", "Blocked")
-    gate = worker_run(stack, final["id"])["summary"]["gate"]
-    assert gate["rules"]["min_pass_at_1"] == 0.99 and any(r.startswith("threshold:") for r in gate["reasons"])
-    final = stack.wait_final(budget)
-    assert (final["state"]["type"], final["state"]["name"]) == ("COMPLETED", "Partial")
-    summary = worker_run(stack, final["id"])["summary"]
-    assert summary["partial"] and summary["budget"]["drawn_samples"] == 5
-    assert summary["undrawn_samples"] == 10 * 3 - 5  # examples/qa.yaml: 10 cases
 
 
 @pytest.mark.parametrize(("params", "message"), [

@@ -314,6 +314,28 @@ def test_a_task_draws_from_its_own_cases(tmp_path):
     assert run_title("suites/toy.yaml", "reference", 3) == "toy · reference · n=3"
 
 
+def test_a_flow_run_below_its_threshold_is_blocked_and_one_its_budget_stopped_is_partial(prefect_harness, home,
+                                                                                       tmp_path):
+    """Two rows of the rule matrix (tests/test_one_decision.py, on the local loop) as flow
+    runs: pass@1 below `min_pass_at_1` ends Failed, named Blocked; `max_samples` draws that
+    many and ends Completed, named Partial. A deployment's form takes the same parameters to
+    the same flow (tests/test_deployments.py runs its gate rules once)."""
+    from flows.evaluate import evaluate
+    from flows.steps import GateBlocked
+
+    suite = write_suite(tmp_path / "toy.yaml", 10)
+    with pytest.raises(GateBlocked) as blocked:
+        evaluate(suite=str(suite), agent=agent("flaky"), n=3, k=[1, 3], seed=7, min_pass_at_1=0.99)
+    below = blocked.value.summary
+    assert flow_run_state(below)[:2] == ("FAILED", "Blocked")
+    gate = below["gate"]
+    assert gate["rules"]["min_pass_at_1"] == 0.99 and any(r.startswith("threshold:") for r in gate["reasons"])
+    budget = evaluate(suite=str(suite), agent=agent("flaky"), n=3, k=[1, 3], seed=8, max_samples=5)
+    assert flow_run_state(budget)[:2] == ("COMPLETED", "Partial")
+    assert budget["partial"] and budget["budget"]["drawn_samples"] == 5
+    assert budget["undrawn_samples"] == 10 * 3 - 5
+
+
 def test_a_task_cut_short_by_its_budget_has_the_rest_drawn_once(prefect_harness, home, tmp_path, counted,
                                                                 monkeypatch):
     from flows.evaluate import evaluate
