@@ -126,6 +126,6 @@ def test_ctrl_c_leaves_the_run_interrupted_and_rerunning_resumes(env, home, tmp_
     assert "Traceback" not in stderr
     assert "Crash detected" not in stderr  # Prefect's word for the stop, said once by us
     assert [s for _, s in status_of(home)] == ["interrupted"]
-    resumed = cli(args, env)
+    resumed = cli(args, env | {"EVALPIPE_TEST_SLEEP": "0"})  # the same command; the agent slow only to be stopped
     assert resumed.returncode == 0, resumed.stderr
     assert 0 < json.loads(resumed.stdout)["cached_samples"] < 40
