@@ -123,7 +123,7 @@ def _store(home: str | os.PathLike | None) -> Store:
     if home is not None:
         store = Store(home)
         hide_home(store.home)  # as EVALPIPE_HOME is: from the code graded in the sandbox
-    store.check()
+    store.db.check()
     return store
 
 
@@ -144,7 +144,7 @@ def _suite_ref(suite: SuiteLike, name: str, store: Store) -> str:
     else:
         raise InputError("evaluate: suite must be a path, a git URL#PATH, a stored version, or a list of"
                          " EvalCase or dicts")
-    if not store.has_snapshot(built):
-        store.snapshot(built)
+    if not store.snapshots.has(built):
+        store.snapshots.save(built)
     return built.version
 

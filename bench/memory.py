@@ -61,8 +61,8 @@ def make_run(home: Path, samples: int, output_bytes: int) -> str:
     store = Store(home)
     ran = suite(samples)
     spec = spec_of(ran)
-    store.start_run(spec)
-    store.snapshot(ran)
+    store.runs.start(spec)
+    store.snapshots.save(ran)
     planned = plan(ran, spec)
     for start in range(0, len(planned), 20):  # a transaction a slice: DuckDB holds uncommitted rows whole
         part = planned[start:start + 20]
@@ -71,15 +71,13 @@ def make_run(home: Path, samples: int, output_bytes: int) -> str:
                  "score": 0.0, "detail": "wrong", "safety": [], "trace": "{}", "duration_s": 0.0,
                  "cache_key": p.cache_key, "cached": False, "case_hash": p.case_hash, "output_key": p.output_key}
                 for i, p in enumerate(part)]
-        store.insert_samples(pa.Table.from_pylist(rows, schema=SAMPLE_SCHEMA))
-    store.finish_run(spec.run_id, RunStatus.completed, None)
+        store.samples.insert(pa.Table.from_pylist(rows, schema=SAMPLE_SCHEMA))
+    store.runs.finish(spec.run_id, RunStatus.completed, None)
     return spec.run_id
 
 
 def loop(home: Path, source: str, samples: int, step: str) -> None:
     """One step as a run does it: the whole run loop, on thread pools (`local_stages`)."""
-    import inspect
-
     from storage.store import Store
     from tasks.run import RunConfig, plan
     from tasks.run.loop import local_stages, run_loop
@@ -92,12 +90,9 @@ def loop(home: Path, source: str, samples: int, step: str) -> None:
     config = RunConfig(suite="memory", agent="bench", n=N, workers=2)
     rescoring = None
     if step == "rescore":
-        store.snapshot(graded)
-        # An older checkout (before/after) reads whole outputs and takes no reader.
-        stored = inspect.signature(store.run_samples).parameters.get("whole_outputs") is not None
-        source_rows = store.run_samples(source, whole_outputs=False) if stored else store.run_samples(source)
-        rescoring = rescore_plan(spec.run_id, plan(graded, spec), graded, ran, source, source_rows,
-                                 *([store] if stored else []))
+        store.snapshots.save(graded)
+        source_rows = store.samples.of_run(source, whole_outputs=False)
+        rescoring = rescore_plan(spec.run_id, plan(graded, spec), graded, ran, source, source_rows, store.db)
     with local_stages(config) as stages:
         summary = run_loop(spec, config, graded, None, store, stages, rescoring=rescoring)
     assert summary.samples == samples, summary.samples
@@ -105,7 +100,7 @@ def loop(home: Path, source: str, samples: int, step: str) -> None:
 
 STEPS = {
     "reduce": "from storage.store import Store; from tasks.run import RunSpec, summary_columns\n"
-              "Store(HOME).run_samples(RUN, summary_columns(RunSpec(suite_version='0'*64, suite_name='m',"
+              "Store(HOME).samples.of_run(RUN, summary_columns(RunSpec(suite_version='0'*64, suite_name='m',"
               " agent='b', agent_fingerprint='b', n=5, ks=[1], seed=0)))",
     "report": "from flows.report import read_case_rows; from storage.store import Store\n"
               "read_case_rows(RUN, Store(HOME))",
@@ -117,7 +112,7 @@ STEPS = {
                      "export_labels(RUN, HOME.parent / 'labels.jsonl', Store(HOME))",
     "compare": "from flows.judging import compare_runs; from storage.store import Store\n"
                f"compare_runs(RUN, RUN, '{ROOT}/tests/support/judges.py:prefers_reference', store=Store(HOME))",
-    "whole rows": "from storage.store import Store; Store(HOME).run_samples(RUN)",
+    "whole rows": "from storage.store import Store; Store(HOME).samples.of_run(RUN)",
     "junit stream": "from tasks.graders.junit import parse_junit, JUnitError\n"
                     "try:\n    parse_junit(XML)\nexcept JUnitError:\n    pass",
     "junit tree": "import xml.etree.ElementTree as ET; ET.fromstring(XML)",

@@ -32,7 +32,7 @@ def publish(run: RunSummary, store: Store, kinds: Mapping[str, str]) -> None:
     flaky cases (`kinds`: case id → the case's deciding grader kind)."""
     slug = artifact_slug(run.suite_name, run.suite_version)
     note = publish_samples(run, store, kinds, slug)
-    judges = store.run_calibrations(run.run_id)
+    judges = store.calibrations.of_run(run.run_id)
     gate = run.gate.model_dump(mode="json") if run.gate else None
     create_markdown_artifact(
         key=f"evalpipe-{slug}-summary", markdown=summary_markdown(run, gate, judges) + note,
@@ -60,7 +60,7 @@ def publish_samples(run: RunSummary, store: Store, kinds: Mapping[str, str], slu
     Markdown artifact (`evalpipe-SUITE-timelines`) of the first failing sample's timeline of
     the first `tables.MAX_TIMELINES` of those cases whose agent recorded one. Returns the
     summary's note on them (how many cases were left out, how to write the HTML report)."""
-    tallies = tables.tally(store.run_samples(run.run_id, tables.OVERVIEW_COLUMNS).to_pylist())
+    tallies = tables.tally(store.samples.of_run(run.run_id, tables.OVERVIEW_COLUMNS).to_pylist())
     if not tallies:
         return ""
     create_table_artifact(key=f"evalpipe-{slug}-cases", table=tables.case_overview(tallies, kinds),
@@ -70,7 +70,7 @@ def publish_samples(run: RunSummary, store: Store, kinds: Mapping[str, str], slu
     unshown = 0  # failing or flaky cases with a timeline past MAX_TIMELINES
     for case in shown:
         samples = [{**row, "output": output_text(row["output"]) if row["output"] is not None else ""}
-                   for row in store.case_samples(run.run_id, case.case_id)]
+                   for row in store.samples.of_case(run.run_id, case.case_id)]
         kind = kinds.get(case.case_id)
         create_table_artifact(key=f"evalpipe-{slug}-case-{case_slug(case.case_id)}",
                               table=tables.sample_rows(samples, kind),

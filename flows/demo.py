@@ -41,11 +41,11 @@ def main() -> None:
                         ("examples/calc/calc.yaml", "8", "1,4")):
         step("run", suite, "--agent", AGENT, "-n", n, "-k", k)
     tools_demo()
-    runs = store.list_runs(limit=5)
+    runs = store.runs.list(limit=5)
     for run in runs:
         report = out / f"report-{run['suite_name']}.html"
         step("report", run["run_id"], "--out", str(report))
-    print(f"\nDuckDB: {store.db_path}\nruns:   {json.dumps([r['run_id'] for r in runs])}")
+    print(f"\nDuckDB: {store.db.path}\nruns:   {json.dumps([r['run_id'] for r in runs])}")
     server = running()
     if server is None or os.environ.get("PREFECT_API_URL"):  # the runs went to another API
         return

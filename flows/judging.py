@@ -38,11 +38,11 @@ WORKERS = 4  # judge calls in flight: endpoint latency, not CPU, is what they wa
 
 
 def _run_suite(run: dict[str, Any], store: Store):
-    if not store.snapshot_path(run["suite_version"]).exists():
+    if not store.snapshots.path(run["suite_version"]).exists():
         raise InputError(
             f"run {run['run_id']}: snapshot of suite {run['suite_version'][:12]} is missing"
         )
-    return store.read_snapshot(run["suite_version"])
+    return store.snapshots.read(run["suite_version"])
 
 
 def _read_rubric(path: Path | None) -> str | None:
@@ -59,8 +59,8 @@ def _samples(store: Store, run_id: str, columns: list[str]) -> list[dict[str, An
     when it is used: a command over every output holds the few it is using, not all of them."""
     from tasks.run.stored import row_output
 
-    rows = store.run_samples(run_id, [*columns, "output", "output_sha"], whole_outputs=False).to_pylist()
-    return [{**row, "output": row_output(row, store)} for row in rows]
+    rows = store.samples.of_run(run_id, [*columns, "output", "output_sha"], whole_outputs=False).to_pylist()
+    return [{**row, "output": row_output(row, store.db)} for row in rows]
 
 
 # --- calibration -------------------------------------------------------------------------
@@ -95,14 +95,14 @@ def calibrate_judge(
     }
     rows = read_labels(labels, need_output=True)
     exported_from = labelled_run(rows, str(labels))
-    if run is None and exported_from is not None and store.get_run(exported_from) is not None:
+    if run is None and exported_from is not None and store.runs.get(exported_from) is not None:
         run = exported_from  # the run `labels export` wrote the file from, kept in this home
-    elif run is not None and exported_from is not None and store.find_run(run)["run_id"] != exported_from:
+    elif run is not None and exported_from is not None and store.runs.find(run)["run_id"] != exported_from:
         raise InputError(f"{labels}: the labels were exported from run {exported_from}, not --run {run}")
-    doc = judge_calibration(rows, load_suite_ref(suite, store), overrides, oracle=oracle, where=str(labels),
+    doc = judge_calibration(rows, load_suite_ref(suite, store.snapshots), overrides, oracle=oracle, where=str(labels),
                             workers=WORKERS, grader=grader,
                             run=None if run is None else _stored_run(store, run, rows))
-    return store.record_calibration(doc)
+    return store.calibrations.record(doc)
 
 
 def _stored_run(store: Store, run_ref: str, rows: list[LabelRow]) -> StoredRun:
@@ -111,7 +111,7 @@ def _stored_run(store: Store, run_ref: str, rows: list[LabelRow]) -> StoredRun:
     from tasks.run.stored import output_text
     from tasks.trace import SampleTrace
 
-    run_id = store.find_run(run_ref)["run_id"]
+    run_id = store.runs.find(run_ref)["run_id"]
     wanted = {(r.case_id, r.sample_index) for r in rows}
     found = {
         key: StoredSample(output_text(s["output"]) or "", SampleTrace.parse(s["trace"]).agent_part())
@@ -178,7 +178,7 @@ def compare_runs(
     from tasks.graders.judge import load_judge
     from tasks.metrics.pairwise import compare, pair_samples
 
-    a, b = store.find_run(run_a), store.find_run(run_b)
+    a, b = store.runs.find(run_a), store.runs.find(run_b)
     run_a, run_b = a["run_id"], b["run_id"]
     cases = {c.case_hash: c for c in _run_suite(a, store).cases}
     pairs = pair_samples(_samples(store, run_a, ["case_hash", "sample_index"]),
@@ -220,7 +220,7 @@ def export_labels(run_id: str, out: Path, store: Store) -> int:
     """Write the run's samples for labelling; returns the number of rows."""
     from tasks.metrics.labels import export_rows, write_label_file
 
-    run = store.find_run(run_id)
+    run = store.runs.find(run_id)
     run_id = run["run_id"]
     cases = {c.id: c for c in _run_suite(run, store).cases}
     return write_label_file(export_rows(_samples(store, run_id, ["case_id", "sample_index"]), cases, run_id), out)
@@ -238,28 +238,28 @@ def import_labels(
     from tasks.run.stored import output_text, row_output
 
     started = time.perf_counter()
-    source = store.find_run(run_id)
+    source = store.runs.find(run_id)
     run_id = source["run_id"]
     suite = _run_suite(source, store)
     labels = read_labels(path)
     spec = labelled_spec(source, labeller=labeller, labels_file=str(path),
                          labels_sha256=sha256_hex(path.read_bytes()))
     rows = labelled_samples(
-        store.run_samples(run_id, whole_outputs=False),
+        store.samples.of_run(run_id, whole_outputs=False),
         labels,
         labeller=labeller,
         source_run=run_id,
         run_id=spec.run_id,
         where=str(path),
-        text_of=lambda sample: output_text(row_output(sample, store)) or "",
+        text_of=lambda sample: output_text(row_output(sample, store.db)) or "",
     )
-    with store.recorded_run(spec):
-        store.insert_samples(rows)
-        summary, aggregates = summarize(spec, suite, store.run_samples(spec.run_id, summary_columns(spec, suite)))
-        store.write_aggregates(spec.run_id, aggregates)
+    with store.runs.recorded(spec):
+        store.samples.insert(rows)
+        summary, aggregates = summarize(spec, suite, store.samples.of_run(spec.run_id, summary_columns(spec, suite)))
+        store.runs.write_aggregates(spec.run_id, aggregates)
         summary = labelled_summary(summary, source_run=run_id, labeller=labeller, labelled=rows.num_rows,
                                    labels=len(labels), duration_s=time.perf_counter() - started)
-        store.finish_run(spec.run_id, RunStatus.completed, summary)
+        store.runs.finish(spec.run_id, RunStatus.completed, summary)
     return summary.to_json()
 
 

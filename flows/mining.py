@@ -73,7 +73,7 @@ def issue_texts(candidates: list[Candidate], source: IssueSource | None) -> dict
 def mine_candidate(candidate: Candidate, repo: str, environment: dict | None, reps: int, key: str,
                    store: Store) -> Derivation:
     derivation = derive(candidate, repo, environment, reps)
-    store.write_mined(key, derivation.to_json())
+    store.mined.write(key, derivation.to_json())
     return derivation
 
 
@@ -110,7 +110,7 @@ def mine_suite(
     candidates, skipped = walk(mirror_path, since, until, max_commits, paths or list(DEFAULT_CODE_PATHS))
     assigned = assign_environments(mirror_path, [(c.commit, c.parent, c.date) for c in candidates], rules)
     keys = {c.commit: result_key(source, c.commit, assigned[c.commit].fingerprint, reps) for c in candidates}
-    done = {c.commit: Derivation.from_json(doc) for c in candidates if (doc := store.read_mined(keys[c.commit]))}
+    done = {c.commit: Derivation.from_json(doc) for c in candidates if (doc := store.mined.read(keys[c.commit]))}
     pending = [c for c in candidates if c.commit not in done]
     _say(f"{len(candidates)} candidate(s) in {len(candidates) + len(skipped)} commit(s); "
          f"{len(done)} already derived, {len(pending)} to run")

@@ -67,14 +67,14 @@ def _variance(baseline: str | None, prior: float | None, suite: str | None, stor
     if suite is not None:
         from storage.suites import load_suite_ref
 
-        suite_cases = len(load_suite_ref(suite, store).cases)
+        suite_cases = len(load_suite_ref(suite, store.snapshots).cases)
     if baseline is None:
         return pw.variance_from_prior(prior), suite_cases  # type: ignore[arg-type]
-    run = store.find_run(baseline)
-    counts = list(store.case_counts(run["run_id"]).values())
+    run = store.runs.find(baseline)
+    counts = list(store.samples.case_counts(run["run_id"]).values())
     if not counts:
         raise InputError(f"plan: baseline {run['run_id']} has no samples")
     if suite_cases is None:
-        suite_cases = len(store.suite_cases(run["suite_version"])) or len(counts)
+        suite_cases = len(store.snapshots.cases(run["suite_version"])) or len(counts)
     n, c = zip(*counts, strict=True)
     return pw.variance_from_counts(n, c), suite_cases

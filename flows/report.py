@@ -18,27 +18,27 @@ from tasks.trace import SampleTrace
 
 def read_case_rows(run_id: str, store: Store) -> list[dict[str, Any]]:
     """The report's per-case rows (`tasks.report.cases`) from the run's stored samples."""
-    run = store.get_run(run_id)
+    run = store.runs.get(run_id)
     return case_rows(
-        store.run_samples(run_id, SAMPLE_FIELDS).to_pylist(),
-        store.failing_samples(run_id, MAX_OUTPUTS_PER_CASE, OUTPUT_CHARS),
-        {cid: s for cid, (_, s) in store.suite_cases(run["suite_version"]).items()},
+        store.samples.of_run(run_id, SAMPLE_FIELDS).to_pylist(),
+        store.samples.failing(run_id, MAX_OUTPUTS_PER_CASE, OUTPUT_CHARS),
+        {cid: s for cid, (_, s) in store.snapshots.cases(run["suite_version"]).items()},
     )
 
 
 def write_report(run_id: str, out: Path, store: Store) -> Path:
-    run = store.find_run(run_id)
+    run = store.runs.find(run_id)
     run_id = run["run_id"]
     if not run.get("summary"):
         raise InputError(f"run {run_id!r} has no summary (status {run['status']}): nothing to report")
     summary = RunSummary.read(run["summary"])
     gate = summary.gate
-    base_run = store.get_run(gate.baseline) if gate else None
+    base_run = store.runs.get(gate.baseline) if gate else None
     baseline = RunSummary.read(base_run["summary"]) if base_run and base_run.get("summary") else None
     html = render_report(summary, read_case_rows(run_id, store),
                          baseline=baseline, gate=gate.model_dump(mode="json") if gate else None,
                          calibration=_calibration(summary),
-                         judges=store.run_calibrations(run_id))
+                         judges=store.calibrations.of_run(run_id))
     atomic_write(out, html)
     return out
 
@@ -52,10 +52,10 @@ def write_diff_report(comparison: Comparison, gate: dict[str, Any], out: Path, s
 
     changed = expanded(comparison.diff)
     ids = [c.case_id for c in changed]
-    contents = {**store.case_contents(comparison.base["suite_version"], ids),
-                **store.case_contents(comparison.run["suite_version"], ids)}
+    contents = {**store.snapshots.case_contents(comparison.base["suite_version"], ids),
+                **store.snapshots.case_contents(comparison.run["suite_version"], ids)}
     samples: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    for row in store.samples_of_cases([comparison.run["run_id"], comparison.base["run_id"]], ids):
+    for row in store.samples.of_cases([comparison.run["run_id"], comparison.base["run_id"]], ids):
         samples[(row["run_id"], row["case_id"])].append(row)
     details = {
         c.case_id: {

@@ -38,7 +38,7 @@ def _snapshot_key(context, parameters) -> str:
 @task(name="snapshot", cache_key_fn=_snapshot_key, task_run_name="snapshot {suite.name}")
 def snapshot(suite: EvalSuite, store: Store) -> str:
     """Write the suite's snapshot (once per version) and record the suite in DuckDB."""
-    return str(store.snapshot(suite))
+    return str(store.snapshots.save(suite))
 
 
 class Sealed:
@@ -180,7 +180,7 @@ def log_headline(summary: RunSummary) -> None:
 
 def snapshot_once(suite: EvalSuite, store: Store) -> None:
     """The `snapshot` task, cached per suite version, run again when its file is gone."""
-    snapshot.with_options(refresh_cache=not store.has_snapshot(suite))(quote(suite), store)
+    snapshot.with_options(refresh_cache=not store.snapshots.has(suite))(quote(suite), store)
 
 
 def reduce_in_task(spec: RunSpec, suite: EvalSuite, store: SampleStore) -> Measured:

@@ -98,7 +98,7 @@ def export(
 
     if fmt not in FORMATS:
         raise InputError(f"--format: expected {' or '.join(FORMATS)}, got {fmt!r}")
-    suite_obj = load_suite_ref(suite, Store.default())
+    suite_obj = load_suite_ref(suite, Store.default().snapshots)
     instances = swebench_instances(suite_obj)
     write_instances(instances, out)
     doc = {"format": fmt, "instances": len(instances), "out": str(out), "version": suite_obj.version}

@@ -29,7 +29,7 @@ def validate_suite(
     workers: Annotated[int, Field(ge=1, le=64)] = 2,
     unsafe_no_sandbox: Annotated[bool, Field(description="Without bubblewrap, run code unprotected.")] = False,
 ) -> dict[str, Any]:
-    suite_obj = load_suite_ref(suite, Store.default())
+    suite_obj = load_suite_ref(suite, Store.default().snapshots)
     sandbox = run_sandbox_mode(suite_obj.grader_kinds, unsafe_no_sandbox)
     with allowing_unsafe(unsafe_no_sandbox), ThreadPoolTaskRunner(max_workers=workers) as runner:
         futures = [runner.submit(validate_case, {"case": c, "reps": reps}) for c in suite_obj.cases]

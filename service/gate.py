@@ -51,7 +51,7 @@ class Comparison:
         wanted = sorted((name, cid) for name, ids in newly_failing_graders(self.diff).items() for cid in ids)
         wanted = wanted[:MAX_FAILING]
         found: dict[tuple[str, str], dict[str, Any]] = {}
-        for row in self.store.samples_of_cases([self.run["run_id"]], sorted({cid for _, cid in wanted})):
+        for row in self.store.samples.of_cases([self.run["run_id"]], sorted({cid for _, cid in wanted})):
             for extra in SampleTrace.parse(row["trace"]).extra_graders or ():
                 key = (extra.label, row["case_id"])
                 if key in wanted and key not in found and not extra.verdict.passed:
@@ -65,11 +65,11 @@ class Comparison:
         if not ids:
             return {}
         try:
-            kinds = {c.id: c.grader["kind"] for c in self.store.read_snapshot(self.run["suite_version"]).cases}
+            kinds = {c.id: c.grader["kind"] for c in self.store.snapshots.read(self.run["suite_version"]).cases}
         except (InputError, OSError):  # a run imported without its snapshot: the kind is not known here
             kinds = {}
         failing: dict[str, dict[str, Any]] = {}
-        for row in self.store.samples_of_cases([self.run["run_id"]], ids):
+        for row in self.store.samples.of_cases([self.run["run_id"]], ids):
             if not row["passed"] and row["case_id"] not in failing:
                 failing[row["case_id"]] = {"sample_index": row["sample_index"], "status": row["status"],
                                            "detail": row["detail"] or "", "kind": kinds.get(row["case_id"])}
@@ -89,13 +89,13 @@ def pair_runs(run_id: str, baseline: str, *, metric: str = "pass", store: Store,
     """Pair two stored runs case by case. With `require_same_suite`, runs on different suite
     versions are refused (the gate's default); otherwise they are compared on their shared
     cases and the diff counts the rest."""
-    run, base = store.find_run(run_id), store.find_run(baseline)
+    run, base = store.runs.find(run_id), store.runs.find(baseline)
     if require_same_suite:
         check_same_suite(run, base)
     metric = check_metric(metric)
     records = needs_records(metric)
-    results = with_metric(store.case_results(run["run_id"], records=records), metric, f"run {run['run_id']}")
-    diff = diff_runs(results, store.case_results(base["run_id"], records=records),
+    results = with_metric(store.samples.case_results(run["run_id"], records=records), metric, f"run {run['run_id']}")
+    diff = diff_runs(results, store.samples.case_results(base["run_id"], records=records),
                      run_id=run["run_id"], baseline_id=base["run_id"], metric=metric, seed=run["seed"])
     return Comparison(run, base, diff, results, store)
 
@@ -121,7 +121,7 @@ def unpaired_decision(run: PreparedRun, config: RunConfig, store: Store, measure
     """A run's decision without a baseline, from its stored results."""
     run_id, slice_values = run.spec.run_id, measured.slice_values(config.metric)
     computed = slice_values is None and bool(run.rules.slice_min)  # a registered metric's slices: per case
-    results = store.case_results(run_id, records=computed and needs_records(config.metric))
+    results = store.samples.case_results(run_id, records=computed and needs_records(config.metric))
     if computed:
         results = with_metric(results, config.metric, f"run {run_id}")
     return gate_alone(results, run_id=run_id, metric=config.metric, safety_failed=measured.safety_failed,
@@ -147,11 +147,11 @@ def gate_comparison(
     if slice_values is None and summary is not None:  # still None: the diff's (a registered metric)
         slice_values = summary.slice_values(comparison.diff.metric)
     if safety_failed is None:
-        safety_failed = store.safety_failed(run["run_id"])
+        safety_failed = store.samples.safety_failed(run["run_id"])
     doc = gate_diff(comparison.diff, comparison.results, safety_failed=safety_failed,
-                    must_pass=store.must_pass_cases(run["suite_version"]), suite_version=run["suite_version"],
+                    must_pass=store.snapshots.must_pass_cases(run["suite_version"]), suite_version=run["suite_version"],
                     slice_values=slice_values, rules=rules)
-    return imported_baseline(doc | {"baseline_choice": choice}, store.imported_from(comparison.base["run_id"]))
+    return imported_baseline(doc | {"baseline_choice": choice}, store.exports.imported_from(comparison.base["run_id"]))
 
 
 def imported_baseline(doc: dict[str, Any], origin: dict[str, str] | None) -> dict[str, Any]:

@@ -25,8 +25,8 @@ from tasks.settings import MachineSettings, using
 
 def snapshot_if_missing(suite: EvalSuite, store: Store) -> None:
     """The suite's snapshot, written once per version."""
-    if not store.has_snapshot(suite):
-        store.snapshot(suite)
+    if not store.snapshots.has(suite):
+        store.snapshots.save(suite)
 
 
 @dataclass(frozen=True)
@@ -54,8 +54,8 @@ def execute(run: PreparedRun, config: RunConfig, store: Store, shell: Shell = Sh
     started = time.perf_counter() if started is None else started
     with using(machine):
         shell.snapshot(run.suite, store)
-        if rescoring is not None and (origin := store.imported_from(rescoring.source_run)) is not None:
-            store.record_imported_outputs(run.spec.run_id, origin)  # before any of its samples is stored
+        if rescoring is not None and (origin := store.exports.imported_from(rescoring.source_run)) is not None:
+            store.exports.record_imported_outputs(run.spec.run_id, origin)  # before any of its samples is stored
         with allowing_unsafe(config.unsafe_no_sandbox), shell.stages(config) as stages:
             return run_loop(run.spec, config, run.suite, run.agent, store, stages,
                             prices=run.prices, progress=shell.progress, gate=run_gate(run, config, store),

@@ -8,20 +8,24 @@ a run: any run graded by a judge with that fingerprint can show it. The table is
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from storage.db import Database, now
 
 
-class Calibrations(Database):
-    """Judge calibrations, as methods of `storage.store.Store`."""
+@dataclass(frozen=True)
+class Calibrations:
+    """Judge calibrations, and the judges that graded a run (`storage.store.Store.calibrations`)."""
 
-    def record_calibration(self, doc: dict[str, Any]) -> dict[str, Any]:
+    db: Database
+
+    def record(self, doc: dict[str, Any]) -> dict[str, Any]:
         """Store a calibration; returns it as stored, stamped with its `created_at` (so a
         report can say when the judge was measured)."""
         created = now()
         stored = {**doc, "created_at": created.isoformat()}
-        with self.connect() as con:
+        with self.db.connect() as con:
             con.execute(
                 "INSERT INTO calibrations VALUES (?, ?, ?, ?, ?, ?)",
                 [
@@ -35,11 +39,11 @@ class Calibrations(Database):
             )
         return stored
 
-    def latest_calibrations(self, fingerprints: list[str]) -> dict[str, dict[str, Any]]:
+    def latest(self, fingerprints: list[str]) -> dict[str, dict[str, Any]]:
         """fingerprint → its newest calibration document, for those that have one."""
         if not fingerprints:
             return {}
-        with self.connect() as con:
+        with self.db.connect() as con:
             rows = con.execute(
                 "SELECT judge_fingerprint, result FROM calibrations WHERE judge_fingerprint IN"
                 f" ({', '.join('?' * len(fingerprints))})"
@@ -53,7 +57,7 @@ class Calibrations(Database):
         (a `trajectory_judge`): its spec and fingerprint, how many samples it judged (an empty
         output is not put to the judge) and how many of those errored (the instrument broke:
         docs/contract.md §4 makes that `error`, not `failed`)."""
-        with self.connect(read_only=True) as con:
+        with self.db.connect(read_only=True) as con:
             rows = con.execute(
                 "WITH run AS (SELECT trace, status FROM samples WHERE run_id = ?),"
                 " judged AS (SELECT json_extract_string(trace, '$.judge.fingerprint') AS fp,"
@@ -71,10 +75,10 @@ class Calibrations(Database):
             for fp, spec, judged, errors in rows
         ]
 
-    def run_calibrations(self, run_id: str) -> list[dict[str, Any]]:
+    def of_run(self, run_id: str) -> list[dict[str, Any]]:
         """For the report: each judge that graded the run (as `run_judges`), with its newest
         calibration under `calibration`, or None when it has never been calibrated."""
         judges = self.run_judges(run_id)
-        found = self.latest_calibrations([j["judge_fingerprint"] for j in judges])
+        found = self.latest([j["judge_fingerprint"] for j in judges])
         return [{**j, "calibration": found.get(j["judge_fingerprint"])} for j in judges]
 

@@ -29,6 +29,7 @@ import tarfile
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -47,6 +48,7 @@ from pydantic import (
 
 from storage import db, foreign_parquet
 from storage.db import Database
+from storage.runs import Runs
 from storage.snapshots import Snapshots, read_snapshot_file
 from tasks.files import atomic_path
 from tasks.models import InputError
@@ -292,22 +294,28 @@ def _insert(con, table: str, rows: list[dict[str, Any]], *, keyed: bool = True) 
                     + (" ON CONFLICT DO NOTHING" if keyed else ""), [row[c] for c in columns])
 
 
-class Exports(Database, Snapshots):
-    """Runs out of and into one home, as methods of `storage.store.Store`."""
+@dataclass(frozen=True)
+class Exports:
+    """Runs out of and into one home (`storage.store.Store.exports`): a run's row is found in
+    `runs` and its suite's snapshot in `snapshots`."""
+
+    db: Database
+    runs: Runs
+    snapshots: Snapshots
 
     def export_run(self, run_id: str, out: Path) -> dict[str, Any]:
         """Write `run_id` (id or prefix) to `out`; returns what was written."""
-        run = self.find_run(run_id)
+        run = self.runs.find(run_id)
         run_id = run["run_id"]
         if not run.get("summary"):
             raise InputError(f"run {run_id} has no summary (status {run['status']}): only a finished run can be exported")
-        snapshot = self.snapshot_path(run["suite_version"])
+        snapshot = self.snapshots.path(run["suite_version"])
         if not snapshot.exists():
             raise InputError(f"run {run_id}: the snapshot of suite {run['suite_version'][:12]} is missing from {snapshot.parent}")
         with tempfile.TemporaryDirectory(prefix="evalpipe-export-") as scratch:
             members = {"run.json": Path(scratch, "run.json"), "samples.parquet": Path(scratch, "samples.parquet"),
                        "snapshot.parquet": snapshot}
-            with self.connect(read_only=True) as con:
+            with self.db.connect(read_only=True) as con:
                 suite = _rows(con, "SELECT * FROM suites WHERE version = ?", run["suite_version"])
                 cases = _rows(con, "SELECT * FROM cases WHERE suite_version = ?", run["suite_version"])
                 aggregates = _rows(con, "SELECT * FROM aggregates WHERE run_id = ?", run_id)
@@ -342,13 +350,13 @@ class Exports(Database, Snapshots):
                 raise InputError(f"{path}: damaged evalpipe export (its run does not match its manifest)")
             if samples.num_rows and set(samples["run_id"].unique().to_pylist()) != {run["run_id"]}:
                 raise InputError(f"{path}: damaged evalpipe export (samples of another run)")
-            with self.connect(read_only=True) as con:
+            with self.db.connect(read_only=True) as con:
                 if con.execute("SELECT 1 FROM runs WHERE run_id = ?", [run["run_id"]]).fetchone():
                     return {"run_id": run["run_id"], "imported": False, "samples": samples.num_rows,
                             "suite_version": version}
             origin = {"run_id": run["run_id"], "file": str(path.resolve()), "imported_at": db.now(),
                       "manifest_sha256": hashlib.sha256(files["manifest.json"].read_bytes()).hexdigest()}
-            with self.connect() as con:
+            with self.db.connect() as con:
                 con.execute("BEGIN")
                 new = not con.execute("SELECT 1 FROM runs WHERE run_id = ?", [run["run_id"]]).fetchone()
                 if new:  # else another import won the race: it wrote the same rows
@@ -364,7 +372,7 @@ class Exports(Database, Snapshots):
         return {"run_id": run["run_id"], "imported": new, "samples": samples.num_rows, "suite_version": version}
 
     def _insert_run(self, con, doc: dict[str, Any], samples: pa.Table, origin: dict[str, str], version: str) -> None:
-        suites = [{**row, "snapshot_path": str(self.snapshot_path(version))} for row in doc["suite"]]  # here
+        suites = [{**row, "snapshot_path": str(self.snapshots.path(version))} for row in doc["suite"]]  # here
         for table, rows in (("suites", suites), ("cases", doc["cases"]), ("runs", [_run_row(doc["run"])]),
                             ("imported_runs", [origin])):
             _insert(con, table, rows)
@@ -375,18 +383,18 @@ class Exports(Database, Snapshots):
     def imported_from(self, run_id: str) -> dict[str, str] | None:
         """Where an imported run's outputs came from (`file`, `manifest_sha256`); None for a
         run of this home."""
-        with self.connect(read_only=True) as con:
+        with self.db.connect(read_only=True) as con:
             row = con.execute("SELECT file, manifest_sha256 FROM imported_runs WHERE run_id = ?", [run_id]).fetchone()
         return {"file": row[0], "manifest_sha256": row[1]} if row else None
 
     def record_imported_outputs(self, run_id: str, origin: dict[str, str]) -> None:
         """Mark `run_id` as holding the outputs of an imported file (a rescore of an imported
         run): re-graded here, its outputs are still the file's, so they serve no cache."""
-        with self.connect() as con:
+        with self.db.connect() as con:
             _insert(con, "imported_runs", [{**origin, "run_id": run_id, "imported_at": db.now()}])
 
     def _import_snapshot(self, path: Path, version: str, source: Path) -> None:
-        target = self.snapshot_path(version)
+        target = self.snapshots.path(version)
         if target.exists():
             return
         target.parent.mkdir(parents=True, exist_ok=True)

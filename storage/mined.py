@@ -6,28 +6,30 @@ depends on (`flows.mining`): the repository, the commit, its environment and the
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tasks.files import atomic_write
 
 
+@dataclass(frozen=True)
 class MinedCandidates:
-    """One home's mined candidates, as methods of `storage.store.Store`."""
+    """One home's mined candidates (`storage.store.Store.mined`)."""
 
     home: Path
 
-    def mined_path(self, key: str) -> Path:
+    def path(self, key: str) -> Path:
         return self.home / "mining" / f"{key}.json"
 
-    def read_mined(self, key: str) -> dict[str, Any] | None:
+    def read(self, key: str) -> dict[str, Any] | None:
         """The stored result, or None (never stored, or a file that does not read back)."""
         try:
-            return json.loads(self.mined_path(key).read_text(encoding="utf-8"))
+            return json.loads(self.path(key).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
 
-    def write_mined(self, key: str, doc: dict[str, Any]) -> None:
-        path = self.mined_path(key)
+    def write(self, key: str, doc: dict[str, Any]) -> None:
+        path = self.path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, json.dumps(doc, indent=1))

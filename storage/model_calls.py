@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import pyarrow as pa
 
@@ -15,10 +16,13 @@ from tasks.agents.model_calls import TRACE_KEY, RecordedCall, recorded_calls
 SampleAt = tuple[str, int, int]  # (case id, sample index, seed)
 
 
-class ModelCalls(Database):
-    """One home's kept model calls, as a method of `storage.store.Store`."""
+@dataclass(frozen=True)
+class ModelCalls:
+    """One home's kept model calls (`storage.store.Store.model_calls`)."""
 
-    def recorded_calls(self, agent: str, samples: Sequence[SampleAt]) -> dict[SampleAt, tuple[RecordedCall, ...]]:
+    db: Database
+
+    def recorded(self, agent: str, samples: Sequence[SampleAt]) -> dict[SampleAt, tuple[RecordedCall, ...]]:
         """For each (case id, sample index, seed) of `samples`: the calls kept by the latest
         run of this home (not an imported one) with the agent spec `agent` that kept any for
         it, whatever that run's status; a sample with none kept is absent."""
@@ -28,7 +32,7 @@ class ModelCalls(Database):
         # Read by the query (DuckDB finds a local Arrow table by its name).
         wanted = pa.table({"case_id": pa.array(case_ids, pa.string()),  # noqa: F841
                            "sample_index": pa.array(indexes, pa.int32()), "seed": pa.array(seeds, pa.int64())})
-        with self.connect(read_only=True) as con:
+        with self.db.connect(read_only=True) as con:
             rows = con.execute(
                 f"""SELECT samples.case_id, samples.sample_index, samples.seed,
                            json_extract(samples.trace, '$.{TRACE_KEY}') FROM samples

@@ -11,7 +11,7 @@ Two places, one per kind of writer:
 - the `outputs` table of the DuckDB file, written only by a process that runs a loop: the
   outputs of logs whose writer is gone (a killed run, a lost worker), folded in before a
   run's cache lookup (`fold_logs`), and those a stopped run drew and did not grade. A row
-  leaves the table when its graded sample is stored (`Database.insert_samples`).
+  leaves the table when its graded sample is stored (`Samples.insert`).
 
 A log is locked (`flock`) while its task writes it, so a log that can be locked has no
 writer left. A record is one line, `CHECKSUM JSON`: a line cut short by a kill fails its
@@ -146,12 +146,15 @@ def _writer_gone(path: Path) -> bool:
     return True
 
 
-class Outputs(Database):
-    """Drawn outputs not yet graded, as methods of `storage.store.Store`."""
+@dataclass(frozen=True)
+class Outputs:
+    """One home's drawn outputs not yet graded (`storage.store.Store.outputs`)."""
 
-    def output_log(self, run_id: str) -> OutputLog:
+    db: Database
+
+    def log(self, run_id: str) -> OutputLog:
         """A new log for one draw task of `run_id`."""
-        return OutputLog(run_id, self.home / SPOOL / run_id / f"{uuid.uuid4().hex}.log")
+        return OutputLog(run_id, self.db.home / SPOOL / run_id / f"{uuid.uuid4().hex}.log")
 
     def store_drawn(self, run_id: str, drawn: Sequence[Drawn]) -> None:
         """Store drawn outputs the loop holds and has not graded (a stopped run's)."""
@@ -165,7 +168,7 @@ class Outputs(Database):
     def stop_drawing(self, run_id: str) -> None:
         """Ask `run_id`'s draw tasks to start no new agent call."""
         with suppress(OSError):
-            folder = self.home / SPOOL / run_id
+            folder = self.db.home / SPOOL / run_id
             folder.mkdir(parents=True, exist_ok=True)
             (folder / STOP).touch()
 
@@ -173,7 +176,7 @@ class Outputs(Database):
         """Store the outputs of logs no task writes any more, and delete those logs; with
         `run_id`, also what that run's tasks still writing have logged so far (the run is
         stopping: their logs stay, for the run that resumes it). Returns how many records were read."""
-        root = self.home / SPOOL
+        root = self.db.home / SPOOL
         if not root.is_dir():
             return 0
         read = 0
@@ -194,13 +197,13 @@ class Outputs(Database):
 
     def end_logs(self, run_id: str) -> None:
         """Remove `run_id`'s spool folder once none of its logs is left."""
-        folder = self.home / SPOOL / run_id
+        folder = self.db.home / SPOOL / run_id
         if not any(folder.glob("*.log")):
             shutil.rmtree(folder, ignore_errors=True)
 
     def _insert_outputs(self, table: pa.Table) -> None:
         # An output whose sample is stored is done with: a log can outlive that by a moment.
-        with self.connect() as con:
+        with self.db.connect() as con:
             con.execute("BEGIN")
             drawn = chunked(con, table)
             con.register("drawn", drawn)
@@ -210,16 +213,16 @@ class Outputs(Database):
                 " ON CONFLICT DO NOTHING")
             con.execute("COMMIT")
 
-    def drawn_outputs(self, output_keys: Sequence[str]) -> dict[str, Mapping[str, Any]]:
+    def drawn(self, output_keys: Sequence[str]) -> dict[str, Mapping[str, Any]]:
         """Output key → the stored, ungraded output with that key (rows of `OUTPUT_SCHEMA`,
         a long output as a `StoredOutput`, read when it is graded; a failed call has none to
         reuse)."""
         if not output_keys:
             return {}
         wanted = pa.table({"output_key": pa.array(list(output_keys), pa.string())})
-        with self.connect(read_only=True) as con:
+        with self.db.connect(read_only=True) as con:
             con.register("wanted", wanted)
             rows = con.sql(
                 "SELECT outputs.* FROM outputs JOIN wanted USING (output_key) WHERE error IS NULL"
                 " QUALIFY row_number() OVER (PARTITION BY output_key ORDER BY run_id DESC) = 1").to_arrow_table()
-        return {row["output_key"]: {**row, "output": row_output(row, self)} for row in rows.to_pylist()}
+        return {row["output_key"]: {**row, "output": row_output(row, self.db)} for row in rows.to_pylist()}

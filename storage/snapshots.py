@@ -8,12 +8,14 @@ tags are lists of strings.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from storage import DISK_FULL_ERRNOS, disk_full
+from storage.db import Database, now
 from tasks.files import atomic_path
 from tasks.models import STORED, EvalCase, EvalSuite, canonical_json
 
@@ -67,21 +69,32 @@ def read_snapshot_file(path: Path) -> EvalSuite:
     return suite
 
 
+@dataclass(frozen=True)
 class Snapshots:
-    """One home's suite snapshots, as methods of `storage.store.Store`."""
+    """One home's stored suites (`storage.store.Store.snapshots`): their snapshot files and
+    their rows in the `suites` and `cases` tables."""
 
-    home: Path
+    db: Database
 
     @property
-    def snapshot_dir(self) -> Path:
-        return self.home / "snapshots"
+    def dir(self) -> Path:
+        return self.db.home / "snapshots"
 
-    def snapshot_path(self, version: str) -> Path:
-        return self.snapshot_dir / f"{version}.parquet"
+    def path(self, version: str) -> Path:
+        return self.dir / f"{version}.parquet"
 
-    def write_snapshot(self, suite: EvalSuite) -> Path:
-        """Write the suite's snapshot unless it exists; return its path. Never rewrites."""
-        path = self.snapshot_path(suite.version)
+    def has(self, suite: EvalSuite) -> bool:
+        return self.path(suite.version).exists()
+
+    def save(self, suite: EvalSuite) -> Path:
+        """Write the suite's snapshot (once per version) and record the suite."""
+        path = self.write(suite)
+        self.record(suite, path)
+        return path
+
+    def write(self, suite: EvalSuite) -> Path:
+        """Write the suite's snapshot file unless it exists; return its path. Never rewrites."""
+        path = self.path(suite.version)
         if path.exists():
             return path
         cases = sorted(suite.cases, key=lambda c: c.id)
@@ -110,14 +123,14 @@ class Snapshots:
             raise
         return path
 
-    def read_snapshot(self, version: str) -> EvalSuite:
+    def read(self, version: str) -> EvalSuite:
         """The stored suite `version` (its snapshot in this home)."""
-        return read_snapshot_file(self.snapshot_path(version))
+        return read_snapshot_file(self.path(version))
 
     def must_pass_cases(self, version: str) -> frozenset[str] | None:
         """The ids of the suite version's must-pass cases, read from its snapshot (one column,
         not the whole suite); None when the snapshot is not in this home."""
-        path = self.snapshot_path(version)
+        path = self.path(version)
         if not path.exists():
             return None
         if "must_pass" not in pq.read_schema(path).names:
@@ -129,17 +142,40 @@ class Snapshots:
     def case_contents(self, version: str, case_ids: list[str]) -> dict[str, dict]:
         """case id → {inputs, reference} for some cases of a stored suite version (read with a
         filter, not the whole suite); cases or a snapshot not found are simply absent."""
-        path = self.snapshot_path(version)
+        path = self.path(version)
         if not case_ids or not path.exists():
             return {}
         table = pq.read_table(path, columns=["case_id", "inputs", "reference"], filters=[("case_id", "in", case_ids)])
         return {row["case_id"]: {"inputs": json.loads(row["inputs"]), "reference": json.loads(row["reference"])}
                 for row in table.to_pylist()}
 
-    def find_snapshot(self, prefix: str) -> Path | None:
+    def find(self, prefix: str) -> Path | None:
         """The snapshot whose version starts with `prefix` (a full or abbreviated version)."""
         if len(prefix) < 6 or any(ch not in "0123456789abcdef" for ch in prefix):
             return None
-        matches = sorted(self.snapshot_dir.glob(f"{prefix}*.parquet"))
+        matches = sorted(self.dir.glob(f"{prefix}*.parquet"))
         return matches[0] if len(matches) == 1 else None
 
+    def record(self, suite: EvalSuite, snapshot_path: Path) -> None:
+        with self.db.connect() as con:
+            con.execute(
+                "INSERT INTO suites VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                [suite.version, suite.name, len(suite.cases), str(snapshot_path), now()],
+            )
+            # One statement over an Arrow table: executemany is a statement a case (seconds at 2,000).
+            new_cases = pa.table({  # noqa: F841 - read by DuckDB
+                "suite_version": pa.array([suite.version] * len(suite.cases), pa.string()),
+                "case_id": pa.array([c.id for c in suite.cases], pa.string()),
+                "case_hash": pa.array([c.case_hash for c in suite.cases], pa.string()),
+                "slices": pa.array([list(c.slices) for c in suite.cases], pa.list_(pa.string())),
+                "tags": pa.array([list(c.tags) for c in suite.cases], pa.list_(pa.string())),
+            })
+            con.execute("INSERT INTO cases SELECT * FROM new_cases ON CONFLICT DO NOTHING")
+
+    def cases(self, suite_version: str) -> dict[str, tuple[str, list[str]]]:
+        """case_id → (case_hash, slices) for a stored suite version."""
+        with self.db.connect(read_only=True) as con:
+            rows = con.execute(
+                "SELECT case_id, case_hash, slices FROM cases WHERE suite_version = ?", [suite_version]
+            ).fetchall()
+        return {cid: (h, list(s)) for cid, h, s in rows}

@@ -12,23 +12,23 @@ from tasks.suites.git_suite import load_git_suite, parse_git_ref
 
 
 class SnapshotFinder(Protocol):
-    def find_snapshot(self, ref: str) -> Path | None: ...
+    def find(self, prefix: str) -> Path | None: ...
 
 
-def load_suite_ref(ref: str, store: SnapshotFinder) -> EvalSuite:
+def load_suite_ref(ref: str, snapshots: SnapshotFinder) -> EvalSuite:
     """The suite `ref` names (see `resolve_suite`)."""
-    return resolve_suite(ref, store)[0]
+    return resolve_suite(ref, snapshots)[0]
 
 
-def resolve_suite(ref: str, store: SnapshotFinder) -> tuple[EvalSuite, str]:
+def resolve_suite(ref: str, snapshots: SnapshotFinder) -> tuple[EvalSuite, str]:
     """The suite `ref` names, and where it was found, pinned so that it names the same
     suite again: a file's absolute path, a git URL with the commit it was read at, or the
-    full version of a suite stored in `store`."""
+    full version of a suite stored in `snapshots`."""
     git_ref = parse_git_ref(ref)
     if git_ref is not None:
         return load_git_suite(git_ref)
     if not Path(ref).exists():
-        snapshot = store.find_snapshot(ref)
+        snapshot = snapshots.find(ref)
         if snapshot is not None:
             suite = read_snapshot_file(snapshot)
             return suite, suite.version

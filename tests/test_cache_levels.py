@@ -132,8 +132,8 @@ def test_rescore_grades_stored_outputs_without_the_agent(env, tmp_path):
     assert doc["usage"]["samples"] == 0 and doc["usage"]["cached"]["samples"] == 6
     from storage.store import Store
 
-    rows = {(r["case_id"], r["sample_index"]): r for r in Store.default().run_samples(doc["run_id"]).to_pylist()}
-    old = {(r["case_id"], r["sample_index"]): r for r in Store.default().run_samples(source["run_id"]).to_pylist()}
+    rows = {(r["case_id"], r["sample_index"]): r for r in Store.default().samples.of_run(doc["run_id"]).to_pylist()}
+    old = {(r["case_id"], r["sample_index"]): r for r in Store.default().samples.of_run(source["run_id"]).to_pylist()}
     assert rows.keys() == old.keys()
     for key, row in rows.items():
         assert row["output"] == old[key]["output"]
@@ -202,7 +202,7 @@ def test_rescore_checks_its_inputs_once_and_the_flow_grades_what_was_checked(env
                "min_slice": None, "max_increase": None, "metric": "pass"}
     prepared = prepare_rescore(source["run_id"][:17], store, **options)
     assert prepared.config.suite == prepared.run.spec.config["suite_source"]  # pinned
-    snapshot = store.snapshot_path(source["suite_version"])
+    snapshot = store.snapshots.path(source["suite_version"])
     snapshot.unlink()
     write(suite, {"z": "{id: z, inputs: {}, reference: 'yes', grader: {kind: exact}}"})  # edited meanwhile
     with pytest.raises(InputError, match="snapshot of its suite"):

@@ -52,7 +52,7 @@ def endpoints(monkeypatch):
 
 
 def _samples(home: Path, run_id: str) -> dict[str, dict]:
-    rows = Store(home).run_samples(run_id).to_pylist()
+    rows = Store(home).samples.of_run(run_id).to_pylist()
     return {r["case_id"]: dict(r, trace=SampleTrace.parse(r["trace"])) for r in rows}
 
 
@@ -105,7 +105,7 @@ def test_an_agents_own_client_calls_are_its_trajectory_and_its_tokens_to_the_tok
     assert run.usage.input_tokens == sum(c["in"] for c in told.values())
     assert run.usage.output_tokens == sum(c["out"] for c in told.values())
     text = case_text(case_doc(run.run_id, "responses-async-stream",
-                              Store(tmp_path).case_samples(run.run_id, "responses-async-stream")))
+                              Store(tmp_path).samples.of_case(run.run_id, "responses-async-stream")))
     assert 'model: calls convert_currency({"amount": 100, "from": "USD", "to": "EUR"})' in text
     with duckdb.connect(str(tmp_path / "evalpipe.duckdb"), read_only=True) as con:
         calls = dict(con.execute("SELECT case_id, name FROM tool_calls WHERE run_id = ?", [run.run_id]).fetchall())
@@ -180,7 +180,7 @@ def test_an_agents_sdk_agent_with_two_function_tools_is_captured_and_graded_on_i
         monkeypatch.setenv("OPENAI_API_KEY", "sk-test-agents-sdk")
         run = evalpipe.evaluate(str(SDK_SUITE), SDK_AGENT, n=2, home=tmp_path)
     assert run.pass_at_k["1"] == 1.0
-    rows = Store(tmp_path).run_samples(run.run_id).to_pylist()
+    rows = Store(tmp_path).samples.of_run(run.run_id).to_pylist()
     assert len(rows) == 6
     graders = Counter()
     for row in rows:
@@ -199,7 +199,7 @@ def test_an_agents_sdk_agent_with_two_function_tools_is_captured_and_graded_on_i
     assert run.usage.input_tokens == sum(u["input_tokens"] for u in served.usage)
     assert run.usage.output_tokens == sum(u["output_tokens"] for u in served.usage)
     text = case_text(case_doc(run.run_id, "weather-two-cities",
-                              Store(tmp_path).case_samples(run.run_id, "weather-two-cities")))
+                              Store(tmp_path).samples.of_case(run.run_id, "weather-two-cities")))
     assert 'calls get_weather({"city": "Paris"}), get_weather({"city": "Rome"})' in text
     assert '-> get_weather: {"city": "Rome", "sky": "cloudy", "celsius": 18}' in text
 

@@ -62,9 +62,9 @@ def test_a_broken_agent_exits_4_after_printing_its_json(env, home, tmp_path):
     assert all(float(f"{x:.6g}") == x for x in floats(doc))
     from storage.store import Store
 
-    stored = floats(Store(home).find_run(doc["run_id"])["summary"])
+    stored = floats(Store(home).runs.find(doc["run_id"])["summary"])
     assert any(float(f"{x:.6g}") != x for x in stored)
-    assert rounded(Store(home).find_run(doc["run_id"])["summary"])["pass_at_1_se"] == doc["pass_at_1_se"]
+    assert rounded(Store(home).runs.find(doc["run_id"])["summary"])["pass_at_1_se"] == doc["pass_at_1_se"]
 
     tolerant = cli(["run", str(suite), "--agent", agent("boom"), "-n", "2", "--max-agent-errors", "0.5"], env)
     assert tolerant.returncode == 0, tolerant.stderr

@@ -189,17 +189,17 @@ def test_resolve_suite_pins_what_it_read(home, tmp_path, monkeypatch):
 
     monkeypatch.chdir(ROOT)
     store = Store(home)
-    suite, pinned = resolve_suite("examples/qa.yaml", store)
+    suite, pinned = resolve_suite("examples/qa.yaml", store.snapshots)
     assert pinned == str(ROOT / "examples/qa.yaml")
-    store.write_snapshot(suite)
-    stored, pinned_version = resolve_suite(suite.version[:10], store)
+    store.snapshots.write(suite)
+    stored, pinned_version = resolve_suite(suite.version[:10], store.snapshots)
     assert stored == suite and pinned_version == suite.version
     # Each pinned form names the same suite when given back.
-    assert resolve_suite(pinned, store)[0] == resolve_suite(pinned_version, store)[0] == suite
+    assert resolve_suite(pinned, store.snapshots)[0] == resolve_suite(pinned_version, store.snapshots)[0] == suite
     with pytest.raises(SuiteError, match="nope.yaml: no such suite file"):
-        resolve_suite("nope.yaml", store)
+        resolve_suite("nope.yaml", store.snapshots)
     with pytest.raises(SuiteError, match="neither a suite file, a git URL#PATH nor a stored suite version"):
-        resolve_suite("abcdef123", store)
+        resolve_suite("abcdef123", store.snapshots)
 
 
 def _dumped(value) -> bytes:

@@ -171,7 +171,7 @@ def on_demand(stack: Stack) -> dict:
 
 
 def worker_run(stack: Stack, flow_run_id: str) -> dict:
-    runs = [r for r in Store(stack.worker_home).list_runs(limit=1000) if r["flow_run_id"] == flow_run_id]
+    runs = [r for r in Store(stack.worker_home).runs.list(limit=1000) if r["flow_run_id"] == flow_run_id]
     assert len(runs) == 1, runs
     return runs[0]
 
@@ -180,7 +180,7 @@ def test_on_demand_run_lands_in_the_workers_duckdb(stack: Stack, on_demand: dict
     assert on_demand["parameters"]["n"] == 3
     run = worker_run(stack, on_demand["id"])
     assert (run["status"], run["n"], run["seed"], run["ks"]) == ("completed", 3, 7, [1, 3])
-    samples = Store(stack.worker_home).run_samples(run["run_id"])
+    samples = Store(stack.worker_home).samples.of_run(run["run_id"])
     assert samples.num_rows == 10 * 3
     assert set(samples["sample_index"].to_pylist()) == {0, 1, 2}
     assert run["summary"]["pass_at_k"].keys() == {"1", "3"}
@@ -342,10 +342,10 @@ def test_killed_flow_run_is_crashed_and_the_next_run_resumes(stack: Stack, tmp_p
 
 
 def _stored(stack: Stack, flow_run_id: str) -> int:
-    if not Store(stack.worker_home).db_path.exists():
+    if not Store(stack.worker_home).db.path.exists():
         return 0
-    runs = [r for r in Store(stack.worker_home).list_runs() if r["flow_run_id"] == flow_run_id]
-    return Store(stack.worker_home).run_samples(runs[0]["run_id"]).num_rows if runs else 0
+    runs = [r for r in Store(stack.worker_home).runs.list() if r["flow_run_id"] == flow_run_id]
+    return Store(stack.worker_home).samples.of_run(runs[0]["run_id"]).num_rows if runs else 0
 
 
 PID_AGENT = '''
@@ -411,8 +411,8 @@ def test_dask_scheduler_run_equals_threads_run(stack: Stack, dask_cluster, tmp_p
     keys = ("suite_version", "samples", "pass_at_k", "pass_at_1_ci", "slices", "flaky_cases", "status_counts")
     assert {k: dask[k] for k in keys} == {k: threads[k] for k in keys}
     cols = ["case_id", "sample_index", "seed", "output", "status", "passed", "cache_key"]
-    assert (Store(tmp_path / "dask").run_samples(dask["run_id"]).select(cols)
-            == Store(tmp_path / "threads").run_samples(threads["run_id"]).select(cols))
+    assert (Store(tmp_path / "dask").samples.of_run(dask["run_id"]).select(cols)
+            == Store(tmp_path / "threads").samples.of_run(threads["run_id"]).select(cols))
     for summary in (threads, dask):  # both ad-hoc runs are in the server's history
         assert stack.api.get(f"/flow_runs/{summary['flow_run_id']}").json()["state"]["type"] == "COMPLETED"
 
@@ -451,7 +451,7 @@ def test_workers_on_one_pool_run_flow_runs_side_by_side(stack: Stack, tmp_path: 
     # Both wrote their samples into the one shared DuckDB file, side by side.
     for run in runs:
         assert run["summary"]["status_counts"].get("agent_error", 0) == 0
-        assert Store(stack.worker_home).run_samples(run["run_id"]).num_rows == 10 * 2
+        assert Store(stack.worker_home).samples.of_run(run["run_id"]).num_rows == 10 * 2
 
 
 def _ran(worker_log: str, flow_run_id: str) -> int:

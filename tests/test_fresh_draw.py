@@ -31,7 +31,7 @@ def test_a_fresh_run_draws_every_sample_again_and_a_later_run_reuses_what_it_dre
     fresh = evalpipe.evaluate(CASES, spec, n=2, home=home, fresh=True)
     assert len(calls.read_text().splitlines()) == 12 and fresh.cached_samples == 0
     assert fresh.pass_at_k["1"] == 1.0
-    assert Store(home).get_run(fresh.run_id)["config"]["fresh"] is True
-    assert "fresh" not in Store(home).get_run(first.run_id)["config"]
+    assert Store(home).runs.get(fresh.run_id)["config"]["fresh"] is True
+    assert "fresh" not in Store(home).runs.get(first.run_id)["config"]
     later = evalpipe.evaluate(CASES, spec, n=2, home=home)
     assert len(calls.read_text().splitlines()) == 12 and later.cached_samples == 6

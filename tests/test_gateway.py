@@ -219,7 +219,7 @@ def test_a_runaway_workspace_agent_is_stopped_at_its_sample_cost(tmp_path, monke
         run = evalpipe.evaluate(str(CODING), calling_agent(tmp_path, 50), n=1, home=tmp_path / "home",
                                 workspace=True, max_sample_cost=0.015, prices=str(prices))
     assert endpoint.requests == 2
-    (row,) = Store(tmp_path / "home").run_samples(run.run_id).to_pylist()
+    (row,) = Store(tmp_path / "home").samples.of_run(run.run_id).to_pylist()
     assert row["status"] == "agent_error"
     assert row["detail"] == ("agent failed: stopped at --max-sample-cost $0.015 ($0.012000 spent): the agent asked"
                              " for 1 more model call(s), refused")
@@ -237,7 +237,7 @@ def test_a_cmd_agent_s_calls_go_through_the_gateway_recorded_capped_and_without_
         monkeypatch.setenv("OPENAI_API_KEY", "sk-real-key")
         run = evalpipe.evaluate(cases, calling_agent(tmp_path, 5), home=tmp_path / "home")
         assert endpoint.requests == 5
-        (row,) = Store(tmp_path / "home").run_samples(run.run_id).to_pylist()
+        (row,) = Store(tmp_path / "home").samples.of_run(run.run_id).to_pylist()
         seen = json.loads(row["output"])
         assert seen["key"].startswith("evalpipe-sample-") and seen["base"].startswith("http://127.0.0.1:")
         assert "sk-real-key" not in row["output"]
@@ -248,7 +248,7 @@ def test_a_cmd_agent_s_calls_go_through_the_gateway_recorded_capped_and_without_
         capped_run = evalpipe.evaluate(cases, calling_agent(tmp_path, 5), home=tmp_path / "home",
                                        max_model_calls=2, seed=1)
         assert endpoint.requests == 5 + 2
-    (row,) = Store(tmp_path / "home").run_samples(capped_run.run_id).to_pylist()
+    (row,) = Store(tmp_path / "home").samples.of_run(capped_run.run_id).to_pylist()
     assert row["status"] == "agent_error"
     assert row["detail"] == ("agent failed: stopped at --max-model-calls 2: the agent asked for 1 more model"
                              " call(s), refused")
@@ -283,14 +283,14 @@ def test_a_persistent_worker_s_calls_are_each_sample_s_through_its_lease(tmp_pat
         capped_run = evalpipe.evaluate(cases, spec, home=tmp_path / "home", agent_concurrency=1, seed=1,
                                        max_model_calls=2)
     assert endpoint.requests == 6 + 1 + 2 + 2  # the capped run: c1's one, c2's two, c3's first two
-    rows = {r["case_id"]: r for r in Store(tmp_path / "home").run_samples(run.run_id).to_pylist()}
+    rows = {r["case_id"]: r for r in Store(tmp_path / "home").samples.of_run(run.run_id).to_pylist()}
     assert {r["status"] for r in rows.values()} == {"passed"}
     assert len({r["output"].split()[1] for r in rows.values()}) == 1  # one worker drew the three
     for calls, cid in enumerate(("c1", "c2", "c3"), start=1):
         turns = SampleTrace.parse(rows[cid]["trace"]).trajectory.typed.turns
         assert len(turns) == calls, cid
         assert (rows[cid]["input_tokens"], rows[cid]["output_tokens"]) == (1000 * calls, 100 * calls)
-    capped = {r["case_id"]: r for r in Store(tmp_path / "home").run_samples(capped_run.run_id).to_pylist()}
+    capped = {r["case_id"]: r for r in Store(tmp_path / "home").samples.of_run(capped_run.run_id).to_pylist()}
     assert capped["c3"]["status"] == "agent_error"
     assert capped["c3"]["detail"].startswith("agent failed: stopped at --max-model-calls 2")
     assert capped["c2"]["status"] == "passed"
@@ -368,7 +368,7 @@ def test_an_in_process_agent_s_call_past_a_cap_raises_before_anything_is_sent(tm
         run = evalpipe.evaluate(cases, f"python:{tmp_path / 'runaway.py'}:{func}", home=tmp_path / "home",
                                 prices=str(prices), **caps)
     assert endpoint.requests == calls
-    (row,) = Store(tmp_path / "home").run_samples(run.run_id).to_pylist()
+    (row,) = Store(tmp_path / "home").samples.of_run(run.run_id).to_pylist()
     assert row["status"] == "agent_error"
     assert row["detail"].startswith(f"agent failed: stopped at {cap}: the agent asked for 1 more model call(s)")
     assert len(SampleTrace.parse(row["trace"]).trajectory.typed.turns) == calls
@@ -390,7 +390,7 @@ def test_the_run_s_max_cost_refuses_the_call_that_would_pass_it_and_no_sample_st
         run = evalpipe.evaluate(cases, calling_agent(tmp_path, 3), home=tmp_path / "home",
                                 agent_concurrency=1, max_cost=0.015, prices=str(prices))
     assert endpoint.requests == 2
-    (row,) = Store(tmp_path / "home").run_samples(run.run_id).to_pylist()
+    (row,) = Store(tmp_path / "home").samples.of_run(run.run_id).to_pylist()
     assert row["status"] == "agent_error"
     assert row["detail"] == ("agent failed: stopped at --max-cost $0.015 ($0.012000 spent by the run's calls): the"
                              " agent asked for 1 more model call(s), refused")
@@ -456,7 +456,7 @@ def test_no_sandboxed_process_holds_the_real_key(tmp_path, monkeypatch):
         finally:
             done.set()
             watcher.join(10)
-    (row,) = Store(tmp_path / "home").run_samples(run.run_id).to_pylist()
+    (row,) = Store(tmp_path / "home").samples.of_run(run.run_id).to_pylist()
     assert '+[]' in row["output"], row["output"][:500]  # FOUND.md, as the agent wrote it: nothing found inside
     assert seen, "the sample's processes were never seen from outside"
     assert not [e for e in seen if b"sk-real-secret" in e]
@@ -517,7 +517,7 @@ def test_an_agent_in_another_language_needs_only_the_endpoint_its_environment_na
         monkeypatch.setenv("OPENAI_API_KEY", "sk-real")
         run = evalpipe.evaluate(cases, f"cmd:node {ROOT / 'examples/agents/node_agent.mjs'}", home=tmp_path / "home")
     assert endpoint.requests == 1
-    (row,) = Store(tmp_path / "home").run_samples(run.run_id).to_pylist()
+    (row,) = Store(tmp_path / "home").samples.of_run(run.run_id).to_pylist()
     assert (row["status"], row["output"]) == ("passed", "ok")
     (turn,) = SampleTrace.parse(row["trace"]).trajectory.typed.turns
     assert turn.content == "ok"

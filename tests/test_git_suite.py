@@ -74,15 +74,15 @@ def test_bad_git_refs_are_one_line_errors(text: str, message: str) -> None:
 def test_suite_from_git_is_the_file_at_the_ref(evals, home: Path, tmp_path: Path) -> None:
     repo, first, second = evals
     local = tmp_path / "qa.yaml"
-    head, pinned = resolve_suite(f"{url(repo)}#suites/qa.yaml", Store(home))
+    head, pinned = resolve_suite(f"{url(repo)}#suites/qa.yaml", Store(home).snapshots)
     local.write_text(repo.git.show(f"{second}:suites/qa.yaml"))
     assert head == load_suite(local) and head.version == load_suite(local).version
     assert pinned == f"{url(repo)}@{second}#suites/qa.yaml"
     assert head.case("capital-france").reference == "Lyon"
 
     # A tag and a commit name the older file; the same content has the same version.
-    tagged, _ = resolve_suite(f"{url(repo)}@v1#suites/qa.yaml", Store(home))
-    by_sha, pinned_sha = resolve_suite(f"{url(repo)}@{first}#suites/qa.yaml", Store(home))
+    tagged, _ = resolve_suite(f"{url(repo)}@v1#suites/qa.yaml", Store(home).snapshots)
+    by_sha, pinned_sha = resolve_suite(f"{url(repo)}@{first}#suites/qa.yaml", Store(home).snapshots)
     assert tagged.version == by_sha.version == load_suite(ROOT / "examples/qa.yaml").version != head.version
     assert pinned_sha == f"{url(repo)}@{first}#suites/qa.yaml"
 
@@ -90,27 +90,27 @@ def test_suite_from_git_is_the_file_at_the_ref(evals, home: Path, tmp_path: Path
 def test_a_branch_is_fetched_again_a_sha_is_not(evals, home: Path) -> None:
     repo, first, second = evals
     ref = f"{url(repo)}@main#suites/qa.yaml"
-    assert resolve_suite(ref, Store(home))[1].endswith(f"@{second}#suites/qa.yaml")
+    assert resolve_suite(ref, Store(home).snapshots)[1].endswith(f"@{second}#suites/qa.yaml")
     third = commit(repo, {"suites/qa.yaml": "name: qa\ncases:\n  - {id: one, reference: x, grader: {kind: exact}}\n"},
                    "qa v3")
-    moved, pinned = resolve_suite(ref, Store(home))
+    moved, pinned = resolve_suite(ref, Store(home).snapshots)
     assert pinned.endswith(f"@{third}#suites/qa.yaml") and [c.id for c in moved.cases] == ["one"]
     # Pinned to a commit, the suite reads without reaching the source at all.
     shutil.rmtree(repo.working_tree_dir)
-    old, _ = resolve_suite(f"{url(repo)}@{first}#suites/qa.yaml", Store(home))
+    old, _ = resolve_suite(f"{url(repo)}@{first}#suites/qa.yaml", Store(home).snapshots)
     assert old.version == load_suite(ROOT / "examples/qa.yaml").version
     with pytest.raises(InputError, match="cannot fetch: git fetch: fatal: Could not read from remote repository"):
-        resolve_suite(ref, Store(home))
+        resolve_suite(ref, Store(home).snapshots)
 
 
 def test_missing_file_commit_or_repository(evals, home: Path) -> None:
     repo, first, _ = evals
     with pytest.raises(SuiteError, match=rf"@{first}#suites/nope.yaml: no such file in the repository"):
-        resolve_suite(f"{url(repo)}@{first}#suites/nope.yaml", Store(home))
+        resolve_suite(f"{url(repo)}@{first}#suites/nope.yaml", Store(home).snapshots)
     with pytest.raises(InputError, match="commit nosuchbranch not found"):
-        resolve_suite(f"{url(repo)}@nosuchbranch#suites/qa.yaml", Store(home))
+        resolve_suite(f"{url(repo)}@nosuchbranch#suites/qa.yaml", Store(home).snapshots)
     with pytest.raises(InputError, match="cannot mirror"):
-        resolve_suite("file:///nonexistent/evals.git#qa.yaml", Store(home))
+        resolve_suite("file:///nonexistent/evals.git#qa.yaml", Store(home).snapshots)
 
 
 def test_malformed_suite_in_git_names_the_pinned_source(evals, home: Path) -> None:
@@ -118,7 +118,7 @@ def test_malformed_suite_in_git_names_the_pinned_source(evals, home: Path) -> No
     sha = commit(repo, {"bad.jsonl": '{"id": "a", "grader": {"kind": "exact"}}\n{"id": "a", "grader": {"kind": "exact"}}\n'},
                  "dup")
     with pytest.raises(SuiteError) as err:
-        resolve_suite(f"{url(repo)}#bad.jsonl", Store(home))
+        resolve_suite(f"{url(repo)}#bad.jsonl", Store(home).snapshots)
     assert str(err.value).startswith(f"{url(repo)}@{sha}#bad.jsonl: line 2") and "duplicate case id" in str(err.value)
 
 
@@ -142,10 +142,10 @@ def test_a_run_on_a_suite_in_git_records_the_commit(prefect_harness, evals, home
     out = evaluate(suite=f"{url(repo)}@v1#suites/qa.yaml", agent="reference", n=1)
     assert out["suite_version"] == load_suite(ROOT / "examples/qa.yaml").version
     assert out["samples"] == out["cases"] == 10
-    config = Store(home).get_run(out["run_id"])["config"]
+    config = Store(home).runs.get(out["run_id"])["config"]
     assert config["suite_source"] == f"{url(repo)}@{first}#suites/qa.yaml"
     # The pinned source given back is the same suite: that is what makes it provenance.
-    assert resolve_suite(config["suite_source"], Store(home))[0].version == out["suite_version"]
+    assert resolve_suite(config["suite_source"], Store(home).snapshots)[0].version == out["suite_version"]
 
 
 def test_cli_runs_the_commit_it_checked(prefect_harness, evals, home: Path) -> None:
@@ -157,7 +157,7 @@ def test_cli_runs_the_commit_it_checked(prefect_harness, evals, home: Path) -> N
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
-    config = Store(home).get_run(out["run_id"])["config"]
+    config = Store(home).runs.get(out["run_id"])["config"]
     # The branch was resolved once, by the command, and the flow was handed that commit.
     assert config["suite_ref"] == config["suite_source"] == f"{url(repo)}@{second}#suites/qa.yaml"
     assert out["suite_name"] == "qa" and out["samples"] == 10

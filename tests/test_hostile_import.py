@@ -64,7 +64,7 @@ def exported(tmp_path) -> Path:
     source = Store(tmp_path / "theirs")
     run = evaluate(CASES, wrong, name="arith", n=1, home=source.home)
     assert run.to_json()["status_counts"] == {"failed": 3}
-    return source.export_run(run.run_id, tmp_path / "run.tar") and tmp_path / "run.tar"
+    return source.exports.export_run(run.run_id, tmp_path / "run.tar") and tmp_path / "run.tar"
 
 
 FORGED = "99999999-999999-ffffff"  # sorts after every real run id
@@ -93,13 +93,13 @@ def test_a_crafted_archive_of_passing_verdicts_never_serves_the_cache(tmp_path, 
     crafted = forge(exported, tmp_path / "crafted.tar")
     forged = FORGED
     mine = Store(tmp_path / "mine")
-    assert mine.import_run(crafted)["imported"] is True
+    assert mine.exports.import_run(crafted)["imported"] is True
     CALLS.clear()
     run = evaluate(CASES, wrong, name="arith", n=1, home=mine.home).to_json()
     assert sorted(CALLS) == [0, 1, 2]  # the agent was asked: nothing came from the import
     assert run["status_counts"] == {"failed": 3} and run["cached_samples"] == 0
     # The imported run itself is still there to gate against.
-    assert pc.all(pc.equal(mine.run_samples(forged)["status"], "passed")).as_py()
+    assert pc.all(pc.equal(mine.samples.of_run(forged)["status"], "passed")).as_py()
 
 
 def test_a_sparse_member_is_refused_from_its_header(tmp_path):
@@ -223,7 +223,7 @@ def test_a_rescore_of_an_import_serves_no_cache_and_a_gate_against_it_says_where
     mine = tmp_path / "mine"
     env = {"PREFECT_API_URL": prefect_harness}
     assert cli(["runs", "import", str(crafted)], mine, **env).returncode == 0
-    version = Store(mine).find_run(FORGED)["suite_version"]
+    version = Store(mine).runs.find(FORGED)["suite_version"]
     rescored = cli(["rescore", FORGED, version, "--json"], mine, **env)
     assert rescored.returncode == 0, rescored.stderr
     rescored_id = json.loads(rescored.stdout)["run_id"]
@@ -304,7 +304,7 @@ def test_a_crafted_field_is_one_line_exit_2_and_nothing_written(tmp_path, export
     assert proc.returncode == 2, proc.stderr
     assert "\n" not in line and str(archive) in line, line
     if (home / "evalpipe.duckdb").exists():
-        with Store(home).connect(read_only=True) as con:
+        with Store(home).db.connect(read_only=True) as con:
             for table in ("runs", "suites", "cases", "aggregates", "samples", "imported_runs"):
                 assert con.execute(f"SELECT count(*) FROM {table}").fetchone() == (0,), table
     assert not list(home.glob("snapshots/*")), "a snapshot of a refused import"

@@ -339,7 +339,7 @@ def test_calibration_is_shown_for_runs_graded_by_that_judge(prefect_harness, hom
     store = Store(home)
     suite, labels = _labelled_suite(tmp_path)
     run = evaluate(suite=str(suite), agent="reference", n=1)
-    [before] = store.run_calibrations(run["run_id"])
+    [before] = store.calibrations.of_run(run["run_id"])
     assert before["calibration"] is None and before["judge"] == ref("length_judge")
     assert before["judged"] == 3 and before["errors"] == 0
     section = _judges_section(run["run_id"], tmp_path / "before.html")
@@ -348,7 +348,7 @@ def test_calibration_is_shown_for_runs_graded_by_that_judge(prefect_harness, hom
     assert "evalpipe judge calibrate" in section and "0 of 3 (0.0%)" in section
 
     doc = calibrate_judge(str(suite), labels, store=store)
-    [after] = store.run_calibrations(run["run_id"])
+    [after] = store.calibrations.of_run(run["run_id"])
     assert after["calibration"] == doc and after["judge_fingerprint"] == doc["judge_fingerprint"]
     section = _judges_section(run["run_id"], tmp_path / "after.html")
     assert "not calibrated" not in section

@@ -114,9 +114,9 @@ def test_labels_round_trip(run, tmp_path, suffix):
         "c2"
     }
 
-    samples = Store.default().run_samples(summary["run_id"]).to_pylist()
+    samples = Store.default().samples.of_run(summary["run_id"]).to_pylist()
     source = {
-        (s["case_id"], s["sample_index"]): s for s in Store.default().run_samples(run["run_id"]).to_pylist()
+        (s["case_id"], s["sample_index"]): s for s in Store.default().samples.of_run(run["run_id"]).to_pylist()
     }
     for s in samples:
         src = source[(s["case_id"], s["sample_index"])]
@@ -134,7 +134,7 @@ def test_labels_round_trip(run, tmp_path, suffix):
         # These four keys, in this order, a null note kept.
         assert list(label) == ["labeller", "source_run", "label", "note"]
         assert SampleTrace.parse(s["trace"]).human.label == label["label"]
-    stored = Store.default().get_run(summary["run_id"])
+    stored = Store.default().runs.get(summary["run_id"])
     assert stored["status"] == "completed" and stored["config"]["derived_from"] == run["run_id"]
     assert stored["config"]["labeller"] == "ada"
 
@@ -184,10 +184,10 @@ def test_malformed_label_files_are_refused_naming_the_line(run, tmp_path, text, 
 
     path = tmp_path / "bad.jsonl"
     path.write_text(text)
-    before = len(Store.default().list_runs())
+    before = len(Store.default().runs.list())
     with pytest.raises(InputError, match=message):
         import_labels(run["run_id"], path, "eve", Store.default())
-    assert len(Store.default().list_runs()) == before  # nothing written
+    assert len(Store.default().runs.list()) == before  # nothing written
 
 
 def test_malformed_csv_and_formats(run, tmp_path):

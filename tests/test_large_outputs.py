@@ -71,12 +71,12 @@ def run(store: Store, suite: EvalSuite, agent=None, **options):
 
 
 def chunk_rows(store: Store) -> int:
-    with store.connect(read_only=True) as con:
+    with store.db.connect(read_only=True) as con:
         return con.execute("SELECT count(*) FROM output_chunks").fetchone()[0]
 
 
 def stored_rows(store: Store, run_id: str) -> dict[str, tuple]:
-    with store.connect(read_only=True) as con:
+    with store.db.connect(read_only=True) as con:
         return {cid: rest for cid, *rest in con.execute(
             "SELECT case_id, output, output_sha, output_head FROM samples WHERE run_id = ?", [run_id]).fetchall()}
 
@@ -86,7 +86,7 @@ def drawn(tmp_path):
     """A run whose agent answered every text of TEXTS, each graded against itself."""
     store = Store(tmp_path / "home")
     suite = suite_of(CASES)
-    store.snapshot(suite)
+    store.snapshots.save(suite)
     agent = agent_of(answer)
     spec, summary = run(store, suite, agent)
     return store, suite, agent, spec, summary
@@ -96,14 +96,14 @@ def test_outputs_round_trip_byte_for_byte_and_only_long_ones_are_chunked(drawn, 
     store, suite, _, spec, summary = drawn
     assert summary.status_counts == GRADED
     want = CASES
-    for rows in (store.run_samples(spec.run_id).to_pylist(),
-                 store.samples_of_cases([spec.run_id], list(want))):
+    for rows in (store.samples.of_run(spec.run_id).to_pylist(),
+                 store.samples.of_cases([spec.run_id], list(want))):
         assert {r["case_id"]: r["output"] for r in rows} == want
     # Read when shown (`runs show --case`): a long one is a reference until then.
-    shown = {c: r["output"] for c in want for r in store.case_samples(spec.run_id, c)}
+    shown = {c: r["output"] for c in want for r in store.samples.of_case(spec.run_id, c)}
     assert {c: isinstance(o, StoredOutput) for c, o in shown.items()} == {c: len(t) > C for c, t in want.items()}
     assert {c: str(o) for c, o in shown.items()} == want
-    with store.connect(read_only=True) as con:
+    with store.db.connect(read_only=True) as con:
         assert dict(con.execute("SELECT case_id, output FROM sample_outputs").fetchall()) == want
 
     stored = stored_rows(store, spec.run_id)
@@ -114,11 +114,11 @@ def test_outputs_round_trip_byte_for_byte_and_only_long_ones_are_chunked(drawn, 
     assert chunk_rows(store) == 4 + 3  # large: 3 chunks and a bit; unicode: 2 and a bit
 
     # A run file holds each output whole; imported into another home, the same bytes.
-    out = store.export_run(spec.run_id, tmp_path / "run.tar")
+    out = store.exports.export_run(spec.run_id, tmp_path / "run.tar")
     other = Store(tmp_path / "other")
-    other.import_run(tmp_path / "run.tar")
+    other.exports.import_run(tmp_path / "run.tar")
     assert out["samples"] == len(TEXTS)
-    assert {r["case_id"]: r["output"] for r in other.run_samples(spec.run_id).to_pylist()} == want
+    assert {r["case_id"]: r["output"] for r in other.samples.of_run(spec.run_id).to_pylist()} == want
 
 
 def test_a_cached_rerun_copies_references_and_a_regrade_reads_the_stored_text(drawn):
@@ -139,12 +139,12 @@ def test_a_cached_rerun_copies_references_and_a_regrade_reads_the_stored_text(dr
 
 def test_a_rescore_grades_long_outputs_read_when_graded(drawn):
     store, suite, _, spec, _ = drawn
-    source = store.run_samples(spec.run_id, whole_outputs=False)
+    source = store.samples.of_run(spec.run_id, whole_outputs=False)
     long = [r for r in source.to_pylist() if r["output_sha"]]
     assert long and all(r["output"] is None for r in long)
     config = RunConfig(suite="big", agent="python:x:y", workers=2)
     new = spec_for(suite, config, agent_of(answer), config={"rescored_from": spec.run_id})
-    rescoring = rescore_plan(new.run_id, plan(suite, new), suite, suite, spec.run_id, source, store)
+    rescoring = rescore_plan(new.run_id, plan(suite, new), suite, suite, spec.run_id, source, store.db)
     assert sum(isinstance(p.output, StoredOutput) for p in rescoring.to_grade) == len(long)
     with local_stages(config) as stages:
         summary = run_loop(new, config, suite, None, store, stages, rescoring=rescoring)
@@ -156,15 +156,15 @@ def test_a_drawn_long_output_is_stored_in_chunks_and_graded_by_the_next_run(tmp_
     suite = suite_of({"large": TEXTS["large"]})
     config = RunConfig(suite="big", agent="python:x:y")
     spec = spec_for(suite, config)
-    store.start_run(spec)
+    store.runs.start(spec)
     (planned,) = plan(suite, spec)
-    store.store_drawn(spec.run_id, [Drawn(planned, TEXTS["large"], Usage(input_tokens=3), SampleTrace())])
-    store.finish_run(spec.run_id, RunStatus.interrupted, None)
-    with store.connect(read_only=True) as con:
+    store.outputs.store_drawn(spec.run_id, [Drawn(planned, TEXTS["large"], Usage(input_tokens=3), SampleTrace())])
+    store.runs.finish(spec.run_id, RunStatus.interrupted, None)
+    with store.db.connect(read_only=True) as con:
         assert con.execute("SELECT output IS NULL, output_sha IS NOT NULL FROM outputs").fetchall() == [(True, True)]
 
     again = spec_for(suite, config)
-    store.start_run(again)
+    store.runs.start(again)
     (missing,) = reuse_cached(again, plan(suite, again), store)
     assert isinstance(missing.output, StoredOutput) and missing.output.text() == TEXTS["large"]
     assert missing.usage.input_tokens == 3
@@ -180,7 +180,7 @@ def test_runs_show_case_and_the_judges_commands_read_long_outputs_whole_one_at_a
     from tasks.report.case_view import case_doc, case_text
 
     store, suite, agent, spec, _ = drawn
-    doc = case_doc(spec.run_id, "large", store.case_samples(spec.run_id, "large"))
+    doc = case_doc(spec.run_id, "large", store.samples.of_case(spec.run_id, "large"))
     assert json.loads(json_doc(doc))["samples"][0]["output"] == TEXTS["large"]
     assert f"({len(TEXTS['large'])} chars; --json has all)" in case_text(doc)
 
@@ -204,7 +204,7 @@ def test_runs_show_case_and_the_judges_commands_read_long_outputs_whole_one_at_a
 def test_a_stored_output_travels_to_another_process_as_its_text(drawn):
     store, _, _, spec, _ = drawn
     sha = stored_rows(store, spec.run_id)["large"][1]
-    assert pickle.loads(pickle.dumps(StoredOutput(sha, store))) == TEXTS["large"]
+    assert pickle.loads(pickle.dumps(StoredOutput(sha, store.db))) == TEXTS["large"]
 
 
 def test_a_home_from_before_chunks_opens_and_its_inline_outputs_read_and_serve_the_cache(tmp_path):
@@ -213,10 +213,10 @@ def test_a_home_from_before_chunks_opens_and_its_inline_outputs_read_and_serve_t
     config = RunConfig(suite="big", agent="python:x:y")
     old = spec_for(suite, config, agent_of(answer))
     (planned,) = plan(suite, old)
-    store.db_path.parent.mkdir(parents=True)
+    store.db.path.parent.mkdir(parents=True)
     before = [step.replace(", output_sha VARCHAR", "") for step in db.MIGRATIONS[:7]]
     assert not any("output_sha" in step for step in before)
-    with duckdb.connect(str(store.db_path)) as con:  # the file as version 7 left it: long outputs inline
+    with duckdb.connect(str(store.db.path)) as con:  # the file as version 7 left it: long outputs inline
         con.execute("CREATE TABLE schema_version (version INTEGER); INSERT INTO schema_version VALUES (7)")
         for step in before:
             con.execute(step)
@@ -227,8 +227,8 @@ def test_a_home_from_before_chunks_opens_and_its_inline_outputs_read_and_serve_t
                     [old.run_id, planned.seed, TEXTS["large"], planned.cache_key, planned.case_hash,
                      planned.output_key, TEXTS["large"]])
 
-    assert store.run_samples(old.run_id)["output"].to_pylist() == [TEXTS["large"]]  # opens, migrated
-    with duckdb.connect(str(store.db_path), read_only=True) as con:
+    assert store.samples.of_run(old.run_id)["output"].to_pylist() == [TEXTS["large"]]  # opens, migrated
+    with duckdb.connect(str(store.db.path), read_only=True) as con:
         assert con.execute("SELECT version FROM schema_version").fetchall() == [(db.SCHEMA_VERSION,)]
         assert con.execute("SELECT output FROM sample_outputs").fetchall() == [(TEXTS["large"],)]
     agent = agent_of(never)
@@ -236,4 +236,4 @@ def test_a_home_from_before_chunks_opens_and_its_inline_outputs_read_and_serve_t
     assert summary.cached_samples == 1 and summary.status_counts == {"passed": 1}
     regraded, summary = run(store, suite_of({"large": "other"}), agent)  # graded anew from the inline text
     assert summary.status_counts == {"failed": 1}
-    assert store.run_samples(regraded.run_id)["output"].to_pylist() == [TEXTS["large"]]
+    assert store.samples.of_run(regraded.run_id)["output"].to_pylist() == [TEXTS["large"]]

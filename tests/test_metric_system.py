@@ -189,7 +189,7 @@ def test_diff_and_gate_name_a_plugin_family_s_member(scratch_registry, tmp_path)
     assert check_metric("all_of^3") == "all_of^3"  # k=3 was never asked by the runs
     # Computed on each case's sample records, as the run's own figures are (the plugin reads
     # `t.samples`: with counts alone it would have none).
-    results = with_metric(Store(home).case_results(run.run_id, records=True), "all_of^3", "run")
+    results = with_metric(Store(home).samples.case_results(run.run_id, records=True), "all_of^3", "run")
     assert [r.values["all_of^3"] for r in results] == approx([comb(r.c, 3) / comb(r.n, 3) for r in results])
     assert len({r.values["all_of^3"] for r in results}) > 1
     # The gate's and diff's path: both sides paired on the member.

@@ -350,7 +350,7 @@ def test_metadata_is_content_and_survives_a_snapshot(tmp_path: Path) -> None:
     assert plain.version != marked.version and "metadata" not in plain.cases[0].content()
     store = Store(tmp_path)
     for suite in (plain, marked):
-        back = store.read_snapshot(Path(store.write_snapshot(suite)).stem)
+        back = store.snapshots.read(Path(store.snapshots.write(suite)).stem)
         assert back.version == suite.version and back.cases[0].metadata == suite.cases[0].metadata
 
 

@@ -125,7 +125,7 @@ def test_a_sequential_run_stops_at_the_first_look_that_breaks_a_rule(home, rule)
     # Where it must stop: the first look whose drawn cases break the rule, in the run's own order.
     from storage.store import Store
 
-    by_hash = {r.case_hash: r.case_id for r in Store(home).case_results(base.run_id)}
+    by_hash = {r.case_hash: r.case_id for r in Store(home).samples.case_results(base.run_id)}
     order = [by_hash[h] for h in case_order(sorted(by_hash), 3)]
     points = look_points(CASES, 10)
     first = next(i for i, p in enumerate(points) if broken(set(order[:p])))

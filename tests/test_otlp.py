@@ -88,7 +88,7 @@ def test_an_agent_s_own_tool_spans_join_its_sample_s_trajectory_and_its_tokens_a
              {"id": "atlantis", "inputs": {"question": "And the weather in Atlantis?"}, "reference": "Sorry",
               "grader": {"kind": "contains"}}]
     run = evalpipe.evaluate(cases, AGENT, home=home)
-    rows = {r["case_id"]: r for r in Store(home).run_samples(run.run_id).to_pylist()}
+    rows = {r["case_id"]: r for r in Store(home).samples.of_run(run.run_id).to_pylist()}
     assert {r["status"] for r in rows.values()} == {"passed"}, [r["detail"] for r in rows.values()]
 
     entries = SampleTrace.parse(rows["paris"]["trace"]).trajectory.entries
@@ -122,7 +122,7 @@ def test_a_sandboxed_workspace_agent_s_spans_reach_the_gateway_through_its_own_n
     monkeypatch.setenv("OPENAI_BASE_URL", model.url)
     monkeypatch.setenv("OPENAI_API_KEY", "sk-real")
     run = evalpipe.evaluate(str(ROOT / "examples/coding/calc.yaml"), AGENT, n=1, home=tmp_path, workspace=True)
-    (row,) = Store(tmp_path).run_samples(run.run_id).to_pylist()
+    (row,) = Store(tmp_path).samples.of_run(run.run_id).to_pylist()
     trace = SampleTrace.parse(row["trace"])
     assert trace.agent_run.returncode == 0, trace.agent_run.stderr_tail
     assert trace.agent_run.isolation == "bwrap"

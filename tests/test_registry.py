@@ -176,9 +176,9 @@ def test_an_installed_plugin_grades_and_measures_a_run_end_to_end(plugin_python,
 
     from storage.store import Store
 
-    detail, count = Store(home).commonest_detail(doc["run_id"], "error")
+    detail, count = Store(home).samples.commonest_detail(doc["run_id"], "error")
     assert count == 2 and "RuntimeError: the wordy grader exploded" in detail
-    traces = Store(home).run_samples(doc["run_id"], columns=["case_id", "trace"]).to_pylist()
+    traces = Store(home).samples.of_run(doc["run_id"], columns=["case_id", "trace"]).to_pylist()
     assert {json.loads(t["trace"]).get("words") for t in traces if t["case_id"] == "long"} == {4}
     # Its declared trace section, stored under its kind in its extra grader's entry, reads back typed.
     longest = [SampleTrace.parse(t["trace"]).extra_graders[0] for t in traces if t["case_id"] == "long"]
@@ -410,7 +410,7 @@ def test_a_snapshot_keeps_a_case_s_extra_graders(tmp_path):
     suite = EvalSuite(name="s", cases=(
         EvalCase(id="a", reference="x", grader={"kind": "exact"}, extra_graders=({"kind": "contains"},)),
         EvalCase(id="b", reference="x", grader={"kind": "exact"})))
-    back = read_snapshot_file(Store(tmp_path).write_snapshot(suite))
+    back = read_snapshot_file(Store(tmp_path).snapshots.write(suite))
     assert back.version == suite.version and back.case("a").extra_graders == ({"kind": "contains"},)
 
 

@@ -213,7 +213,7 @@ def _run(tmp_path: Path, factor: int, *, replay: bool, repeat: bool = False, in_
     else:
         run = evalpipe.evaluate(str(CODING), f"cmd:{sys.executable} agents/tools.py", home=tmp_path / "home",
                                 workspace=True, replay_model_calls=replay)
-    (row,) = Store(tmp_path / "home").run_samples(run.run_id).to_pylist()
+    (row,) = Store(tmp_path / "home").samples.of_run(run.run_id).to_pylist()
     assert row["status"] != "agent_error", row["detail"]
     return run, row
 
@@ -285,14 +285,14 @@ def test_an_openai_agent_s_tool_loop_failed_at_its_last_call_pays_only_for_that_
     home = tmp_path / "home"
     endpoint.fail_answers = True
     first = evalpipe.evaluate([TOOL_CASE], "openai:m", home=home, replay_model_calls=True, openai_max_attempts=1)
-    (row,) = Store(home).run_samples(first.run_id).to_pylist()
+    (row,) = Store(home).samples.of_run(first.run_id).to_pylist()
     assert row["status"] == "agent_error" and "HTTP 500" in row["detail"]
     assert (endpoint.requests, first.to_json()["model_calls"]["forwarded"]) == (3, 3)
 
     endpoint.fail_answers = False
     second = evalpipe.evaluate([TOOL_CASE], "openai:m", home=home, replay_model_calls=True, openai_max_attempts=1)
     assert endpoint.requests == 3 + 1
-    (row,) = Store(home).run_samples(second.run_id).to_pylist()
+    (row,) = Store(home).samples.of_run(second.run_id).to_pylist()
     assert row["status"] == "passed" and row["output"] == "the answer is 82"
     turns = _turns(row)
     assert [t.get("replayed", False) for t in turns] == [True, True, False]

@@ -155,7 +155,7 @@ def test_a_stop_that_lands_in_a_database_query_is_recorded_interrupted(home) -> 
     previous = signal.signal(signal.SIGUSR1, stopped)
     timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGUSR1))
     try:
-        with pytest.raises(KeyboardInterrupt), store.recorded_run(spec), store.connect() as con:
+        with pytest.raises(KeyboardInterrupt), store.runs.recorded(spec), store.db.connect() as con:
             timer.start()
             con.execute("SELECT count(*) FROM range(3000000000) r(i) WHERE i % 7 = 3").fetchall()
     finally:
@@ -271,9 +271,9 @@ def test_a_logged_output_is_graded_by_the_next_run_with_its_trace_and_a_torn_rec
                                        for i in range(3)])
     spec = RunSpec(suite_version=suite.version, suite_name="s", agent="a", agent_fingerprint="a", n=1, ks=[1], seed=0)
     store = Store(home)
-    store.start_run(spec)
+    store.runs.start(spec)
     planned = plan(suite, spec)
-    log = store.output_log(spec.run_id)
+    log = store.outputs.log(spec.run_id)
     trace = SampleTrace(trajectory=Trajectory(steps=2, entries=[{"tool": "edit"}]))
     with log.appending() as append:
         append(_drawn(planned[0], "yes", trace))
@@ -284,7 +284,7 @@ def test_a_logged_output_is_graded_by_the_next_run_with_its_trace_and_a_torn_rec
 
     again = RunSpec(suite_version=suite.version, suite_name="s", agent="a", agent_fingerprint="a", n=1, ks=[1],
                     seed=0)
-    store.start_run(again)
+    store.runs.start(again)
     missing = reuse_cached(again, plan(suite, again), store)
     assert not log.path.exists()  # folded into the table: its writer is gone
     assert [(p.case_id, p.output) for p in missing] == [("c0", "yes"), ("c1", "no"), ("c2", None)]
@@ -310,7 +310,7 @@ def test_a_draw_task_run_again_takes_what_its_earlier_attempt_logged(home) -> No
     spec = RunSpec(suite_version=suite.version, suite_name="s", agent="a", agent_fingerprint="a", n=1, ks=[1], seed=0)
     store = Store(home)
     planned = plan(suite, spec)
-    log = store.output_log(spec.run_id)
+    log = store.outputs.log(spec.run_id)
     with log.appending() as append:  # the lost attempt's two returned calls
         append(_drawn(planned[0], "yes", SampleTrace(trajectory=Trajectory(steps=1, entries=[]))))
         append(_drawn(planned[1], "no"))

@@ -254,11 +254,11 @@ def test_must_pass_is_in_the_suite_version_not_in_the_case_hash(home) -> None:
     assert EvalSuite(name="s", cases=(EvalCase(id="a", grader={"kind": "exact"}, reference="x", must_pass=False),
                                       plain.cases[1])).version == plain.version
     store = Store(home)
-    store.write_snapshot(marked)
-    assert store.read_snapshot(marked.version).version == marked.version
-    assert store.must_pass_cases(marked.version) == {"a"} and store.must_pass_cases(plain.version) is None
-    store.write_snapshot(plain)
-    assert store.must_pass_cases(plain.version) == frozenset()
+    store.snapshots.write(marked)
+    assert store.snapshots.read(marked.version).version == marked.version
+    assert store.snapshots.must_pass_cases(marked.version) == {"a"} and store.snapshots.must_pass_cases(plain.version) is None
+    store.snapshots.write(plain)
+    assert store.snapshots.must_pass_cases(plain.version) == frozenset()
 
 
 def test_diff_text_shows_control_characters_in_ids_inert() -> None:

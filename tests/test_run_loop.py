@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 from support.graders import IN_A_TASK
 
+from storage.samples import Samples
 from storage.store import Store
 from tasks.agents import load_agent
 from tasks.agents.base import makes_calls
@@ -156,18 +157,20 @@ def test_a_sample_budget_ends_the_run_partial_and_counts_what_it_left(tmp_path):
 
 
 def test_a_failing_store_fails_the_run_and_records_it(tmp_path):
-    class Full(Store):
-        def insert_samples(self, rows):
+    class Full(Samples):
+        def insert(self, rows):
             if rows.num_rows:
                 raise PlatformError("disk full writing samples")
-            super().insert_samples(rows)
+            super().insert(rows)
 
     home, suite = tmp_path / "home", toy_suite(4)
+    full = Store(home)
+    object.__setattr__(full, "samples", Full(full.db))  # a full disk under the samples alone
     agent = CallableAgent.of(answer)
     config = RunConfig(suite="toy", agent=agent.spec, workers=2)
     spec = spec_for(config, suite, agent)
     with local_stages(config) as stages, pytest.raises(PlatformError, match="disk full"):
-        run_loop(spec, config, suite, agent, Full(home), stages)
+        run_loop(spec, config, suite, agent, full, stages)
     assert rows(home, "SELECT status FROM runs WHERE run_id = ?", spec.run_id) == [(RunStatus.failed,)]
 
 

@@ -22,7 +22,7 @@ INSERT INTO runs (run_id, status) VALUES ('old-run', 'completed');
 
 
 def test_the_stored_table_matches_the_arrow_schema(tmp_path):
-    with Store(tmp_path).connect() as con:
+    with Store(tmp_path).db.connect() as con:
         stored = con.sql("SELECT * FROM samples LIMIT 0").to_arrow_table().schema
     assert tuple(stored.names) == (*SAMPLE_COLUMNS, *db.DERIVED_COLUMNS)
     for field in SAMPLE_SCHEMA:
@@ -32,21 +32,21 @@ def test_the_stored_table_matches_the_arrow_schema(tmp_path):
 
 
 def test_an_unversioned_file_upgrades_in_place_keeping_its_rows(tmp_path):
-    with duckdb.connect(str(Store(tmp_path).db_path)) as con:
+    with duckdb.connect(str(Store(tmp_path).db.path)) as con:
         con.execute(UNVERSIONED)
-    with Store(tmp_path).connect() as con:
+    with Store(tmp_path).db.connect() as con:
         version = con.execute("SELECT version FROM schema_version").fetchall()
         columns = {r[0] for r in con.execute("DESCRIBE runs").fetchall()}
         tables = {r[0] for r in con.execute("SHOW TABLES").fetchall()}
     assert version == [(db.SCHEMA_VERSION,)]
     assert {"pid", "host", "process_started"} <= columns and {"samples", "aggregates"} <= tables
-    assert Store(tmp_path).get_run("old-run")["status"] == "completed"
+    assert Store(tmp_path).runs.get("old-run")["status"] == "completed"
 
 
 def test_a_current_file_takes_no_step_again(tmp_path):
-    with Store(tmp_path).connect():
+    with Store(tmp_path).db.connect():
         pass
-    with Store(tmp_path).connect() as con:
+    with Store(tmp_path).db.connect() as con:
         assert db.migrate(con) == db.SCHEMA_VERSION
         assert con.execute("SELECT count(*) FROM schema_version").fetchone() == (1,)
 
@@ -54,19 +54,19 @@ def test_a_current_file_takes_no_step_again(tmp_path):
 def test_a_file_whose_calibrations_table_predates_its_migration_keeps_its_rows(tmp_path):
     """Before the calibrations table was a migration step, `judge calibrate` created it on
     a version-2 file; taking step 3 leaves that table and its rows as they are."""
-    with Store(tmp_path).connect() as con:
+    with Store(tmp_path).db.connect() as con:
         con.execute("DELETE FROM schema_version; INSERT INTO schema_version VALUES (2)")
         con.execute("DROP TABLE calibrations")
         con.execute("CREATE TABLE calibrations (judge_fingerprint VARCHAR, judge VARCHAR, suite_version VARCHAR,"
                     " truth VARCHAR, created_at TIMESTAMPTZ, result JSON)")
         con.execute("INSERT INTO calibrations VALUES ('fp', 'j', 'v', 'human', now(), '{\"kappa\": 0.5}')")
-    assert Store(tmp_path).latest_calibrations(["fp"]) == {"fp": {"kappa": 0.5}}
-    with Store(tmp_path).connect() as con:
+    assert Store(tmp_path).calibrations.latest(["fp"]) == {"fp": {"kappa": 0.5}}
+    with Store(tmp_path).db.connect() as con:
         assert con.execute("SELECT version FROM schema_version").fetchall() == [(db.SCHEMA_VERSION,)]
 
 
 def test_a_new_file_has_every_table_before_any_command_writes(tmp_path):
-    with Store(tmp_path).connect() as con:
+    with Store(tmp_path).db.connect() as con:
         tables = {r[0] for r in con.execute("SHOW TABLES").fetchall()}
     assert {"suites", "cases", "runs", "samples", "aggregates", "calibrations", "schema_version"} <= tables
 
@@ -91,7 +91,7 @@ def _v3_file(home, runs: dict[str, list[bool]]) -> dict[str, dict]:
     suite = EvalSuite(name="old", cases=(EvalCase(id="c1", inputs={"q": 1}, reference="yes", grader={"kind": "exact"}),))
     home.mkdir(parents=True, exist_ok=True)
     summaries = {}
-    with duckdb.connect(str(Store(home).db_path)) as con:
+    with duckdb.connect(str(Store(home).db.path)) as con:
         con.execute(db.MIGRATIONS[0].replace(sample_ddl(), SAMPLES_V3))
         for step in db.MIGRATIONS[1:3]:
             con.execute(step)
@@ -147,13 +147,13 @@ def test_runs_stored_before_output_keys_still_show_report_and_gate(tmp_path, mon
     assert main(["report", "old-new", "--out", str(tmp_path / "r.html")]) == 0
     assert "old" in (tmp_path / "r.html").read_text()
 
-    with Store(home).connect() as con:
+    with Store(home).db.connect() as con:
         assert con.execute("SELECT version FROM schema_version").fetchall() == [(db.SCHEMA_VERSION,)]
         kept = con.execute("SELECT count(*), count(output_key), count(latency_s) FROM samples").fetchone()
         heads = con.execute("SELECT count(*) FROM samples WHERE output_head = output").fetchone()
     assert kept == (6, 0, 0)  # every row kept; no key or usage invented for them
     assert heads == (6,)  # the upgrade derived each output's head, which `report` reads
-    assert Store(home).run_samples("old-base").column_names == list(SAMPLE_COLUMNS)
+    assert Store(home).samples.of_run("old-base").column_names == list(SAMPLE_COLUMNS)
 
 
 def test_report_reads_the_head_of_each_output_as_stored(tmp_path):
@@ -162,16 +162,16 @@ def test_report_reads_the_head_of_each_output_as_stored(tmp_path):
     from tasks.run import RunSpec
 
     spec = RunSpec(suite_version="0" * 64, suite_name="s", agent="a", agent_fingerprint="f", n=2, ks=[1], seed=0)
-    Store(tmp_path).start_run(spec)
+    Store(tmp_path).runs.start(spec)
     long = "é" * (db.OUTPUT_HEAD_CHARS + 10)
     rows = [{"run_id": spec.run_id, "case_id": "c1", "sample_index": i, "seed": 0, "output": out,
              "status": "failed", "passed": False, "score": 0.0, "detail": "", "safety": [], "trace": "{}",
              "duration_s": 0.0, "cache_key": f"k{i}", "cached": False, "case_hash": "h"}
             for i, out in enumerate([long, "short"])]
-    Store(tmp_path).insert_samples(pa.Table.from_pylist(rows, schema=SAMPLE_SCHEMA))
-    got = Store(tmp_path).failing_samples(spec.run_id, 2, 100)
+    Store(tmp_path).samples.insert(pa.Table.from_pylist(rows, schema=SAMPLE_SCHEMA))
+    got = Store(tmp_path).samples.failing(spec.run_id, 2, 100)
     assert [r["output"] for r in got] == ["é" * 100, "short"]
-    whole = Store(tmp_path).failing_samples(spec.run_id, 1, db.OUTPUT_HEAD_CHARS)
+    whole = Store(tmp_path).samples.failing(spec.run_id, 1, db.OUTPUT_HEAD_CHARS)
     assert whole[0]["output"] == long[: db.OUTPUT_HEAD_CHARS]
     with pytest.raises(ValueError):
-        Store(tmp_path).failing_samples(spec.run_id, 1, db.OUTPUT_HEAD_CHARS + 1)
+        Store(tmp_path).samples.failing(spec.run_id, 1, db.OUTPUT_HEAD_CHARS + 1)

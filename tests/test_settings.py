@@ -211,7 +211,7 @@ def test_a_worker_process_grades_with_the_edge_s_machine_settings_not_its_own_en
                           machine=edge)
     _reset()
     assert summary.sandbox == "bwrap"
-    assert summary.pass_at_k["1"] == 1.0, store.commonest_detail(summary.run_id, "error")
+    assert summary.pass_at_k["1"] == 1.0, store.samples.commonest_detail(summary.run_id, "error")
 
 
 def _settings_reads(tree: ast.AST, resolve) -> list[int]:

@@ -29,12 +29,12 @@ def evalpipe(*args: str, home: Path, cwd: Path = ROOT) -> subprocess.CompletedPr
 def test_snapshot_round_trip_and_write_once(home: Path):
     suite = load_suite(ROOT / "examples/qa.yaml")
     store = Store(home)
-    path = store.write_snapshot(suite)
+    path = store.snapshots.write(suite)
     assert path == home / "snapshots" / f"{suite.version}.parquet"
     back = read_snapshot_file(path)
     assert back == suite and back.version == suite.version
     mtime = path.stat().st_mtime_ns
-    assert store.write_snapshot(suite) == path and path.stat().st_mtime_ns == mtime
+    assert store.snapshots.write(suite) == path and path.stat().st_mtime_ns == mtime
     # Nested fields are readable by DuckDB as JSON, slices as a list.
     q, slices = duckdb.execute(
         f"select inputs->>'question', slices from '{path}' where case_id = 'capital-france'"
@@ -100,7 +100,7 @@ def test_a_stored_case_whose_id_a_suite_may_no_longer_use_still_reads(home: Path
     with pytest.raises(ValueError, match="'://'"):
         EvalCase.model_validate(case)
     old = EvalSuite(name="old", cases=(EvalCase.model_validate(case, context=STORED),))
-    assert read_snapshot_file(Store(home).write_snapshot(old)) == old
+    assert read_snapshot_file(Store(home).snapshots.write(old)) == old
 
 
 SWE_INSTANCE = {"instance_id": "acme__widgets-1", "repo": "acme/widgets", "base_commit": "abc123",

@@ -107,9 +107,9 @@ RUN = RunSpec(run_id="r-old", suite_version="v" * 64, suite_name="toy", agent="r
 
 
 def stored_db(home: Path) -> Path:
-    Store(home).start_run(RUN)
-    Store(home).finish_run(RUN.run_id, "completed", None)
-    return Store(home).db_path
+    Store(home).runs.start(RUN)
+    Store(home).runs.finish(RUN.run_id, "completed", None)
+    return Store(home).db.path
 
 
 def _truncate(data: bytes) -> bytes:
@@ -167,16 +167,16 @@ def test_locked_database_names_its_holder_after_a_bounded_wait(tmp_path):
 def test_older_database_files_gain_the_owner_columns(tmp_path):
     home = tmp_path / "home"
     home.mkdir()
-    con = duckdb.connect(str(Store(home).db_path))
+    con = duckdb.connect(str(Store(home).db.path))
     con.execute("CREATE TABLE runs (run_id VARCHAR PRIMARY KEY, suite_version VARCHAR, suite_name VARCHAR,"
                 " agent VARCHAR, agent_fingerprint VARCHAR, n INTEGER, ks INTEGER[], seed BIGINT, status VARCHAR,"
                 " started_at TIMESTAMPTZ, finished_at TIMESTAMPTZ, flow_run_id VARCHAR, config JSON, summary JSON)")
     con.execute("INSERT INTO runs (run_id, status, started_at) VALUES ('r-1', 'completed', now())")
     con.close()
-    assert [r["status"] for r in Store(home).list_runs()] == ["completed"]
-    Store(home).start_run(RUN.model_copy(update={"run_id": "r-2"}))
-    assert Store(home).get_run("r-2")["pid"] == os.getpid()
-    assert {r["run_id"]: r["status"] for r in Store(home).list_runs()} == {"r-1": "completed", "r-2": "running"}
+    assert [r["status"] for r in Store(home).runs.list()] == ["completed"]
+    Store(home).runs.start(RUN.model_copy(update={"run_id": "r-2"}))
+    assert Store(home).runs.get("r-2")["pid"] == os.getpid()
+    assert {r["run_id"]: r["status"] for r in Store(home).runs.list()} == {"r-1": "completed", "r-2": "running"}
 
 
 # --- who owns a run ----------------------------------------------------------------------
@@ -223,7 +223,7 @@ def test_killed_run_reads_interrupted_and_resumes(prefect_harness, tmp_path):
     resumed = json.loads(proc.stdout)
     assert resumed["cached_samples"] > 0 and resumed["samples"] == 20
     # Starting the new run stored the verdict, so other readers (SQL, a dashboard) see it.
-    con = duckdb.connect(str(Store(home).db_path), read_only=True)
+    con = duckdb.connect(str(Store(home).db.path), read_only=True)
     assert con.execute("SELECT status FROM runs WHERE run_id = ?", [killed]).fetchone() == ("interrupted",)
     con.close()
 
@@ -266,7 +266,7 @@ def test_disk_full_keeps_what_was_stored(prefect_harness, tmp_path, small_disk):
     assert run["status"] in ("failed", "interrupted")
     # What was kept: the samples stored, and the outputs logged as the agent returned them
     # (docs/storage.md), which take the disk's room first.
-    con = duckdb.connect(str(Store(home).db_path), read_only=True)
+    con = duckdb.connect(str(Store(home).db.path), read_only=True)
     kept = {key for (key,) in con.execute("SELECT output_key FROM samples UNION SELECT output_key FROM outputs").fetchall()}
     con.close()
     kept |= {r["output_key"] for path in (home / "spool").rglob("*.log") for r in read_log(path)}
@@ -285,14 +285,14 @@ def test_a_checkpoint_that_finds_the_disk_full_reads_disk_full_and_loses_nothing
     store = Store(home)
     filler = small_disk / "filler"
     with pytest.raises(PlatformError, match=r"^disk full writing .*what was stored before is kept"):
-        with store.connect() as con:
+        with store.db.connect() as con:
             con.execute("CREATE TABLE kept AS SELECT range AS n FROM range(50000)")
             with filler.open("wb") as out, contextlib.suppress(OSError):
                 while True:
                     out.write(b"\0" * 65536)
                     out.flush()
     filler.unlink()
-    with store.connect(read_only=True) as con:
+    with store.db.connect(read_only=True) as con:
         assert con.execute("SELECT count(*), sum(n) FROM kept").fetchall() == [(50000, sum(range(50000)))]
 
 

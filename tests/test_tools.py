@@ -47,7 +47,7 @@ def model(monkeypatch):
 
 
 def _samples(home: Path, run_id: str) -> list[dict]:
-    rows = Store(home).run_samples(run_id)
+    rows = Store(home).samples.of_run(run_id)
     return [dict(r, trace=SampleTrace.parse(r["trace"])) for r in rows.to_pylist()]
 
 
@@ -304,7 +304,7 @@ def test_runs_show_and_the_report_show_each_graders_verdict_and_the_trajectory_a
 
     bad = evalpipe.evaluate(str(SUITE), "openai:support-bad?max_steps=6", n=1, home=tmp_path)
     store = Store(tmp_path)
-    text = case_text(case_doc(bad.run_id, "refund-after-lookup", store.case_samples(bad.run_id, "refund-after-lookup")))
+    text = case_text(case_doc(bad.run_id, "refund-after-lookup", store.samples.of_case(bad.run_id, "refund-after-lookup")))
     assert "grader lookup-then-refund: failed: strict: expected exactly, in order: get_order(" in text
     assert '1. model: calls refund_order({"amount": 15.5, "order_id": "2001"})' in text
     assert '2. -> refund_order: {"refunded": true}' in text and "3. model: Done." in text
@@ -316,7 +316,7 @@ def test_runs_show_and_the_report_show_each_graders_verdict_and_the_trajectory_a
 
         os.environ["OPENAI_BASE_URL"] = looping.url  # the fixture's monkeypatch restores it
         run = evalpipe.evaluate(str(SUITE), "openai:support-loop?max_steps=3", n=1, home=tmp_path)
-    text = case_text(case_doc(run.run_id, "greeting", store.case_samples(run.run_id, "greeting")))
+    text = case_text(case_doc(run.run_id, "greeting", store.samples.of_case(run.run_id, "greeting")))
     assert "[stopped: max_steps]" in text and "6. -> get_weather" in text
 
 
@@ -364,7 +364,7 @@ def test_an_extra_grader_is_paired_case_by_case_in_diff_and_gated_by_name(model,
     good = evalpipe.evaluate(str(SUITE), "openai:support-good?max_steps=6", n=2, home=tmp_path)
     bad = evalpipe.evaluate(str(SUITE), "openai:support-bad?max_steps=6", n=2, home=tmp_path)
     store = Store(tmp_path)
-    after, before = store.case_results(bad.run_id), store.case_results(good.run_id)
+    after, before = store.samples.case_results(bad.run_id), store.samples.case_results(good.run_id)
     diff = diff_runs(after, before, metric="grader:steps", run_id=bad.run_id, baseline_id=good.run_id)
     # Three cases carry a `steps` grader; two pass in both runs, one only the bad model fails.
     assert {c.case_id: c.label for c in diff.cases} == {
@@ -422,7 +422,7 @@ def test_diff_shows_the_tool_calls_that_appeared_or_disappeared_on_each_changed_
     good = evalpipe.evaluate(str(SUITE), "openai:support-good?max_steps=6", n=2, home=tmp_path)
     bad = evalpipe.evaluate(str(SUITE), "openai:support-bad?max_steps=6", n=2, home=tmp_path)
     store = Store(tmp_path)
-    doc = diff_runs(store.case_results(bad.run_id), store.case_results(good.run_id),
+    doc = diff_runs(store.samples.case_results(bad.run_id), store.samples.case_results(good.run_id),
                     run_id=bad.run_id, baseline_id=good.run_id).to_json()
     cases = {c["case_id"]: c for c in doc["cases"]}
     assert cases["close-account"]["label"] == "regressed"
@@ -588,8 +588,8 @@ def test_a_runs_trajectories_travel_with_its_export_and_are_queryable_where_impo
     import duckdb
 
     run = evalpipe.evaluate(str(SUITE), "openai:support-bad?max_steps=6", n=1, home=tmp_path / "a")
-    Store(tmp_path / "a").export_run(run.run_id, tmp_path / "run.tar")
-    imported = Store(tmp_path / "b").import_run(tmp_path / "run.tar")
+    Store(tmp_path / "a").exports.export_run(run.run_id, tmp_path / "run.tar")
+    imported = Store(tmp_path / "b").exports.import_run(tmp_path / "run.tar")
     assert imported["run_id"] == run.run_id
     (sample,) = [s for s in _samples(tmp_path / "b", run.run_id) if s["case_id"] == "close-account"]
     assert [a.name for a in sample["trace"].trajectory.typed.actions()] == ["delete_account"]

@@ -216,7 +216,7 @@ def test_a_flow_run_publishes_its_cases_and_the_samples_of_its_failing_ones(pref
 def wrong_detail(run_id: str, case_id: str) -> str:
     from storage.store import Store
 
-    return next(s["detail"] for s in Store.default().case_samples(run_id, case_id) if not s["passed"])
+    return next(s["detail"] for s in Store.default().samples.of_case(run_id, case_id) if not s["passed"])
 
 
 # --- the UI of a real server, in headless Chromium -------------------------------------------
@@ -290,7 +290,7 @@ def _artifact_in_the_ui(server, tmp_path: Path, args: list[str], env: dict[str, 
 def _stored(home: Path, run_id: str, case_id: str) -> list[dict]:
     from storage.store import Store
 
-    return Store(home).case_samples(run_id, case_id)
+    return Store(home).samples.of_case(run_id, case_id)
 
 
 def _click(selector: str, text: str) -> str:

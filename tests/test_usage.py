@@ -130,7 +130,7 @@ def test_a_budget_stops_the_run_partial_and_a_larger_one_draws_only_the_rest(env
     assert "5 samples undrawn" in proc.stderr and "Traceback" not in proc.stderr
     from storage.store import Store
 
-    assert Store.default().get_run(doc["run_id"])["status"] == "partial"
+    assert Store.default().runs.get(doc["run_id"])["status"] == "partial"
 
     proc = cli([*base, "--max-samples", "2"], env)
     assert proc.returncode == 6
@@ -144,7 +144,7 @@ def test_a_budget_stops_the_run_partial_and_a_larger_one_draws_only_the_rest(env
     assert "partial" not in doc and doc["samples"] == 8 and doc["cached_samples"] == 5
     assert doc["usage"]["cost_usd"] == pytest.approx(3.0) and doc["usage"]["cached"]["cost_usd"] == pytest.approx(5.0)
     assert len(calls(log)) == 8 and len(set(calls(log))) == 8  # every sample drawn once in all
-    assert Store.default().get_run(doc["run_id"])["status"] == "completed"
+    assert Store.default().runs.get(doc["run_id"])["status"] == "completed"
 
 
 def test_a_price_file_given_later_prices_the_cached_samples_of_an_unpriced_model(env, tmp_path):

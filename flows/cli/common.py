@@ -40,5 +40,5 @@ def run_summary_text(summary: dict[str, Any]) -> str:
     from storage.store import Store
     from tasks.report.text import summary_text  # the core's imports (Arrow) only to print a summary
 
-    return summary_text(summary, Store.default().run_calibrations(summary["run_id"]))
+    return summary_text(summary, Store.default().calibrations.of_run(summary["run_id"]))
 

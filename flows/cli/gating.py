@@ -75,7 +75,7 @@ def _decision(run_id: str, baseline: str, rules: Any, metric: str, shared_only: 
     from tasks.run.prepare import PREVIOUS, find_baseline, no_baseline_message
 
     store = Store.default()
-    run = store.find_run(run_id)
+    run = store.runs.find(run_id)
     found = find_baseline(baseline, run["suite_name"], store, before=run["run_id"])
     if found is None:
         message = no_baseline_message(run["suite_name"], run["run_id"])

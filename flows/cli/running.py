@@ -55,7 +55,7 @@ def run(
     # flow run. The flow is handed what was prepared (`prepared`), and its parameters name
     # the suite pinned (a git branch as the commit read here) and the price file found.
     store = Store.default()
-    store.check()  # a damaged or locked database is reported before Prefect starts, too
+    store.db.check()  # a damaged or locked database is reported before Prefect starts, too
     config, prepared = pinned(config, prepare_run(config, store))
     suite_obj = prepared.suite
     summary = run_flow(config, as_json, suite_obj.name, prepared)
@@ -106,7 +106,7 @@ def _broken(summary: dict[str, Any], status: str, max_share: float, store: Store
 
     if error_share(summary, status, max_share) is None:
         return None  # the commonest detail is read only when it will be shown
-    detail, _ = store.commonest_detail(summary["run_id"], status) or ("", 0)
+    detail, _ = store.samples.commonest_detail(summary["run_id"], status) or ("", 0)
     return (broken_agent if status == "agent_error" else broken_grader)(summary, max_share, detail or "")
 
 
@@ -168,7 +168,7 @@ def rescore_cmd(
     from tasks.run.rescore import prepare_rescore
 
     store = Store.default()
-    store.check()
+    store.db.check()
     options = {"runner": "threads", **fields}
     # Every check of the input, once, before Prefect starts; the flow is handed what was prepared.
     prepared = prepare_rescore(run_id, store, **options)

@@ -20,7 +20,7 @@ def runs_list(as_json: JsonFlag = False, limit: Annotated[int, typer.Option("--l
     from storage.store import Store
 
     store = Store.default()
-    runs = store.list_runs(limit=limit)
+    runs = store.runs.list(limit=limit)
     keys = ("run_id", "suite_name", "suite_version", "agent", "n", "status", "started_at")
     brief = [{key: r[key] for key in keys} | {"pass_at_1": ((r.get("summary") or {}).get("pass_at_k") or {}).get("1")}
              for r in runs]
@@ -45,11 +45,11 @@ def runs_show(
     from storage.store import Store
 
     store = Store.default()
-    row = store.find_run(run_id)
+    row = store.runs.find(run_id)
     if case is not None:
         from tasks.report.case_view import case_doc, case_text
 
-        doc = case_doc(row["run_id"], case, store.case_samples(row["run_id"], case))
+        doc = case_doc(row["run_id"], case, store.samples.of_case(row["run_id"], case))
         typer.echo(json_doc(doc) if as_json else case_text(doc))
         return
     if as_json:
@@ -68,7 +68,7 @@ def runs_export(run_id: RunArg, out: Annotated[Path, typer.Option("--out", help=
     baseline another EVALPIPE_HOME can import (a CI job's artifact)."""
     from storage.store import Store
 
-    doc = Store.default().export_run(run_id, out)
+    doc = Store.default().exports.export_run(run_id, out)
     emit(doc, as_json, f"exported run {doc['run_id']} ({doc['samples']} samples, {size_text(doc['bytes'])}) to {out}")
 
 
@@ -79,6 +79,6 @@ def runs_import(path: Annotated[Path, typer.Argument(help="A file written by `ev
     diff and --baseline work against it."""
     from storage.store import Store
 
-    doc = Store.default().import_run(path)
+    doc = Store.default().exports.import_run(path)
     verb = "imported" if doc["imported"] else "already here:"
     emit(doc, as_json, f"{verb} run {doc['run_id']} ({doc['samples']} samples, suite {doc['suite_version'][:12]})")

@@ -27,7 +27,7 @@ def suite_hash(path: SuiteArg, as_json: JsonFlag = False) -> None:
     from storage.store import Store
     from storage.suites import load_suite_ref
 
-    suite = load_suite_ref(path, Store.default())
+    suite = load_suite_ref(path, Store.default().snapshots)
     doc = _suite_summary(suite)
     emit(doc, as_json, f"{suite.version}  {suite.name}  ({len(suite.cases)} cases)")
 
@@ -39,8 +39,8 @@ def suite_snapshot(path: SuiteArg, as_json: JsonFlag = False) -> None:
     from storage.suites import load_suite_ref
 
     store = Store.default()
-    suite = load_suite_ref(path, store)
-    out = store.write_snapshot(suite)
+    suite = load_suite_ref(path, store.snapshots)
+    out = store.snapshots.write(suite)
     doc = {**_suite_summary(suite), "path": str(out)}
     emit(doc, as_json, f"{suite.version}  {suite.name}  ({len(suite.cases)} cases) -> {out}")
 
@@ -53,7 +53,7 @@ def suite_diff(old: SuiteArg, new: SuiteArg, as_json: JsonFlag = False) -> None:
     from tasks.suites.dataset import diff_suites
 
     store = Store.default()
-    a, b = load_suite_ref(old, store), load_suite_ref(new, store)
+    a, b = load_suite_ref(old, store.snapshots), load_suite_ref(new, store.snapshots)
     diff = diff_suites(a, b)
     lines = [f"{a.version[:12]} -> {b.version[:12]}"]
     for label, ids in (("added", diff.added), ("removed", diff.removed), ("changed", diff.changed)):
@@ -74,7 +74,7 @@ def suite_validate(
     from storage.suites import load_suite_ref
     from tasks.sandbox import run_sandbox_mode
 
-    suite = load_suite_ref(path, Store.default())  # bad input exits 2 before Prefect starts
+    suite = load_suite_ref(path, Store.default().snapshots)  # bad input exits 2 before Prefect starts
     run_sandbox_mode(suite.grader_kinds, unsafe_no_sandbox)
     from flows.prefect_api import prefect_api
 

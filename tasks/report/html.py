@@ -64,7 +64,7 @@ def render_report(
     the `gate --json` document; ``calibration``: any flat mapping of grader-reliability
     figures (e.g. `--regrade` environment-flake counts), shown as a table. ``judges``: one
     {judge, judge_fingerprint, judged, errors, calibration} per judge that graded the run
-    (`Store.run_calibrations`, `storage/calibrations.py`); `calibration` is its newest calibration
+    (`Store.calibrations.of_run`, `storage/calibrations.py`); `calibration` is its newest calibration
     document or None, and None is shown as such.
     """
     run = RunSummary.read(run)

@@ -19,7 +19,7 @@ from tasks.sandbox import UNSAFE_NOTE
 def summary_text(s: Mapping[str, Any], judges: Sequence[Mapping[str, Any]] = ()) -> str:
     """The `run --json` document as lines: headline, other metrics, slices, statuses, then
     what qualifies the figures (partial, rescored, unsafe, safety, the judges that graded it
-    with their calibration, as `store.run_calibrations` gives them, sequential, the gate)."""
+    with their calibration, as `store.calibrations.of_run` gives them, sequential, the gate)."""
     lines = [
         f"run {s['run_id']}  suite {s['suite_name']} ({s['suite_version'][:12]})  agent {s['agent']}",
         f"{_sample_count(s)} ({s['cached_samples']} from cache) in {s['duration_s']:.1f}s",

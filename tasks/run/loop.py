@@ -16,7 +16,7 @@ the grading tasks take them.
 A stage's task is bounded by time, not by count: it starts no new sample after
 BATCH_BUDGET_S (a draw task: DRAW_BUDGET_S) and hands back the rest, so a kill loses at most
 about that much grading per worker, however cheap or dear a sample is; drawn outputs are not lost at all, each logged
-as the agent returns it (`SampleStore.output_log`, docs/storage.md). Tasks are cut from what is waiting when a slot
+as the agent returns it (`SampleStore.outputs.log`, docs/storage.md). Tasks are cut from what is waiting when a slot
 frees (a share of it per slot, never fewer samples than fill CHUNK_FLOOR_S at the rate
 seen so far): cheap samples go many to a task, so the ~10 ms a Prefect task costs stays
 small, and the last tasks are small, so the slots finish together. On a Dask cluster every
@@ -109,28 +109,56 @@ class OutputLog(Protocol):
     def appending(self) -> AbstractContextManager[Callable[[Drawn], None]]: ...
 
 
-class SampleStore(Protocol):
-    """Where a run's samples are kept (`storage.store.Store`)."""
+class DrawnOutputs(Protocol):
+    """Drawn outputs not yet graded: the draw tasks' logs (`storage.outputs.Outputs`)."""
 
     def fold_logs(self, run_id: str | None = None) -> int: ...
-    def drawn_outputs(self, output_keys: Sequence[str]) -> dict[str, Mapping[str, Any]]: ...
-    def output_log(self, run_id: str) -> OutputLog: ...
+    def drawn(self, output_keys: Sequence[str]) -> dict[str, Mapping[str, Any]]: ...
+    def log(self, run_id: str) -> OutputLog: ...
     def store_drawn(self, run_id: str, drawn: Sequence[Drawn]) -> None: ...
     def discard_log(self, log: OutputLog) -> None: ...
     def stop_drawing(self, run_id: str) -> None: ...
     def end_logs(self, run_id: str) -> None: ...
-    def cached_samples(self, keys: Sequence[tuple[str, str]]) -> pa.Table: ...
+
+
+class SampleRows(Protocol):
+    """The stored samples: the cache the loop reads and where it writes (`storage.samples.Samples`)."""
+
+    def cached(self, keys: Sequence[tuple[str, str]]) -> pa.Table: ...
     def bought_unfinished(self, output_keys: Sequence[str]) -> pa.Table: ...
-    def copy_samples(self, run_id: str, copied: pa.Table) -> None: ...
+    def copy(self, run_id: str, copied: pa.Table) -> None: ...
     def stored_outputs(self, places: pa.Table) -> dict[str, tuple[str | StoredOutput, SampleTrace]]: ...
-    def insert_samples(self, rows: pa.Table) -> None: ...
-    def run_samples(self, run_id: str, columns: Sequence[str] | None = None) -> pa.Table: ...
+    def insert(self, rows: pa.Table) -> None: ...
+    def of_run(self, run_id: str, columns: Sequence[str] | None = None) -> pa.Table: ...
+    def case_results(self, run_id: str, *, records: bool = False) -> list[CaseResult]: ...
+
+
+class RunRows(Protocol):
+    """The run's row and its aggregates (`storage.runs.Runs`)."""
+
+    def recorded(self, spec: RunSpec, stopping: Callable[[], bool] | None = None) -> AbstractContextManager[None]: ...
+    def finish(self, run_id: str, status: RunStatus, summary: RunSummary | None) -> None: ...
     def write_aggregates(self, run_id: str, rows: Sequence[tuple]) -> None: ...
-    def case_results(self, run_id: str) -> list[CaseResult]: ...
-    def recorded_run(self, spec: RunSpec, stopping: Callable[[], bool] | None = None) -> AbstractContextManager[None]: ...
-    def finish_run(self, run_id: str, status: RunStatus, summary: RunSummary | None) -> None: ...
-    def recorded_calls(self, agent: str, samples: Sequence[tuple[str, int, int]]
-                       ) -> Mapping[tuple[str, int, int], tuple[RecordedCall, ...]]: ...
+
+
+class KeptCalls(Protocol):
+    """The model calls earlier runs kept, for replay (`storage.model_calls.ModelCalls`)."""
+
+    def recorded(self, agent: str, samples: Sequence[tuple[str, int, int]]
+                 ) -> Mapping[tuple[str, int, int], tuple[RecordedCall, ...]]: ...
+
+
+class SampleStore(Protocol):
+    """Where a run is recorded and its samples kept (`storage.store.Store`: the parts it uses)."""
+
+    @property
+    def runs(self) -> RunRows: ...
+    @property
+    def samples(self) -> SampleRows: ...
+    @property
+    def outputs(self) -> DrawnOutputs: ...
+    @property
+    def model_calls(self) -> KeptCalls: ...
 
 
 class Future(Protocol):
@@ -335,24 +363,24 @@ def reuse_cached(spec: RunSpec, planned: list[PlannedSample], store: SampleStore
     """Store the samples found in the cache as this run's; the planned samples left to draw
     (or to grade anew from a stored output). Stored usage without a price is priced by
     `prices` (a price file given after the draw). `meter` (a budgeted run's): counts the
-    reused outputs that runs which never finished bought (`SampleStore.bought_unfinished`,
+    reused outputs that runs which never finished bought (`SampleStore.samples.bought_unfinished`,
     and the outputs drawn and never graded), so that a resumed run's budget covers what the
     run it resumes spent. A `--fresh` run reuses nothing: every planned sample is drawn."""
     if spec.config.get("fresh"):
         return list(planned)
     prices = prices or PriceTable()
-    store.fold_logs()  # the outputs a killed run (or a lost worker) logged and never stored
-    stored = store.cached_samples([(p.output_key, p.cache_key) for p in planned])
+    store.outputs.fold_logs()  # the outputs a killed run (or a lost worker) logged and never stored
+    stored = store.samples.cached([(p.output_key, p.cache_key) for p in planned])
     reuse = pending(spec, planned, stored).priced(prices)
     charged = meter is not None and meter.budget.limited
     if charged:
-        bought = store.bought_unfinished(stored["output_key"].to_pylist())
+        bought = store.samples.bought_unfinished(stored["output_key"].to_pylist())
         meter.add([priced(row_usage(row), prices).cost_usd for row in bought.to_pylist()])
-    store.copy_samples(spec.run_id, reuse.copied)  # in the database: outputs never pass through here
-    outputs = store.stored_outputs(reuse.regrade.select(["run_id", "case_id", "sample_index"]))
+    store.samples.copy(spec.run_id, reuse.copied)  # in the database: outputs never pass through here
+    outputs = store.samples.stored_outputs(reuse.regrade.select(["run_id", "case_id", "sample_index"]))
     missing = with_stored_outputs(reuse.missing, reuse.regrade, outputs, prices)
     # Drawn and never graded (the run was stopped or killed first): graded now, not bought again.
-    drawn = store.drawn_outputs([p.output_key for p in missing if p.output is None])
+    drawn = store.outputs.drawn([p.output_key for p in missing if p.output is None])
     missing = [stored_drawn(p, row, prices) if (row := drawn.get(p.output_key)) else p for p in missing]
     if charged:
         meter.add([p.usage.cost_usd for p in missing if p.output_key in drawn and p.usage])
@@ -386,7 +414,7 @@ class _Scheduler:
     """The two stages fed from their queues, and their results stored as they finish.
 
     Each draw task appends its outputs to a log of its own as the agent returns them
-    (`SampleStore.output_log`); the log is deleted once every output in it is graded and its
+    (`SampleStore.outputs.log`); the log is deleted once every output in it is graded and its
     sample stored. On an interrupt (Ctrl-C, a termination signal, a failed task) no new
     agent call starts; the tasks in flight get INTERRUPT_GRACE_S to come back, and what was
     drawn and not graded is stored for the run that resumes this one."""
@@ -482,7 +510,7 @@ class _Scheduler:
             paced = self.meter.budget.max_cost_usd is not None
             planned = [self.to_draw.popleft()] if paced else self._take(self.to_draw, self.draw_pace,
                                                                          self.config.stage_slots)
-            log = self.store.output_log(self.spec.run_id)
+            log = self.store.outputs.log(self.spec.run_id)
             task = DrawTask(self.agent, batch_cases(self.cases, planned), planned, self.spec.n,
                             self.config.output_cap, DRAW_BUDGET_S, log, self.inline, self.config.unsafe_no_sandbox,
                             self.prices, self.meter.purse, self.machine)
@@ -533,7 +561,7 @@ class _Scheduler:
         if log is None:
             return
         if not drawn and not graded:
-            self.store.discard_log(log)
+            self.store.outputs.discard_log(log)
             return
         self.unstored[log] = len(drawn) + graded
         self.log_of.update((d.planned.output_key, log) for d in drawn)
@@ -543,7 +571,7 @@ class _Scheduler:
         self.unstored[log] -= stored
         if not self.unstored[log]:
             del self.unstored[log]
-            self.store.discard_log(log)
+            self.store.outputs.discard_log(log)
 
     def _store(self, rows: list[tuple[pa.Table, OutputLog | None]], *, now: bool = False) -> None:
         """Store graded rows, together with those held back since the last write, once
@@ -556,7 +584,7 @@ class _Scheduler:
             return
         held, self.held, self.stored_at = self.held, [], time.monotonic()
         table = pa.concat_tables([rows for rows, _ in held])
-        self.store.insert_samples(table)
+        self.store.samples.insert(table)
         for rows, log in held:
             if log is not None:  # graded by the task that drew them, all from its log
                 self._release(log, rows.num_rows)
@@ -581,7 +609,7 @@ class _Scheduler:
         except BaseException:
             self._wind_down()
             raise
-        self.store.end_logs(self.spec.run_id)
+        self.store.outputs.end_logs(self.spec.run_id)
         self.undrawn += len(self.to_draw) + len(self.at_hand)
 
     def _wind_down(self) -> None:
@@ -589,7 +617,7 @@ class _Scheduler:
         flight up to INTERRUPT_GRACE_S to come back, store what they graded, and store every
         output drawn and not graded (what the tasks still out have logged so far included),
         so that the same command grades it instead of paying for it again."""
-        self.store.stop_drawing(self.spec.run_id)
+        self.store.outputs.stop_drawing(self.spec.run_id)
         deadline = time.monotonic() + INTERRUPT_GRACE_S
         while self.running and (left := deadline - time.monotonic()) > 0:
             for entry, future in self._ready(left):
@@ -602,8 +630,8 @@ class _Scheduler:
         # The run is ending on an error or a signal already, which is what is reported; the
         # logs stay for the next run if the database cannot take their outputs now.
         with suppress(Exception):
-            self.store.store_drawn(self.spec.run_id, [d for d in self.to_grade if not d.cached])
-            self.store.fold_logs(self.spec.run_id)
+            self.store.outputs.store_drawn(self.spec.run_id, [d for d in self.to_grade if not d.cached])
+            self.store.outputs.fold_logs(self.spec.run_id)
 
 
 def draw_and_grade(spec: RunSpec, config: RunConfig, suite: EvalSuite, agent: Any, missing: list[PlannedSample],
@@ -645,14 +673,14 @@ def draw_and_grade(spec: RunSpec, config: RunConfig, suite: EvalSuite, agent: An
 def with_recorded_calls(agent_spec: str, planned: list[PlannedSample], store: SampleStore) -> list[PlannedSample]:
     """`--replay-model-calls`: each planned sample with the calls an earlier run of the agent
     spec kept for its case, index and seed (none: an empty record, its calls kept anew)."""
-    kept = store.recorded_calls(agent_spec, [(p.case_id, p.index, p.seed) for p in planned])
+    kept = store.model_calls.recorded(agent_spec, [(p.case_id, p.index, p.seed) for p in planned])
     return [replace(p, replay=kept.get((p.case_id, p.index, p.seed), ())) for p in planned]
 
 
 def reduce_run(spec: RunSpec, suite: EvalSuite, store: SampleStore) -> Measured:
     """The one reduction: read the run's samples back, measure, store the aggregates."""
-    measured = measure(spec, suite, store.run_samples(spec.run_id, summary_columns(spec, suite)))
-    store.write_aggregates(spec.run_id, measured.rows())
+    measured = measure(spec, suite, store.samples.of_run(spec.run_id, summary_columns(spec, suite)))
+    store.runs.write_aggregates(spec.run_id, measured.rows())
     return measured
 
 
@@ -682,11 +710,11 @@ def run_loop(spec: RunSpec, config: RunConfig, suite: EvalSuite, agent: Any, sto
     `stopping`: whether the process was asked to stop (a signal), so that an error the stop
     surfaced as records the run `interrupted`, not `failed`."""
     started = time.perf_counter() if started is None else started
-    with store.recorded_run(spec, stopping):
+    with store.runs.recorded(spec, stopping):
         planned = plan(suite, spec)
         record = None
         if rescoring is not None:
-            store.insert_samples(rescoring.failed_calls)
+            store.samples.insert(rescoring.failed_calls)
             drawing = draw_and_grade(spec, config, suite, None, rescoring.to_grade,
                                      len(rescoring.to_grade) + rescoring.failed_calls.num_rows, store, stages,
                                      progress=progress)
@@ -697,7 +725,7 @@ def run_loop(spec: RunSpec, config: RunConfig, suite: EvalSuite, agent: Any, sto
                 return draw_and_grade(spec, config, suite, agent, reuse_cached(spec, chunk, store, meter, prices),
                                       len(chunk), store, stages, prices=prices, progress=shown, meter=meter).undrawn
 
-            drawn = draw_sequentially(spec, config, suite, planned, store, draw_round, baseline=gate.baseline,
+            drawn = draw_sequentially(spec, config, suite, planned, store.samples, draw_round, baseline=gate.baseline,
                                       rules=gate.rules, progress=progress, log=log or logging.getLogger("evalpipe"))
             record, drawing = drawn.record, Drawing(meter, drawn.undrawn)
         else:
@@ -723,5 +751,5 @@ def run_loop(spec: RunSpec, config: RunConfig, suite: EvalSuite, agent: Any, sto
             sandbox=spec.config.get("sandbox"),
             duration_s=round(time.perf_counter() - started, 3),
         ))
-        store.finish_run(spec.run_id, RunStatus.partial if summary.partial else RunStatus.completed, summary)
+        store.runs.finish(spec.run_id, RunStatus.partial if summary.partial else RunStatus.completed, summary)
     return summary

@@ -20,12 +20,19 @@ from tasks.run.spec import RunSpec, check_ks
 from tasks.sandbox import run_sandbox_mode
 
 
+class RunFinder(Protocol):
+    """The stored runs a baseline is found among (`storage.runs.Runs`)."""
+
+    def find(self, ref: str) -> dict[str, Any]: ...
+    def latest_completed_of_suite(self, suite_name: str, *, before: str | None = None) -> str | None: ...
+
+
 class RunSources(Protocol):
     """Where a run's suite and baseline are found (`storage.store.Store`)."""
 
     def resolve_suite(self, ref: str) -> tuple[EvalSuite, str]: ...
-    def find_run(self, run_id: str) -> dict[str, Any]: ...
-    def latest_completed_run_of_suite(self, suite_name: str, *, before: str | None = None) -> str | None: ...
+    @property
+    def runs(self) -> RunFinder: ...
 
 
 # `baseline="previous"`: gate against the newest completed run of the same suite, any agent.
@@ -99,9 +106,9 @@ def find_baseline(baseline: str | None, suite_name: str, store: RunSources, *, b
     changed agent is gated against the last run on the cases they share (none yet: no gate,
     said); anything else, a stored run (id or prefix), found before any agent call is paid for."""
     if baseline == PREVIOUS:
-        found = store.latest_completed_run_of_suite(suite_name, before=before)
+        found = store.runs.latest_completed_of_suite(suite_name, before=before)
         return Baseline(found, previous_choice(suite_name)) if found else None
-    return Baseline(store.find_run(baseline)["run_id"]) if baseline else None
+    return Baseline(store.runs.find(baseline)["run_id"]) if baseline else None
 
 
 def no_baseline_message(suite_name: str, before: str | None = None) -> str:

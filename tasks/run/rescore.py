@@ -41,14 +41,30 @@ class RescorePlan:
     unscored: list[str]  # case ids with no stored sample
 
 
-class RescoreSources(RunSources, OutputReader, Protocol):
+class SnapshotReader(Protocol):
+    """The stored suites (`storage.snapshots.Snapshots`)."""
+
+    def path(self, version: str) -> Path: ...
+    def read(self, version: str) -> EvalSuite: ...
+
+
+class SampleReader(Protocol):
+    """The stored samples (`storage.samples.Samples`)."""
+
+    def of_run(self, run_id: str, columns: Sequence[str] | None = None, *,
+               whole_outputs: bool = True) -> pa.Table: ...
+
+
+class RescoreSources(RunSources, Protocol):
     """Where a rescore's source run, its suite's snapshot and its outputs are read
     (`storage.store.Store`)."""
 
-    def snapshot_path(self, version: str) -> Path: ...
-    def read_snapshot(self, version: str) -> EvalSuite: ...
-    def run_samples(self, run_id: str, columns: Sequence[str] | None = None, *,
-                    whole_outputs: bool = True) -> pa.Table: ...
+    @property
+    def snapshots(self) -> SnapshotReader: ...
+    @property
+    def samples(self) -> SampleReader: ...
+    @property
+    def db(self) -> OutputReader: ...
 
 
 @dataclass(frozen=True)
@@ -75,7 +91,7 @@ def prepare_rescore(source_ref: str, store: RescoreSources, **options: Any) -> P
     if unknown:
         raise InputError(f"rescore: {', '.join(unknown)}: not an option of a rescore (it calls no agent: its"
                          " agent, n and seed are the source run's)")
-    source = store.find_run(source_ref)
+    source = store.runs.find(source_ref)
     suite, suite_source = store.resolve_suite(options["suite"])
     # Pinned, as a run's: the suite that was checked is the one graded, even if a branch moves.
     # No environment overrides: a rescore calls no agent and prices nothing.
@@ -92,7 +108,7 @@ def prepare_rescore(source_ref: str, store: RescoreSources, **options: Any) -> P
                 "baseline": baseline.run_id if baseline else None},
     )
     grading = rescore_plan(spec.run_id, plan(suite, spec), suite, source_suite, source["run_id"],
-                           store.run_samples(source["run_id"], whole_outputs=False), store)
+                           store.samples.of_run(source["run_id"], whole_outputs=False), store.db)
     return PreparedRescore(config, PreparedRun(spec, suite, None, PriceTable(), baseline, config.rules, no_baseline),
                            grading)
 
@@ -100,11 +116,11 @@ def prepare_rescore(source_ref: str, store: RescoreSources, **options: Any) -> P
 def source_suite_of(source: dict[str, Any], suite: EvalSuite, store: RescoreSources) -> EvalSuite:
     """The suite the stored run `source` ran (its snapshot); bad input, before any work,
     when it is gone or shares no question (case id and inputs) with `suite`."""
-    if not store.snapshot_path(source["suite_version"]).exists():
+    if not store.snapshots.path(source["suite_version"]).exists():
         raise InputError(f"run {source['run_id']}: the snapshot of its suite {source['suite_version'][:12]}"
-                         f" is missing from {store.snapshot_path(source['suite_version']).parent}:"
+                         f" is missing from {store.snapshots.path(source['suite_version']).parent}:"
                          " cannot tell which questions it asked")
-    ran = store.read_snapshot(source["suite_version"])
+    ran = store.snapshots.read(source["suite_version"])
     asked = {(c.id, c.inputs_hash) for c in ran.cases}
     if not any((c.id, c.inputs_hash) in asked for c in suite.cases):
         raise InputError(f"run {source['run_id']} has no output for any case of suite {suite.name!r}"

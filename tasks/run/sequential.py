@@ -39,7 +39,7 @@ DrawChunk = Callable[[list[PlannedSample], Progress | None], int]
 
 
 class CaseResults(Protocol):
-    def case_results(self, run_id: str) -> list[CaseResult]: ...
+    def case_results(self, run_id: str, *, records: bool = False) -> list[CaseResult]: ...
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ def can_pass_early(rules: GateRules) -> bool:
 
 
 def draw_sequentially(
-    spec: RunSpec, config: RunConfig, suite: EvalSuite, planned: list[PlannedSample], store: CaseResults,
+    spec: RunSpec, config: RunConfig, suite: EvalSuite, planned: list[PlannedSample], samples: CaseResults,
     draw: DrawChunk, *, baseline: str, rules: GateRules, log: logging.Logger | logging.LoggerAdapter,
     progress: Progress | None = None,
 ) -> SequentialDraw:
@@ -74,7 +74,7 @@ def draw_sequentially(
     alpha, early = 1 - DEFAULT_LEVEL, can_pass_early(rules)
     metric, max_drop = config.metric, rules.max_drop
     records = needs_records(metric)
-    base_results = {r.case_hash: r for r in with_metric(store.case_results(baseline, records=records), metric,
+    base_results = {r.case_hash: r for r in with_metric(samples.case_results(baseline, records=records), metric,
                                                         f"baseline {baseline}")}
     base = {h: r.value(metric) for h, r in base_results.items()}
     by_hash: dict[str, list[PlannedSample]] = {}
@@ -109,7 +109,7 @@ def draw_sequentially(
                      len(looks) + 1, len(points), undrawn)
             break
         drawn = point
-        results = with_metric(store.case_results(spec.run_id, records=records), metric, f"run {spec.run_id}")
+        results = with_metric(samples.case_results(spec.run_id, records=records), metric, f"run {spec.run_id}")
         values = {r.case_hash: r.value(metric) for r in results}
         diffs = np.array([values[h] - base[h] for h in paired[:drawn]])
         # Replayed from the first look: the same data, so only the latest look can newly decide.

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 
 class OutputReader(Protocol):
-    """Where stored outputs are read from (`storage.store.Store`)."""
+    """Where stored outputs are read from (`storage.db.Database`, a store's `db`)."""
 
     def read_output(self, sha: str) -> str: ...
 
