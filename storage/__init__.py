@@ -1,6 +1,7 @@
 """Where evalpipe keeps its state: Parquet snapshots and the DuckDB file under EVALPIPE_HOME,
 reached through one `Store(home)` (`storage.store`; `Store.default()` reads EVALPIPE_HOME),
-whose methods the modules here hold by part (`db`, `snapshots`, `calibrations`, `export`).
+made of parts with one job each, a module each (`runs`, `samples`, `snapshots`, `export`, ...)
+over the DuckDB file (`db`).
 This package itself holds only what they share: the disk-full report."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Immutable suite snapshots: `snapshots/<version>.parquet`, written once, atomically.
+"""Immutable suite snapshots: `snapshots/<version>.parquet`, written once, atomically, and
+the suite's rows in the DuckDB file's `suites` and `cases` tables (`Snapshots.save`).
 
 Free-form fields (inputs, reference, grader, safety) are stored as Arrow JSON columns, so
 DuckDB reads them as its JSON type (`inputs->>'prompt'`) and pandas as strings; slices and

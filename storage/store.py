@@ -13,11 +13,12 @@ parts with one job each, sharing the home's DuckDB file (`storage.db.Database`, 
 
 A command, a flow or `evalpipe.evaluate` builds one at its top and passes it down; the run
 loop keeps its samples in it (`tasks.run.loop.SampleStore`). To another process (a worker, a
-Dask task) it travels as its home, and builds its parts there."""
+Dask task) it travels as its home, and makes its parts there."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -38,29 +39,51 @@ from tasks.models import EvalSuite
 @dataclass(frozen=True)
 class Store:
     home: Path
-    db: Database = field(init=False, repr=False, compare=False)
-    runs: Runs = field(init=False, repr=False, compare=False)
-    samples: Samples = field(init=False, repr=False, compare=False)
-    snapshots: Snapshots = field(init=False, repr=False, compare=False)
-    outputs: Outputs = field(init=False, repr=False, compare=False)
-    calibrations: Calibrations = field(init=False, repr=False, compare=False)
-    exports: Exports = field(init=False, repr=False, compare=False)
-    mined: MinedCandidates = field(init=False, repr=False, compare=False)
-    model_calls: ModelCalls = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # Absolute, so that a Store handed to a task in another process means the same home.
-        home = Path(self.home).absolute()
-        db = Database(home)
-        runs, snapshots = Runs(db), Snapshots(db)
-        parts = {"home": home, "db": db, "runs": runs, "samples": Samples(db), "snapshots": snapshots,
-                 "outputs": Outputs(db), "calibrations": Calibrations(db), "exports": Exports(db, runs, snapshots),
-                 "mined": MinedCandidates(home), "model_calls": ModelCalls(db)}
-        for name, part in parts.items():
-            object.__setattr__(self, name, part)
+        object.__setattr__(self, "home", Path(self.home).absolute())
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (Store, (self.home,))
+
+    # The parts, each made when first used (a command reads one or two of them); not fields,
+    # so that what looks into a Store's fields (Prefect's parameters, `replace`) sees its home.
+    @cached_property
+    def db(self) -> Database:
+        return Database(self.home)
+
+    @cached_property
+    def runs(self) -> Runs:
+        return Runs(self.db)
+
+    @cached_property
+    def samples(self) -> Samples:
+        return Samples(self.db)
+
+    @cached_property
+    def snapshots(self) -> Snapshots:
+        return Snapshots(self.db)
+
+    @cached_property
+    def outputs(self) -> Outputs:
+        return Outputs(self.db)
+
+    @cached_property
+    def calibrations(self) -> Calibrations:
+        return Calibrations(self.db)
+
+    @cached_property
+    def exports(self) -> Exports:
+        return Exports(self.db, self.runs, self.snapshots)
+
+    @cached_property
+    def mined(self) -> MinedCandidates:
+        return MinedCandidates(self.home)
+
+    @cached_property
+    def model_calls(self) -> ModelCalls:
+        return ModelCalls(self.db)
 
     @classmethod
     def default(cls) -> Store:

@@ -157,7 +157,7 @@ def test_runs_stored_before_output_keys_still_show_report_and_gate(tmp_path, mon
 
 
 def test_report_reads_the_head_of_each_output_as_stored(tmp_path):
-    """Outputs longer than the head: `failing_samples` gives their first characters, whole
+    """Outputs longer than the head: `store.samples.failing` gives their first characters, whole
     characters (not bytes), and the heads are derived on every insert, an import's too."""
     from tasks.run import RunSpec
 

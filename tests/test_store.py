@@ -98,7 +98,7 @@ def test_a_run_is_found_by_any_unique_part_of_its_id(tmp_path: Path, capsys, mon
     ids = ["20261206-071512-889c34", "20261206-071530-1a2b3c", "20261207-090000-c34d12"]
     for run_id in ids:
         with store.runs.recorded(RunSpec(run_id=run_id, suite_version="v", suite_name="s", agent="reference",
-                                        agent_fingerprint="f", n=1, ks=[1], seed=0)):
+                                         agent_fingerprint="f", n=1, ks=[1], seed=0)):
             pass
     assert store.runs.find("889c34")["run_id"] == ids[0]
     assert store.runs.find("071530")["run_id"] == ids[1]
