@@ -45,7 +45,7 @@ class Store:
         object.__setattr__(self, "home", Path(self.home).absolute())
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (Store, (self.home,))
+        return (type(self), (self.home,))
 
     # The parts, each made when first used (a command reads one or two of them); not fields,
     # so that what looks into a Store's fields (Prefect's parameters, `replace`) sees its home.
