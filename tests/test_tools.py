@@ -640,3 +640,26 @@ def test_a_tool_that_runs_code_runs_in_the_sandbox_not_the_harness(tmp_path, mon
     net = box.answer(_call("test_tools_run_python", json.dumps(
         {"code": "import socket; socket.create_connection(('1.1.1.1', 53), timeout=2)"})))
     assert net.error.startswith("test_tools_run_python raised OSError")  # no network
+
+
+def test_the_openai_loop_is_held_to_the_sample_s_cost_and_the_run_s_budget_at_each_call(model, tmp_path):
+    """`openai:`'s own tool loop counts its calls as the gateway counts an agent's (issue 44,
+    item 3): the call that would pass `--max-sample-cost` or the run's `--max-cost`, at the
+    dearest call so far, is never sent, and the sample is agent_error naming the cap."""
+    prices = tmp_path / "prices.yaml"
+    prices.write_text(yaml.safe_dump({"support-loop": {"input_per_mtok": 100.0, "output_per_mtok": 100.0}}))
+    run = evalpipe.evaluate(str(SUITE), "openai:support-loop?max_steps=10", n=1, home=tmp_path / "home",
+                            max_sample_cost=0.2, prices=str(prices))
+    samples = _samples(tmp_path / "home", run.run_id)
+    assert {s["status"] for s in samples} == {"agent_error"}
+    assert all(s["detail"].startswith("agent failed: stopped at --max-sample-cost $0.2 (") for s in samples)
+    assert all(0 < s["cost_usd"] <= 0.2 for s in samples)
+    asked = len(model.requests)
+    assert asked < 10 * len(samples)  # the loop never ran to its max_steps
+
+    budget = evalpipe.evaluate(str(SUITE), "openai:support-loop?max_steps=10", n=1, home=tmp_path / "budget",
+                               agent_concurrency=1, max_cost=0.3, prices=str(prices))
+    assert budget.partial and budget.budget.stopped.startswith("--max-cost $0.3 (")
+    assert 0 < budget.budget.spent_usd <= 0.3
+    (stopped,) = [s for s in _samples(tmp_path / "budget", budget.run_id) if s["status"] == "agent_error"]
+    assert stopped["detail"].startswith("agent failed: stopped at --max-cost $0.3 (")

@@ -5,7 +5,8 @@ prompt (`PROMPT_FIELDS`, which judges read too)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from urllib.parse import parse_qsl
 
 from tasks.agents import sdk_calls
 from tasks.agents.base import AgentContext, AgentError, Reloadable
+from tasks.agents.gateway import Tap
 from tasks.agents.openai_client import ChatReply, EndpointError, OpenAIClient
 from tasks.agents.settings import AgentSettings
 from tasks.agents.toolbox import Toolbox
@@ -76,10 +78,10 @@ class OpenAIAgent(Reloadable):
 
     def generate(self, case: EvalCase, ctx: AgentContext) -> str:
         messages = chat_messages(case.inputs, self.system)
-        with sdk_calls.routing(sdk_calls.sample_calls(ctx.calls, self.settings.model_concurrency)):
-            if "tools" in case.inputs:
-                return self.run_tools(Toolbox.for_case(case), messages, ctx)
-            reply = self._ask(messages, ctx, None)
+        if "tools" in case.inputs:
+            return self.run_tools(Toolbox.for_case(case), messages, ctx)
+        with self._calling(ctx) as tap:
+            reply, _ = self._ask(messages, ctx, None, tap)
         spent: dict[str, Any] = {"input_tokens": None, "output_tokens": None, "latency_s": 0.0, "model": None}
         _add_usage(spent, reply)
         ctx.report_usage(input_tokens=spent["input_tokens"], output_tokens=spent["output_tokens"], model=reply.model)
@@ -87,11 +89,28 @@ class OpenAIAgent(Reloadable):
             ctx.report_latency(reply.latency_s)
         return reply.content
 
-    def _ask(self, messages: list[dict[str, Any]], ctx: AgentContext, tools: list[dict[str, Any]] | None) -> ChatReply:
+    @contextmanager
+    def _calling(self, ctx: AgentContext) -> Iterator[Tap]:
+        """Around a sample's calls: the run's caps on them and its budget, counted as the gateway
+        counts an agent's calls (the call past a cap is never sent), and their routing in this
+        process (`--model-concurrency`, `--replay-model-calls`: `tasks.agents.sdk_calls`)."""
+        tap = Tap(max_calls=self.settings.max_model_calls, max_cost_usd=self.settings.max_sample_cost,
+                  cost_of=ctx.cost_of, purse=ctx.purse)
+        with sdk_calls.routing(sdk_calls.sample_calls(ctx.calls, self.settings.model_concurrency)):
+            yield tap
+
+    def _ask(self, messages: list[dict[str, Any]], ctx: AgentContext, tools: list[dict[str, Any]] | None,
+             tap: Tap) -> tuple[ChatReply, dict[str, Any] | None]:
+        """The model's reply, counted against the caps (`AgentError` naming the cap that refuses
+        it, before anything is sent), and the note the trajectory gets when its model has no price."""
+        if (why := tap.admit()) is not None:
+            raise AgentError(f"stopped at {why}: the loop wanted a model call more")
         try:
-            return self.client.chat_reply(self.model, messages, seed=ctx.seed, params=dict(self.params), tools=tools)
+            reply = self.client.chat_reply(self.model, messages, seed=ctx.seed, params=dict(self.params), tools=tools)
         except EndpointError as exc:
+            tap.paid(None, None, None)
             raise AgentError(str(exc)) from None
+        return reply, tap.paid(reply.model, reply.input_tokens, reply.output_tokens, replayed=reply.replayed)
 
     def run_tools(self, toolbox: Toolbox, messages: list[dict[str, Any]], ctx: AgentContext) -> str:
         """Ask, answer each tool call in order, send the results back; until the model answers
@@ -101,36 +120,36 @@ class OpenAIAgent(Reloadable):
         entries: list[dict[str, Any]] = []
         stop = None
         spent: dict[str, Any] = {"input_tokens": None, "output_tokens": None, "latency_s": 0.0, "model": None}
-        cap = self.settings.max_model_calls
-        try:
-            for turn in range(self.max_steps):
-                if cap is not None and turn >= cap:  # before anything is sent
-                    raise AgentError(f"stopped at --max-model-calls {cap}: the loop wanted a turn more")
-                reply = self._ask(messages, ctx, toolbox.definitions)
-                _add_usage(spent, reply)
-                said = {"role": "assistant", "content": reply.content or None,
-                        **({"tool_calls": list(reply.tool_calls)} if reply.tool_calls else {})}
-                messages.append(said)
-                entries.append({**said, "usage": {"input_tokens": reply.input_tokens,
-                                                  "output_tokens": reply.output_tokens},
-                                **({"replayed": True} if reply.replayed else {}),
-                                "latency_s": reply.latency_s, "model": reply.model,
-                                **({"request_sha256": reply.request_sha256} if reply.request_sha256 else {})})
-                if not reply.tool_calls:
-                    return reply.content
-                for call in map(parse_call, reply.tool_calls):
-                    answer = toolbox.answer(call)
-                    messages.append({"role": "tool", "tool_call_id": call.id, "content": answer.content})
-                    entries.append({"role": "tool", "tool_call_id": call.id, "name": call.name,
-                                    "content": answer.content, "duration_s": round(answer.duration_s, 6),
-                                    **({"error": answer.error} if answer.error is not None else {})})
-            stop = "max_steps"
-            return reply.content
-        finally:
-            ctx.trace.trajectory = capped(entries, self.settings.max_trajectory_bytes, stop)
-            ctx.report_usage(input_tokens=spent["input_tokens"], output_tokens=spent["output_tokens"],
-                             model=spent["model"])
-            ctx.report_latency(spent["latency_s"])
+        with self._calling(ctx) as tap:
+            try:
+                for _ in range(self.max_steps):
+                    reply, note = self._ask(messages, ctx, toolbox.definitions, tap)
+                    if note is not None:
+                        entries.append(note)
+                    _add_usage(spent, reply)
+                    said = {"role": "assistant", "content": reply.content or None,
+                            **({"tool_calls": list(reply.tool_calls)} if reply.tool_calls else {})}
+                    messages.append(said)
+                    entries.append({**said, "usage": {"input_tokens": reply.input_tokens,
+                                                      "output_tokens": reply.output_tokens},
+                                    **({"replayed": True} if reply.replayed else {}),
+                                    "latency_s": reply.latency_s, "model": reply.model,
+                                    **({"request_sha256": reply.request_sha256} if reply.request_sha256 else {})})
+                    if not reply.tool_calls:
+                        return reply.content
+                    for call in map(parse_call, reply.tool_calls):
+                        answer = toolbox.answer(call)
+                        messages.append({"role": "tool", "tool_call_id": call.id, "content": answer.content})
+                        entries.append({"role": "tool", "tool_call_id": call.id, "name": call.name,
+                                        "content": answer.content, "duration_s": round(answer.duration_s, 6),
+                                        **({"error": answer.error} if answer.error is not None else {})})
+                stop = "max_steps"
+                return reply.content
+            finally:
+                ctx.trace.trajectory = capped(entries, self.settings.max_trajectory_bytes, stop)
+                ctx.report_usage(input_tokens=spent["input_tokens"], output_tokens=spent["output_tokens"],
+                                 model=spent["model"])
+                ctx.report_latency(spent["latency_s"])
 
 
 def _add_usage(spent: dict[str, Any], reply: ChatReply) -> None:

@@ -213,28 +213,48 @@ class Tap:
                                      "latency_s": round(latency_s, 6), "model": self.model, **marks})
                 self.seen_messages = len(messages) + 1
                 return
-            if inp is not None:
-                self.input_tokens = (self.input_tokens or 0) + inp
-            if out is not None:
-                self.output_tokens = (self.output_tokens or 0) + out
-            self.model = reply.get("model") if isinstance(reply.get("model"), str) else self.model
-            if self.cost_of is not None and (inp is not None or out is not None):
-                cost = self.cost_of(self.model, inp, out)
-                if cost is None:
-                    caps = [name for name, on in (("--max-sample-cost", self.max_cost_usd is not None),
-                                                  ("--max-cost", self.purse is not None)) if on]
-                    if caps and self.unpriced is None:
-                        self.entries.append({"note": f"no price for model {self.model!r}: {' and '.join(caps)}"
-                                                     " cannot count this sample's calls"})
-                    self.unpriced = self.model
-                else:
-                    self.cost_usd += cost
-                    self.dearest_usd = max(self.dearest_usd, cost)
-                    if self.purse is not None:
-                        self.purse.spend(cost)
+            if (note := self._bought(reply.get("model"), inp, out)) is not None:
+                self.entries.append(note)
             self.entries.append({**turn, "usage": {"input_tokens": inp, "output_tokens": out},
                                  "latency_s": round(latency_s, 6), "model": self.model, **marks})
             self.seen_messages = len(messages) + 1
+
+    def paid(self, model: str | None, input_tokens: int | None, output_tokens: int | None, *,
+             replayed: bool = False) -> dict[str, Any] | None:
+        """One answered call of an agent that records its own turns (`openai:`'s loop): counted,
+        and unless `replayed` its tokens priced and spent, as `record` does; the note its
+        trajectory gets when the model has no price and a cost cap is on, else None."""
+        with self.lock:
+            self.calls += 1
+            self.pending -= 1
+            if replayed:
+                self.input_tokens, self.output_tokens = self.input_tokens or 0, self.output_tokens or 0
+                return None
+            return self._bought(model, input_tokens, output_tokens)
+
+    def _bought(self, model: Any, inp: int | None, out: int | None) -> dict[str, Any] | None:
+        """A call's tokens added, priced and spent from the caps (the lock held); a note when
+        its model has no price and a cost cap cannot count it (once per sample)."""
+        if inp is not None:
+            self.input_tokens = (self.input_tokens or 0) + inp
+        if out is not None:
+            self.output_tokens = (self.output_tokens or 0) + out
+        self.model = model if isinstance(model, str) else self.model
+        if self.cost_of is None or (inp is None and out is None):
+            return None
+        cost = self.cost_of(self.model, inp, out)
+        if cost is not None:
+            self.cost_usd += cost
+            self.dearest_usd = max(self.dearest_usd, cost)
+            if self.purse is not None:
+                self.purse.spend(cost)
+            return None
+        caps = [name for name, on in (("--max-sample-cost", self.max_cost_usd is not None),
+                                      ("--max-cost", self.purse is not None)) if on]
+        first = caps and self.unpriced is None
+        self.unpriced = self.model
+        return {"note": f"no price for model {self.model!r}: {' and '.join(caps)} cannot count this sample's"
+                        " calls"} if first else None
 
 
 def _calls(entry: dict[str, Any]) -> list[dict[str, Any]]:
