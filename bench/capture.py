@@ -6,6 +6,8 @@ one process, alternating call by call on one OpenAI client class each:
   costs with no capture);
 - ours: the instrumented SDK inside `captured(ctx)`, each call recorded into the sample's
   trajectory (a chat completion, and a streamed one with its usage);
+- routed: the same with `--model-concurrency 4` and `--replay-model-calls` on (a slot held per
+  call, each request digested and its answer kept for replay: `tasks.agents.sdk_calls`);
 and, in a fresh process, what installing the instrumentation costs once (imports included).
 
 Usage: python bench/capture.py [--calls 300]
@@ -51,6 +53,8 @@ def main() -> None:
 
     from tasks.agents.base import AgentContext
     from tasks.agents.capture import _instrumented, captured
+    from tasks.agents.model_calls import CallBook
+    from tasks.agents.settings import AgentSettings
 
     _instrumented()
 
@@ -71,10 +75,14 @@ def main() -> None:
                 timed(plain, stream)
                 with captured(ctx):
                     timed(instrumented, stream)
+            routed = AgentSettings(model_concurrency=4)
             for _ in range(args.calls):
                 results.setdefault(("peer", stream), []).append(timed(plain, stream))
                 with captured(ctx):  # one sample a call: its trajectory and usage applied each time
                     results.setdefault(("ours", stream), []).append(timed(instrumented, stream))
+                kept = AgentContext(case_id="bench", index=0, seed=0, n=1, calls=CallBook())
+                with captured(kept, routed):
+                    results.setdefault(("routed", stream), []).append(timed(instrumented, stream))
     finally:
         model.terminate()
         model.wait()
@@ -86,6 +94,9 @@ def main() -> None:
         print(f"{kind:8} peer (uninstrumented SDK): p50 {ms(peer, 50):.2f} ms  p95 {ms(peer, 95):.2f} ms")
         print(f"{kind:8} captured:                  p50 {ms(ours, 50):.2f} ms  p95 {ms(ours, 95):.2f} ms"
               f"  added at p50 {ms(ours, 50) - ms(peer, 50):+.2f} ms")
+        routed_ = results[("routed", stream)]
+        print(f"{kind:8} captured, slots and replay: p50 {ms(routed_, 50):.2f} ms  p95 {ms(routed_, 95):.2f} ms"
+              f"  added at p50 {ms(routed_, 50) - ms(peer, 50):+.2f} ms")
     print(f"installing the instrumentation once per process (fresh process, imports included):"
           f" {', '.join(f'{s:.2f} s' for s in installs)}")
 
