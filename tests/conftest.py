@@ -60,14 +60,28 @@ def calc_repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 
 
 @pytest.fixture(scope="session")
-def prefect_harness():
-    """A real Prefect API (a temporary server and database) shared by the session's flow runs.
-    Yields the API URL, so subprocesses (the CLI) can use the same server."""
-    from prefect.settings import PREFECT_API_URL
-    from prefect.testing.utilities import prefect_test_harness
+def prefect_harness(tmp_path_factory: pytest.TempPathFactory):
+    """A real Prefect API shared by the session's flow runs: `prefect server start` on a fresh
+    PREFECT_HOME, whose database is a copy of the template (server/db_template.py), so it is
+    up in ~5 s where Prefect's test harness, migrating a database of its own, took ~11 s.
+    This process's flow runs use it; yields the API URL, so subprocesses (the CLI) can too."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+    from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    with prefect_test_harness(server_startup_timeout=120):
-        yield PREFECT_API_URL.value()
+    from server.local import start_server
+
+    where = tmp_path_factory.mktemp("prefect-harness")
+    with (where / "server.log").open("ab") as log:
+        server = start_server(prefect_home=where / "prefect-home", log=log, timeout_s=240)
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
+            yield server.api_url
+            # What the session's flow runs still have on the way reaches the server before it stops.
+            APILogWorker.drain_all(timeout=5)
+            EventsWorker.drain_all()
+    finally:
+        server.stop()
 
 
 @pytest.fixture

@@ -223,8 +223,8 @@ def wrong_detail(run_id: str, case_id: str) -> str:
 
 @pytest.fixture(scope="module")
 def ui_server(tmp_path_factory: pytest.TempPathFactory):
-    """A real `prefect server` with its UI, one for the module's UI tests (a start costs ~15 s
-    of CPU); each test's run and flow run are its own, found by their ids."""
+    """A real `prefect server` with its UI, one for the module's UI tests (a start costs ~5 s):
+    each test's run and flow run are its own, found by their ids."""
     from server.local import start_server
 
     logs = tmp_path_factory.mktemp("ui-server")
