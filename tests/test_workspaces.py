@@ -544,7 +544,9 @@ def test_killed_workspace_run_resumes(prefect_harness, home, tmp_path, bwrap):
     agents = tmp_path / "agents"
     agents.mkdir()
     script = agents / "slow.sh"
-    script.write_text("#!/bin/sh\nsed -i 's/return abs(a) + b/return a + b/' calc.py\nsleep 1.5\n")
+    # Slow until told (a file beside it, not in its fingerprint): slow only to be killed.
+    script.write_text("#!/bin/sh\nsed -i 's/return abs(a) + b/return a + b/' calc.py\n"
+                      "[ -e \"$(dirname \"$0\")/resume\" ] || sleep 1.5\n")
     script.chmod(0o755)
     env = {**os.environ, "PREFECT_API_URL": prefect_harness, "PYTHONPATH": str(ROOT)}
     args = [sys.executable, "-m", "flows.cli", "run", "examples/coding/calc.yaml", "--agent", f"cmd:{script}",
@@ -568,6 +570,7 @@ def test_killed_workspace_run_resumes(prefect_harness, home, tmp_path, bwrap):
     assert left == []
     (stored,), = query(home, "SELECT count(*) FROM samples")
     assert 0 < stored < 6
+    (agents / "resume").touch()
     done = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     resumed = json.loads(done.stdout)
