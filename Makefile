@@ -25,12 +25,12 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	@$(PY) -m flows.demo
 
-# One process by default. TEST_WORKERS=2 runs two workers, each taking whole files (a
-# file's tests share its fixtures and some run in order, tests/test_warm.py): most of a test
-# waits on a server, a subprocess's imports or a timeout, so on two cores they take ~0.56x
-# the time of one. Not the default yet: in 1 of 4 full runs on two workers a test still
-# failed that never did in one process (docs/architecture.md, "Testing on two workers").
-TEST_WORKERS ?= 0
+# Two workers by default, each taking whole files (a file's tests share its fixtures and some
+# run in order, tests/test_warm.py): most of a test waits on a server, a subprocess's imports
+# or a timeout, so on two cores they take ~0.5x the time of one. Five full runs in a row on two
+# workers passed clean before this became the default (docs/architecture.md, "Testing on two
+# workers"); TEST_WORKERS=0 runs one process.
+TEST_WORKERS ?= 2
 
 test: $(STAMP)
 	@$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
