@@ -97,14 +97,15 @@ def _value(name: str, var: str, text: str) -> object:
     if name == "home":
         return Path(text)
     if name.startswith("judge_"):
-        return _positive(var, text, int if name.endswith("attempts") else float)
+        return positive_number(var, text, int if name.endswith("attempts") else float)
     items = [part.strip() for part in text.split(",") if part.strip()]
     if name in ("agent_env", "build_pass_env") and (bad := [n for n in items if not n.replace("_", "").isalnum()]):
         raise InputError(f"{var}: {bad[0]!r} is not a variable name")
     return frozenset(n.upper() for n in items) if name == "build_pass_env" else tuple(items)
 
 
-def _positive(var: str, text: str, kind: type[int] | type[float]) -> int | float:
+def positive_number(var: str, text: str, kind: type[int] | type[float]) -> int | float:
+    """`text`, the value of variable `var`, as a positive `kind`; else `InputError` naming it."""
     try:
         value = kind(text)
     except ValueError:

@@ -11,12 +11,10 @@ below that reads them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Annotated, Any, get_args, get_origin
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tasks.models import InputError
 from tasks.repos.workspaces import DEFAULT_CHANGE_BYTES, DEFAULT_TREE_MB, Caps
 
 DEFAULT_MAX_OUTPUT_BYTES = 4 << 20
@@ -67,32 +65,3 @@ ENV: dict[str, str] = {
     "workspace_tree_mb": "EVALPIPE_WORKSPACE_TREE_MB",
     "workspace_change_bytes": "EVALPIPE_WORKSPACE_CHANGE_BYTES",
 }
-
-
-def env_overrides(environ: Mapping[str, str]) -> dict[str, int | float]:
-    """The settings `environ` overrides (an empty variable is unset); a bad value is
-    `InputError` naming the variable."""
-    found: dict[str, int | float] = {}
-    for name, var in ENV.items():
-        raw = environ.get(var, "").strip()
-        if not raw:
-            continue
-        kind = _number(AgentSettings.model_fields[name].annotation)
-        try:
-            value = kind(raw)
-        except ValueError:
-            what = "a whole number" if kind is int else "a number"
-            raise InputError(f"{var}={raw!r} is not {what}") from None
-        if value <= 0:
-            raise InputError(f"{var}={raw!r} must be positive")
-        found[name] = value
-    return found
-
-
-def _number(annotation: Any) -> type[int] | type[float]:
-    """`int` or `float`, out of a field's annotation (`Annotated[int, ...] | None` too)."""
-    for arg in get_args(annotation) or (annotation,):
-        base = get_args(arg)[0] if get_origin(arg) is Annotated else arg
-        if base in (int, float):
-            return base
-    raise TypeError(f"not a number's annotation: {annotation!r}")

@@ -14,6 +14,7 @@ from pydantic.fields import FieldInfo
 
 from tasks.metrics.rules import parse_increases, parse_slice_thresholds
 from tasks.models import InputError
+from tasks.settings import positive_number
 
 
 @dataclass(frozen=True)
@@ -54,13 +55,8 @@ def env_overrides(fields: Mapping[str, FieldInfo], environ: Mapping[str, str] = 
         if kind is str:
             found[name] = raw
             continue
-        try:
-            value = kind(raw)
-        except ValueError:
-            raise InputError(f"{var}={raw!r} is not {'a whole number' if kind is int else 'a number'}") from None
-        if value <= 0:  # each numeric override is a size, a time or a count (tests/test_run_options.py)
-            raise InputError(f"{var}={raw!r} must be positive")
-        found[name] = value
+        # Each numeric override is a size, a time or a count (tests/test_run_options.py).
+        found[name] = positive_number(var, raw, kind)
     return found
 
 
