@@ -116,17 +116,6 @@ class Routed(httpx.BaseTransport):
         self.inner.close()
 
 
-class AsyncRouted(httpx.AsyncBaseTransport):
-    def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
-        self.inner = inner
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        return await route_async(request, self.inner.handle_async_request)
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
-
-
 @dataclass
 class _Routing:
     """One routed request: where its answer is kept, and the slot it holds until it is over."""
