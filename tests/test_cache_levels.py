@@ -10,18 +10,19 @@ import logging
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support.cli import in_process
 from test_evaluate import AGENTS, NUMBERS, calls
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def cli(args: list[str], env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, text=True,
-                          capture_output=True, timeout=300)
+    """`evalpipe ARGS` in this process (support.cli.in_process: the same output and exit
+    status without a fresh interpreter's imports); tests/test_cli_run.py runs it as a process."""
+    return in_process(args, env)
 
 
 @pytest.fixture

@@ -33,13 +33,13 @@ def write_story(path: Path, must_pass: tuple[str, ...] = ()) -> Path:
 
 
 def cli(args: list[str], env: dict) -> subprocess.CompletedProcess:
-    """`evalpipe ARGS`: a run, and `runs export` (run so nowhere else), in a process of its
-    own; the ~30 commands that read the store (gate, diff, report, runs show/list/import) in
-    this one, with the same output and exit status (support.cli.in_process). Each of those
-    runs as a process of its own elsewhere: tests/test_one_decision.py (gate, diff, report),
-    test_gate_metric.py (gate, report), test_first_hour.py and test_no_silent_zeros.py
-    (runs show, runs list), test_hostile_import.py (runs import)."""
-    if args[0] in ("gate", "diff", "report") or args[:2] in (["runs", "show"], ["runs", "list"], ["runs", "import"]):
+    """`evalpipe ARGS` in this process, with the same output and exit status
+    (support.cli.in_process), but `runs export` (run so nowhere else) in a process of its own.
+    Each command runs as a process of its own elsewhere: tests/test_cli_run.py (run),
+    test_one_decision.py (gate, diff, report), test_gate_metric.py (gate, report),
+    test_first_hour.py and test_no_silent_zeros.py (runs show, runs list),
+    test_hostile_import.py (runs import)."""
+    if args[:2] != ["runs", "export"]:
         return in_process(args, env)
     return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, text=True,
                           capture_output=True, timeout=300)

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.cli import in_process
 
 ROOT = Path(__file__).resolve().parent.parent
 AGENTS = ROOT / "tests/support/agents.py"
@@ -30,8 +31,9 @@ def write_suite(path: Path, broken: int, fixed: int) -> Path:
 
 
 def cli(args: list[str], env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, text=True,
-                          capture_output=True, timeout=600)
+    """`evalpipe ARGS` in this process (support.cli.in_process: the same output and exit
+    status without a fresh interpreter's imports); tests/test_cli_run.py runs it as a process."""
+    return in_process(args, env)
 
 
 def run(suite: Path, version: str, env: dict, *extra: str, code: int = 0) -> dict:
