@@ -24,7 +24,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support.cli import wait_gone
+from support.cli import in_process, wait_gone
 from support.waiting import serve_in_background
 
 from tasks.agents import (
@@ -874,10 +874,7 @@ def test_run_takes_the_output_cap_on_the_command_line(prefect_harness, home, hos
     )
     env = {**os.environ, "PREFECT_API_URL": prefect_harness, "PYTHONPATH": str(ROOT)}
     args = ["run", "suite.yaml", "--agent", "python:hostile.py:huge", "--max-output-bytes", "100"]
-    done = subprocess.run(
-        [sys.executable, "-m", "flows.cli", *args, "--json"],
-        cwd=hostile, env=env, capture_output=True, text=True, timeout=300,
-    )
+    done = in_process([*args, "--json"], env, hostile)
     assert done.returncode == 0, done.stderr
     run_id = json.loads(done.stdout)["run_id"]
     with duckdb.connect(str(home / "evalpipe.duckdb"), read_only=True) as con:

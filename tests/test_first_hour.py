@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import test_cache_levels
+from support.cli import as_process, in_process
 from test_cache_levels import cli
 from test_judges import _labelled_suite
 from test_usage import suite
@@ -85,9 +85,8 @@ def test_the_coding_example_runs_from_another_folder_and_a_missing_repository_is
     elsewhere.mkdir()
 
     def run(suite: Path, *extra: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "flows.cli", "run", str(suite), "--agent",
-                               f"cmd:{ROOT / 'examples/coding/calc_fixer.sh'}", "--workspace", *extra],
-                              cwd=elsewhere, env=env, text=True, capture_output=True, timeout=300)
+        return in_process(["run", str(suite), "--agent", f"cmd:{ROOT / 'examples/coding/calc_fixer.sh'}",
+                           "--workspace", *extra], env, elsewhere)
 
     proc = run(ROOT / "examples/coding/calc.yaml", "--json")
     assert proc.returncode == 0, proc.stderr
@@ -105,9 +104,10 @@ def test_rescore_prints_no_prefect_log_lines_where_run_prints_none(env, tmp_path
     user = {k: v for k, v in env.items() if not k.startswith("PREFECT_LOGGING")} | {"PREFECT_API_URL": env["PREFECT_API_URL"]}
     path = suite(tmp_path / "toy.yaml", 2)
     (tmp_path / "agent.py").write_text("def answer(inputs, ctx):\n    return 'yes'\n")
-    run = cli(["run", str(path), "--agent", f"python:{tmp_path / 'agent.py'}:answer"], user)
+    # Processes of their own: Prefect's log lines reach a process's stderr, not this test's.
+    run = as_process(["run", str(path), "--agent", f"python:{tmp_path / 'agent.py'}:answer"], user)
     assert run.returncode == 0, run.stderr
-    rescore = cli(["rescore", run.stdout.split()[1], str(path)], user)
+    rescore = as_process(["rescore", run.stdout.split()[1], str(path)], user)
     assert rescore.returncode == 0, rescore.stderr
     assert "graded on the stored outputs" in rescore.stdout
     for proc in (run, rescore):
@@ -139,8 +139,9 @@ def test_a_run_s_flow_run_logs_its_start_progress_headline_and_decision_to_the_u
     path = suite(tmp_path / "toy.yaml", 4)
     (tmp_path / "agent.py").write_text("def answer(inputs, ctx):\n    return 'yes'\n")
     agent = f"python:{tmp_path / 'agent.py'}:answer"
+    # A process of its own: its stderr whole, and its log sent to the API before it ends.
     first = cli(["run", str(path), "--agent", agent, "--json"], user)
-    gated = cli(["run", str(path), "--agent", agent, "-n", "2", "--baseline", "previous", "--json"], user)
+    gated = as_process(["run", str(path), "--agent", agent, "-n", "2", "--baseline", "previous", "--json"], user)
     assert gated.returncode == 0, gated.stderr
     assert "| INFO" not in gated.stderr
     doc = json.loads(gated.stdout)

@@ -15,15 +15,17 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from support.cli import in_process
 from support.waiting import wait_until
 from test_evaluate import agent, write_suite
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def cli(args: list[str], env: dict, cwd: Path = ROOT, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=cwd, env=env, text=True,
-                          capture_output=True, timeout=300, **kw)
+def cli(args: list[str], env: dict, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """`evalpipe ARGS` in this process (support.cli.in_process); a Ctrl-C below is sent to a
+    process of its own."""
+    return in_process(args, env, cwd)
 
 
 @pytest.fixture

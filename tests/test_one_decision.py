@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.cli import in_process
 
 from evalpipe import evaluate, rescore
 from tasks.metrics.sequential import look_points
@@ -157,6 +158,10 @@ def test_one_budget_per_run_whatever_the_mode(home, tmp_path, sequential):
 # Through the command line: the decision rendered by every output from the one stored object.
 
 def cli(args: list[str], env: dict) -> subprocess.CompletedProcess:
+    """gate, diff and report in a process of their own; run and rescore, which run as
+    processes in tests/test_cli_run.py, in this one (support.cli.in_process)."""
+    if args[0] in ("run", "rescore"):
+        return in_process(args, env)
     return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, text=True,
                           capture_output=True, timeout=300)
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import duckdb
 import pytest
+from support.cli import in_process
 
 from evalpipe import evaluate
 from flows.output import rounded
@@ -91,9 +90,8 @@ def test_the_api_stores_the_rows_the_cli_stores(prefect_harness, tmp_path, monke
     summary = evaluate(str(suite), agent, n=3, k=[1, 3], seed=4, workers=2)
 
     env = {**os.environ, "PREFECT_API_URL": prefect_harness, "PYTHONPATH": str(ROOT), "EVALPIPE_HOME": str(cli_home)}
-    done = subprocess.run([sys.executable, "-m", "flows.cli", "run", str(suite), "--agent", agent, "-n", "3",
-                           "-k", "1,3", "--seed", "4", "--workers", "2", "--json"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    done = in_process(["run", str(suite), "--agent", agent, "-n", "3", "-k", "1,3", "--seed", "4", "--workers", "2",
+                       "--json"], env)
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
 
@@ -134,8 +132,7 @@ def test_a_sequential_run_needs_no_prefect_and_is_the_clis(prefect_harness, tmp_
     env = {**os.environ, "PREFECT_API_URL": prefect_harness, "PYTHONPATH": str(ROOT), "EVALPIPE_HOME": str(cli_home)}
 
     def cli(*args: str, code: int) -> dict:
-        done = subprocess.run([sys.executable, "-m", "flows.cli", "run", str(suite), "--json", *args],
-                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        done = in_process(["run", str(suite), "--json", *args], env)
         assert done.returncode == code, done.stderr
         return json.loads(done.stdout)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from support.cli import alive
+from support.cli import alive, in_process
 from support.graders import GRADED_IN_ENV, IN_A_TASK
 from support.waiting import wait_until
 from test_deployments import start_logged, stop
@@ -66,8 +66,8 @@ def stop_at(project: dict, args: list[str], signum: int, started: int) -> subpro
 
 
 def resume(project: dict, args: list[str]) -> dict:
-    done = subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=project["env"],
-                          capture_output=True, text=True, timeout=300)
+    """The run again after a stop, in this process (support.cli.in_process)."""
+    done = in_process(args, project["env"])
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -329,8 +329,7 @@ def test_a_resumed_budgeted_run_counts_what_the_killed_run_bought(project, home)
     args = ["run", str(project["suite"]), "--agent", project["agent"] + ":logged", "-n", "2", "--max-samples", "40",
             "--agent-concurrency", "4", "--workers", "2", "--json"]
     stop_at(project, args, signal.SIGKILL, 20)
-    done = subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=project["env"],
-                          capture_output=True, text=True, timeout=300)
+    done = in_process(args, project["env"])
     assert done.returncode == 6, done.stderr  # partial: the budget is spent
     out = json.loads(done.stdout)
     returned = {key for kind, key in calls(project["calls"]) if kind == "R"}

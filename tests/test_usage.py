@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import test_cache_levels
+from support.cli import as_process
 from support.judges import ChatServer
 from test_cache_levels import cli
 from test_evaluate import AGENTS, calls
@@ -242,7 +243,7 @@ def test_a_token_count_beyond_int64_from_an_endpoint_is_an_agent_error_stored_on
     usage = {"prompt_tokens": HUGE, "completion_tokens": 1, "total_tokens": HUGE + 1}
     with ChatServer(lambda body: (200, "yes"), usage=usage, model="gpt-4o-mini") as server:
         run_env = {**env, "OPENAI_BASE_URL": server.url}
-        proc = cli(["run", str(path), "--agent", "openai:gpt-4o-mini", "--json"], run_env)
+        proc = as_process(["run", str(path), "--agent", "openai:gpt-4o-mini", "--json"], run_env)  # its stderr whole
         assert proc.returncode == 4, proc.stderr  # a run whose agent is broken (exit 4), not a crash
         assert "OverflowError" not in proc.stderr and "Traceback" not in proc.stderr
         doc = json.loads(proc.stdout)

@@ -20,6 +20,7 @@ from pathlib import Path
 import duckdb
 import git
 import pytest
+from support.cli import in_process
 from support.git_repos import commit
 from support.waiting import serve_in_background
 
@@ -456,8 +457,7 @@ grep -c . ROOT/examples/coding/calc.yaml ROOT/examples/calc/calc.bundle 2>&1 | s
     looked = json.loads(trace)["agent_run"]["stdout_tail"]
     assert looked.count("LOOK") == 2 and not re.search(r":[1-9]", looked), looked  # nothing read
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    shown = subprocess.run([sys.executable, "-m", "flows.cli", "runs", "show", out["run_id"], "--case", "add-bug"],
-                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    shown = in_process(["runs", "show", out["run_id"], "--case", "add-bug"], env)
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.splitlines()[-3:] == [
         "  trajectory: 2 step(s)",

@@ -48,6 +48,13 @@ def evalpipe(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
                           timeout=600)
 
 
+def as_process(args: list[str], env: dict[str, str], cwd: Path = ROOT, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`python -m flows.cli ARGS` as a process of its own: for what only a process shows (its
+    stderr whole, Prefect's log lines included; its exit; what it flushes as it ends)."""
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=cwd, env=env, text=True,
+                          capture_output=True, timeout=timeout)
+
+
 def in_process(args: list[str], env: dict[str, str], cwd: Path = ROOT) -> subprocess.CompletedProcess:
     """`python -m flows.cli ARGS` with environment `env` in `cwd`, run by `flows.cli.main` in
     this process: the same parser, code, output and exit status, without the ~2 s (CPU) a
