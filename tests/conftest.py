@@ -2,16 +2,35 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# Hypothesis lives outside site-packages, in the venv's test-only/ (the Makefile installs it;
+# docs/architecture.md, "Testing on two workers"), so the repositories' tests graded with this
+# interpreter do not each load its pytest plugin (~0.6 s of CPU a run): we register it. A venv
+# without it there, or with it in site-packages too, stops here in one line.
+TEST_ONLY = Path(sys.prefix) / "test-only"
+_in_site = importlib.util.find_spec("_hypothesis_pytestplugin")
+if _in_site is not None or not (TEST_ONLY / "_hypothesis_pytestplugin.py").is_file():
+    fix = (f"hypothesis is importable from {Path(_in_site.origin).parent} already (site-packages or "
+           f"PYTHONPATH), the tests take it from {TEST_ONLY} only: `{sys.executable} -m pip "
+           f"uninstall -y hypothesis` or unset PYTHONPATH"
+           if _in_site else
+           f"{TEST_ONLY} has no hypothesis: run `make test` or `{sys.executable} -m pip install "
+           f"--no-deps --upgrade --target {TEST_ONLY} -r tests/requirements-test-only.txt`")
+    print(f"evalpipe tests: {fix}", file=sys.stderr)
+    raise SystemExit(pytest.ExitCode.USAGE_ERROR)
+sys.path.append(str(TEST_ONLY))
+
 # `mode`: a test runs under bubblewrap and in the fallback (tasks/sandbox/policy.py).
-pytest_plugins = ("support.sandbox_modes",)
+pytest_plugins = ("support.sandbox_modes", "_hypothesis_pytestplugin")
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 # A command that finds no server would start evalpipe's managed one, which outlives it: no
