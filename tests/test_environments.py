@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support.cli import in_process
 
 from tasks.graders import grade
 from tasks.graders.repo_tests import grade_base
@@ -298,8 +299,8 @@ def test_import_maps_repo_and_version(repo, tmp_path: Path) -> None:
 
 
 def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+    """`evalpipe ARGS` in this process (support.cli.in_process)."""
+    return in_process(list(args), {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
 
 
 @pytest.mark.slow

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from support.cli import in_process
 from support.graders import IN_A_TASK
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -138,10 +139,9 @@ def test_killed_run_resumes_without_duplicates(prefect_harness, home, tmp_path, 
     assert 12 <= drawn_before < 40 and stored < 40, "the kill should land part-way"
 
     counted.unlink()
-    proc = run_cli(args, env)
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, err
-    resumed = json.loads(out)
+    proc = in_process(args, env)  # the resume: in this process (support.cli.in_process)
+    assert proc.returncode == 0, proc.stderr
+    resumed = json.loads(proc.stdout)
     redrawn = len(calls(counted))
     # Every output the agent had returned is reused, graded or not (docs/storage.md): only
     # the calls in flight at the kill (2) may be made again.
@@ -154,10 +154,9 @@ def test_killed_run_resumes_without_duplicates(prefect_harness, home, tmp_path, 
 
     # The same numbers as an uninterrupted run in a fresh home.
     env_fresh = {**env, "EVALPIPE_HOME": str(tmp_path / "fresh"), "EVALPIPE_TEST_SLEEP": "0"}
-    proc = run_cli(args, env_fresh)
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, err
-    assert numbers(json.loads(out)) == numbers(resumed)
+    proc = in_process(args, env_fresh)
+    assert proc.returncode == 0, proc.stderr
+    assert numbers(json.loads(proc.stdout)) == numbers(resumed)
 
 
 def test_cli_run_json_is_one_document_and_bad_input_exits_2(prefect_harness, home, tmp_path):

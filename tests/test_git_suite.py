@@ -12,6 +12,7 @@ import git
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from support.cli import in_process
 from support.git_repos import commit
 
 from storage.store import Store
@@ -152,9 +153,7 @@ def test_cli_runs_the_commit_it_checked(prefect_harness, evals, home: Path) -> N
     repo, _, second = evals
     env = {"PATH": "/usr/bin:/bin", "EVALPIPE_HOME": str(home), "PYTHONPATH": str(ROOT),
            "PREFECT_API_URL": prefect_harness, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    proc = subprocess.run([sys.executable, "-m", "flows.cli", "run", f"{url(repo)}@main#suites/qa.yaml",
-                           "--agent", "reference", "--json"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=300)
+    proc = in_process(["run", f"{url(repo)}@main#suites/qa.yaml", "--agent", "reference", "--json"], env)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     config = Store(home).runs.get(out["run_id"])["config"]

@@ -14,6 +14,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from support.cli import in_process
 from support.sandbox_modes import bwrap_only
 from test_python_tests import _case, _hostile
 from test_sandbox import tmp_venv
@@ -187,8 +188,8 @@ def test_in_the_sandbox_the_harness_environment_is_out_of_reach(mode: str, monke
 
 
 def _cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    """`evalpipe ARGS` in this process (support.cli.in_process)."""
+    return in_process(args, env)
 
 
 def test_cli_refuses_without_bwrap_and_states_unsafe_runs(prefect_harness, tmp_path: Path, home: Path) -> None:

@@ -22,6 +22,7 @@ from pathlib import Path
 import git
 import pytest
 import yaml
+from support.cli import in_process
 from support.git_repos import commit
 from support.waiting import serve_in_background
 
@@ -245,8 +246,9 @@ def test_equal_environments_are_shared_and_the_users_win_by_date(history, mine_h
 
 
 def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=900, env={**os.environ, "PYTHONPATH": str(ROOT), **env})
+    """`evalpipe ARGS` in this process (support.cli.in_process); the mine killed below is a
+    process of its own."""
+    return in_process(list(args), {**os.environ, "PYTHONPATH": str(ROOT), **env})
 
 
 @pytest.mark.skipif(not bwrap_available(), reason="environments are built in bubblewrap")

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from support.cli import in_process
 
 from tasks.agents import AgentSettings, load_agent
 from tasks.agents.settings import ENV
@@ -104,10 +105,8 @@ def test_a_run_s_agent_takes_the_option_and_the_edge_s_override_not_the_worker_s
         "  - {id: slow, inputs: {q: slow}, reference: y, grader: {kind: exact}}\n")
     env = {**os.environ, "PREFECT_API_URL": prefect_harness, "PYTHONPATH": str(ROOT),
            "EVALPIPE_MAX_OUTPUT_BYTES": "1000", "EVALPIPE_AGENT_TIMEOUT_S": "1"}
-    done = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "run", "suite.yaml", "--agent", "cmd:./agent.sh", "--runner", runner,
-         "--workers", "1", "--max-output-bytes", "10", "--max-agent-errors", "1", "--json"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    done = in_process(["run", "suite.yaml", "--agent", "cmd:./agent.sh", "--runner", runner, "--workers", "1",
+                       "--max-output-bytes", "10", "--max-agent-errors", "1", "--json"], env, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     run_id = json.loads(done.stdout)["run_id"]
     with duckdb.connect(str(home / "evalpipe.duckdb"), read_only=True) as con:

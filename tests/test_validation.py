@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
+
+from support.cli import in_process
 
 from tasks.graders.validation import check_case, validation_report
 from tasks.suites.dataset import build_suite
@@ -58,7 +58,6 @@ def test_cli_validate_exit_codes(prefect_harness, tmp_path: Path, home: Path):
     bad.write_text("name: b\ncases:\n  - {id: a, reference: yes, grader: {kind: regex, pattern: '^no$'}}\n")
     env = {**os.environ, "PREFECT_API_URL": prefect_harness, "PYTHONPATH": str(ROOT)}
     for path, code in ((good, 0), (bad, 1)):
-        proc = subprocess.run([sys.executable, "-m", "flows.cli", "suite", "validate", str(path), "--json"],
-                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        proc = in_process(["suite", "validate", str(path), "--json"], env)
         assert proc.returncode == code, proc.stderr
         assert json.loads(proc.stdout)["valid"] is (code == 0)
