@@ -15,10 +15,12 @@ import os
 import re
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -33,7 +35,6 @@ from support.cli import (
     write_work,
 )
 
-from server.local import start_server
 from server.managed import stop_managed
 
 IDLE_S = 20  # long enough that the module's commands keep the server, short enough to wait out
@@ -200,15 +201,19 @@ def test_ci_starts_no_server(work: Path) -> None:
 
 @pytest.mark.slow
 def test_every_runner_records_its_task_runs_on_the_temporary_server(work: Path) -> None:
-    env = client_env(work, work / "home-temporary", PREFECT_HOME=str(work / "prefect-temporary"))
-    flow_runs = {runner: _clean_run(work, env, runner, seed) for seed, runner in enumerate(RUNNERS, start=200)}
-    # Each run's temporary server ended with it; its database is read back through a server on it.
-    server = start_server(prefect_home=work / "prefect-temporary", timeout_s=240)
-    try:
-        doc = {"api_url": server.api_url, "credentials": None}
-        assert {r: _task_runs(doc, f, "sample") > 0 for r, f in flow_runs.items()} == dict.fromkeys(RUNNERS, True)
-    finally:
-        server.stop()
+    # The three runs at once, each on a Prefect home of its own: each temporary server ended
+    # with its run, and its database holds what it recorded.
+    homes = {runner: work / f"prefect-temporary-{runner}" for runner in RUNNERS}
+    procs = {runner: _start_clean_run(work, client_env(work, work / f"home-temporary-{runner}",
+                                                       PREFECT_HOME=str(homes[runner])), runner, seed)
+             for seed, runner in enumerate(RUNNERS, start=200)}
+    flow_runs = {runner: _clean_run_id(proc) for runner, proc in procs.items()}
+    recorded = {}
+    for runner, flow_run_id in flow_runs.items():
+        with closing(sqlite3.connect(homes[runner] / "prefect.db")) as db:
+            names = [name for (name,) in db.execute("SELECT name FROM task_run WHERE flow_run_id = ?", (flow_run_id,))]
+        recorded[runner] = sum(1 for name in names if name.split(" ")[0] == "sample") > 0
+    assert recorded == dict.fromkeys(RUNNERS, True)
 
 
 @pytest.mark.parametrize(("name", "value"), [("EVALPIPE_SERVER", "sometimes"), ("EVALPIPE_SERVER_IDLE_S", "soon")])
@@ -221,14 +226,23 @@ def test_a_bad_server_setting_is_bad_input(work: Path, name: str, value: str) ->
 def _clean_run(work: Path, env: dict[str, str], runner: str, seed: int) -> str:
     """A run drawing fresh samples (a seed of its own) on `runner`, whose stderr holds no
     traceback; its flow run's id."""
-    proc = evalpipe("run", str(work / "six.jsonl"), "--agent", f"python:{work / 'agent.py'}:answer", "-n", "2",
-                    "--workers", "2", "--runner", runner, "--seed", str(seed), "--json", env=env)
-    assert proc.returncode == 0, proc.stderr
+    return _clean_run_id(_start_clean_run(work, env, runner, seed))
+
+
+def _start_clean_run(work: Path, env: dict[str, str], runner: str, seed: int) -> subprocess.Popen:
+    return subprocess.Popen([str(EVALPIPE), "run", str(work / "six.jsonl"), "--agent", f"python:{work / 'agent.py'}:answer",
+                             "-n", "2", "--workers", "2", "--runner", runner, "--seed", str(seed), "--json"],
+                            cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _clean_run_id(proc: subprocess.Popen) -> str:
+    stdout, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 0, stderr
     # One record a log line (Prefect's and Dask's start with their time) or evalpipe line.
-    records = re.split(r"\n(?=\d\d:\d\d:\d\d\.\d+ \||\d{4}-\d\d-\d\d |evalpipe: )", proc.stderr)
+    records = re.split(r"\n(?=\d\d:\d\d:\d\d\.\d+ \||\d{4}-\d\d-\d\d |evalpipe: )", stderr)
     bad = [r for r in records if ("Traceback" in r or "FOREIGN KEY" in r) and DASK_CLOSING not in r]
     assert bad == [], bad[0][-3000:]
-    return json.loads(proc.stdout)["flow_run_id"]
+    return json.loads(stdout)["flow_run_id"]
 
 
 def _task_runs(doc: dict, flow_run_id: str, name: str, wait_s: float = 30.0) -> int:
