@@ -10,6 +10,7 @@ Real processes: a managed server per fresh home (stopped in teardown), the build
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from contextlib import closing
 from pathlib import Path
@@ -75,11 +76,11 @@ def test_fresh_homes_start_from_the_template_and_record_their_runs(tmp_path: Pat
 @pytest.mark.slow
 def test_a_temporary_servers_fresh_prefect_home_copies_the_template_and_records_the_run(tmp_path: Path) -> None:
     work = write_work(tmp_path)
-    cache = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
-    template = db_template.ready(cache)
+    # The user's own template (`make` builds it; the test above builds one of its own).
+    template = db_template.ready(os.environ)
     assert template is not None
     prefect_home = tmp_path / "prefect-temporary"
-    env = client_env(work, tmp_path / "home", PREFECT_HOME=str(prefect_home), **cache)
+    env = client_env(work, tmp_path / "home", PREFECT_HOME=str(prefect_home))
     proc = evalpipe(*run_args(work, "--json"), env=env)
     assert proc.returncode == 0, proc.stderr
     assert f"{db_template.SEEDED} {template}" in (prefect_home / "evalpipe-ephemeral.log").read_text()
