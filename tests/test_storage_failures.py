@@ -18,6 +18,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from support.cli import in_process
 
 from storage import PlatformError
 from storage.outputs import read_log
@@ -211,14 +212,15 @@ def test_killed_run_reads_interrupted_and_resumes(prefect_harness, tmp_path):
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
 
-    listed = json.loads(cli(["runs", "list", "--json"], env).stdout)
+    # What the killed process left, read and resumed in this one (support.cli.in_process).
+    listed = json.loads(in_process(["runs", "list", "--json"], env).stdout)
     assert [r["status"] for r in listed] == ["interrupted"]
     killed = listed[0]["run_id"]
-    shown = cli(["runs", "show", killed, "--json"], env)
+    shown = in_process(["runs", "show", killed, "--json"], env)
     assert shown.returncode == 0 and json.loads(shown.stdout)["status"] == "interrupted"
-    assert killed in cli(["runs", "list"], env).stdout.split("interrupted")[0]
+    assert killed in in_process(["runs", "list"], env).stdout.split("interrupted")[0]
 
-    proc = cli(args, env)
+    proc = in_process(args, env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     resumed = json.loads(proc.stdout)
     assert resumed["cached_samples"] > 0 and resumed["samples"] == 20
@@ -262,7 +264,7 @@ def test_disk_full_keeps_what_was_stored(prefect_harness, tmp_path, small_disk):
     line = one_line_failure(cli(args, env), 3)
     assert line.startswith(f"evalpipe: disk full writing {home}") and "what was stored before is kept" in line
 
-    (run,) = json.loads(cli(["runs", "list", "--json"], env).stdout)
+    (run,) = json.loads(in_process(["runs", "list", "--json"], env).stdout)
     assert run["status"] in ("failed", "interrupted")
     # What was kept: the samples stored, and the outputs logged as the agent returned them
     # (docs/storage.md), which take the disk's room first.
@@ -273,7 +275,7 @@ def test_disk_full_keeps_what_was_stored(prefect_harness, tmp_path, small_disk):
     assert 0 < len(kept) < 30
 
     subprocess.run(["mount", "-o", "remount,size=64m", str(small_disk)], check=True)
-    proc = cli(args, env)
+    proc = in_process(args, env)  # the resume
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout)["cached_samples"] == len(kept)
 
