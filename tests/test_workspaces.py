@@ -571,7 +571,7 @@ def test_killed_workspace_run_resumes(prefect_harness, home, tmp_path, bwrap):
     (stored,), = query(home, "SELECT count(*) FROM samples")
     assert 0 < stored < 6
     (agents / "resume").touch()
-    done = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    done = in_process(args[3:], env)  # the resume, in this process (support.cli.in_process)
     assert done.returncode == 0, done.stderr
     resumed = json.loads(done.stdout)
     # The stored samples and the outputs drawn and not graded at the kill: none bought again.
