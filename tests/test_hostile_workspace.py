@@ -378,7 +378,7 @@ for address, tcp, udp in {targets!r}:
         for kind, port in ((socket.SOCK_STREAM, tcp), (socket.SOCK_DGRAM, udp)):
             try:
                 s = socket.socket(family, kind)
-                s.settimeout(2)
+                s.settimeout(1)  # a refused datagram is never answered: the wait is spent
                 if how == "bound":
                     s.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, link.encode())
                 s.connect((address, port))
