@@ -179,18 +179,19 @@ def test_a_samples_file_that_inflates_past_the_cap_is_refused_before_reading(tmp
 
 def test_a_samples_file_whose_footer_understates_its_size_never_inflates_in_the_importer(tmp_path, exported):
     """A footer is the file's own word: here it says each column chunk is 1 byte while one
-    output inflates to 384 MB (a 40 KB archive). The decoder allocates a page whole before
-    it can be counted: this took `runs import` to 2.2 GB resident with an 8 MB cap. Now the
-    members are decoded first in a child whose memory is bounded from the cap: exit 2, one
-    line, nothing written, and neither the importer nor that child (their peak resident
-    size, read by a parent that waits on both) ever holds the output."""
+    output inflates to 256 MB (a 40 KB archive). The decoder allocates a page whole before
+    it can be counted: with 384 MB this took `runs import` to 2.2 GB resident with an 8 MB
+    cap. Now the members are decoded first in a child whose memory is bounded from the cap:
+    exit 2, one line, nothing written, and neither the importer nor that child (their peak
+    resident size, read by a parent that waits on both) ever holds the output."""
     members = members_of(exported)
     samples = pq.read_table(pa.BufferReader(members["samples.parquet"]))
-    big = 384 << 20
+    big = 256 << 20  # twice the importer's own peak (~120 MB); each MB made costs time here
     outputs = pa.array([b"y" * big, *[b"n"] * (samples.num_rows - 1)], pa.string())
     samples = samples.set_column(samples.schema.get_field_index("output"), "output", outputs)
     buf = io.BytesIO()
-    pq.write_table(samples, buf, compression="zstd")
+    # No dictionary for the output: its one huge value would be hashed and copied first.
+    pq.write_table(samples, buf, compression="zstd", use_dictionary=False)
     del samples, outputs
     lying = understate_sizes(buf.getvalue(), to=1)
     meta = pq.ParquetFile(pa.BufferReader(lying)).metadata
