@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+from support.cli import in_process
 from support.parquet_lies import understate_sizes
 
 from evalpipe import evaluate
@@ -56,6 +57,12 @@ def write_archive(path: Path, members: dict[str, bytes], *, manifest: dict | Non
 def cli(args: list[str], home: Path, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "flows.cli", *args], text=True, capture_output=True, timeout=300,
                           env={**os.environ, "EVALPIPE_HOME": str(home), "PYTHONPATH": str(ROOT), **env})
+
+
+def here(args: list[str], home: Path, **env: str) -> subprocess.CompletedProcess:
+    """`cli` in this process (support.cli.in_process): for the commands that read what an
+    import wrote, the import itself staying a process of its own."""
+    return in_process(args, {**os.environ, "EVALPIPE_HOME": str(home), "PYTHONPATH": str(ROOT), **env})
 
 
 @pytest.fixture
@@ -225,7 +232,7 @@ def test_a_rescore_of_an_import_serves_no_cache_and_a_gate_against_it_says_where
     env = {"PREFECT_API_URL": prefect_harness}
     assert cli(["runs", "import", str(crafted)], mine, **env).returncode == 0
     version = Store(mine).runs.find(FORGED)["suite_version"]
-    rescored = cli(["rescore", FORGED, version, "--json"], mine, **env)
+    rescored = here(["rescore", FORGED, version, "--json"], mine, **env)
     assert rescored.returncode == 0, rescored.stderr
     rescored_id = json.loads(rescored.stdout)["run_id"]
     assert json.loads(rescored.stdout)["status_counts"] == {"passed": 3}
@@ -236,16 +243,16 @@ def test_a_rescore_of_an_import_serves_no_cache_and_a_gate_against_it_says_where
 
     manifest = hashlib.sha256(members_of(crafted)["manifest.json"]).hexdigest()
     for baseline in (FORGED, rescored_id):
-        gate = cli(["gate", run.run_id, "--baseline", baseline, "--json"], mine, **env)
+        gate = here(["gate", run.run_id, "--baseline", baseline, "--json"], mine, **env)
         doc = json.loads(gate.stdout)
         assert doc["baseline_import"] == {"file": str(crafted.resolve()), "manifest_sha256": manifest}
-        text = cli(["gate", run.run_id, "--baseline", baseline], mine, **env).stdout
+        text = here(["gate", run.run_id, "--baseline", baseline], mine, **env).stdout
         assert str(crafted.resolve()) in text and manifest[:12] in text
-        markdown = cli(["gate", run.run_id, "--baseline", baseline, "--format", "markdown"], mine, **env).stdout
+        markdown = here(["gate", run.run_id, "--baseline", baseline, "--format", "markdown"], mine, **env).stdout
         assert "crafted.tar" in markdown and manifest[:12] in markdown
     # A run of this home as the baseline: nothing is said.
     local = evaluate(CASES, wrong, name="arith", n=1, home=mine)
-    assert "baseline_import" not in json.loads(cli(["gate", local.run_id, "--baseline", run.run_id, "--json"], mine,
+    assert "baseline_import" not in json.loads(here(["gate", local.run_id, "--baseline", run.run_id, "--json"], mine,
                                                    **env).stdout)
 
 
