@@ -36,9 +36,9 @@ def cli(args: list[str], env: dict) -> subprocess.CompletedProcess:
     """`evalpipe ARGS` in this process, with the same output and exit status
     (support.cli.in_process), but `runs export` (run so nowhere else) in a process of its own.
     Each command runs as a process of its own elsewhere: tests/test_cli_run.py (run),
-    test_one_decision.py (gate, diff, report), test_gate_metric.py (gate, report),
-    test_first_hour.py and test_no_silent_zeros.py (runs show, runs list),
-    test_hostile_import.py (runs import)."""
+    test_first_hour.py (run, rescore), test_one_decision.py (gate, diff, report),
+    test_gate_metric.py (gate, report), test_storage_failures.py (runs list),
+    test_mini_swe_agent.py (runs show), test_hostile_import.py (runs import)."""
     if args[:2] != ["runs", "export"]:
         return in_process(args, env)
     return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, text=True,
