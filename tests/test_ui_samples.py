@@ -239,9 +239,9 @@ def ui_server(tmp_path_factory: pytest.TempPathFactory):
 def test_the_ui_shows_a_failing_samples_detail(tmp_path: Path, ui_server) -> None:
     suite, agent = write_work(tmp_path)
 
-    def detail_shown(run_id: str) -> str:
+    def detail_shown(run_id: str) -> list[str]:
         detail = next(s["detail"] for s in _stored(tmp_path / "home", run_id, "always-wrong") if not s["passed"])
-        return tables.shorten(detail, tables.DETAIL_CHARS)
+        return [tables.shorten(detail, tables.DETAIL_CHARS), "Lyon, surely ⏎ second line"]
 
     text, shot = _artifact_in_the_ui(ui_server, tmp_path, ["run", str(suite), "--agent", agent, "-n", "4", "--json"], {},
                                      "evalpipe-ui-samples-case-always-wrong", detail_shown)
@@ -255,7 +255,8 @@ def test_the_ui_shows_a_failing_samples_timeline(tmp_path: Path, ui_server) -> N
         text, _ = _artifact_in_the_ui(
             ui_server, tmp_path, ["run", str(TOOLS_SUITE), "--agent", "openai:support-bad?max_steps=6", "-n", "1", "--json"],
             {"OPENAI_BASE_URL": model.url, "OPENAI_API_KEY": "sk-test-timelines"},
-            "evalpipe-tools-support-timelines", lambda run_id: '1. model: calls delete_account({"user_id": "77"})')
+            "evalpipe-tools-support-timelines", lambda run_id: ['1. model: calls delete_account({"user_id": "77"})',
+                                                                '3. model: Your account is deleted.'])
     assert '2. -> delete_account: {"deleted": true}' in text and "3. model: Your account is deleted." in text
     assert "What the agent did: the first failing sample of 2 case(s)" in text
 
@@ -263,8 +264,9 @@ def test_the_ui_shows_a_failing_samples_timeline(tmp_path: Path, ui_server) -> N
 def _artifact_in_the_ui(server, tmp_path: Path, args: list[str], env: dict[str, str], key: str,
                         shown) -> tuple[str, Path]:
     """Run the CLI (`args`) against `server`, a real `prefect server`, open the flow run's
-    artifact `key` in headless Chromium and wait until the page shows `shown(run_id)`: the
-    page's text and a screenshot."""
+    artifact `key` in headless Chromium and wait until the page shows every string of
+    `shown(run_id)` (the page renders in parts: one string seen says nothing of another):
+    the page's text and a screenshot."""
     from support.browser import Browser
     from support.cli import client_env, evalpipe
 
@@ -274,14 +276,14 @@ def _artifact_in_the_ui(server, tmp_path: Path, args: list[str], env: dict[str, 
     doc = json.loads(ran.stdout)  # a blocked gate exits 1, its document printed all the same
     assert "flow_run_id" in doc, ran.stderr
     wanted = shown(doc["run_id"])
+    seen = " && ".join(f"document.body.innerText.includes({json.dumps(w)})" for w in wanted)
     (tmp_path / "profile").mkdir()
     browser = Browser(tmp_path / "profile", logs / "chromium.log")
     try:
         browser.open(f"{server.url}/runs/flow-run/{doc['flow_run_id']}")
         browser.wait_for(_click("li.p-tab", "Artifacts"), timeout_s=60)
         browser.wait_for(_click("a, .artifact-card, [class*=card]", key), timeout_s=60)
-        text = browser.wait_for(f"document.body.innerText.includes({json.dumps(wanted)}) && document.body.innerText",
-                                timeout_s=60)
+        text = browser.wait_for(f"{seen} && document.body.innerText", timeout_s=60)
         return text, browser.screenshot(tmp_path / "artifact.png")
     finally:
         browser.close()
