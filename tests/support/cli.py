@@ -8,7 +8,6 @@ import gc
 import io
 import logging
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -60,13 +59,13 @@ def in_process(args: list[str], env: dict[str, str], cwd: Path = ROOT) -> subpro
     this process: the same parser, code, output and exit status, without the ~2 s (CPU) a
     fresh interpreter spends importing evalpipe and Prefect. What a command leaves set in its
     process for the rest of its life is put back: the collector's pace and the heap it froze
-    (flows/prefect_api.py), the silence a flow-running command leaves for its exit, the signal
-    handlers. Tests of what a process does (signals, exit on a hostile file, a full disk, a
-    temporary server started and stopped with the command) run it as a process of its own."""
+    (flows/prefect_api.py), the silence a flow-running command leaves for its exit (`main`
+    puts back its own signal handlers). Tests of what a process does (signals, exit on a
+    hostile file, a full disk, a temporary server started and stopped with the command) run
+    it as a process of its own."""
     from flows.cli import main
 
     saved_env, saved_cwd, saved_gc = dict(os.environ), os.getcwd(), gc.get_threshold()
-    saved_signals = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     out, err = io.StringIO(), io.StringIO()
     os.environ.clear()
     os.environ.update(env)
@@ -84,8 +83,6 @@ def in_process(args: list[str], env: dict[str, str], cwd: Path = ROOT) -> subpro
         gc.unfreeze()
         gc.set_threshold(*saved_gc)  # main slows the collector for a command's imports
         logging.disable(logging.NOTSET)
-        for signum, handler in saved_signals.items():
-            signal.signal(signum, handler)
     return subprocess.CompletedProcess(["evalpipe", *args], code, out.getvalue(), err.getvalue())
 
 
