@@ -9,11 +9,10 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from support.cli import in_process
+from support.cli import as_process, in_process
 
 ROOT = Path(__file__).resolve().parent.parent
 AGENTS = ROOT / "tests/support/agents.py"
@@ -41,8 +40,7 @@ def cli(args: list[str], env: dict) -> subprocess.CompletedProcess:
     test_mini_swe_agent.py (runs show), test_hostile_import.py (runs import)."""
     if args[:2] != ["runs", "export"]:
         return in_process(args, env)
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, text=True,
-                          capture_output=True, timeout=300)
+    return as_process(args, env)
 
 
 def run(suite: Path, version: str, env: dict, *extra: str) -> dict:

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from support.cli import in_process
+from support.cli import as_process, in_process
 from support.parquet_lies import understate_sizes
 
 from evalpipe import evaluate
@@ -54,15 +54,18 @@ def write_archive(path: Path, members: dict[str, bytes], *, manifest: dict | Non
     return path
 
 
+def _env(home: Path, env: dict[str, str]) -> dict[str, str]:
+    return {**os.environ, "EVALPIPE_HOME": str(home), "PYTHONPATH": str(ROOT), **env}
+
+
 def cli(args: list[str], home: Path, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], text=True, capture_output=True, timeout=300,
-                          env={**os.environ, "EVALPIPE_HOME": str(home), "PYTHONPATH": str(ROOT), **env})
+    return as_process(args, _env(home, env))
 
 
 def here(args: list[str], home: Path, **env: str) -> subprocess.CompletedProcess:
     """`cli` in this process (support.cli.in_process): for the commands that read what an
     import wrote, the import itself staying a process of its own."""
-    return in_process(args, {**os.environ, "EVALPIPE_HOME": str(home), "PYTHONPATH": str(ROOT), **env})
+    return in_process(args, _env(home, env))
 
 
 @pytest.fixture

@@ -11,11 +11,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from support.cli import in_process
+from support.cli import as_process, in_process
 
 from evalpipe import evaluate, rescore
 from tasks.metrics.sequential import look_points
@@ -162,8 +161,7 @@ def cli(args: list[str], env: dict) -> subprocess.CompletedProcess:
     processes in tests/test_cli_run.py, in this one (support.cli.in_process)."""
     if args[0] in ("run", "rescore"):
         return in_process(args, env)
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, text=True,
-                          capture_output=True, timeout=300)
+    return as_process(args, env)
 
 
 def write_suite(path: Path, edited: bool = False) -> Path:
