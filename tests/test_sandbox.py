@@ -400,3 +400,47 @@ def test_a_sandboxs_process_never_outlives_a_killed_harness(tmp_path: Path, mode
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(child, signal.SIGKILL)
+
+
+# A harness whose sandbox waits for its own network to be joined, and the join never ends:
+# it is killed while bubblewrap's init has not armed its --die-with-parent yet.
+JOINING_HARNESS = """
+import sys, threading
+from tasks.sandbox import network
+from tasks.sandbox.limits import Limits
+from tasks.sandbox.network import OwnNetwork
+from tasks.sandbox.processes import run_command
+
+def join_forever(pid, own):
+    print(pid, flush=True)
+    threading.Event().wait()
+
+network.connect = join_forever
+run_command(["/bin/sh", "-c", "sleep 60 & wait", sys.argv[1]], workdir=sys.argv[2],
+            limits=Limits(timeout_s=120), network=OwnNetwork())
+"""
+
+
+@needs_bwrap
+def test_a_sandbox_never_outlives_a_harness_killed_as_it_starts(tmp_path: Path) -> None:
+    """bubblewrap arms its init's --die-with-parent only once the sandbox is set up and, with
+    a network of its own, joined: a harness killed before that left the command running to
+    its end, unwatched (3 kills in 4 as a workspace agent started; a CI run's failure). The
+    watch beside the command ends it."""
+    marker = f"evalpipe-watched-{uuid.uuid4().hex}"
+    harness = subprocess.Popen([sys.executable, "-c", JOINING_HARNESS, marker, str(tmp_path)],
+                               stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert int(harness.stdout.readline()) > 0  # the sandbox is up, waiting for its network
+        harness.kill()
+        harness.wait(30)
+        # Its wait ends with the harness, and the command would run to its end (60 s):
+        # its watch ends it, and bubblewrap's processes with it (their argv names it too).
+        deadline = time.monotonic() + 10
+        while (left := _processes_with(marker)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert left == []
+    finally:
+        for pid in _processes_with(marker):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

@@ -243,12 +243,16 @@ def _run_once(
         argv = ["/bin/sh", "-c", copy, SCRATCH_SOURCE, *argv]
     else:
         scratch_mb = None
+    if protection == "bwrap":
+        argv = _watched(argv, (*pass_fds, *(sync_fds or ())))
     full = (
         [*bwrap_argv(limits, workdir, own is None and bool(network), scratch_mb, mounts, visible, sync_fds), *argv]
         if protection == "bwrap"
         else list(argv)
     )
-    cgroup = PidsCgroup.create(limits.max_procs + 2)
+    cgroup = PidsCgroup.create(limits.max_procs + 3)  # bubblewrap's two processes and the watch
+    # The watch's pipe (bubblewrap's stdin): only this process holds its write end.
+    watch_r, watch_w = os.pipe() if protection == "bwrap" else (subprocess.DEVNULL, None)
     start = time.monotonic()
     connection = None
     try:
@@ -257,7 +261,7 @@ def _run_once(
                 full,
                 cwd=workdir,
                 env=scrubbed_env((mounts and mounts.workdir_at) or str(workdir), env),
-                stdin=subprocess.DEVNULL,
+                stdin=watch_r,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,
@@ -270,7 +274,7 @@ def _run_once(
                 os.close(fd)
             raise SandboxError(f"cannot start {argv[0]!r}: {exc}") from exc
         finally:
-            for fd in sync_fds or ():
+            for fd in (*(sync_fds or ()), *((watch_r,) if watch_w is not None else ())):
                 os.close(fd)
         pidfd = os.pidfd_open(proc.pid)
         if sync is not None:
@@ -314,6 +318,8 @@ def _run_once(
             proc.stdout.close()
             proc.stderr.close()
     finally:
+        if watch_w is not None:
+            os.close(watch_w)  # after the wait: the sandbox is gone, its watch with it
         try:
             if connection is not None:
                 own_network.disconnect(connection)  # raises when its filter failed while the command ran
@@ -331,6 +337,21 @@ def _run_once(
         isolation=protection,
         disk_over=watch.over if watch is not None else None,
     )
+
+
+def _watched(argv: Sequence[str], taken: Iterable[int]) -> list[str]:
+    """`argv` with a watch beside it in the sandbox, for a harness killed as it starts one.
+    bubblewrap arms the --die-with-parent of its sandbox's init only once the sandbox is set
+    up (and, with a network of its own, joined): a harness killed before that left the
+    command running to its end, unwatched. The watch reads the pipe on its stdin, whose
+    write end only the harness holds, and at its end kills every process of the sandbox's
+    pid namespace. It does so only as the namespace's pid 2 (bubblewrap's init forks it):
+    `kill -1` anywhere else would reach the host's processes. The command gets /dev/null
+    for stdin, as before; dash names file descriptors 0-9 only."""
+    fd = next(n for n in range(3, 10) if n not in set(taken))
+    watch = (f'exec {fd}<&0 </dev/null; (read -r _ <&{fd}; [ "$$" = 2 ] && kill -9 -1) & '
+             f'exec {fd}<&- "$@"')
+    return ["/bin/sh", "-c", watch, "sh", *argv]
 
 
 def sandbox_processes(pgid: int, cgroup: PidsCgroup | None) -> list[int]:
