@@ -687,16 +687,34 @@ def test_bounded_output_is_always_storable_and_keeps_what_it_can(text: str, cap:
     pa.array([output, notes.to_json()], pa.string())  # what failed to store before
     kept = output.removesuffix(truncation_marker(cap))
     assert len(kept.encode()) <= cap
-    try:
-        data = text.encode()
-    except UnicodeEncodeError:
-        assert notes.output.replaced_chars >= 1
+    joined, lone = _surrogates_joined(text)
+    if lone:
+        assert notes.output.replaced_chars == lone
     else:
         assert notes.output is None or notes.output.replaced_chars is None
-        if len(data) <= cap:
-            assert output == text and not notes.to_dict()
-        else:
-            assert data.startswith(kept.encode()) and notes.output.truncated.bytes == len(data)
+    data = joined.encode()
+    if len(data) <= cap:
+        assert output == joined and (lone or not notes.to_dict())
+    else:
+        assert data.startswith(kept.encode()) and notes.output.truncated.bytes == len(data)
+
+
+def _surrogates_joined(text: str) -> tuple[str, int]:
+    """`text` as UTF-16 reads it, unit by unit: a high surrogate then a low one is their
+    character (a Python agent may return such a pair), any other surrogate is U+FFFD; and
+    how many were replaced."""
+    out, lone, i = [], 0, 0
+    while i < len(text):
+        unit = ord(text[i])
+        low = ord(text[i + 1]) if i + 1 < len(text) else 0
+        if 0xD800 <= unit < 0xDC00 and 0xDC00 <= low < 0xE000:
+            out.append(chr(0x10000 + ((unit - 0xD800) << 10) + (low - 0xDC00)))
+            i += 2
+            continue
+        lone += 0xD800 <= unit < 0xE000
+        out.append("\ufffd" if 0xD800 <= unit < 0xE000 else text[i])
+        i += 1
+    return "".join(out), lone
 
 
 def test_a_valid_surrogate_pair_becomes_its_character(hostile: Path) -> None:
