@@ -83,10 +83,16 @@ def prefect_harness(tmp_path_factory: pytest.TempPathFactory):
     """A real Prefect API shared by the session's flow runs: `prefect server start` on a fresh
     PREFECT_HOME, whose database is a copy of the template (server/db_template.py), so it is
     up in ~5 s where Prefect's test harness, migrating a database of its own, took ~11 s.
-    This process's flow runs use it; yields the API URL, so subprocesses (the CLI) can too."""
+    This process's flow runs use it; yields the API URL, so subprocesses (the CLI) can too.
+    Flows called here send no heartbeats, as the CLI's do not (flows/prefect_api.py): the
+    engine joins their thread at every flow run's end, 0.36 s a run on average."""
     from prefect.events.worker import EventsWorker
     from prefect.logging.handlers import APILogWorker
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+        temporary_settings,
+    )
 
     from server.local import start_server
 
@@ -94,7 +100,7 @@ def prefect_harness(tmp_path_factory: pytest.TempPathFactory):
     with (where / "server.log").open("ab") as log:
         server = start_server(prefect_home=where / "prefect-home", log=log, timeout_s=240)
     try:
-        with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
+        with temporary_settings(updates={PREFECT_API_URL: server.api_url, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
             yield server.api_url
             # What the session's flow runs still have on the way reaches the server before it stops.
             APILogWorker.drain_all(timeout=5)

@@ -222,17 +222,10 @@ def wrong_detail(run_id: str, case_id: str) -> str:
 # --- the UI of a real server, in headless Chromium -------------------------------------------
 
 @pytest.fixture(scope="module")
-def ui_server(tmp_path_factory: pytest.TempPathFactory):
-    """A real `prefect server` with its UI, one for the module's UI tests (a start costs ~5 s):
-    each test's run and flow run are its own, found by their ids."""
-    from server.local import start_server
-
-    logs = tmp_path_factory.mktemp("ui-server")
-    server = start_server(prefect_home=logs / "prefect-server", log=(logs / "server.log").open("ab"), timeout_s=240)
-    try:
-        yield server
-    finally:
-        server.stop()
+def ui_server(prefect_harness: str) -> str:
+    """The session's real `prefect server` (tests/conftest.py), whose UI these tests open:
+    each test's run and flow run are its own, found by their ids. Its UI's address."""
+    return prefect_harness.removesuffix("/api")
 
 
 @pytest.mark.slow
@@ -261,18 +254,18 @@ def test_the_ui_shows_a_failing_samples_timeline(tmp_path: Path, ui_server) -> N
     assert "What the agent did: the first failing sample of 2 case(s)" in text
 
 
-def _artifact_in_the_ui(server, tmp_path: Path, args: list[str], env: dict[str, str], key: str,
+def _artifact_in_the_ui(server: str, tmp_path: Path, args: list[str], env: dict[str, str], key: str,
                         shown) -> tuple[str, Path]:
-    """Run the CLI (`args`) against `server`, a real `prefect server`, open the flow run's
+    """Run the CLI (`args`, in this process) against `server`, a real `prefect server`'s UI address, open the flow run's
     artifact `key` in headless Chromium and wait until the page shows every string of
     `shown(run_id)` (the page renders in parts: one string seen says nothing of another):
     the page's text and a screenshot."""
     from support.browser import Browser
-    from support.cli import client_env, evalpipe
+    from support.cli import client_env, in_process
 
     logs = tmp_path / "logs"
     logs.mkdir()
-    ran = evalpipe(*args, env=client_env(tmp_path, tmp_path / "home", PREFECT_API_URL=server.api_url, **env))
+    ran = in_process(args, client_env(tmp_path, tmp_path / "home", PREFECT_API_URL=f"{server}/api", **env))
     doc = json.loads(ran.stdout)  # a blocked gate exits 1, its document printed all the same
     assert "flow_run_id" in doc, ran.stderr
     wanted = shown(doc["run_id"])
@@ -280,7 +273,7 @@ def _artifact_in_the_ui(server, tmp_path: Path, args: list[str], env: dict[str, 
     (tmp_path / "profile").mkdir()
     browser = Browser(tmp_path / "profile", logs / "chromium.log")
     try:
-        browser.open(f"{server.url}/runs/flow-run/{doc['flow_run_id']}")
+        browser.open(f"{server}/runs/flow-run/{doc['flow_run_id']}")
         browser.wait_for(_click("li.p-tab", "Artifacts"), timeout_s=60)
         browser.wait_for(_click("a, .artifact-card, [class*=card]", key), timeout_s=60)
         text = browser.wait_for(f"{seen} && document.body.innerText", timeout_s=60)
