@@ -5,12 +5,13 @@ Prefect version and its migration scripts, so another Prefect never takes this o
 whose database is named elsewhere, or that has one, is left alone.
 
 Real processes: a managed server per fresh home (stopped in teardown), the build through
-`prefect server database upgrade`, in a cache directory of the test's own (XDG_CACHE_HOME)."""
+`prefect server database upgrade`, in a cache directory of the test's own (XDG_CACHE_HOME).
+A temporary server's fresh home is seeded from the user's own template in
+test_warm.py::test_every_runner_records_its_task_runs_on_the_temporary_server."""
 
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 from contextlib import closing
 from pathlib import Path
@@ -71,24 +72,6 @@ def test_fresh_homes_start_from_the_template_and_record_their_runs(tmp_path: Pat
     finally:
         for home in homes:
             stop_managed(home)
-
-
-@pytest.mark.slow
-def test_a_temporary_servers_fresh_prefect_home_copies_the_template_and_records_the_run(tmp_path: Path) -> None:
-    work = write_work(tmp_path)
-    # The user's own template (`make` builds it; the test above builds one of its own).
-    template = db_template.ready(os.environ)
-    assert template is not None
-    prefect_home = tmp_path / "prefect-temporary"
-    env = client_env(work, tmp_path / "home", PREFECT_HOME=str(prefect_home))
-    proc = evalpipe(*run_args(work, "--json"), env=env)
-    assert proc.returncode == 0, proc.stderr
-    assert f"{db_template.SEEDED} {template}" in (prefect_home / "evalpipe-ephemeral.log").read_text()
-    # The temporary server ended with the command; its database holds the run's flow run.
-    with closing(sqlite3.connect(prefect_home / "prefect.db")) as db:
-        states = db.execute("SELECT state_type FROM flow_run WHERE id = ?",
-                            (json.loads(proc.stdout)["flow_run_id"],)).fetchall()
-    assert states == [("COMPLETED",)]
 
 
 def test_the_key_names_the_prefect_version_and_changes_with_its_migrations(tmp_path: Path) -> None:

@@ -35,6 +35,7 @@ from support.cli import (
     write_work,
 )
 
+from server import db_template
 from server.managed import stop_managed
 
 IDLE_S = 20  # long enough that the module's commands keep the server, short enough to wait out
@@ -189,29 +190,32 @@ def test_server_start_keeps_a_server_a_command_started(warm, work: Path) -> None
 
 
 @pytest.mark.slow
-def test_ci_starts_no_server(work: Path) -> None:
-    home = work / "home-ci"
-    env = {k: v for k, v in client_env(work, home, CI="true").items() if k != "EVALPIPE_SERVER"}
-    proc = evalpipe(*run_args(work), env=env)
-    assert proc.returncode == 0, proc.stderr
-    assert STARTED not in proc.stderr and "started a temporary Prefect server" in proc.stderr
-    assert not (home / "server").exists()
-    assert processes_with("EVALPIPE_HOME", str(home)) == []
-
-
-@pytest.mark.slow
 def test_every_runner_records_its_task_runs_on_the_temporary_server(work: Path) -> None:
-    # The three runs at once, each on a Prefect home of its own: each temporary server ended
-    # with its run, and its database holds what it recorded.
+    """The three runs at once, each on a Prefect home of its own: each temporary server ended
+    with its run, and its database holds what it recorded. The threads run is CI's (`CI=true`,
+    no server setting): CI keeps no server, it starts the run's temporary one, on a fresh
+    Prefect home seeded from the user's template (server/db_template.py; `make` builds it)."""
+    template = db_template.ready(os.environ)
+    assert template is not None
     homes = {runner: work / f"prefect-temporary-{runner}" for runner in RUNNERS}
-    procs = {runner: _start_clean_run(work, client_env(work, work / f"home-temporary-{runner}",
-                                                       PREFECT_HOME=str(homes[runner])), runner, seed)
+    envs = {runner: client_env(work, work / f"home-temporary-{runner}", PREFECT_HOME=str(homes[runner]))
+            for runner in RUNNERS}
+    ci_home = work / "home-ci"
+    envs["threads"] = {k: v for k, v in client_env(work, ci_home, CI="true", PREFECT_HOME=str(homes["threads"])).items()
+                       if k != "EVALPIPE_SERVER"}
+    # CI's run prints for a person (what it started is said only there): each home's database
+    # holds one flow run, the run's.
+    procs = {runner: _start_clean_run(work, envs[runner], runner, seed, json_mode=runner != "threads")
              for seed, runner in enumerate(RUNNERS, start=200)}
     recorded = {}
     try:
         for runner, proc in procs.items():
-            flow_run_id = _clean_run_id(proc)  # the run ended, and its server with it
+            _, stderr = _finished(proc)  # the run ended, and its server with it
+            if runner == "threads":
+                assert STARTED not in stderr and "started a temporary Prefect server" in stderr
+                assert f"{db_template.SEEDED} {template}" in (homes[runner] / "evalpipe-ephemeral.log").read_text()
             with closing(sqlite3.connect(homes[runner] / "prefect.db")) as db:
+                (flow_run_id,), = db.execute("SELECT id FROM flow_run").fetchall()
                 (recorded[runner],), = db.execute("SELECT count(*) FROM task_run WHERE flow_run_id = ?"
                                                   " AND (name = 'sample' OR name LIKE 'sample %')", (flow_run_id,))
     finally:  # one run failed: the others (and their servers) end with the test
@@ -220,6 +224,8 @@ def test_every_runner_records_its_task_runs_on_the_temporary_server(work: Path) 
                 proc.kill()
                 proc.communicate()
     assert all(recorded.values()), recorded
+    assert not (ci_home / "server").exists()
+    assert processes_with("EVALPIPE_HOME", str(ci_home)) == []
 
 
 @pytest.mark.parametrize(("name", "value"), [("EVALPIPE_SERVER", "sometimes"), ("EVALPIPE_SERVER_IDLE_S", "soon")])
@@ -232,23 +238,25 @@ def test_a_bad_server_setting_is_bad_input(work: Path, name: str, value: str) ->
 def _clean_run(work: Path, env: dict[str, str], runner: str, seed: int) -> str:
     """A run drawing fresh samples (a seed of its own) on `runner`, whose stderr holds no
     traceback; its flow run's id."""
-    return _clean_run_id(_start_clean_run(work, env, runner, seed))
+    return json.loads(_finished(_start_clean_run(work, env, runner, seed))[0])["flow_run_id"]
 
 
-def _start_clean_run(work: Path, env: dict[str, str], runner: str, seed: int) -> subprocess.Popen:
+def _start_clean_run(work: Path, env: dict[str, str], runner: str, seed: int, json_mode: bool = True) -> subprocess.Popen:
     return subprocess.Popen([str(EVALPIPE), "run", str(work / "six.jsonl"), "--agent", f"python:{work / 'agent.py'}:answer",
-                             "-n", "2", "--workers", "2", "--runner", runner, "--seed", str(seed), "--json"],
+                             "-n", "2", "--workers", "2", "--runner", runner, "--seed", str(seed),
+                             *(["--json"] if json_mode else [])],
                             cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
-def _clean_run_id(proc: subprocess.Popen) -> str:
+def _finished(proc: subprocess.Popen) -> tuple[str, str]:
+    """A clean run's stdout and stderr, once it ended."""
     stdout, stderr = proc.communicate(timeout=600)
     assert proc.returncode == 0, stderr
     # One record a log line (Prefect's and Dask's start with their time) or evalpipe line.
     records = re.split(r"\n(?=\d\d:\d\d:\d\d\.\d+ \||\d{4}-\d\d-\d\d |evalpipe: )", stderr)
     bad = [r for r in records if ("Traceback" in r or "FOREIGN KEY" in r) and DASK_CLOSING not in r]
     assert bad == [], bad[0][-3000:]
-    return json.loads(stdout)["flow_run_id"]
+    return stdout, stderr
 
 
 def _task_runs(doc: dict, flow_run_id: str, name: str, wait_s: float = 30.0) -> int:
