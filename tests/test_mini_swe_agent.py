@@ -22,6 +22,7 @@ import duckdb
 import git
 import pytest
 import yaml
+from support.cli import in_process
 from support.git_repos import commit
 
 from tasks.agents.gateway import TOKEN_PREFIX
@@ -151,9 +152,7 @@ def _assert_recorded(model: BashModel, home: Path, run_id: str, case: str, actio
                                   [run_id]).fetchall()
     assert (inp, out) == (TOKENS[0] * len(actions), TOKENS[1] * len(actions))
     assert REAL_KEY not in _trace(home, run_id)
-    shown = subprocess.run([sys.executable, "-m", "flows.cli", "runs", "show", run_id, "--case", case],
-                           cwd=ROOT, env={**os.environ, "EVALPIPE_HOME": str(home)}, capture_output=True,
-                           text=True, timeout=120)
+    shown = in_process(["runs", "show", run_id, "--case", case], {**os.environ, "EVALPIPE_HOME": str(home)})
     assert shown.returncode == 0, shown.stderr
     for action in actions:
         assert action in shown.stdout, shown.stdout
@@ -190,10 +189,8 @@ def mined(tmp_path_factory: pytest.TempPathFactory, prefect_harness) -> tuple[Pa
     environment.write_text(yaml.safe_dump({"install": [
         "pip install --no-index --find-links vendor " + " ".join(pricing.PYTEST_DISTS)]}))
     suite, home = work / "mined.yaml", work / "home"
-    done = subprocess.run([sys.executable, "-m", "flows.cli", "suite", "mine", str(work / "calc"), "--out", str(suite),
-                           "--environment", str(environment)], cwd=ROOT, capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), "PREFECT_API_URL": prefect_harness,
-                               "EVALPIPE_HOME": str(home)})
+    done = in_process(["suite", "mine", str(work / "calc"), "--out", str(suite), "--environment", str(environment)],
+                      {**os.environ, "PREFECT_API_URL": prefect_harness, "EVALPIPE_HOME": str(home)})
     assert done.returncode == 0, done.stderr
     return suite, home
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from support.cli import in_process
+from support.cli import as_process, in_process
 
 from storage import PlatformError
 from storage.outputs import read_log
@@ -29,9 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 AGENTS = ROOT / "tests/support/agents.py"
 
 
-def cli(args: list[str], env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, text=True,
-                          capture_output=True, timeout=timeout)
+cli = as_process  # what these tests are about is the process's exit and its one line
 
 
 def one_line_failure(proc: subprocess.CompletedProcess, code: int) -> str:
