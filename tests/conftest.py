@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import importlib.util
+import json
 import os
+import shutil
 import signal
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -78,9 +84,59 @@ def calc_repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     return path, module.build(path)
 
 
+# The session's Prefect server is one for the whole run, however many xdist workers share it:
+# an idle `prefect server start` spends ~0.1 of a core on its own loops (Prefect's background
+# services and their scheduler), so a server per worker cost a core-minute and more a run. The
+# first test that needs it starts it (under a lock, in this directory); the process that made
+# the directory (pytest's controller, or the only process) stops it when the run ends.
+SHARED_ENV = "EVALPIPE_TESTS_SHARED"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):
+        config.stash[_SHARED] = Path(tempfile.mkdtemp(prefix="evalpipe-tests-"))
+        os.environ[SHARED_ENV] = str(config.stash[_SHARED])
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shared = config.stash.get(_SHARED, None)
+    if shared is None:
+        return
+    record = shared / "server.json"
+    if record.exists():
+        _stop_group(json.loads(record.read_text())["pid"])
+    shutil.rmtree(shared, ignore_errors=True)
+
+
+_SHARED = pytest.StashKey[Path]()
+
+
+def _stop_group(pid: int, timeout_s: float = 10.0) -> None:
+    """Stop a server another process started (its own process group): TERM, then KILL."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + timeout_s
+        while _running(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+def _running(pid: int) -> bool:
+    """Not ended: its parent (this process, without workers) reaps it; an ended one whose
+    parent is gone may stay a zombie a while."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 @pytest.fixture(scope="session")
 def prefect_harness(tmp_path_factory: pytest.TempPathFactory):
-    """A real Prefect API shared by the session's flow runs: `prefect server start` on a fresh
+    """A real Prefect API shared by the run's flow runs: `prefect server start` on a fresh
     PREFECT_HOME, whose database is a copy of the template (server/db_template.py), so it is
     up in ~5 s where Prefect's test harness, migrating a database of its own, took ~11 s.
     This process's flow runs use it; yields the API URL, so subprocesses (the CLI) can too.
@@ -96,17 +152,21 @@ def prefect_harness(tmp_path_factory: pytest.TempPathFactory):
 
     from server.local import start_server
 
-    where = tmp_path_factory.mktemp("prefect-harness")
-    with (where / "server.log").open("ab") as log:
-        server = start_server(prefect_home=where / "prefect-home", log=log, timeout_s=240)
-    try:
-        with temporary_settings(updates={PREFECT_API_URL: server.api_url, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
-            yield server.api_url
-            # What the session's flow runs still have on the way reaches the server before it stops.
-            APILogWorker.drain_all(timeout=5)
-            EventsWorker.drain_all()
-    finally:
-        server.stop()
+    shared = Path(os.environ[SHARED_ENV])
+    with (shared / "server.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        record = shared / "server.json"
+        if not record.exists():
+            where = tmp_path_factory.mktemp("prefect-harness")
+            with (where / "server.log").open("ab") as log:
+                server = start_server(prefect_home=where / "prefect-home", log=log, timeout_s=240)
+            record.write_text(json.dumps({"api_url": server.api_url, "pid": server.process.pid}))
+        api_url = json.loads(record.read_text())["api_url"]
+    with temporary_settings(updates={PREFECT_API_URL: api_url, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+        yield api_url
+        # What this process's flow runs still have on the way reaches the server before it stops.
+        APILogWorker.drain_all(timeout=5)
+        EventsWorker.drain_all()
 
 
 @pytest.fixture
