@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import importlib.util
 import json
@@ -11,7 +10,6 @@ import shutil
 import signal
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -113,25 +111,15 @@ _SHARED = pytest.StashKey[Path]()
 
 def _stop_group(pid: int, timeout_s: float = 10.0) -> None:
     """Stop a server another process started (its own process group): TERM, then KILL."""
+    from support.cli import wait_gone
+
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(pid, sig)
         except ProcessLookupError:
             return
-        deadline = time.monotonic() + timeout_s
-        while _running(pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-
-
-def _running(pid: int) -> bool:
-    """Not ended: its parent (this process, without workers) reaps it; an ended one whose
-    parent is gone may stay a zombie a while."""
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+        if wait_gone([pid], timeout_s):
+            return
 
 
 @pytest.fixture(scope="session")

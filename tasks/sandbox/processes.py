@@ -252,7 +252,7 @@ def _run_once(
     )
     cgroup = PidsCgroup.create(limits.max_procs + 3)  # bubblewrap's two processes and the watch
     # The watch's pipe (bubblewrap's stdin): only this process holds its write end.
-    watch_r, watch_w = os.pipe() if protection == "bwrap" else (subprocess.DEVNULL, None)
+    watch_pipe = os.pipe() if protection == "bwrap" else None
     start = time.monotonic()
     connection = None
     try:
@@ -261,7 +261,7 @@ def _run_once(
                 full,
                 cwd=workdir,
                 env=scrubbed_env((mounts and mounts.workdir_at) or str(workdir), env),
-                stdin=watch_r,
+                stdin=watch_pipe[0] if watch_pipe else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,
@@ -274,7 +274,7 @@ def _run_once(
                 os.close(fd)
             raise SandboxError(f"cannot start {argv[0]!r}: {exc}") from exc
         finally:
-            for fd in (*(sync_fds or ()), *((watch_r,) if watch_w is not None else ())):
+            for fd in (*(sync_fds or ()), *(watch_pipe or ())[:1]):
                 os.close(fd)
         pidfd = os.pidfd_open(proc.pid)
         if sync is not None:
@@ -318,8 +318,8 @@ def _run_once(
             proc.stdout.close()
             proc.stderr.close()
     finally:
-        if watch_w is not None:
-            os.close(watch_w)  # after the wait: the sandbox is gone, its watch with it
+        if watch_pipe:
+            os.close(watch_pipe[1])  # after the wait: the sandbox is gone, its watch with it
         try:
             if connection is not None:
                 own_network.disconnect(connection)  # raises when its filter failed while the command ran
