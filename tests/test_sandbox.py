@@ -187,6 +187,55 @@ def test_the_pids_cgroups_a_killed_process_left_neither_pile_up_nor_take_a_later
         taken.rmdir()
 
 
+KILLED_WITH_A_MEMBER = """
+import os, subprocess, sys
+from tasks.sandbox.processes import PidsCgroup
+group = PidsCgroup.create(10)
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", sys.argv[1]], preexec_fn=group.join_self,
+                 stdout=subprocess.DEVNULL, start_new_session=True)
+print(group.path, flush=True)
+os._exit(0)
+"""
+
+
+def test_what_a_killed_process_left_in_its_pids_cgroups_is_killed_by_the_next_one() -> None:
+    """A harness killed as bubblewrap's launcher starts leaves bubblewrap waiting for good,
+    running nothing, in the harness's pids cgroup: the next process that makes a group
+    kills what such a group holds and removes it. A group whose owner is in another pid
+    namespace (it cannot be looked up here) is left alone."""
+    root = sandbox._pids_root()
+    if root is None:
+        pytest.skip("no pids cgroup")
+    marker = f"evalpipe-left-{uuid.uuid4().hex}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    killed = subprocess.Popen([sys.executable, "-c", KILLED_WITH_A_MEMBER, marker], stdout=subprocess.PIPE,
+                              text=True, env=env)
+    left = Path(killed.communicate()[0].strip())
+    # Named by the same (dead) owner in another pid namespace.
+    elsewhere = root / f"evalpipe-{killed.pid}-1-{uuid.uuid4().hex[:8]}-{sandbox._pid_namespace()}0"
+    elsewhere.mkdir()
+    try:
+        foreign = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", marker],
+                                   preexec_fn=sandbox.PidsCgroup(elsewhere).join_self)
+        assert left.is_dir() and len(_processes_with(marker)) == 2
+        subprocess.run([sys.executable, "-c", "from tasks.sandbox.processes import PidsCgroup\n"
+                        "PidsCgroup.create(10).destroy()"], check=True, env=env)
+        assert not left.exists()
+        assert _processes_with(marker) == [foreign.pid] and elsewhere.is_dir()
+    finally:
+        for pid in _processes_with(marker):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(NameError):
+            foreign.wait()
+        for _ in range(100):
+            with contextlib.suppress(OSError):
+                elsewhere.rmdir()
+            if not elsewhere.exists():
+                break
+            time.sleep(0.01)
+
+
 @needs_bwrap
 def test_write_outside_workdir_does_not_appear(tmp_path: Path) -> None:
     work = tmp_path / "work"
@@ -405,13 +454,31 @@ def test_a_sandboxs_process_never_outlives_a_killed_harness(tmp_path: Path, mode
 # A harness whose sandbox waits for its own network to be joined, and the join never ends:
 # it is killed while bubblewrap's init has not armed its --die-with-parent yet.
 JOINING_HARNESS = """
-import sys, threading
+import os, sys, threading, time
 from tasks.sandbox import network
 from tasks.sandbox.limits import Limits
 from tasks.sandbox.network import OwnNetwork
 from tasks.sandbox.processes import run_command
 
 def join_forever(pid, own):
+    # Killed before this, the harness leaves bubblewrap waiting for good on its launcher
+    # (an eventfd), running nothing: the next sandbox start kills that (the test above).
+    # Here the kill lands where the command is let go: bubblewrap reads its block fd.
+    ours = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            ours.add(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            pass  # the listing's own
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            fd = int(open(f"/proc/{pid}/syscall").read().split()[1], 16)
+            if os.readlink(f"/proc/{pid}/fd/{fd}") in ours:
+                break
+        except (OSError, ValueError, IndexError):
+            pass
+        time.sleep(0.005)
     print(pid, flush=True)
     threading.Event().wait()
 

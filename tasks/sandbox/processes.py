@@ -46,8 +46,9 @@ class PidsCgroup:
                 _sweep_stale(root)
             cls._counter += 1
             # The token: a process that died without destroying its groups (killed) leaves
-            # them, and a later process given its pid would find the name taken.
-            path = root / f"evalpipe-{os.getpid()}-{cls._counter}-{secrets.token_hex(4)}"
+            # them, and a later process given its pid would find the name taken. The pid
+            # namespace: only a process in its owner's can tell whether the owner is gone.
+            path = root / f"evalpipe-{os.getpid()}-{cls._counter}-{secrets.token_hex(4)}-{_pid_namespace()}"
         try:
             path.mkdir()
             (path / "pids.max").write_text(str(max_procs))
@@ -88,15 +89,33 @@ class PidsCgroup:
 
 
 def _sweep_stale(root: Path) -> None:
-    """Remove the empty pids cgroups of evalpipe processes that are gone (killed before
-    they could remove their own). One with members is left alone: rmdir refuses it."""
+    """Remove the pids cgroups of evalpipe processes that are gone (killed before they
+    could remove their own), killing what is left in them first: nobody waits for those
+    processes' results. One a killed harness left can hold a bubblewrap that never runs
+    its command (the harness died before bubblewrap's launcher let it go on, so it waits
+    for good). A group whose owner is in another pid namespace, or is named as before
+    that was recorded, is removed only when empty: its owner cannot be looked up here."""
+    here = _pid_namespace()
     for group in root.glob("evalpipe-*"):
-        owner = group.name.split("-")[1]
-        if owner.isdigit() and not os.path.exists(f"/proc/{owner}"):
-            try:
-                group.rmdir()
-            except OSError:
-                pass
+        parts = group.name.split("-")
+        owner = parts[1]
+        if not owner.isdigit() or os.path.exists(f"/proc/{owner}"):
+            continue
+        if here is not None and len(parts) == 5 and parts[4] == here:
+            PidsCgroup(group).destroy()
+            continue
+        try:
+            group.rmdir()
+        except OSError:
+            pass
+
+
+@lru_cache(maxsize=1)
+def _pid_namespace() -> str | None:
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return None
 
 
 def kill_until_gone(members: Callable[[], list[int]], rounds: int = 1000) -> None:
