@@ -36,16 +36,17 @@ demo: $(STAMP)
 # run in order, tests/test_warm.py): most of a test waits on a server, a subprocess's imports
 # or a timeout, so on two cores they take ~0.5x the time of one. Five full runs in a row on two
 # workers passed clean before this became the default (docs/architecture.md, "Testing on two
-# workers"); TEST_WORKERS=0 runs one process.
+# workers"); TEST_WORKERS=0 runs one process. The longest files go first (tests/durations.json,
+# tests/support/durations.py): --no-loadscope-reorder keeps that order.
 TEST_WORKERS ?= 2
 
 test: $(STAMP)
-	@$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
+	@$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # Everything but the tests marked slow (Prefect servers, deployments, environment builds,
 # PyPI, the browser): a few minutes.
 test-fast: $(STAMP)
-	@$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow"
+	@$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not slow"
 
 lint: $(STAMP)
 	@$(VENV)/bin/ruff check .

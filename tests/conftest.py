@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from support import durations
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -60,6 +61,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+    # The longest files first (the Makefile's --no-loadscope-reorder keeps this order;
+    # xdist's own puts the files with the most tests first), each file's tests in their order.
+    files = {item.nodeid.split("::")[0]: i for i, item in reversed(list(enumerate(items)))}
+    rank = {path: n for n, path in enumerate(durations.longest_first(sorted(files, key=files.get), durations.load()))}
+    items.sort(key=lambda item: rank[item.nodeid.split("::")[0]])
 
 
 @pytest.fixture

@@ -37,7 +37,7 @@ def _revision(database: Path) -> list[tuple[str]]:
 
 
 @pytest.mark.slow
-def test_fresh_homes_start_from_the_template_and_record_their_runs(tmp_path: Path) -> None:
+def test_a_fresh_home_starts_from_the_template_rebuilt_and_records_its_run(tmp_path: Path) -> None:
     work = write_work(tmp_path)
     cache = tmp_path / "cache"
     template = db_template.template_path({"XDG_CACHE_HOME": str(cache)})
@@ -46,32 +46,23 @@ def test_fresh_homes_start_from_the_template_and_record_their_runs(tmp_path: Pat
     foreign = template.parent / "prefect-0.0.1-0123456789abcdef.db"  # another Prefect's: never used
     with closing(sqlite3.connect(foreign)) as db:
         db.executescript("CREATE TABLE alembic_version (version_num TEXT); INSERT INTO alembic_version VALUES ('foreign');")
-    homes = [tmp_path / "home-1", tmp_path / "home-2"]
+    home = tmp_path / "home"  # a fresh home seeded from a built template: test_warm.py's temporary-server test
     try:
-        built_at = None
-        for home in homes:
-            env = client_env(work, home, EVALPIPE_SERVER="managed", EVALPIPE_SERVER_IDLE_S="0",
-                             XDG_CACHE_HOME=str(cache))
-            proc = evalpipe(*run_args(work, "--json"), env=env)
-            assert proc.returncode == 0, proc.stderr
-            # The run is recorded on the server of its fresh home, whose database came from the template.
-            assert _flow_run_state(home, json.loads(proc.stdout)["flow_run_id"]) == "COMPLETED"
-            log = (home / "server" / "server.log").read_text()
-            assert f"{db_template.SEEDED} {template}" in log
-            built_at = built_at or template.stat().st_mtime_ns
-            assert template.stat().st_mtime_ns == built_at  # built once, by the first home
+        env = client_env(work, home, EVALPIPE_SERVER="managed", EVALPIPE_SERVER_IDLE_S="0", XDG_CACHE_HOME=str(cache))
+        proc = evalpipe(*run_args(work, "--json"), env=env)
+        assert proc.returncode == 0, proc.stderr
+        # The run is recorded on the server of its fresh home, whose database came from the template.
+        assert _flow_run_state(home, json.loads(proc.stdout)["flow_run_id"]) == "COMPLETED"
+        log = (home / "server" / "server.log").read_text()
+        assert "built the Prefect database template" in log and f"{db_template.SEEDED} {template}" in log
         assert len(_revision(template)) == 1 and _revision(foreign) == [("foreign",)]
-        # The template stays pristine: the runs went to the homes' copies.
+        # The template stays pristine: the run went to the home's copy.
         assert sorted(p.name for p in template.parent.iterdir()) == sorted([template.name, foreign.name])
         with closing(sqlite3.connect(template)) as db:
             assert db.execute("SELECT count(*) FROM flow_run").fetchone() == (0,)
-        for home in homes:
-            assert _revision(home / "server" / "prefect" / "prefect.db") == _revision(template)
-        assert "built the Prefect database template" in (homes[0] / "server" / "server.log").read_text()
-        assert "built the Prefect database template" not in (homes[1] / "server" / "server.log").read_text()
+        assert _revision(home / "server" / "prefect" / "prefect.db") == _revision(template)
     finally:
-        for home in homes:
-            stop_managed(home)
+        stop_managed(home)
 
 
 def test_the_key_names_the_prefect_version_and_changes_with_its_migrations(tmp_path: Path) -> None:

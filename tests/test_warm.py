@@ -197,6 +197,7 @@ def test_every_runner_records_its_task_runs_on_the_temporary_server(work: Path) 
     Prefect home seeded from the user's template (server/db_template.py; `make` builds it)."""
     template = db_template.ready(os.environ)
     assert template is not None
+    built = template.stat().st_mtime_ns
     homes = {runner: work / f"prefect-temporary-{runner}" for runner in RUNNERS}
     envs = {runner: client_env(work, work / f"home-temporary-{runner}", PREFECT_HOME=str(homes[runner]))
             for runner in RUNNERS}
@@ -213,7 +214,8 @@ def test_every_runner_records_its_task_runs_on_the_temporary_server(work: Path) 
             _, stderr = _finished(proc)  # the run ended, and its server with it
             if runner == "threads":
                 assert STARTED not in stderr and "started a temporary Prefect server" in stderr
-                assert f"{db_template.SEEDED} {template}" in (homes[runner] / "evalpipe-ephemeral.log").read_text()
+            log = (homes[runner] / "evalpipe-ephemeral.log").read_text()
+            assert f"{db_template.SEEDED} {template}" in log and "built the Prefect database template" not in log
             with closing(sqlite3.connect(homes[runner] / "prefect.db")) as db:
                 (flow_run_id,), = db.execute("SELECT id FROM flow_run").fetchall()
                 (recorded[runner],), = db.execute("SELECT count(*) FROM task_run WHERE flow_run_id = ?"
@@ -224,6 +226,7 @@ def test_every_runner_records_its_task_runs_on_the_temporary_server(work: Path) 
                 proc.kill()
                 proc.communicate()
     assert all(recorded.values()), recorded
+    assert template.stat().st_mtime_ns == built  # seeded three homes, built by none
     assert not (ci_home / "server").exists()
     assert processes_with("EVALPIPE_HOME", str(ci_home)) == []
 
