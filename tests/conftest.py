@@ -63,8 +63,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
     # The longest files first (the Makefile's --no-loadscope-reorder keeps this order;
     # xdist's own puts the files with the most tests first), each file's tests in their order.
-    files = {item.nodeid.split("::")[0]: i for i, item in reversed(list(enumerate(items)))}
-    rank = {path: n for n, path in enumerate(durations.longest_first(sorted(files, key=files.get), durations.load()))}
+    rank = {path: n for n, path in enumerate(durations.longest_first([item.nodeid for item in items], durations.load()))}
     items.sort(key=lambda item: rank[item.nodeid.split("::")[0]])
 
 
