@@ -91,14 +91,38 @@ def calc_repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 # an idle `prefect server start` spends ~0.1 of a core on its own loops (Prefect's background
 # services and their scheduler), so a server per worker cost a core-minute and more a run. The
 # first test that needs it starts it (under a lock, in this directory); the process that made
-# the directory (pytest's controller, or the only process) stops it when the run ends.
+# the directory (pytest's controller, or the only process) stops it when the run ends, a
+# SIGTERM's end included; the next run stops one a killed controller left.
 SHARED_ENV = "EVALPIPE_TESTS_SHARED"
 
 
 def pytest_configure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput"):
-        config.stash[_SHARED] = Path(tempfile.mkdtemp(prefix="evalpipe-tests-"))
+        _stop_what_killed_runs_left()
+        config.stash[_SHARED] = Path(tempfile.mkdtemp(prefix=f"evalpipe-tests-{os.getpid()}-"))
         os.environ[SHARED_ENV] = str(config.stash[_SHARED])
+        # `timeout`, a CI job's cancel: stop as on Ctrl-C, so the server is stopped below.
+        signal.signal(signal.SIGTERM, _interrupt)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _stop_what_killed_runs_left() -> None:
+    """The session servers of runs whose controller is gone (killed: SIGKILL, an OOM),
+    with their directories."""
+    for shared in Path(tempfile.gettempdir()).glob("evalpipe-tests-*-*"):
+        controller = shared.name.split("-")[2]
+        if not controller.isdigit() or Path(f"/proc/{controller}").exists():
+            continue
+        try:
+            pid = json.loads((shared / "server.json").read_text())["pid"]
+            if b"server\0start" in Path(f"/proc/{pid}/cmdline").read_bytes():  # not a reused pid
+                _stop_group(pid)
+        except (OSError, ValueError, KeyError):
+            pass
+        shutil.rmtree(shared, ignore_errors=True)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
