@@ -214,6 +214,7 @@ def test_what_a_killed_process_left_in_its_pids_cgroups_is_killed_by_the_next_on
     # Named by the same (dead) owner in another pid namespace.
     elsewhere = root / f"evalpipe-{killed.pid}-1-{uuid.uuid4().hex[:8]}-{sandbox._pid_namespace()}0"
     elsewhere.mkdir()
+    foreign = None
     try:
         foreign = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", marker],
                                    preexec_fn=sandbox.PidsCgroup(elsewhere).join_self)
@@ -226,14 +227,9 @@ def test_what_a_killed_process_left_in_its_pids_cgroups_is_killed_by_the_next_on
         for pid in _processes_with(marker):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        with contextlib.suppress(NameError):
+        if foreign is not None:
             foreign.wait()
-        for _ in range(100):
-            with contextlib.suppress(OSError):
-                elsewhere.rmdir()
-            if not elsewhere.exists():
-                break
-            time.sleep(0.01)
+        sandbox.PidsCgroup(elsewhere).destroy()
 
 
 @needs_bwrap

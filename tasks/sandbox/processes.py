@@ -93,8 +93,8 @@ def _sweep_stale(root: Path) -> None:
     could remove their own), killing what is left in them first: nobody waits for those
     processes' results. One a killed harness left can hold a bubblewrap that never runs
     its command (the harness died before bubblewrap's launcher let it go on, so it waits
-    for good). A group whose owner is in another pid namespace, or is named as before
-    that was recorded, is removed only when empty: its owner cannot be looked up here."""
+    for good). A group whose owner is in another pid namespace, or whose name predates
+    the namespace in it, is removed only when empty: its owner cannot be looked up here."""
     here = _pid_namespace()
     for group in root.glob("evalpipe-*"):
         parts = group.name.split("-")
