@@ -163,6 +163,8 @@ def test_gold_resolves_empty_and_breaking_patches_fail(repo, env_home: Path) -> 
     assert SampleTrace.parse(trace.to_json()).repo_tests.environment == trace.repo_tests.environment  # parsed back
     built = json.loads((env_home / "envs" / name / "env.json").read_text())
     assert built["pytest"] == importlib.metadata.version("pytest")
+    # Compiled when built: a graded run, on the venv read-only, can keep no bytecode of its own.
+    assert list((env_home / "envs" / name / "venv").glob("lib/python*/site-packages/_pytest/__pycache__/*.pyc"))
 
     base = grade_base(case)
     assert base.status is Status.failed and "test_discount" in base.detail

@@ -51,13 +51,15 @@ MINED_ACTIONS = ("cat calc.py", "printenv OPENAI_API_KEY", "sed -i 's/return b -
 
 @pytest.fixture(scope="module")
 def mini_venv() -> Path:
-    """mini-swe-agent's venv, built with uv from PyPI under a folder named by the pinned version."""
+    """mini-swe-agent's venv, built with uv from PyPI under a folder named by the pinned version,
+    its modules compiled as the recipe says (docs/agents.md): the workspace mounts the venv
+    read-only, where each run compiled litellm afresh (9.5 s of CPU a run, 4.5 s of it that)."""
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    venv = cache / "evalpipe-tests" / f"mini-swe-agent-{MINI_SWE_AGENT}"
+    venv = cache / "evalpipe-tests" / f"mini-swe-agent-{MINI_SWE_AGENT}-compiled"
     if not (venv / "bin" / "mini").is_file():
         subprocess.run([sys.executable, "-m", "uv", "venv", "-q", "--python", sys.executable, str(venv)], check=True)
-        subprocess.run([sys.executable, "-m", "uv", "pip", "install", "-q", "--python", str(venv / "bin" / "python"),
-                        f"mini-swe-agent=={MINI_SWE_AGENT}"], check=True, timeout=600)
+        subprocess.run([sys.executable, "-m", "uv", "pip", "install", "-q", "--compile-bytecode", "--python",
+                        str(venv / "bin" / "python"), f"mini-swe-agent=={MINI_SWE_AGENT}"], check=True, timeout=600)
     return venv
 
 

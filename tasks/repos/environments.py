@@ -424,6 +424,9 @@ def _build_env(ident: Identity, path: Path, venv: Path) -> dict[str, str]:
         "UV_SYSTEM_CERTS": "1",  # a TLS-inspecting proxy's CA is in the system store
         "UV_PYTHON_DOWNLOADS": "never",
         "UV_NO_PROGRESS": "1",
+        # Tests run on the venv read-only and write no bytecode: compiled here, once, or each
+        # graded run compiles pytest and the rest again (0.47 s a bare pytest run, 0.22 s so).
+        "UV_COMPILE_BYTECODE": "1",
         "PIP_DISABLE_PIP_VERSION_CHECK": "1",
         "PIP_CONFIG_FILE": os.devnull,  # the host's pip.conf may name its own cache or index
         "UV_NO_CONFIG": "1",
