@@ -245,8 +245,10 @@ def _clean_run(work: Path, env: dict[str, str], runner: str, seed: int) -> str:
 
 
 def _start_clean_run(work: Path, env: dict[str, str], runner: str, seed: int, json_mode: bool = True) -> subprocess.Popen:
+    # One worker: a worker process of its own reporting is what is checked, and each one more
+    # costs its imports (a Dask worker's ~4 s of CPU).
     return subprocess.Popen([str(EVALPIPE), "run", str(work / "six.jsonl"), "--agent", f"python:{work / 'agent.py'}:answer",
-                             "-n", "2", "--workers", "2", "--runner", runner, "--seed", str(seed),
+                             "-n", "2", "--workers", "1", "--runner", runner, "--seed", str(seed),
                              *(["--json"] if json_mode else [])],
                             cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
