@@ -246,7 +246,7 @@ def _clean_run(work: Path, env: dict[str, str], runner: str, seed: int) -> str:
 
 def _start_clean_run(work: Path, env: dict[str, str], runner: str, seed: int, json_mode: bool = True) -> subprocess.Popen:
     # One worker: a worker process of its own reporting is what is checked, and each one more
-    # costs its imports (a Dask worker's ~4 s of CPU).
+    # costs its imports (a Dask worker's ~4.5 s of CPU, read from /proc in a full run).
     return subprocess.Popen([str(EVALPIPE), "run", str(work / "six.jsonl"), "--agent", f"python:{work / 'agent.py'}:answer",
                              "-n", "2", "--workers", "1", "--runner", runner, "--seed", str(seed),
                              *(["--json"] if json_mode else [])],
