@@ -32,6 +32,7 @@ def start_temporary() -> tuple[str, bool, str | None]:
     None for a server this process did not start, which evalpipe cannot vouch for)."""
     from prefect.server.api.server import SubprocessASGIServer
     from prefect.settings import (
+        PREFECT_API_BLOCKS_REGISTER_ON_START,
         PREFECT_SERVER_API_AUTH_STRING,
         get_current_settings,
         temporary_settings,
@@ -47,13 +48,16 @@ def start_temporary() -> tuple[str, bool, str | None]:
     # managed server's start, or `make`), but builds none: on a CI runner, whose cache is as
     # new as its PREFECT_HOME, the build would cost more than the migration it replaces.
     with open(log, "ab") as out:
-        db_template.seed(prefect_home, os.environ, out, build_missing=False)
+        seeded = db_template.seed(prefect_home, os.environ, out, build_missing=False)
+    settings = {PREFECT_SERVER_API_AUTH_STRING: _AUTH}
+    if seeded:  # db_template.FIRST_START
+        settings[PREFECT_API_BLOCKS_REGISTER_ON_START] = False
     timeout_s = start_timeout(prefect_home)
     launch = server._run_uvicorn_command
 
     def launch_guarded():
         # Prefect passes the current settings to the server it launches.
-        with _output_to(log), temporary_settings(updates={PREFECT_SERVER_API_AUTH_STRING: _AUTH}):
+        with _output_to(log), temporary_settings(updates=settings):
             process = launch()
         guard(process.pid)
         return process

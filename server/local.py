@@ -147,7 +147,8 @@ def start_server(
         raise InputError(f"--port {port}: something is already listening on {HOST}:{port}")
     env = server_env(port, prefect_home, auth=auth)
     home = prefect_home or user_prefect_home()
-    db_template.seed(home, env, log)  # a fresh home's database, copied rather than migrated
+    if db_template.seed(home, env, log):  # a fresh home's database, copied rather than migrated
+        env |= db_template.FIRST_START
     timeout_s = start_timeout(home) if timeout_s is None else timeout_s
     prefect = Path(sys.executable).with_name("prefect")
     process = subprocess.Popen(

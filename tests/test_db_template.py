@@ -1,8 +1,9 @@
 """A fresh home's Prefect database, copied from a template made once per Prefect rather than
 migrated (server/db_template.py): a real fresh home started from it records its run's flow
-run; a damaged template is rebuilt by Prefect's own migrations; a template is keyed by the
-Prefect version and its migration scripts, so another Prefect never takes this one's; a home
-whose database is named elsewhere, or that has one, is left alone.
+run, its block types already registered; a damaged template is rebuilt by Prefect's own
+migrations and block registration; a template is keyed by the Prefect version, its
+migration scripts and where else its block types come from, so another Prefect never takes
+this one's; a home whose database is named elsewhere, or that has one, is left alone.
 
 Real processes: a managed server per fresh home (stopped in teardown), the build through
 `prefect server database upgrade`, in a cache directory of the test's own (XDG_CACHE_HOME).
@@ -19,6 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 from support.cli import client_env, evalpipe, run_args, write_work
+from support.prefect_db import block_types
 
 from server import db_template
 from server.managed import stop_managed
@@ -61,6 +63,12 @@ def test_a_fresh_home_starts_from_the_template_rebuilt_and_records_its_run(tmp_p
         with closing(sqlite3.connect(template)) as db:
             assert db.execute("SELECT count(*) FROM flow_run").fetchone() == (0,)
         assert _revision(home / "server" / "prefect" / "prefect.db") == _revision(template)
+        # The template holds the block types Prefect registers (its own and its collections',
+        # prefect-dask's among them), so the server's first start on the copy did not register
+        # them again.
+        registered = block_types(template)
+        assert {"local-file-system", "secret"} <= {slug for slug, _ in registered}
+        assert block_types(home / "server" / "prefect" / "prefect.db") == registered
     finally:
         stop_managed(home)
 
@@ -71,6 +79,8 @@ def test_the_key_names_the_prefect_version_and_changes_with_its_migrations(tmp_p
     key = db_template.key()
     assert key is not None and key.startswith(f"prefect-{prefect.__version__}-")
     assert db_template.key() == key  # stable
+    # Blocks from extra entry points would be in the template: another set, another template.
+    assert db_template.key({"PREFECT_EXTRA_ENTRYPOINTS": "my_blocks"}) not in (key, None)
     scripts = tmp_path / "scripts"
     scripts.mkdir()
     (scripts / "2026_01_01_000000_abc_first.py").write_text("revision = 'abc'\n")

@@ -34,6 +34,7 @@ from support.cli import (
     wait_gone,
     write_work,
 )
+from support.prefect_db import block_types
 
 from server import db_template
 from server.managed import stop_managed
@@ -216,6 +217,8 @@ def test_every_runner_records_its_task_runs_on_the_temporary_server(work: Path) 
                 assert STARTED not in stderr and "started a temporary Prefect server" in stderr
             log = (homes[runner] / "evalpipe-ephemeral.log").read_text()
             assert f"{db_template.SEEDED} {template}" in log and "built the Prefect database template" not in log
+            # The copy's block types were not registered again on the server's first start.
+            assert block_types(homes[runner] / "prefect.db") == block_types(template)
             with closing(sqlite3.connect(homes[runner] / "prefect.db")) as db:
                 (flow_run_id,), = db.execute("SELECT id FROM flow_run").fetchall()
                 (recorded[runner],), = db.execute("SELECT count(*) FROM task_run WHERE flow_run_id = ?"
