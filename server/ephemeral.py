@@ -30,9 +30,9 @@ def start_temporary() -> tuple[str, bool, str | None]:
     is written to EVALPIPE_HOME for it), credentials, and a reaper.
     Returns (its API URL, whether this call started it, the credentials a client sends:
     None for a server this process did not start, which evalpipe cannot vouch for)."""
+    import prefect.settings
     from prefect.server.api.server import SubprocessASGIServer
     from prefect.settings import (
-        PREFECT_API_BLOCKS_REGISTER_ON_START,
         PREFECT_SERVER_API_AUTH_STRING,
         get_current_settings,
         temporary_settings,
@@ -50,8 +50,8 @@ def start_temporary() -> tuple[str, bool, str | None]:
     with open(log, "ab") as out:
         seeded = db_template.seed(prefect_home, os.environ, out, build_missing=False)
     settings = {PREFECT_SERVER_API_AUTH_STRING: _AUTH}
-    if seeded:  # db_template.FIRST_START
-        settings[PREFECT_API_BLOCKS_REGISTER_ON_START] = False
+    if seeded:  # the same settings as a managed server's first start on a seeded home
+        settings |= {getattr(prefect.settings, name): value for name, value in db_template.FIRST_START.items()}
     timeout_s = start_timeout(prefect_home)
     launch = server._run_uvicorn_command
 

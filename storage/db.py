@@ -151,8 +151,8 @@ SCHEMA_VERSION = len(MIGRATIONS)
 
 def migrate(con: duckdb.DuckDBPyConnection) -> int:
     """Bring the file to `SCHEMA_VERSION`; returns the version it was at."""
-    # Read first: every connection that writes comes through here, and the CREATE a file at
-    # the current version does not need took half of a connection's 2 ms more.
+    # Read first: every connection that writes comes through here, and the CREATE, which a
+    # file at the current version does not need, was 0.4 ms of a write connection's 3.1 ms.
     try:
         ((current,),) = con.execute("SELECT coalesce(max(version), 0) FROM schema_version").fetchall()
     except duckdb.CatalogException:  # a new file
