@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from support.task_runs import task_runs
 
 from tasks.report import sample_table as tables
 
@@ -150,13 +151,13 @@ def flow_run_artifacts(flow_run_id: str) -> dict[str, object]:
     return {a.key: a for a in found if a.key}
 
 
-def flow_run_and_tasks(flow_run_id: str) -> tuple[str, list[str]]:
+def flow_run_and_tasks(flow_run_id: str, kinds: frozenset[str] = frozenset()) -> tuple[str, list[str]]:
+    """The flow run's name, and its task runs' once those of `kinds` have landed."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
     with get_client(sync_client=True) as client:
         name = client.read_flow_run(flow_run_id).name
-        tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+        tasks = task_runs(client, flow_run_id, set(kinds))
     return name, sorted(t.name for t in tasks)
 
 
@@ -199,7 +200,7 @@ def test_a_flow_run_publishes_its_cases_and_the_samples_of_its_failing_ones(pref
     assert "lists all 3 cases; 2 failing or flaky case(s) have a table of their samples." in summary_md
     assert f"`evalpipe report {run_id} --out report-{suffix}.html`" in summary_md
 
-    name, task_names = flow_run_and_tasks(summary["flow_run_id"])
+    name, task_names = flow_run_and_tasks(summary["flow_run_id"], frozenset({"sample"}))
     assert name == f"ui-samples · python:ui_agent.py:answer · n=4 · {suffix}"
     # Each task run is named for what its batch holds: one case, or the first…last case (samples).
     drawn = [t for t in task_names if t.startswith("sample ")]

@@ -35,6 +35,7 @@ from support.cli import (
     write_work,
 )
 from support.prefect_db import block_types
+from support.task_runs import kind, task_runs
 
 from server import db_template
 from server.managed import stop_managed
@@ -267,21 +268,13 @@ def _finished(proc: subprocess.Popen) -> tuple[str, str]:
     return stdout, stderr
 
 
-def _task_runs(doc: dict, flow_run_id: str, name: str, wait_s: float = 30.0) -> int:
-    """How many of the flow run's task runs named `name` the server at doc["api_url"] holds
-    (task runs are recorded from events, a moment after the flow run ends)."""
+def _task_runs(doc: dict, flow_run_id: str, name: str) -> int:
+    """How many of the flow run's task runs named `name` the server at doc["api_url"] holds."""
     from prefect.client.orchestration import SyncPrefectClient
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
     auth = Path(doc["credentials"]).read_text().strip() if doc["credentials"] else None
-    deadline = time.monotonic() + wait_s
     with SyncPrefectClient(doc["api_url"], auth_string=auth) as client:
-        while True:
-            runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
-            count = sum(1 for r in runs if r.name.split(" ")[0] == name)
-            if count or time.monotonic() > deadline:
-                return count
-            time.sleep(0.5)
+        return sum(kind(r) == name for r in task_runs(client, flow_run_id, {name}))
 
 
 def test_idle_watch_reads_use_from_the_tcp_table(tmp_path: Path) -> None:
