@@ -1,7 +1,8 @@
 """A Prefect server with its UI on 127.0.0.1: starting one, and `evalpipe server` in the
 foreground (`make server`).
 
-`start_server` launches `prefect server start` on 127.0.0.1 in its own session and returns
+`start_server` launches `prefect server start` (server/busy_retry.py: a request that met its
+SQLite database busy is retried in the server) on 127.0.0.1 in its own session and returns
 once the API's health endpoint answers (never a fixed sleep).
 
 The UI asks the API at `PREFECT_UI_API_URL`, which must name the chosen port whenever it
@@ -129,6 +130,10 @@ def wait_healthy(api_url: str, process: subprocess.Popen, timeout_s: float, auth
         time.sleep(0.2)
 
 
+# `prefect server start`, run by the module that retries what met SQLite busy.
+LAUNCHER = "server.busy_retry"
+
+
 def start_server(
     port: int | None = None,
     *,
@@ -150,9 +155,8 @@ def start_server(
     if db_template.seed(home, env, log):  # a fresh home's database, copied rather than migrated
         env |= db_template.FIRST_START
     timeout_s = start_timeout(home) if timeout_s is None else timeout_s
-    prefect = Path(sys.executable).with_name("prefect")
     process = subprocess.Popen(
-        [str(prefect), "server", "start", "--host", HOST, "--port", str(port)],
+        [sys.executable, "-P", "-m", LAUNCHER, "server", "start", "--host", HOST, "--port", str(port)],
         env=env, stdin=subprocess.DEVNULL,
         stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True,
     )

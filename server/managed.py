@@ -37,6 +37,7 @@ from typing import Any, Literal
 from server.local import (
     DEFAULT_PORT,
     HOST,
+    LAUNCHER,
     STOP_TIMEOUT_S,
     free_port,
     healthy,
@@ -179,14 +180,15 @@ def running(home: Path | None = None) -> Managed | None:
 
 
 def _is_prefect_process(pid: int) -> bool:
-    """Alive (not a zombie) and a Prefect server: a recycled pid is someone else's process."""
+    """Alive (not a zombie) and a Prefect server, as `start_server` launches it (or an earlier
+    evalpipe did, as `prefect server start`): a recycled pid is someone else's process."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
     state = stat.rsplit(")", 1)[1].split()[0]
-    return state not in ("Z", "X") and b"prefect" in cmdline
+    return state not in ("Z", "X") and (LAUNCHER.encode() in cmdline or b"prefect" in cmdline)
 
 
 @contextmanager

@@ -34,7 +34,7 @@ from support.cli import (
 )
 from support.waiting import wait_until
 
-from server.local import free_port, healthy, start_timeout, wait_healthy
+from server.local import LAUNCHER, free_port, healthy, start_timeout, wait_healthy
 from server.managed import stop_managed
 from tasks.models import PlatformError
 
@@ -71,6 +71,9 @@ def test_start_reports_where_the_server_is(managed: tuple[dict, dict[str, str]])
     assert doc["url"] == f"http://127.0.0.1:{doc['port']}" and doc["api_url"] == doc["url"] + "/api"
     assert doc["ui_url"] == doc["url"] + "/v2"
     assert alive(doc["pid"])
+    # Prefect's own `server start`, serving its app through server/busy_retry.py.
+    command = Path(f"/proc/{doc['pid']}/cmdline").read_bytes().split(b"\0")
+    assert command[1:6] == [b"-P", b"-m", LAUNCHER.encode(), b"server", b"start"], command
     home = Path(env["EVALPIPE_HOME"])
     assert Path(doc["log"]).parent == home / "server" and Path(doc["log"]).is_file()
     # The server's Prefect database is its own, under EVALPIPE_HOME, not the user's PREFECT_HOME.
