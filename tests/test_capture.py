@@ -18,6 +18,7 @@ import duckdb
 import openai
 import pytest
 from openai import AsyncOpenAI, OpenAI
+from support.waiting import serve_in_background
 
 import evalpipe
 from storage.store import Store
@@ -232,7 +233,7 @@ def test_a_call_the_endpoint_refuses_is_counted_and_says_what_failed():
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    serve_in_background(server)
     ctx = AgentContext(case_id="c", index=0, seed=0, n=1)
     try:
         client = OpenAI(base_url=f"http://127.0.0.1:{server.server_address[1]}/v1", api_key="sk", max_retries=0)

@@ -16,6 +16,7 @@ from pathlib import Path
 import openai
 import pytest
 import yaml
+from support.waiting import serve_in_background
 
 import evalpipe
 from storage.store import Store
@@ -71,7 +72,7 @@ class Endpoint:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
 
     def __enter__(self) -> Endpoint:
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        serve_in_background(self.server)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -481,7 +482,7 @@ def test_a_stream_that_stalls_past_the_timeout_is_cut_and_recorded():
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Stalling)
     server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    serve_in_background(server)
     gateway = Gateway(f"http://127.0.0.1:{server.server_address[1]}/v1", "sk-real", timeout_s=1.0)
     try:
         token, tap = gateway.grant()

@@ -14,7 +14,6 @@ import os
 import re
 import subprocess
 import sys
-import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import pytest
 import yaml
 from support.cli import in_process
 from support.git_repos import commit
+from support.waiting import serve_in_background
 
 from tasks.agents.gateway import TOKEN_PREFIX
 from tasks.sandbox import policy as sandbox
@@ -119,7 +119,7 @@ class BashModel:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        serve_in_background(self.server)
 
     def close(self) -> None:
         self.server.shutdown()

@@ -17,6 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from support.waiting import serve_in_background
 
 import evalpipe
 from storage.store import Store
@@ -189,7 +190,7 @@ class _Scripted(BaseHTTPRequestHandler):
 def endpoint(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)  # the agent's file is in the tree its fingerprint covers
     served = Endpoint()
-    threading.Thread(target=served.serve_forever, daemon=True).start()
+    serve_in_background(served)
     monkeypatch.setenv("OPENAI_BASE_URL", served.url)
     monkeypatch.setenv("OPENAI_API_KEY", "sk-real-key")
     try:

@@ -59,6 +59,8 @@ OTLP_OVERRIDES = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_TRAC
 # Upstream answers worth asking again (the OpenAI SDK's own list), and the longest pause taken.
 RETRIED = frozenset({408, 409, 429, 500, 502, 503, 504})
 MAX_PAUSE_S = 60.0
+# How often the serving thread looks for close(): at the default 0.5 s, each close waited that long.
+SHUTDOWN_POLL_S = 0.02
 
 # (model, input tokens, output tokens) -> USD, or None where the price is not known.
 CostOf = Callable[[str | None, int | None, int | None], float | None]
@@ -308,7 +310,8 @@ class Gateway:
         self.refused = 0  # requests with no valid token
         self.server = _Server(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        threading.Thread(target=self.server.serve_forever, name="evalpipe-gateway", daemon=True).start()
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": SHUTDOWN_POLL_S},
+                         name="evalpipe-gateway", daemon=True).start()
 
     def grant(self, max_calls: int | None = None, max_cost_usd: float | None = None,
               cost_of: CostOf | None = None, book: CallBook | None = None,
