@@ -207,6 +207,14 @@ def test_a_killed_grading_process_fails_the_run_and_the_resume_buys_nothing_that
     assert out["status_counts"] == {"passed": 120}
 
 
+def _scheduler_address(scheduler_file: Path) -> str | None:
+    # The scheduler writes the file in place: it can be there and still empty or cut short.
+    try:
+        return json.loads(scheduler_file.read_text())["address"]
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
 @pytest.fixture
 def dask_workers(project, tmp_path: Path):
     """A `dask scheduler` and two one-thread `dask worker` processes (no nanny: a killed worker
@@ -218,10 +226,9 @@ def dask_workers(project, tmp_path: Path):
     procs = [start_logged([str(dask), "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
                            "--scheduler-file", str(scheduler_file)], log, cwd=tmp_path, env=env)]
     try:
-        while not scheduler_file.exists():
+        while (address := _scheduler_address(scheduler_file)) is None:
             assert procs[0].poll() is None, log.read_text()
             time.sleep(0.1)
-        address = json.loads(scheduler_file.read_text())["address"]
         procs += [start_logged([str(dask), "worker", address, "--nthreads", "1", "--no-nanny", "--no-dashboard"], log,
                                cwd=tmp_path, env=env) for _ in range(2)]
         with Client(address, timeout=60) as client:
