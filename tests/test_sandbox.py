@@ -377,27 +377,27 @@ def test_a_start_that_loses_bubblewraps_loopback_race_while_its_network_is_joine
     from tasks.sandbox import network
     from tasks.sandbox.network import OwnNetwork
 
-    joins, real, lost = [], network.connect, [sandbox.LOOPBACK_TRIES - 1]
+    joins, real, lost = [], network.connect, 1  # `lost`: how many joins, first to last, fail
 
-    def lose_first(pid: int, own: OwnNetwork):
+    def lose(pid: int, own: OwnNetwork):
         joins.append(pid)
-        if len(joins) <= lost[0]:
+        if len(joins) <= lost:
             os.kill(pid, 9)
             raise SandboxError("cannot watch this host's addresses: [Errno 3] No such process")
         return real(pid, own)
 
-    monkeypatch.setattr(network, "connect", lose_first)
+    monkeypatch.setattr(network, "connect", lose)
     monkeypatch.setattr(sandbox, "_LOOPBACK_RACE", b"")  # what bubblewrap printed: nothing, its child was killed
     marker = tmp_path / "ran"
-    # Lost twice in a row, made again until the third try. A real join can lose the race too
-    # (this test failed so once under load when one more try was all there was): more joins.
+    # A real join may lose the race too (it did once under load, when one more try was all
+    # there was): then more joins.
     res = run_command(["touch", str(marker)], workdir=tmp_path, limits=Limits(), network=OwnNetwork())
-    assert (res.returncode, marker.exists()) == (0, True) and len(joins) >= sandbox.LOOPBACK_TRIES, res.stderr
+    assert (res.returncode, marker.exists()) == (0, True) and len(joins) >= 2, res.stderr
 
-    # Lost every time: the last try's error, after LOOPBACK_TRIES, and the command never ran.
+    # Lost every time: made again until the last try, whose error it is; the command never ran.
     joins.clear()
     marker.unlink()
-    lost[0] = sandbox.LOOPBACK_TRIES
+    lost = sandbox.LOOPBACK_TRIES
     with pytest.raises(SandboxError, match="lost its loopback"):
         run_command(["touch", str(marker)], workdir=tmp_path, limits=Limits(), network=OwnNetwork())
     assert (len(joins), marker.exists()) == (sandbox.LOOPBACK_TRIES, False)

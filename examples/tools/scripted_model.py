@@ -183,7 +183,10 @@ class ScriptedModel:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self._serve(port, Handler)
+
+    def _serve(self, port: int, handler: type[BaseHTTPRequestHandler]) -> None:
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), handler)
         self.server.daemon_threads = True
         self.server.socket.listen(256)  # many agents at once (the default backlog is 5)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"

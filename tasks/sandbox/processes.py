@@ -191,9 +191,9 @@ def _own_network(proc: subprocess.Popen, info: int, block: int, own: OwnNetwork)
 # (about 3 starts in 100 under load, seen with and without the address filter): it exits
 # before running anything, so that start is made again. It reports its sandbox before it
 # sets up the loopback, so the exit may come while pasta is still joining: the join then
-# fails for want of a sandbox (`_LoopbackRace`), and that start is made again too. Made
-# once again only, two lost in a row were an error for ~1 sample in 1,000 under load (and
-# seen in a full test run); three tries make it ~3 in 100,000.
+# fails for want of a sandbox (`_LoopbackRace`), and that start is made again too. With one
+# retry, two losses in a row failed ~1 start in 1,000 under load (a full test run met it);
+# three tries leave ~3 in 100,000.
 _LOOPBACK_RACE = b"bwrap: loopback: Failed RTM_NEWADDR"
 LOOPBACK_TRIES = 3
 
